@@ -1,0 +1,1 @@
+"""Checkpoint converters (installed as warpformer.converters)."""

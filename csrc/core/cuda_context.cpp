@@ -1,0 +1,61 @@
+#include "csrc/core/cuda_context.h"
+
+#include <mutex>
+#include <unordered_map>
+
+#include "csrc/core/check.h"
+
+namespace warpformer {
+
+DeviceBuffer::DeviceBuffer(DeviceAllocator* alloc, size_t bytes, cudaStream_t stream)
+    : alloc_(alloc), bytes_(bytes) {
+  TORCH_INTERNAL_ASSERT(alloc != nullptr, "DeviceBuffer needs an allocator");
+  ptr_ = bytes > 0 ? alloc->allocate(bytes, stream) : nullptr;
+}
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+  if (this != &o) {
+    reset();
+    alloc_ = o.alloc_;
+    ptr_ = o.ptr_;
+    bytes_ = o.bytes_;
+    o.alloc_ = nullptr;
+    o.ptr_ = nullptr;
+    o.bytes_ = 0;
+  }
+  return *this;
+}
+
+void DeviceBuffer::reset() {
+  if (ptr_ != nullptr && alloc_ != nullptr) alloc_->deallocate(ptr_);
+  ptr_ = nullptr;
+  bytes_ = 0;
+}
+
+cublasLtHandle_t cublaslt_handle(int device) {
+  static std::mutex mu;
+  static std::unordered_map<int, cublasLtHandle_t> handles;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = handles.find(device);
+  if (it != handles.end()) return it->second;
+  int prev = 0;
+  WF_CUDA_CHECK(cudaGetDevice(&prev));
+  WF_CUDA_CHECK(cudaSetDevice(device));
+  cublasLtHandle_t h = nullptr;
+  const cublasStatus_t st = cublasLtCreate(&h);
+  WF_CUDA_CHECK(cudaSetDevice(prev));
+  WF_CUBLAS_CHECK(st);
+  handles.emplace(device, h);
+  return h;
+}
+
+CudaContext::CudaContext(int device, cudaStream_t stream,
+                         std::shared_ptr<DeviceAllocator> allocator, size_t workspace_bytes)
+    : device_(device), stream_(stream), allocator_(std::move(allocator)) {
+  TORCH_CHECK(allocator_ != nullptr, "CudaContext: allocator must not be null");
+  WF_CUDA_CHECK(cudaGetDeviceProperties(&props_, device));
+  blaslt_ = cublaslt_handle(device);
+  workspace_ = DeviceBuffer(allocator_.get(), workspace_bytes, stream);
+}
+
+}  // namespace warpformer

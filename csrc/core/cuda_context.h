@@ -1,0 +1,77 @@
+// CudaContext: what every layer needs to launch work — the device, the stream to launch on
+// (PyTorch's current stream when created from csrc/torch), a cuBLASLt handle and a GEMM workspace.
+//
+// Memory comes through the DeviceAllocator interface, which csrc/torch implements with PyTorch's
+// caching allocator, so warpformer never calls cudaMalloc per call and shares memory with torch.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <memory>
+
+namespace warpformer {
+
+class DeviceAllocator {
+ public:
+  virtual ~DeviceAllocator() = default;
+  // Device memory usable on `stream`; throws on failure (never returns null for bytes > 0).
+  virtual void* allocate(size_t bytes, cudaStream_t stream) = 0;
+  virtual void deallocate(void* ptr) = 0;
+};
+
+// Owning handle to device memory from a DeviceAllocator. Move-only.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(DeviceAllocator* alloc, size_t bytes, cudaStream_t stream);
+  ~DeviceBuffer() { reset(); }
+  DeviceBuffer(DeviceBuffer&& o) noexcept { *this = std::move(o); }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  void reset();
+  void* data() const { return ptr_; }
+  template <typename T>
+  T* as() const { return static_cast<T*>(ptr_); }
+  size_t size() const { return bytes_; }
+
+ private:
+  DeviceAllocator* alloc_ = nullptr;
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// The process-wide cuBLASLt handle for a device: created on first use, kept for the process's
+// life (destroying handles during interpreter shutdown races the driver's own teardown).
+cublasLtHandle_t cublaslt_handle(int device);
+
+class CudaContext {
+ public:
+  static constexpr size_t kDefaultWorkspaceBytes = 32u << 20;  // cuBLASLt's recommended on Hopper
+
+  CudaContext(int device, cudaStream_t stream, std::shared_ptr<DeviceAllocator> allocator,
+              size_t workspace_bytes = kDefaultWorkspaceBytes);
+
+  int device() const { return device_; }
+  cudaStream_t stream() const { return stream_; }
+  // Launch on another stream from now on (e.g. the caller's current PyTorch stream changed).
+  void set_stream(cudaStream_t stream) { stream_ = stream; }
+  cublasLtHandle_t blaslt() const { return blaslt_; }
+  void* workspace() const { return workspace_.data(); }
+  size_t workspace_size() const { return workspace_.size(); }
+  DeviceAllocator* allocator() const { return allocator_.get(); }
+  const cudaDeviceProp& props() const { return props_; }
+
+ private:
+  int device_;
+  cudaStream_t stream_;
+  std::shared_ptr<DeviceAllocator> allocator_;
+  cublasLtHandle_t blaslt_;
+  DeviceBuffer workspace_;
+  cudaDeviceProp props_;
+};
+
+}  // namespace warpformer

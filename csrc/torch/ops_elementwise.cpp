@@ -1,0 +1,237 @@
+// Torch ops for the norm, activation and embedding kernel families: argument checks, dtype
+// dispatch, launch on PyTorch's current stream.
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "csrc/core/activation.h"
+#include "csrc/core/check.h"
+#include "csrc/torch/ops.h"
+#include "csrc/torch/tensor_utils.h"
+#include "kernels/embedding.h"
+#include "kernels/norms.h"
+
+namespace warpformer {
+namespace ops {
+namespace {
+
+// Checks shared by the norm ops; returns the contiguous input.
+at::Tensor check_norm_args(const char* op, const at::Tensor& input, const at::Tensor& weight,
+                           const OptTensor& bias, const char* bias_name, double eps) {
+  check_floating(input, op, "input");
+  TORCH_CHECK(input.dim() >= 1, op, ": input must have at least 1 dimension, got a scalar");
+  TORCH_CHECK(input.size(-1) > 0, op, ": input's last dimension (hidden size) must be > 0");
+  TORCH_CHECK(input.size(-1) <= INT32_MAX, op, ": hidden size ", input.size(-1),
+              " exceeds 2^31-1");
+  TORCH_CHECK(eps >= 0.0, op, ": eps must be >= 0, got ", eps);
+  check_dtype(weight, input.scalar_type(), op, "weight", "the dtype of input");
+  check_dim(weight, 1, op, "weight");
+  check_size(weight, 0, input.size(-1), op, "weight", "input's last dimension");
+  if (bias.has_value()) {
+    check_dtype(*bias, input.scalar_type(), op, bias_name, "the dtype of input");
+    check_dim(*bias, 1, op, bias_name);
+    check_size(*bias, 0, input.size(-1), op, bias_name, "input's last dimension");
+  }
+  check_cuda(input, op, "input");
+  check_cuda(weight, op, "weight", input, "input");
+  if (bias.has_value()) check_cuda(*bias, op, bias_name, input, "input");
+  return input.contiguous();
+}
+
+at::Tensor run_norm(const char* op, kernels::NormKind kind, const at::Tensor& input,
+                    at::Tensor* residual, const OptTensor& input_bias, const at::Tensor& weight,
+                    const OptTensor& bias, double eps) {
+  const at::Tensor x = check_norm_args(op, input, weight, bias, "bias", eps);
+  if (residual != nullptr) {
+    check_dtype(*residual, input.scalar_type(), op, "residual", "the dtype of input");
+    TORCH_CHECK(residual->sizes() == input.sizes(), op, ": residual must have input's shape ",
+                input.sizes(), ", got ", residual->sizes());
+    check_contiguous(*residual, op, "residual");
+    check_cuda(*residual, op, "residual", input, "input");
+  }
+  if (input_bias.has_value()) {
+    check_dtype(*input_bias, input.scalar_type(), op, "input_bias", "the dtype of input");
+    check_dim(*input_bias, 1, op, "input_bias");
+    check_size(*input_bias, 0, input.size(-1), op, "input_bias", "input's last dimension");
+    check_cuda(*input_bias, op, "input_bias", input, "input");
+  }
+  const c10::cuda::CUDAGuard guard(input.device());
+  at::Tensor out = at::empty_like(x);
+  const at::Tensor w = weight.contiguous();
+  const OptTensor b = bias.has_value() ? OptTensor(bias->contiguous()) : OptTensor();
+  const OptTensor ib = input_bias.has_value() ? OptTensor(input_bias->contiguous()) : OptTensor();
+  WF_DISPATCH_FLOATING(to_dtype(x.scalar_type(), op, "input"), op, [&] {
+    kernels::NormParams<scalar_t> p{};
+    p.out = reinterpret_cast<scalar_t*>(out.data_ptr());
+    p.residual_out = residual ? reinterpret_cast<scalar_t*>(residual->data_ptr()) : nullptr;
+    p.input = reinterpret_cast<const scalar_t*>(x.data_ptr());
+    p.residual = residual ? reinterpret_cast<const scalar_t*>(residual->data_ptr()) : nullptr;
+    p.input_bias = ptr_or_null<const scalar_t>(ib);
+    p.gamma = reinterpret_cast<const scalar_t*>(w.data_ptr());
+    p.beta = ptr_or_null<const scalar_t>(b);
+    p.rows = leading_rows(x);
+    p.hidden = static_cast<int>(x.size(-1));
+    p.eps = static_cast<float>(eps);
+    p.kind = kind;
+    WF_CUDA_CHECK(kernels::launch_norm(p, current_stream(x)));
+  });
+  return out;
+}
+
+at::Tensor run_act(const char* op, bool gated, const at::Tensor& input, const OptTensor& bias,
+                   const std::string& activation) {
+  check_floating(input, op, "input");
+  TORCH_CHECK(input.dim() >= 1, op, ": input must have at least 1 dimension, got a scalar");
+  const int64_t in_cols = input.size(-1);
+  TORCH_CHECK(in_cols > 0 && in_cols <= INT32_MAX, op,
+              ": input's last dimension must be in [1, 2^31), got ", in_cols);
+  if (gated) {
+    TORCH_CHECK(in_cols % 2 == 0, op,
+                ": input's last dimension must be even (gate half, then linear half), got ",
+                in_cols);
+  }
+  const kernels::Activation act = parse_activation(activation, "activation");
+  if (bias.has_value()) {
+    check_dtype(*bias, input.scalar_type(), op, "bias", "the dtype of input");
+    check_dim(*bias, 1, op, "bias");
+    check_size(*bias, 0, in_cols, op, "bias", "input's last dimension");
+  }
+  check_cuda(input, op, "input");
+  if (bias.has_value()) check_cuda(*bias, op, "bias", input, "input");
+
+  const c10::cuda::CUDAGuard guard(input.device());
+  const at::Tensor x = input.contiguous();
+  const OptTensor b = bias.has_value() ? OptTensor(bias->contiguous()) : OptTensor();
+  const int cols = static_cast<int>(gated ? in_cols / 2 : in_cols);
+  auto out_shape = x.sizes().vec();
+  out_shape.back() = cols;
+  at::Tensor out = at::empty(out_shape, x.options());
+  WF_DISPATCH_FLOATING(to_dtype(x.scalar_type(), op, "input"), op, [&] {
+    auto* o = reinterpret_cast<scalar_t*>(out.data_ptr());
+    const auto* i = reinterpret_cast<const scalar_t*>(x.data_ptr());
+    const auto* bp = ptr_or_null<const scalar_t>(b);
+    const int64_t rows = leading_rows(x);
+    if (gated) {
+      WF_CUDA_CHECK(kernels::launch_gated_act(o, i, bp, rows, cols, act, current_stream(x)));
+    } else {
+      WF_CUDA_CHECK(kernels::launch_bias_act(o, i, bp, rows, cols, act, current_stream(x)));
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+at::Tensor layer_norm(const at::Tensor& input, const at::Tensor& weight, const OptTensor& bias,
+                      double eps) {
+  return run_norm("warpformer.layer_norm", kernels::NormKind::kLayerNorm, input, nullptr,
+                  OptTensor(), weight, bias, eps);
+}
+
+at::Tensor rms_norm(const at::Tensor& input, const at::Tensor& weight, double eps) {
+  return run_norm("warpformer.rms_norm", kernels::NormKind::kRmsNorm, input, nullptr, OptTensor(),
+                  weight, OptTensor(), eps);
+}
+
+at::Tensor add_layer_norm(const at::Tensor& input, at::Tensor& residual,
+                          const OptTensor& input_bias, const at::Tensor& weight,
+                          const OptTensor& bias, double eps) {
+  return run_norm("warpformer.add_layer_norm", kernels::NormKind::kLayerNorm, input, &residual,
+                  input_bias, weight, bias, eps);
+}
+
+at::Tensor add_rms_norm(const at::Tensor& input, at::Tensor& residual, const OptTensor& input_bias,
+                        const at::Tensor& weight, double eps) {
+  return run_norm("warpformer.add_rms_norm", kernels::NormKind::kRmsNorm, input, &residual,
+                  input_bias, weight, OptTensor(), eps);
+}
+
+at::Tensor bias_act(const at::Tensor& input, const OptTensor& bias, const std::string& activation) {
+  return run_act("warpformer.bias_act", false, input, bias, activation);
+}
+
+at::Tensor gated_act(const at::Tensor& input, const OptTensor& bias,
+                     const std::string& activation) {
+  return run_act("warpformer.gated_act", true, input, bias, activation);
+}
+
+at::Tensor embedding(const at::Tensor& input_ids, const at::Tensor& wte, const OptTensor& wpe,
+                     const OptTensor& position_ids, double scale) {
+  const char* op = "warpformer.embedding";
+  check_dtype(input_ids, at::kInt, op, "input_ids");
+  check_dim_in(input_ids, {1, 2}, op, "input_ids");
+  check_floating(wte, op, "wte");
+  check_dim(wte, 2, op, "wte");
+  TORCH_CHECK(wte.size(0) > 0 && wte.size(1) > 0, op, ": wte must be non-empty, got shape ",
+              wte.sizes());
+  TORCH_CHECK(wte.size(0) <= INT32_MAX && wte.size(1) <= INT32_MAX, op,
+              ": wte dimensions must be < 2^31, got ", wte.sizes());
+  TORCH_CHECK(input_ids.numel() <= INT32_MAX, op, ": input_ids has more than 2^31-1 tokens");
+  if (wpe.has_value()) {
+    check_dtype(*wpe, wte.scalar_type(), op, "wpe", "the dtype of wte");
+    check_dim(*wpe, 2, op, "wpe");
+    check_size(*wpe, 1, wte.size(1), op, "wpe", "the hidden size of wte");
+    TORCH_CHECK(wpe->size(0) > 0, op, ": wpe must have at least one position row");
+  }
+  if (position_ids.has_value()) {
+    TORCH_CHECK(wpe.has_value(), op, ": position_ids given but wpe is None");
+    check_dtype(*position_ids, at::kInt, op, "position_ids");
+    TORCH_CHECK(position_ids->sizes() == input_ids.sizes(), op,
+                ": position_ids must have input_ids's shape ", input_ids.sizes(), ", got ",
+                position_ids->sizes());
+  }
+  check_cuda(input_ids, op, "input_ids");
+  check_cuda(wte, op, "wte", input_ids, "input_ids");
+  if (wpe.has_value()) check_cuda(*wpe, op, "wpe", input_ids, "input_ids");
+  if (position_ids.has_value()) {
+    check_cuda(*position_ids, op, "position_ids", input_ids, "input_ids");
+  }
+
+  const c10::cuda::CUDAGuard guard(input_ids.device());
+  const at::Tensor ids = input_ids.contiguous();
+  const at::Tensor table = wte.contiguous();
+  const OptTensor pos_table = wpe.has_value() ? OptTensor(wpe->contiguous()) : OptTensor();
+  const OptTensor pos = position_ids.has_value() ? OptTensor(position_ids->contiguous())
+                                                 : OptTensor();
+  auto out_shape = ids.sizes().vec();
+  out_shape.push_back(table.size(1));
+  at::Tensor out = at::empty(out_shape, table.options());
+  at::Tensor errors =
+      at::full({2}, kernels::EmbeddingErrors::kNoError, ids.options().dtype(at::kInt));
+  WF_DISPATCH_FLOATING(to_dtype(table.scalar_type(), op, "wte"), op, [&] {
+    kernels::EmbeddingParams<scalar_t> p{};
+    p.out = reinterpret_cast<scalar_t*>(out.data_ptr());
+    p.ids = ids.data_ptr<int32_t>();
+    p.wte = reinterpret_cast<const scalar_t*>(table.data_ptr());
+    p.wpe = ptr_or_null<const scalar_t>(pos_table);
+    p.positions = pos.has_value() ? pos->data_ptr<int32_t>() : nullptr;
+    p.errors = reinterpret_cast<kernels::EmbeddingErrors*>(errors.data_ptr<int32_t>());
+    p.tokens = ids.numel();
+    p.hidden = static_cast<int>(table.size(1));
+    p.vocab = static_cast<int>(table.size(0));
+    p.max_positions = pos_table.has_value() ? static_cast<int>(pos_table->size(0)) : 0;
+    p.seq_len = static_cast<int>(ids.size(-1));
+    p.scale = static_cast<float>(scale);
+    WF_CUDA_CHECK(kernels::launch_embedding(p, current_stream(ids)));
+  });
+  // One small device-to-host copy: the kernel has already zeroed bad rows instead of reading out
+  // of bounds; this turns the recorded index into an error naming the offending token.
+  const at::Tensor err = errors.cpu();
+  const int32_t bad_tok = err[0].item<int32_t>();
+  const int32_t bad_pos = err[1].item<int32_t>();
+  if (bad_tok != kernels::EmbeddingErrors::kNoError) {
+    const at::Tensor flat = ids.view({-1});
+    TORCH_CHECK(false, op, ": input_ids contains ", flat[bad_tok].item<int32_t>(),
+                " at flat index ", bad_tok, ", outside the vocabulary [0, ", table.size(0), ")");
+  }
+  if (bad_pos != kernels::EmbeddingErrors::kNoError) {
+    const int64_t p = pos.has_value() ? pos->view({-1})[bad_pos].item<int32_t>()
+                                      : bad_pos % ids.size(-1);
+    TORCH_CHECK(false, op, ": position ", p, " of token at flat index ", bad_pos,
+                " is outside the position table [0, ", pos_table->size(0), ")",
+                pos.has_value() ? " (from position_ids)" : " (sequence longer than wpe)");
+  }
+  return out;
+}
+
+}  // namespace ops
+}  // namespace warpformer

@@ -1,0 +1,118 @@
+// Bias add + activation (plain and gated) — see activations.h.
+//
+// Grid: x covers the column vectors of a row, y the rows (striding when rows exceed the grid's
+// y limit). Each thread moves one 16-byte vector per row when cols and the pointers allow it.
+#include "kernels/activations.h"
+#include "kernels/common.cuh"
+
+namespace warpformer {
+namespace kernels {
+namespace {
+
+template <Activation ACT>
+__device__ __forceinline__ float activate(float x) {
+  if constexpr (ACT == Activation::kGeluErf) {
+    return 0.5f * x * (1.f + erff(x * 0.70710678118654752f));
+  } else if constexpr (ACT == Activation::kGeluTanh) {
+    const float inner = 0.79788456080286536f * (x + 0.044715f * x * x * x);
+    return 0.5f * x * (1.f + tanhf(inner));
+  } else if constexpr (ACT == Activation::kRelu) {
+    return fmaxf(x, 0.f);
+  } else if constexpr (ACT == Activation::kSilu) {
+    return x / (1.f + __expf(-x));
+  } else {
+    return x;
+  }
+}
+
+template <typename T, int VEC, Activation ACT, bool GATED>
+__global__ void act_kernel(T* out,                    // [rows, cols]
+                           const T* in,               // [rows, cols] or [rows, 2 * cols]
+                           const T* __restrict__ bias,  // [cols] or [2 * cols] or null
+                           int64_t rows, int cols) {
+  const int col = (blockIdx.x * blockDim.x + threadIdx.x) * VEC;
+  if (col >= cols) return;
+  const int64_t in_cols = GATED ? 2 * static_cast<int64_t>(cols) : cols;
+  float b[VEC], bu[VEC];
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) b[j] = bu[j] = 0.f;
+  if (bias != nullptr) {
+    load_vec<T, VEC>(bias + col, b);
+    if (GATED) load_vec<T, VEC>(bias + cols + col, bu);
+  }
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    float x[VEC];
+    load_vec<T, VEC>(in + r * in_cols + col, x);
+    if constexpr (GATED) {
+      float u[VEC];
+      load_vec<T, VEC>(in + r * in_cols + cols + col, u);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) x[j] = activate<ACT>(x[j] + b[j]) * (u[j] + bu[j]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) x[j] = activate<ACT>(x[j] + b[j]);
+    }
+    store_vec<T, VEC>(out + r * cols + col, x);
+  }
+}
+
+template <typename T, int VEC, bool GATED>
+cudaError_t launch_vec(T* out, const T* in, const T* bias, int64_t rows, int cols, Activation act,
+                       cudaStream_t stream) {
+  const int nvec = cols / VEC;
+  const int threads = nvec >= 256 ? 256 : ceil_div(nvec, 32) * 32;
+  const dim3 grid(ceil_div(nvec, threads), static_cast<unsigned>(rows < 65535 ? rows : 65535));
+  switch (act) {
+#define WF_ACT_CASE(A)                                                                         \
+  case A:                                                                                      \
+    act_kernel<T, VEC, A, GATED><<<grid, threads, 0, stream>>>(out, in, bias, rows, cols); \
+    break;
+    WF_ACT_CASE(Activation::kIdentity)
+    WF_ACT_CASE(Activation::kGeluErf)
+    WF_ACT_CASE(Activation::kGeluTanh)
+    WF_ACT_CASE(Activation::kRelu)
+    WF_ACT_CASE(Activation::kSilu)
+#undef WF_ACT_CASE
+    default: return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+template <typename T, bool GATED>
+cudaError_t launch(T* out, const T* in, const T* bias, int64_t rows, int cols, Activation act,
+                   cudaStream_t stream) {
+  if (rows < 0 || cols <= 0 || out == nullptr || in == nullptr) return cudaErrorInvalidValue;
+  if (rows == 0) return cudaSuccess;
+  constexpr int kVec = 16 / sizeof(T);
+  const bool vec_ok = cols % kVec == 0 && aligned_to(out, 16) && aligned_to(in, 16) &&
+                      aligned_to(bias, 16);
+  return vec_ok ? launch_vec<T, kVec, GATED>(out, in, bias, rows, cols, act, stream)
+                : launch_vec<T, 1, GATED>(out, in, bias, rows, cols, act, stream);
+}
+
+}  // namespace
+
+template <typename T>
+cudaError_t launch_bias_act(T* out, const T* in, const T* bias, int64_t rows, int cols,
+                            Activation act, cudaStream_t stream) {
+  return launch<T, false>(out, in, bias, rows, cols, act, stream);
+}
+
+template <typename T>
+cudaError_t launch_gated_act(T* out, const T* in, const T* bias, int64_t rows, int cols,
+                             Activation act, cudaStream_t stream) {
+  return launch<T, true>(out, in, bias, rows, cols, act, stream);
+}
+
+#define WF_INSTANTIATE(T)                                                                   \
+  template cudaError_t launch_bias_act<T>(T*, const T*, const T*, int64_t, int, Activation,  \
+                                          cudaStream_t);                                     \
+  template cudaError_t launch_gated_act<T>(T*, const T*, const T*, int64_t, int, Activation, \
+                                           cudaStream_t);
+WF_INSTANTIATE(float)
+WF_INSTANTIATE(__half)
+WF_INSTANTIATE(__nv_bfloat16)
+#undef WF_INSTANTIATE
+
+}  // namespace kernels
+}  // namespace warpformer

@@ -1,0 +1,169 @@
+// LayerNorm / RMSNorm with fused residual and bias adds (see norms.h for the contract).
+//
+// One block normalises one row. Rows of up to 512 * 8 vectors are held in registers between the
+// mean pass, the variance pass and the output pass, so the row is read from memory once; longer
+// rows fall back to re-reading it (from residual_out when that was written, since it may alias an
+// input). Statistics are accumulated in fp32 with the exact two-pass variance.
+#include "kernels/common.cuh"
+#include "kernels/norms.h"
+
+namespace warpformer {
+namespace kernels {
+namespace {
+
+constexpr int kMaxThreads = 512;
+
+template <typename T, int VEC>
+__device__ __forceinline__ void load_x(const NormParams<T>& p, int64_t row_off, int col,
+                                       float (&x)[VEC]) {
+  load_vec<T, VEC>(p.input + row_off + col, x);
+  if (p.input_bias != nullptr) {
+    float b[VEC];
+    load_vec<T, VEC>(p.input_bias + col, b);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) x[j] += b[j];
+  }
+  if (p.residual != nullptr) {
+    float r[VEC];
+    load_vec<T, VEC>(p.residual + row_off + col, r);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) x[j] += r[j];
+  }
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ void store_normed(const NormParams<T>& p, int64_t row_off, int col,
+                                             const float (&x)[VEC], float mean, float rstd) {
+  float g[VEC], y[VEC];
+  load_vec<T, VEC>(p.gamma + col, g);
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) y[j] = (x[j] - mean) * rstd * g[j];
+  if (p.kind == NormKind::kLayerNorm && p.beta != nullptr) {
+    float b[VEC];
+    load_vec<T, VEC>(p.beta + col, b);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) y[j] += b[j];
+  }
+  store_vec<T, VEC>(p.out + row_off + col, y);
+}
+
+// ITEMS > 0: each thread keeps ITEMS vectors of the row in registers. ITEMS == 0: re-read.
+template <typename T, int VEC, int ITEMS>
+__global__ void __launch_bounds__(kMaxThreads) norm_kernel(const NormParams<T> p) {
+  __shared__ float scratch[32];
+  const int64_t row_off = static_cast<int64_t>(blockIdx.x) * p.hidden;
+  const int nvec = p.hidden / VEC;
+  const bool layer_norm = p.kind == NormKind::kLayerNorm;
+  const float inv_n = 1.f / static_cast<float>(p.hidden);
+
+  if constexpr (ITEMS > 0) {
+    float x[ITEMS][VEC];
+    float sum = 0.f;
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      const int v = threadIdx.x + i * blockDim.x;
+      if (v < nvec) {
+        load_x<T, VEC>(p, row_off, v * VEC, x[i]);
+        if (p.residual_out != nullptr) store_vec<T, VEC>(p.residual_out + row_off + v * VEC, x[i]);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) sum += x[i][j];
+      }
+    }
+    const float mean = layer_norm ? block_sum(sum, scratch) * inv_n : 0.f;
+    float sq = 0.f;
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      if (threadIdx.x + i * blockDim.x < nvec) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const float d = x[i][j] - mean;
+          sq += d * d;
+        }
+      }
+    }
+    const float rstd = rsqrtf(block_sum(sq, scratch) * inv_n + p.eps);
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      const int v = threadIdx.x + i * blockDim.x;
+      if (v < nvec) store_normed<T, VEC>(p, row_off, v * VEC, x[i], mean, rstd);
+    }
+  } else {
+    // Row too long for registers. After the first pass x lives in residual_out if requested.
+    auto reload = [&](int v, float (&x)[VEC]) {
+      if (p.residual_out != nullptr) {
+        load_vec<T, VEC>(p.residual_out + row_off + v * VEC, x);
+      } else {
+        load_x<T, VEC>(p, row_off, v * VEC, x);
+      }
+    };
+    float sum = 0.f;
+    for (int v = threadIdx.x; v < nvec; v += blockDim.x) {
+      float x[VEC];
+      load_x<T, VEC>(p, row_off, v * VEC, x);
+      if (p.residual_out != nullptr) store_vec<T, VEC>(p.residual_out + row_off + v * VEC, x);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) sum += x[j];
+    }
+    // Each element is re-read by the thread that wrote it, so no barrier is needed for that.
+    const float mean = layer_norm ? block_sum(sum, scratch) * inv_n : 0.f;
+    float sq = 0.f;
+    for (int v = threadIdx.x; v < nvec; v += blockDim.x) {
+      float x[VEC];
+      reload(v, x);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float d = x[j] - mean;
+        sq += d * d;
+      }
+    }
+    const float rstd = rsqrtf(block_sum(sq, scratch) * inv_n + p.eps);
+    for (int v = threadIdx.x; v < nvec; v += blockDim.x) {
+      float x[VEC];
+      reload(v, x);
+      store_normed<T, VEC>(p, row_off, v * VEC, x, mean, rstd);
+    }
+  }
+}
+
+template <typename T, int VEC>
+cudaError_t launch_with_vec(const NormParams<T>& p, cudaStream_t stream) {
+  const int nvec = p.hidden / VEC;
+  int items = 1;
+  while (items <= 8 && ceil_div(nvec, items) > kMaxThreads) items *= 2;
+  if (items > 8) items = 0;
+  const int threads =
+      items == 0 ? kMaxThreads : ceil_div(ceil_div(nvec, items), 32) * 32;
+  const dim3 grid(static_cast<unsigned>(p.rows));
+  switch (items) {
+    case 1: norm_kernel<T, VEC, 1><<<grid, threads, 0, stream>>>(p); break;
+    case 2: norm_kernel<T, VEC, 2><<<grid, threads, 0, stream>>>(p); break;
+    case 4: norm_kernel<T, VEC, 4><<<grid, threads, 0, stream>>>(p); break;
+    case 8: norm_kernel<T, VEC, 8><<<grid, threads, 0, stream>>>(p); break;
+    default: norm_kernel<T, VEC, 0><<<grid, threads, 0, stream>>>(p); break;
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+template <typename T>
+cudaError_t launch_norm(const NormParams<T>& p, cudaStream_t stream) {
+  if (p.rows < 0 || p.rows > 0x7fffffff || p.hidden <= 0 || p.out == nullptr ||
+      p.input == nullptr || p.gamma == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  if (p.rows == 0) return cudaSuccess;
+  constexpr int kVec = 16 / sizeof(T);
+  const bool vec_ok = p.hidden % kVec == 0 && aligned_to(p.out, 16) &&
+                      aligned_to(p.residual_out, 16) && aligned_to(p.input, 16) &&
+                      aligned_to(p.residual, 16) && aligned_to(p.input_bias, 16) &&
+                      aligned_to(p.gamma, 16) && aligned_to(p.beta, 16);
+  return vec_ok ? launch_with_vec<T, kVec>(p, stream) : launch_with_vec<T, 1>(p, stream);
+}
+
+template cudaError_t launch_norm<float>(const NormParams<float>&, cudaStream_t);
+template cudaError_t launch_norm<__half>(const NormParams<__half>&, cudaStream_t);
+template cudaError_t launch_norm<__nv_bfloat16>(const NormParams<__nv_bfloat16>&, cudaStream_t);
+
+}  // namespace kernels
+}  // namespace warpformer

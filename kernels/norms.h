@@ -1,0 +1,41 @@
+// LayerNorm and RMSNorm over the last axis, optionally fused with the residual and bias adds that
+// decoder layers put in front of a norm. Launchers take raw pointers and a stream; they return the
+// launch status (cudaErrorInvalidValue for arguments they cannot handle) for the caller to check.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace warpformer {
+namespace kernels {
+
+enum class NormKind { kLayerNorm = 0, kRmsNorm = 1 };
+
+// For each row r:
+//   x[r]   = input[r] (+ input_bias) (+ residual[r])
+//   out[r] = normalize(x[r]) * gamma (+ beta)         (fp32 statistics, two-pass variance)
+//   residual_out[r] = x[r]                            when residual_out is given
+// residual_out may alias residual (in-place residual update of a pre-norm layer) or input.
+// All row-major and contiguous. The 16-byte vector path is taken when hidden and every pointer
+// allow it; any other case runs element by element.
+template <typename T>
+struct NormParams {
+  T* out;                       // [rows, hidden]
+  T* residual_out;              // [rows, hidden] or null
+  const T* input;               // [rows, hidden]
+  const T* residual;            // [rows, hidden] or null
+  const T* input_bias;          // [hidden] or null
+  const T* gamma;               // [hidden]
+  const T* beta;                // [hidden] or null (ignored by RMSNorm)
+  int64_t rows;
+  int hidden;
+  float eps;
+  NormKind kind;
+};
+
+template <typename T>
+cudaError_t launch_norm(const NormParams<T>& p, cudaStream_t stream);
+
+}  // namespace kernels
+}  // namespace warpformer

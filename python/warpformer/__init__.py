@@ -1,0 +1,25 @@
+"""warpformer: a C++/CUDA transformer inference engine shipped as a PyTorch extension.
+
+Importing the package loads the compiled extension ``warpformer._C``, which registers the ops
+under ``torch.ops.warpformer`` and the classes under ``torch.classes.warpformer``, and registers
+the fake (meta) implementations that let ``torch.compile`` trace the ops.
+"""
+
+from __future__ import annotations
+
+import torch  # noqa: F401  (loads libtorch and the CUDA libraries _C links against)
+
+try:
+    from . import _C  # noqa: F401
+except ImportError as exc:  # pragma: no cover - exercised only on broken installs
+    raise ImportError(
+        "warpformer._C could not be loaded: build the extension with "
+        "`pip install --no-build-isolation -e .` against the torch you import "
+        f"(torch {torch.__version__}). Original error: {exc}"
+    ) from exc
+
+from . import _ops  # noqa: E402,F401  (fake implementations)
+
+__version__ = "0.1.0"
+
+__all__ = ["__version__"]

@@ -1,0 +1,58 @@
+"""Fake (meta) implementations of the ``torch.ops.warpformer`` ops.
+
+They compute output shapes and dtypes without touching data, so ``torch.compile`` and
+``torch.library.opcheck`` can trace graphs that call the CUDA ops. The real argument checks live
+in C++ (``csrc/torch``); these repeat only what decides the output shape.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.library import register_fake
+
+
+def _check_last_dim(t: torch.Tensor, name: str, op: str) -> int:
+    torch._check(t.dim() >= 1, lambda: f"{op}: {name} must have at least 1 dimension")
+    return t.shape[-1]
+
+
+@register_fake("warpformer::layer_norm")
+def _layer_norm_fake(input, weight, bias, eps):
+    _check_last_dim(input, "input", "warpformer.layer_norm")
+    return torch.empty_like(input, memory_format=torch.contiguous_format)
+
+
+@register_fake("warpformer::rms_norm")
+def _rms_norm_fake(input, weight, eps):
+    _check_last_dim(input, "input", "warpformer.rms_norm")
+    return torch.empty_like(input, memory_format=torch.contiguous_format)
+
+
+@register_fake("warpformer::add_layer_norm")
+def _add_layer_norm_fake(input, residual, input_bias, weight, bias, eps):
+    _check_last_dim(input, "input", "warpformer.add_layer_norm")
+    return torch.empty_like(input, memory_format=torch.contiguous_format)
+
+
+@register_fake("warpformer::add_rms_norm")
+def _add_rms_norm_fake(input, residual, input_bias, weight, eps):
+    _check_last_dim(input, "input", "warpformer.add_rms_norm")
+    return torch.empty_like(input, memory_format=torch.contiguous_format)
+
+
+@register_fake("warpformer::bias_act")
+def _bias_act_fake(input, bias, activation):
+    _check_last_dim(input, "input", "warpformer.bias_act")
+    return torch.empty_like(input, memory_format=torch.contiguous_format)
+
+
+@register_fake("warpformer::gated_act")
+def _gated_act_fake(input, bias, activation):
+    cols = _check_last_dim(input, "input", "warpformer.gated_act")
+    torch._check(cols % 2 == 0, lambda: "warpformer.gated_act: input's last dimension must be even")
+    return input.new_empty((*input.shape[:-1], cols // 2))
+
+
+@register_fake("warpformer::embedding")
+def _embedding_fake(input_ids, wte, wpe=None, position_ids=None, scale=1.0):
+    return wte.new_empty((*input_ids.shape, wte.shape[1]))

@@ -1,0 +1,1 @@
+"""Python model classes driving the C++ engine (GPT family)."""
