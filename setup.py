@@ -54,6 +54,16 @@ def _nvidia_dirs() -> tuple[list[str], list[str]]:
     return incs, libs
 
 
+def _torch_cxx_standard() -> str:
+    """The C++ standard torch's own extension builder uses: the extension must be compiled with
+    the same one, since some torch classes change layout with the language level (seen: a C++20
+    build against torch 2.11, itself C++17, crashed reading Tensor::sizes())."""
+    from torch.utils import cpp_extension
+
+    text = Path(cpp_extension.__file__).read_text()
+    return "20" if "-std=c++20" in text else "17"
+
+
 class CMakeExtension(Extension):
     def __init__(self, name: str) -> None:
         super().__init__(name, sources=[])
@@ -65,11 +75,8 @@ class CMakeBuild(build_ext):
         from torch.utils import cpp_extension
 
         out_path = Path(self.get_ext_fullpath(ext.name)).resolve()
-        build_dir = Path(
-            os.environ.get(
-                "WARPFORMER_BUILD_DIR", ROOT / "build" / f"cp{sys.version_info[0]}{sys.version_info[1]}"
-            )
-        )
+        py_tag = f"cp{sys.version_info[0]}{sys.version_info[1]}"
+        build_dir = Path(os.environ.get("WARPFORMER_BUILD_DIR", ROOT / "build" / py_tag))
         build_dir.mkdir(parents=True, exist_ok=True)
         debug = os.environ.get("WARPFORMER_DEBUG", "0") not in ("", "0")
         archs = os.environ.get("WARPFORMER_CUDA_ARCHS") or _default_cuda_archs()
@@ -85,6 +92,7 @@ class CMakeBuild(build_ext):
             f"-DWARPFORMER_TORCH_INCLUDE_DIRS={';'.join(cpp_extension.include_paths())}",
             f"-DWARPFORMER_TORCH_LIB_DIR={torch_lib}",
             f"-DWARPFORMER_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+            f"-DWARPFORMER_CXX_STANDARD={_torch_cxx_standard()}",
             f"-DWARPFORMER_PYTHON_INCLUDE_DIR={sysconfig.get_paths()['include']}",
             f"-DWARPFORMER_EXT_SUFFIX={sysconfig.get_config_var('EXT_SUFFIX')}",
             f"-DWARPFORMER_NVIDIA_INCLUDE_DIRS={';'.join(nv_incs)}",

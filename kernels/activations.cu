@@ -25,6 +25,11 @@ __device__ __forceinline__ float activate(float x) {
   }
 }
 
+// Each thread handles one column vector of kRowsPerThread rows, issuing all their loads before
+// the first use so that more bytes are in flight per SM (one row per thread measured ~73% of copy
+// bandwidth on H200 for fp16).
+constexpr int kRowsPerThread = 4;
+
 template <typename T, int VEC, Activation ACT, bool GATED>
 __global__ void act_kernel(T* out,                    // [rows, cols]
                            const T* in,               // [rows, cols] or [rows, 2 * cols]
@@ -40,19 +45,28 @@ __global__ void act_kernel(T* out,                    // [rows, cols]
     load_vec<T, VEC>(bias + col, b);
     if (GATED) load_vec<T, VEC>(bias + cols + col, bu);
   }
-  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
-    float x[VEC];
-    load_vec<T, VEC>(in + r * in_cols + col, x);
-    if constexpr (GATED) {
-      float u[VEC];
-      load_vec<T, VEC>(in + r * in_cols + cols + col, u);
+  const int64_t row_step = static_cast<int64_t>(gridDim.y) * kRowsPerThread;
+  for (int64_t r0 = static_cast<int64_t>(blockIdx.y) * kRowsPerThread; r0 < rows; r0 += row_step) {
+    float x[kRowsPerThread][VEC];
+    float u[kRowsPerThread][VEC];
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) x[j] = activate<ACT>(x[j] + b[j]) * (u[j] + bu[j]);
-    } else {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) x[j] = activate<ACT>(x[j] + b[j]);
+    for (int k = 0; k < kRowsPerThread; ++k) {
+      if (r0 + k < rows) {
+        load_vec<T, VEC>(in + (r0 + k) * in_cols + col, x[k]);
+        if constexpr (GATED) load_vec<T, VEC>(in + (r0 + k) * in_cols + cols + col, u[k]);
+      }
     }
-    store_vec<T, VEC>(out + r * cols + col, x);
+#pragma unroll
+    for (int k = 0; k < kRowsPerThread; ++k) {
+      if (r0 + k < rows) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          x[k][j] = activate<ACT>(x[k][j] + b[j]);
+          if constexpr (GATED) x[k][j] *= u[k][j] + bu[j];
+        }
+        store_vec<T, VEC>(out + (r0 + k) * cols + col, x[k]);
+      }
+    }
   }
 }
 
@@ -61,7 +75,9 @@ cudaError_t launch_vec(T* out, const T* in, const T* bias, int64_t rows, int col
                        cudaStream_t stream) {
   const int nvec = cols / VEC;
   const int threads = nvec >= 256 ? 256 : ceil_div(nvec, 32) * 32;
-  const dim3 grid(ceil_div(nvec, threads), static_cast<unsigned>(rows < 65535 ? rows : 65535));
+  const int64_t row_groups = (rows + kRowsPerThread - 1) / kRowsPerThread;
+  const dim3 grid(ceil_div(nvec, threads),
+                  static_cast<unsigned>(row_groups < 65535 ? row_groups : 65535));
   switch (act) {
 #define WF_ACT_CASE(A)                                                                         \
   case A:                                                                                      \

@@ -14,9 +14,9 @@ namespace warpformer {
 namespace ops {
 namespace {
 
-// Checks shared by the norm ops; returns the contiguous input.
-at::Tensor check_norm_args(const char* op, const at::Tensor& input, const at::Tensor& weight,
-                           const OptTensor& bias, const char* bias_name, double eps) {
+// Dtype/shape checks shared by the norm ops (device checks follow in run_norm).
+void check_norm_args(const char* op, const at::Tensor& input, const at::Tensor& weight,
+                     const OptTensor& bias, const char* bias_name, double eps) {
   check_floating(input, op, "input");
   TORCH_CHECK(input.dim() >= 1, op, ": input must have at least 1 dimension, got a scalar");
   TORCH_CHECK(input.size(-1) > 0, op, ": input's last dimension (hidden size) must be > 0");
@@ -31,29 +31,29 @@ at::Tensor check_norm_args(const char* op, const at::Tensor& input, const at::Te
     check_dim(*bias, 1, op, bias_name);
     check_size(*bias, 0, input.size(-1), op, bias_name, "input's last dimension");
   }
-  check_cuda(input, op, "input");
-  check_cuda(weight, op, "weight", input, "input");
-  if (bias.has_value()) check_cuda(*bias, op, bias_name, input, "input");
-  return input.contiguous();
 }
 
 at::Tensor run_norm(const char* op, kernels::NormKind kind, const at::Tensor& input,
                     at::Tensor* residual, const OptTensor& input_bias, const at::Tensor& weight,
                     const OptTensor& bias, double eps) {
-  const at::Tensor x = check_norm_args(op, input, weight, bias, "bias", eps);
+  check_norm_args(op, input, weight, bias, "bias", eps);
   if (residual != nullptr) {
     check_dtype(*residual, input.scalar_type(), op, "residual", "the dtype of input");
     TORCH_CHECK(residual->sizes() == input.sizes(), op, ": residual must have input's shape ",
                 input.sizes(), ", got ", residual->sizes());
     check_contiguous(*residual, op, "residual");
-    check_cuda(*residual, op, "residual", input, "input");
   }
   if (input_bias.has_value()) {
     check_dtype(*input_bias, input.scalar_type(), op, "input_bias", "the dtype of input");
     check_dim(*input_bias, 1, op, "input_bias");
     check_size(*input_bias, 0, input.size(-1), op, "input_bias", "input's last dimension");
-    check_cuda(*input_bias, op, "input_bias", input, "input");
   }
+  check_cuda(input, op, "input");
+  check_cuda(weight, op, "weight", input, "input");
+  if (bias.has_value()) check_cuda(*bias, op, "bias", input, "input");
+  if (residual != nullptr) check_cuda(*residual, op, "residual", input, "input");
+  if (input_bias.has_value()) check_cuda(*input_bias, op, "input_bias", input, "input");
+  const at::Tensor x = input.contiguous();
   const c10::cuda::CUDAGuard guard(input.device());
   at::Tensor out = at::empty_like(x);
   const at::Tensor w = weight.contiguous();

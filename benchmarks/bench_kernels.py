@@ -1,0 +1,181 @@
+"""Kernel benchmark: achieved bandwidth of each warpformer element-wise kernel against the
+device-to-device copy bandwidth measured in the same run, and its time against the PyTorch
+composition it replaces.
+
+Method: inputs are rotated among several copies whose total exceeds 4x the L2 cache, so the
+numbers are DRAM numbers; each case is warmed up, then timed with CUDA events per call; the
+median is reported. Bytes counted are the fewest a kernel must move (each input read once,
+each output written once).
+
+    python benchmarks/bench_kernels.py [--json benchmarks/results/kernels.json] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import warpformer  # noqa: F401
+
+ops = torch.ops.warpformer
+
+
+@dataclass
+class Row:
+    kernel: str
+    dtype: str
+    shape: str
+    mbytes: float
+    wf_us: float
+    gbps: float
+    pct_copy: float
+    torch_us: float
+    speedup: float
+
+
+def time_calls(fns: list[Callable[[], object]], warmup: int = 5, reps: int = 40) -> float:
+    """Median time in microseconds of one call, cycling through `fns` (one per input copy)."""
+    for i in range(warmup):
+        fns[i % len(fns)]()
+    torch.cuda.synchronize()
+    times = []
+    for i in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        fn = fns[i % len(fns)]
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(times)
+
+
+def copies_needed(bytes_per_set: int) -> int:
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    return max(2, min(16, -(-4 * l2 // max(bytes_per_set, 1))))
+
+
+def copy_bandwidth() -> float:
+    """Device-to-device copy bandwidth in GB/s (bytes read + bytes written)."""
+    n = 1 << 30
+    src = torch.empty(n, dtype=torch.uint8, device="cuda").random_(0, 255)
+    dst = torch.empty_like(src)
+    us = time_calls([lambda: dst.copy_(src)], warmup=3, reps=20)
+    return 2 * n / (us * 1e-6) / 1e9
+
+
+def bench_case(name: str, dtype: torch.dtype, shape: str, nbytes: int,
+               make: Callable[[], tuple[Callable[[], object], Callable[[], object]]],
+               copy_gbps: float) -> Row:
+    sets = [make() for _ in range(copies_needed(nbytes))]
+    wf_us = time_calls([s[0] for s in sets])
+    torch_us = time_calls([s[1] for s in sets])
+    gbps = nbytes / (wf_us * 1e-6) / 1e9
+    return Row(name, str(dtype).replace("torch.", ""), shape, nbytes / 1e6, wf_us, gbps,
+               100 * gbps / copy_gbps, torch_us, torch_us / wf_us)
+
+
+def cases(dtype: torch.dtype, quick: bool) -> list[tuple]:
+    es = torch.tensor([], dtype=dtype).element_size()
+    rows, h = (4096, 4096) if quick else (16384, 4096)
+    inter = 4 * h
+    act_rows = rows // 4
+
+    def rnd(*s: int) -> torch.Tensor:
+        return torch.randn(*s, device="cuda", dtype=dtype)
+
+    def ln():
+        x, w, b = rnd(rows, h), rnd(h), rnd(h)
+        return (lambda: ops.layer_norm(x, w, b, 1e-5),
+                lambda: F.layer_norm(x, (h,), w, b, 1e-5))
+
+    def rms():
+        x, w = rnd(rows, h), rnd(h)
+        return (lambda: ops.rms_norm(x, w, 1e-6),
+                lambda: x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(dtype)
+                * w)
+
+    def add_ln():
+        x, r, b, w = rnd(rows, h), rnd(rows, h), rnd(h), rnd(h)
+
+        def torch_fn():
+            r.add_(x + b)
+            return F.layer_norm(r, (h,), w, b, 1e-5)
+
+        return (lambda: ops.add_layer_norm(x, r, b, w, b, 1e-5), torch_fn)
+
+    def gelu():
+        x, b = rnd(act_rows, inter), rnd(inter)
+        return (lambda: ops.bias_act(x, b, "gelu_tanh"),
+                lambda: F.gelu(x + b, approximate="tanh"))
+
+    def swiglu():
+        x, b = rnd(act_rows, 2 * inter), rnd(2 * inter)
+
+        def torch_fn():
+            y = x + b
+            return F.silu(y[:, :inter]) * y[:, inter:]
+
+        return (lambda: ops.gated_act(x, b, "silu"), torch_fn)
+
+    def emb():
+        vocab, npos = 50304, 2048
+        wte, wpe = rnd(vocab, h), rnd(npos, h)
+        ids = torch.randint(0, vocab, (rows // npos if rows >= npos else 1, npos), device="cuda",
+                            dtype=torch.int32)
+        pos = torch.arange(npos, device="cuda").expand_as(ids)
+        ids64 = ids.long()
+        return (lambda: ops.embedding(ids, wte, wpe),
+                lambda: F.embedding(ids64, wte) + F.embedding(pos, wpe))
+
+    tok = (rows // 2048) * 2048 if rows >= 2048 else 2048
+    return [
+        ("layer_norm", f"[{rows}, {h}]", 2 * rows * h * es + 2 * h * es, ln),
+        ("rms_norm", f"[{rows}, {h}]", 2 * rows * h * es + h * es, rms),
+        ("add_layer_norm", f"[{rows}, {h}]", 4 * rows * h * es + 3 * h * es, add_ln),
+        ("bias_act gelu_tanh", f"[{act_rows}, {inter}]", 2 * act_rows * inter * es, gelu),
+        ("gated_act silu", f"[{act_rows}, {2 * inter}]", 3 * act_rows * inter * es, swiglu),
+        # token rows read + position rows read + output written (+ ids)
+        ("embedding", f"[{tok} tokens, {h}]", 3 * tok * h * es + 4 * tok, emb),
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", type=Path, default=None, help="write the rows as JSON here")
+    ap.add_argument("--quick", action="store_true", help="smaller tensors (still >= 16 MB)")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_kernels: no CUDA device visible; nothing to measure", file=sys.stderr)
+        return 2
+    gpu = torch.cuda.get_device_name(0)
+    copy_gbps = copy_bandwidth()
+    rows: list[Row] = []
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        for name, shape, nbytes, make in cases(dtype, args.quick):
+            rows.append(bench_case(name, dtype, shape, nbytes, make, copy_gbps))
+            torch.cuda.empty_cache()
+    print(f"\n## Kernel bandwidth on {gpu} (copy bandwidth {copy_gbps:.0f} GB/s, read+write)\n")
+    print("| kernel | dtype | shape | MB moved | warpformer us | GB/s | % of copy | torch us | "
+          "speedup |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r.kernel} | {r.dtype} | {r.shape} | {r.mbytes:.0f} | {r.wf_us:.1f} | "
+              f"{r.gbps:.0f} | {r.pct_copy:.0f}% | {r.torch_us:.1f} | {r.speedup:.2f}x |")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"gpu": gpu, "copy_gbps": copy_gbps,
+                                         "rows": [asdict(r) for r in rows]}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""CPU-side checks of the extension: registration, schemas, fake (meta) implementations,
+TorchScript, and argument validation. The ops validate dtype/shape before the device, so every
+error message can be checked here with CPU tensors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import warpformer  # noqa: F401
+
+OPS = ["layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm", "bias_act", "gated_act",
+       "embedding"]
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_op_registered(name: str) -> None:
+    op = getattr(torch.ops.warpformer, name)
+    assert op.default._schema.name == f"warpformer::{name}"
+
+
+def test_mutation_annotations() -> None:
+    for name in ("add_layer_norm", "add_rms_norm"):
+        schema = getattr(torch.ops.warpformer, name).default._schema
+        residual = [a for a in schema.arguments if a.name == "residual"][0]
+        assert residual.alias_info is not None and residual.alias_info.is_write
+        others = [a for a in schema.arguments if a.name != "residual" and a.alias_info]
+        assert not others
+
+
+def meta(*shape: int, dtype: torch.dtype = torch.float16) -> torch.Tensor:
+    return torch.empty(*shape, dtype=dtype, device="meta")
+
+
+def test_fake_shapes() -> None:
+    x, w = meta(3, 5, 64), meta(64)
+    assert torch.ops.warpformer.layer_norm(x, w, w, 1e-5).shape == (3, 5, 64)
+    assert torch.ops.warpformer.rms_norm(x, w, 1e-6).shape == (3, 5, 64)
+    assert torch.ops.warpformer.add_layer_norm(x, meta(3, 5, 64), None, w, None, 1e-5).shape == (
+        3, 5, 64)
+    assert torch.ops.warpformer.add_rms_norm(x, meta(3, 5, 64), w, w, 1e-5).shape == (3, 5, 64)
+    assert torch.ops.warpformer.bias_act(x, w, "gelu").shape == (3, 5, 64)
+    out = torch.ops.warpformer.gated_act(x, None, "silu")
+    assert out.shape == (3, 5, 32) and out.dtype == torch.float16
+    ids = torch.empty(2, 7, dtype=torch.int32, device="meta")
+    emb = torch.ops.warpformer.embedding(ids, meta(100, 48, dtype=torch.bfloat16))
+    assert emb.shape == (2, 7, 48) and emb.dtype == torch.bfloat16
+
+
+def test_fake_tensor_mode_trace() -> None:
+    """torch.compile's tracer runs ops under FakeTensorMode; the fakes must cover a whole chain."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        x = torch.empty(4, 128, dtype=torch.float16)
+        w = torch.empty(128, dtype=torch.float16)
+        h = torch.ops.warpformer.layer_norm(x, w, w, 1e-5)
+        g = torch.ops.warpformer.gated_act(torch.cat([h, h], -1), None, "gelu_tanh")
+        assert g.shape == (4, 128)
+
+
+def test_torchscript_can_call_ops() -> None:
+    @torch.jit.script
+    def block(x: torch.Tensor, res: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        h = torch.ops.warpformer.add_layer_norm(x, res, None, w, b, 1e-5)
+        return torch.ops.warpformer.bias_act(h, b, "gelu_tanh")
+
+    assert "warpformer::add_layer_norm" in str(block.graph)
+    # Without a GPU the scripted function fails with the op's own clear message.
+    x = torch.randn(2, 8)
+    with pytest.raises(RuntimeError, match="must be a CUDA tensor"):
+        block(x, x.clone(), torch.ones(8), torch.zeros(8))
+
+
+# ---- argument validation (each message names the argument and the rule) ----------------------
+
+def f32(*shape: int) -> torch.Tensor:
+    return torch.randn(*shape)
+
+
+@pytest.mark.parametrize(
+    "call, pattern",
+    [
+        (lambda: torch.ops.warpformer.layer_norm(f32(4, 8).int(), f32(8), None, 1e-5),
+         r"layer_norm: input must be float32, float16 or bfloat16, got Int"),
+        (lambda: torch.ops.warpformer.layer_norm(f32(4, 8), f32(8).half(), None, 1e-5),
+         r"layer_norm: weight must have dtype Float \(the dtype of input\), got Half"),
+        (lambda: torch.ops.warpformer.layer_norm(f32(4, 8), f32(2, 8), None, 1e-5),
+         r"layer_norm: weight must be 1-dimensional, got shape \[2, 8\]"),
+        (lambda: torch.ops.warpformer.layer_norm(f32(4, 8), f32(7), None, 1e-5),
+         r"layer_norm: weight.shape\[0\] must be 8 \(input's last dimension\)"),
+        (lambda: torch.ops.warpformer.layer_norm(f32(4, 8), f32(8), f32(9), 1e-5),
+         r"layer_norm: bias.shape\[0\] must be 8"),
+        (lambda: torch.ops.warpformer.layer_norm(f32(4, 8), f32(8), None, -1.0),
+         r"layer_norm: eps must be >= 0"),
+        (lambda: torch.ops.warpformer.layer_norm(torch.tensor(1.0), f32(1), None, 1e-5),
+         r"layer_norm: input must have at least 1 dimension"),
+        (lambda: torch.ops.warpformer.rms_norm(f32(4, 8), f32(8), 1e-5),
+         r"rms_norm: input must be a CUDA tensor, got device cpu"),
+        (lambda: torch.ops.warpformer.add_layer_norm(f32(4, 8), f32(4, 9), None, f32(8), None,
+                                                     1e-5),
+         r"add_layer_norm: residual must have input's shape \[4, 8\], got \[4, 9\]"),
+        (lambda: torch.ops.warpformer.add_layer_norm(f32(4, 8), f32(8, 4).t(), None, f32(8), None,
+                                                     1e-5),
+         r"add_layer_norm: residual must be contiguous"),
+        (lambda: torch.ops.warpformer.add_rms_norm(f32(4, 8), f32(4, 8).half(), None, f32(8),
+                                                   1e-5),
+         r"add_rms_norm: residual must have dtype Float"),
+        (lambda: torch.ops.warpformer.add_rms_norm(f32(4, 8), f32(4, 8), f32(3), f32(8), 1e-5),
+         r"add_rms_norm: input_bias.shape\[0\] must be 8"),
+        (lambda: torch.ops.warpformer.bias_act(f32(4, 8), None, "gelu_fancy"),
+         r"activation must be one of identity, gelu, gelu_tanh, relu, silu \(got 'gelu_fancy'\)"),
+        (lambda: torch.ops.warpformer.bias_act(f32(4, 8), f32(4), "relu"),
+         r"bias_act: bias.shape\[0\] must be 8"),
+        (lambda: torch.ops.warpformer.gated_act(f32(4, 7), None, "silu"),
+         r"gated_act: input's last dimension must be even"),
+        (lambda: torch.ops.warpformer.gated_act(f32(4, 8), f32(4), "silu"),
+         r"gated_act: bias.shape\[0\] must be 8"),
+        (lambda: torch.ops.warpformer.embedding(torch.zeros(2, 3, dtype=torch.long), f32(10, 4)),
+         r"embedding: input_ids must have dtype Int, got Long"),
+        (lambda: torch.ops.warpformer.embedding(torch.zeros(2, 3, 4, dtype=torch.int32),
+                                                f32(10, 4)),
+         r"embedding: input_ids must be 1 or 2-dimensional"),
+        (lambda: torch.ops.warpformer.embedding(torch.zeros(3, dtype=torch.int32), f32(10, 4),
+                                                f32(5, 6)),
+         r"embedding: wpe.shape\[1\] must be 4 \(the hidden size of wte\)"),
+        (lambda: torch.ops.warpformer.embedding(torch.zeros(3, dtype=torch.int32), f32(10, 4),
+                                                None, torch.zeros(3, dtype=torch.int32)),
+         r"embedding: position_ids given but wpe is None"),
+        (lambda: torch.ops.warpformer.embedding(torch.zeros(3, dtype=torch.int32), f32(10, 4),
+                                                f32(5, 4), torch.zeros(4, dtype=torch.int32)),
+         r"embedding: position_ids must have input_ids's shape"),
+        (lambda: torch.ops.warpformer.embedding(torch.zeros(3, dtype=torch.int32), f32(10, 4)),
+         r"embedding: input_ids must be a CUDA tensor"),
+    ],
+)
+def test_bad_arguments(call, pattern: str) -> None:
+    with pytest.raises(RuntimeError, match=pattern):
+        call()
+
+
+def test_no_gpu_message_is_clear() -> None:
+    """On a machine without a GPU, calling an op is a RuntimeError that says what to do."""
+    with pytest.raises(RuntimeError, match="warpformer ops run on NVIDIA GPUs only"):
+        torch.ops.warpformer.layer_norm(f32(2, 4), f32(4), None, 1e-5)
