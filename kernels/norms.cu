@@ -56,6 +56,15 @@ __global__ void __launch_bounds__(kMaxThreads) norm_kernel(const NormParams<T> p
   const int nvec = p.hidden / VEC;
   const bool layer_norm = p.kind == NormKind::kLayerNorm;
   const float inv_n = 1.f / static_cast<float>(p.hidden);
+  if (p.kind == NormKind::kAddOnly) {  // residual/bias add only (a layer with no norm after it)
+    for (int v = threadIdx.x; v < nvec; v += blockDim.x) {
+      float x[VEC];
+      load_x<T, VEC>(p, row_off, v * VEC, x);
+      if (p.residual_out != nullptr) store_vec<T, VEC>(p.residual_out + row_off + v * VEC, x);
+      if (p.out != p.residual_out) store_vec<T, VEC>(p.out + row_off + v * VEC, x);
+    }
+    return;
+  }
 
   if constexpr (ITEMS > 0) {
     float x[ITEMS][VEC];
@@ -154,7 +163,7 @@ cudaError_t launch_with_vec(const NormParams<T>& p, cudaStream_t stream) {
 template <typename T>
 cudaError_t launch_norm(const NormParams<T>& p, cudaStream_t stream) {
   if (p.rows < 0 || p.rows > 0x7fffffff || p.hidden <= 0 || p.out == nullptr ||
-      p.input == nullptr || p.gamma == nullptr) {
+      p.input == nullptr || (p.gamma == nullptr && p.kind != NormKind::kAddOnly)) {
     return cudaErrorInvalidValue;
   }
   if (p.rows == 0) return cudaSuccess;

@@ -10,7 +10,8 @@
 namespace warpformer {
 namespace kernels {
 
-enum class NormKind { kLayerNorm = 0, kRmsNorm = 1 };
+// kAddOnly skips the normalisation: out[r] = x[r] (and residual_out[r] = x[r]); gamma unused.
+enum class NormKind { kLayerNorm = 0, kRmsNorm = 1, kAddOnly = 2 };
 
 // For each row r:
 //   x[r]   = input[r] (+ input_bias) (+ residual[r])
@@ -26,7 +27,7 @@ struct NormParams {
   const T* input;               // [rows, hidden]
   const T* residual;            // [rows, hidden] or null
   const T* input_bias;          // [hidden] or null
-  const T* gamma;               // [hidden]
+  const T* gamma;               // [hidden] (null for kAddOnly)
   const T* beta;                // [hidden] or null (ignored by RMSNorm)
   int64_t rows;
   int hidden;

@@ -18,7 +18,8 @@ except ImportError as exc:  # pragma: no cover - exercised only on broken instal
         f"(torch {torch.__version__}). Original error: {exc}"
     ) from exc
 
-from . import _ops  # noqa: E402,F401  (fake implementations)
+# fake (meta) implementations of the ops
+from . import _ops, _ops_attention  # noqa: E402,F401
 
 __version__ = "0.1.0"
 

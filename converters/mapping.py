@@ -1,0 +1,181 @@
+"""Declarative name maps: the pieces every source module is built from.
+
+A source module lists :class:`Rule` s — target on-disk name, source tensor name(s), transform —
+with ``{i}`` standing for the layer index. :func:`expand` turns them into one :class:`Task` per
+target tensor. Transforms are module-level functions ``fn(config, *tensors) -> tensor`` that return
+the full, unsplit tensor in on-disk layout (see :func:`warpformer.weights.weight_specs`); the
+writer casts, splits and writes it. Transforms here cover the layouts HF and Megatron use.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from warpformer.config import GptConfig, normalize_activation
+from warpformer.weights import WeightSpec
+
+from .errors import ConversionError
+
+__all__ = [
+    "Rule", "Task", "Plan", "expand", "find_prefix", "hf_activation", "read_hf_config",
+    "copy", "linear", "qkv_from_separate", "qkv_bias_from_separate", "qkv_from_fused",
+    "qkv_bias_from_fused", "qkv_from_head_interleaved", "qkv_bias_from_head_interleaved",
+]
+
+Transform = Callable[..., torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """``target`` (on-disk name, ``{i}`` = layer) <- ``transform(config, *sources)``.
+
+    A source ``"a|b"`` lists alternative names: the first one present is read."""
+
+    target: str
+    sources: tuple[str, ...]
+    transform: Transform
+
+
+@dataclass(frozen=True)
+class Task:
+    """One target tensor to produce (a rule with the layer index and source prefix filled in)."""
+
+    target: str
+    sources: tuple[str, ...]
+    transform: Transform
+
+
+@dataclass
+class Plan:
+    """Everything the writer needs: the config to write, the expected tensors, the tasks and a
+    picklable ``source`` whose ``reader()`` returns an object with ``get(name) -> Tensor``."""
+
+    config: GptConfig
+    specs: dict[str, WeightSpec]
+    tasks: list[Task]
+    source: Any
+    description: str = ""
+
+
+def expand(rules: Sequence[Rule], num_layers: int, prefix: str = "") -> list[Task]:
+    """Tasks for ``rules``: layer rules (``{i}`` in target) once per layer, others once."""
+    tasks = []
+    for rule in rules:
+        layers = range(num_layers) if "{i}" in rule.target else [None]
+        for i in layers:
+            tasks.append(Task(
+                rule.target.format(i=i),
+                tuple(prefix + s.format(i=i) for s in rule.sources),
+                rule.transform,
+            ))
+    return tasks
+
+
+def find_prefix(keys: Sequence[str], anchor: str, candidates: Sequence[str]) -> str:
+    """The prefix among ``candidates`` (e.g. ``"transformer."``, ``""``) under which ``anchor``
+    exists: HF checkpoints saved from the base model lack the task model's prefix."""
+    keyset = set(keys)
+    for prefix in candidates:
+        if prefix + anchor in keyset:
+            return prefix
+    raise ConversionError(
+        f"checkpoint lacks tensor {anchor!r} (looked under prefixes "
+        f"{', '.join(repr(p) for p in candidates)}); is this the right architecture?"
+    )
+
+
+def read_hf_config(root: Path) -> dict[str, Any]:
+    """The parsed ``config.json`` of a HF checkpoint folder."""
+    path = root / "config.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConversionError(f"{path}: cannot read config.json ({exc})") from None
+
+
+def hf_activation(name: str, where: str) -> str:
+    """Our activation name for a HF ``activation_function``/``hidden_act`` string.
+
+    HF ``gelu`` is the exact erf form (unlike FT's legacy ``Gelu``), so it is mapped here and
+    not through :func:`warpformer.config.normalize_activation`.
+    """
+    key = str(name).lower()
+    if key == "gelu":
+        return "gelu_erf"
+    try:
+        return normalize_activation(key)
+    except ValueError:
+        raise ConversionError(f"{where}: activation {name!r} is not supported") from None
+
+
+# --------------------------------------------------------------------------- transforms
+def copy(cfg: GptConfig, t: torch.Tensor) -> torch.Tensor:
+    """Unchanged (norms, biases, embeddings)."""
+    return t
+
+
+def linear(cfg: GptConfig, w: torch.Tensor) -> torch.Tensor:
+    """``nn.Linear`` weight ``[out, in]`` -> kernel ``[in, out]``."""
+    return w.t()
+
+
+def qkv_from_separate(cfg: GptConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+                      ) -> torch.Tensor:
+    """Three ``nn.Linear`` weights ``[h, h]`` -> ``[h, 3, h]``."""
+    return torch.stack((q.t(), k.t(), v.t()), dim=1)
+
+
+def qkv_bias_from_separate(cfg: GptConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+                           ) -> torch.Tensor:
+    """Three biases ``[h]`` -> ``[3, h]``."""
+    return torch.stack((q, k, v))
+
+
+def qkv_from_fused(cfg: GptConfig, w: torch.Tensor) -> torch.Tensor:
+    """Fused ``[in=h, out=3h]`` kernel (GPT-2 Conv1D), outputs Q|K|V -> ``[h, 3, h]``."""
+    return w.reshape(cfg.hidden_size, 3, cfg.hidden_size)
+
+
+def qkv_bias_from_fused(cfg: GptConfig, b: torch.Tensor) -> torch.Tensor:
+    """Fused bias ``[3h]`` ordered Q|K|V -> ``[3, h]``."""
+    return b.reshape(3, cfg.hidden_size)
+
+
+def qkv_from_head_interleaved(cfg: GptConfig, w: torch.Tensor) -> torch.Tensor:
+    """``nn.Linear`` ``[3h, h]`` whose rows are ``[heads, 3, d]`` (BLOOM, NeoX, Megatron v2+)
+    -> ``[h, 3, h]`` with all Q heads, then K, then V."""
+    n, d, h = cfg.head_num, cfg.size_per_head, cfg.hidden_size
+    return w.reshape(n, 3, d, h).permute(3, 1, 0, 2).reshape(h, 3, h)
+
+
+def qkv_bias_from_head_interleaved(cfg: GptConfig, b: torch.Tensor) -> torch.Tensor:
+    """Bias ``[3h]`` ordered ``[heads, 3, d]`` -> ``[3, h]``."""
+    n, d = cfg.head_num, cfg.size_per_head
+    return b.reshape(n, 3, d).transpose(0, 1).reshape(3, n * d)
+
+
+def token_id(hf: dict[str, Any], key: str, default: int = 0) -> int:
+    """A special-token id from a HF config (first one if it is a list; ``default`` if unset)."""
+    value = hf.get(key)
+    if isinstance(value, list):
+        value = value[0] if value else None
+    return default if value is None else int(value)
+
+
+def drop_rows(count: int) -> Transform:
+    """Transform dropping the first ``count`` rows (OPT's position-embedding offset)."""
+    return _DropRows(count)
+
+
+@dataclass(frozen=True)
+class _DropRows:
+    count: int
+
+    def __call__(self, cfg: GptConfig, t: torch.Tensor) -> torch.Tensor:
+        return t[self.count:]

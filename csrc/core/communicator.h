@@ -1,0 +1,29 @@
+// The collective operations a tensor-parallel layer needs. A model holds a Communicator* for its
+// tensor-parallel group; at tensor_para_size 1 it is null and the all-reduce hook does nothing.
+// The NCCL implementation arrives with multi-GPU support.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "csrc/core/dispatch.h"
+
+namespace warpformer {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // In-place sum over the group of `count` elements of `dtype`, ordered on `stream`.
+  virtual void all_reduce_sum(void* data, int64_t count, DType dtype, cudaStream_t stream) = 0;
+};
+
+// Sum `data` over the group when there is one (size > 1); a no-op otherwise.
+inline void all_reduce_if_parallel(Communicator* comm, void* data, int64_t count, DType dtype,
+                                   cudaStream_t stream) {
+  if (comm != nullptr && comm->size() > 1) comm->all_reduce_sum(data, count, dtype, stream);
+}
+
+}  // namespace warpformer

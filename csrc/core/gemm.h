@@ -1,0 +1,83 @@
+// Gemm: row-major matrix products through cuBLASLt with fp32 accumulation.
+//
+//   out[m, n] = in[m, k] @ weight[k, n] (+ bias[n]) (+ beta * out)
+//
+// Weights are stored [in, out] (the on-disk layout), so no transposes are needed: in cuBLASLt's
+// column-major view this is out^T[n, m] = weight^T[n, k] @ in^T[k, m]. Matmul descriptors and the
+// chosen algorithm are cached per (m, n, k, dtype, epilogue, beta != 0), so a steady-state call
+// only launches (which also makes it capturable in a CUDA graph).
+#pragma once
+
+#include <cublasLt.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
+#include "csrc/core/cuda_context.h"
+#include "csrc/core/dispatch.h"
+
+namespace warpformer {
+
+enum class GemmEpilogue { kNone = 0, kBias = 1, kBiasGeluTanh = 2, kBiasRelu = 3 };
+
+struct GemmKey {
+  int64_t m, n, k;
+  DType dtype;
+  GemmEpilogue epilogue;
+  bool accumulate;
+  bool transposed;  // weight given as [n, k] (e.g. lm_head [V, e])
+  bool operator==(const GemmKey& o) const {
+    return m == o.m && n == o.n && k == o.k && dtype == o.dtype && epilogue == o.epilogue &&
+           accumulate == o.accumulate && transposed == o.transposed;
+  }
+};
+
+struct GemmKeyHash {
+  size_t operator()(const GemmKey& k) const {
+    size_t h = static_cast<size_t>(k.m) * 0x9E3779B97F4A7C15ull;
+    h ^= static_cast<size_t>(k.n) + 0x7f4a7c15 + (h << 6) + (h >> 2);
+    h ^= static_cast<size_t>(k.k) + 0x3c6ef372 + (h << 6) + (h >> 2);
+    h ^= (static_cast<size_t>(k.dtype) << 8) | (static_cast<size_t>(k.epilogue) << 4) |
+         (static_cast<size_t>(k.transposed) << 1) | static_cast<size_t>(k.accumulate);
+    return h;
+  }
+};
+
+class Gemm {
+ public:
+  explicit Gemm(const CudaContext* ctx) : ctx_(ctx) {}
+  ~Gemm();
+  Gemm(const Gemm&) = delete;
+  Gemm& operator=(const Gemm&) = delete;
+
+  // out[m, n] = in[m, k] @ weight[k, n] (+ bias[n] per epilogue) (+ beta * out if beta != 0).
+  // All pointers of `dtype`, row-major, contiguous; bias required by the bias epilogues.
+  void run(DType dtype, const void* in, const void* weight, const void* bias, void* out, int64_t m,
+           int64_t n, int64_t k, GemmEpilogue epilogue = GemmEpilogue::kNone, float beta = 0.f);
+
+  // out[m, n] = in[m, k] @ weight[n, k]^T (+ bias[n]): for weights stored [out, in], such as the
+  // lm_head [V, e], which the on-disk format never transposes.
+  void run_transposed(DType dtype, const void* in, const void* weight, const void* bias, void* out,
+                      int64_t m, int64_t n, int64_t k);
+
+  // Number of distinct shapes planned so far (for tests and the tuner).
+  size_t cached_plans() const;
+
+ private:
+  struct Plan {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+  };
+  Plan& plan_for(const GemmKey& key);
+  void launch(const GemmKey& key, const void* in, const void* weight, const void* bias, void* out,
+              float beta);
+
+  const CudaContext* ctx_;
+  mutable std::mutex mu_;
+  std::unordered_map<GemmKey, std::unique_ptr<Plan>, GemmKeyHash> plans_;
+};
+
+}  // namespace warpformer

@@ -1,0 +1,106 @@
+// One decoder layer of the GPT family, written once for every architecture: the switches of
+// GptConfig choose pre/post LayerNorm, sequential or parallel residual (shared or separate norm),
+// attention biases, rotary/ALiBi, and the activation. Tensor-parallel aware: the weights are this
+// rank's shards and the two row-parallel outputs go through the communicator's all-reduce (one
+// all-reduce for the parallel-residual form, whose attention and MLP outputs are summed first).
+#pragma once
+
+#include <cstdint>
+
+#include "csrc/core/communicator.h"
+#include "csrc/core/cuda_context.h"
+#include "csrc/core/gemm.h"
+#include "csrc/models/gpt/gpt_config.h"
+#include "kernels/norms.h"
+
+namespace warpformer {
+namespace layers {
+
+// Device pointers of one layer's weights on this rank (element type = the model dtype). Shapes
+// use h = hidden, lh = local heads * head size, li = local inter size; kernels stored [in, out].
+struct LayerWeights {
+  const void* ln1_w = nullptr;      // [h]      input_layernorm
+  const void* ln1_b = nullptr;      // [h]
+  const void* qkv_w = nullptr;      // [h, 3 * lh]
+  const void* qkv_b = nullptr;      // [3 * lh] or null
+  const void* dense_w = nullptr;    // [lh, h]
+  const void* dense_b = nullptr;    // [h] or null
+  const void* ln2_w = nullptr;      // [h]      post_attention_layernorm (null: GPT-J)
+  const void* ln2_b = nullptr;      // [h]
+  const void* fc1_w = nullptr;      // [h, li]
+  const void* fc1_b = nullptr;      // [li] or null
+  const void* fc2_w = nullptr;      // [li, h]
+  const void* fc2_b = nullptr;      // [h] or null
+  const void* residual_b = nullptr; // [h] dense_b + fc2_b, for the parallel-residual form
+};
+
+// The norm applied to the residual stream after this layer (the next layer's input norm, the
+// final norm, or none): it is fused with the layer's last residual add.
+struct NextNorm {
+  kernels::NormKind kind = kernels::NormKind::kAddOnly;
+  const void* gamma = nullptr;
+  const void* beta = nullptr;
+};
+
+// Activation buffers for `tokens` rows, all of the model dtype.
+struct LayerBuffers {
+  void* x;    // [tokens, h]   residual stream (in: layer input; out: updated stream)
+  void* n;    // [tokens, h]   normed input of the attention (in) / next layer's normed input (out)
+  void* y;    // [tokens, h]   scratch (second norm output, post-norm residual)
+  void* qkv;  // [tokens, 3 * lh]
+  void* q;    // [tokens, lh]
+  void* a;    // [tokens, lh]  attention output
+  void* p;    // [tokens, h]   attention projection (+ MLP output in the parallel form)
+  void* f;    // [tokens, li]  MLP hidden
+  void* o;    // [tokens, h]   MLP output
+};
+
+// Where the attention reads and writes: the layer's KV cache and the token -> (slot, position)
+// map, plus either the packed-prefill description or the one-token-per-row decode description.
+struct AttentionInputs {
+  void* k_cache;                 // [num_slots, local_heads, max_seq, head_dim]
+  void* v_cache;
+  int num_slots;
+  int max_seq;
+  const int32_t* token_slot;     // [tokens]
+  const int32_t* token_pos;      // [tokens]
+  const float* alibi_slopes;     // [local_heads] or null
+  bool decode;
+  // prefill
+  const int32_t* cu_seqlens;     // [batch + 1]
+  const int32_t* seq_slot;       // [batch]
+  int batch;
+  int max_seqlen;
+  // decode (rows == tokens)
+  const int32_t* row_slot;       // [rows] or null
+  const int32_t* lengths;        // [rows]
+  const int32_t* cache_indir;    // [rows, max_seq] or null
+  float* workspace;              // split-KV scratch
+  size_t workspace_bytes;
+};
+
+struct LayerContext {
+  const CudaContext* ctx;
+  Gemm* gemm;
+  Communicator* comm;            // tensor-parallel group or null
+  const gpt::GptConfig* cfg;
+  DType dtype;
+};
+
+// Runs one layer over `tokens` rows. On entry `bufs.x` holds the residual stream and, for
+// pre-norm layers, `bufs.n` holds input_layernorm(x) (fused into the previous step). On exit
+// `bufs.x` holds the updated stream and `bufs.n` holds next(x) as described by `next`
+// (for kAddOnly, n is not written).
+void decoder_layer_forward(const LayerContext& lc, const LayerWeights& w, const LayerBuffers& bufs,
+                           int64_t tokens, const AttentionInputs& attn, const NextNorm& next);
+
+// out = norm(x) (no residual add): used for the first layer's input norm and the final norm.
+void apply_norm(const LayerContext& lc, kernels::NormKind kind, const void* gamma,
+                const void* beta, const void* x, void* out, int64_t rows, int64_t hidden);
+
+// x += delta (+ bias) in place, then out = next(x) (fused); out may be null for kAddOnly.
+void add_and_norm(const LayerContext& lc, const void* delta, void* x, const void* bias,
+                  const NextNorm& next, void* out, int64_t rows, int64_t hidden);
+
+}  // namespace layers
+}  // namespace warpformer

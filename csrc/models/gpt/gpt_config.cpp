@@ -1,0 +1,110 @@
+#include "csrc/models/gpt/gpt_config.h"
+
+#include <c10/util/Exception.h>
+
+#include "csrc/core/flat_json.h"
+
+namespace warpformer {
+namespace gpt {
+namespace {
+
+constexpr const char* kWhat = "GptModel config";
+
+kernels::Activation config_activation(const std::string& name) {
+  // config.ini names (docs/FORMAT.md); FT's bare "Gelu" is the tanh form.
+  std::string s;
+  for (char c : name) s += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (s == "gelu_tanh" || s == "gelu" || s == "gelu_new") return kernels::Activation::kGeluTanh;
+  if (s == "gelu_erf") return kernels::Activation::kGeluErf;
+  if (s == "relu") return kernels::Activation::kRelu;
+  if (s == "silu" || s == "swish") return kernels::Activation::kSilu;
+  TORCH_CHECK(false, kWhat, ": activation_type must be one of gelu_tanh, gelu_erf, relu, silu; got '",
+              name, "'");
+}
+
+}  // namespace
+
+GptConfig GptConfig::from_json(const std::string& json, int64_t tensor_para_rank,
+                               int64_t pipeline_para_size, int64_t pipeline_para_rank) {
+  const FlatJson j = FlatJson::parse(json, kWhat);
+  GptConfig c;
+  c.model_name = j.get_string("model_name", "gpt");
+  c.model_variant = j.get_string("model_variant", "gpt2");
+  c.head_num = j.require_int("head_num");
+  c.size_per_head = j.require_int("size_per_head");
+  c.inter_size = j.require_int("inter_size");
+  c.num_layer = j.require_int("num_layer");
+  c.vocab_size = j.require_int("vocab_size");
+  c.max_pos_seq_len = j.get_int("max_pos_seq_len", 0);
+  c.start_id = j.get_int("start_id", 0);
+  c.end_id = j.get_int("end_id", 0);
+  c.tensor_para_size = j.get_int("tensor_para_size", 1);
+  c.layernorm_eps = j.get_double("layernorm_eps", 1e-5);
+  const std::string ln_type = j.get_string("layernorm_type", "pre_layernorm");
+  TORCH_CHECK(ln_type == "pre_layernorm" || ln_type == "post_layernorm", kWhat,
+              ": layernorm_type must be pre_layernorm or post_layernorm, got '", ln_type, "'");
+  c.pre_layernorm = ln_type == "pre_layernorm";
+  c.activation = config_activation(j.get_string("activation_type", "gelu_tanh"));
+  c.has_positional_encoding = j.get_bool("has_positional_encoding", true);
+  c.has_pre_decoder_layernorm = j.get_bool("has_pre_decoder_layernorm", false);
+  c.has_post_decoder_layernorm = j.get_bool("has_post_decoder_layernorm", true);
+  c.use_attention_linear_bias = j.get_bool("use_attention_linear_bias", false);
+  c.rotary_embedding_dim = j.get_int("rotary_embedding_dim", 0);
+  const std::string style = j.get_string("rotary_style", "interleaved");
+  TORCH_CHECK(style == "interleaved" || style == "half", kWhat,
+              ": rotary_style must be interleaved or half, got '", style, "'");
+  c.rotary_style = c.rotary_embedding_dim == 0 ? RotaryStyle::kNone
+                   : style == "half"           ? RotaryStyle::kHalf
+                                               : RotaryStyle::kInterleaved;
+  c.rotary_base = j.get_double("rotary_base", 10000.0);
+  c.parallel_residual = j.get_bool("parallel_residual", false);
+  c.parallel_shared_layernorm = j.get_bool("parallel_shared_layernorm", false);
+  c.has_attention_bias = j.get_bool("has_attention_bias", true);
+  c.has_lm_head_bias = j.get_bool("has_lm_head_bias", false);
+  c.word_embed_proj_dim = j.get_int("word_embed_proj_dim", 0);
+  c.tensor_para_rank = tensor_para_rank;
+  c.pipeline_para_size = pipeline_para_size;
+  c.pipeline_para_rank = pipeline_para_rank;
+
+  for (auto [name, v] : {std::pair<const char*, int64_t>{"head_num", c.head_num},
+                         {"size_per_head", c.size_per_head},
+                         {"inter_size", c.inter_size},
+                         {"num_layer", c.num_layer},
+                         {"vocab_size", c.vocab_size},
+                         {"tensor_para_size", c.tensor_para_size},
+                         {"pipeline_para_size", c.pipeline_para_size}}) {
+    TORCH_CHECK(v > 0, kWhat, ": ", name, " must be positive, got ", v);
+  }
+  TORCH_CHECK(c.head_num % c.tensor_para_size == 0, kWhat, ": head_num (", c.head_num,
+              ") must be divisible by tensor_para_size (", c.tensor_para_size, ")");
+  TORCH_CHECK(c.inter_size % c.tensor_para_size == 0, kWhat, ": inter_size (", c.inter_size,
+              ") must be divisible by tensor_para_size (", c.tensor_para_size, ")");
+  TORCH_CHECK(tensor_para_rank >= 0 && tensor_para_rank < c.tensor_para_size, kWhat,
+              ": tensor_para_rank must be in [0, ", c.tensor_para_size, "), got ",
+              tensor_para_rank);
+  TORCH_CHECK(pipeline_para_rank >= 0 && pipeline_para_rank < c.pipeline_para_size, kWhat,
+              ": pipeline_para_rank must be in [0, ", c.pipeline_para_size, "), got ",
+              pipeline_para_rank);
+  TORCH_CHECK(c.num_layer % c.pipeline_para_size == 0, kWhat, ": num_layer (", c.num_layer,
+              ") must be divisible by pipeline_para_size (", c.pipeline_para_size, ")");
+  const int64_t hd = c.size_per_head;
+  TORCH_CHECK(hd == 64 || hd == 80 || hd == 96 || hd == 128 || hd == 256, kWhat,
+              ": size_per_head must be one of 64, 80, 96, 128, 256 (the attention kernels' head "
+              "sizes), got ", hd);
+  TORCH_CHECK(c.rotary_embedding_dim >= 0 && c.rotary_embedding_dim <= hd &&
+                  c.rotary_embedding_dim % 2 == 0,
+              kWhat, ": rotary_embedding_dim must be even and in [0, size_per_head], got ",
+              c.rotary_embedding_dim);
+  TORCH_CHECK(!c.has_positional_encoding || c.max_pos_seq_len > 0, kWhat,
+              ": max_pos_seq_len must be positive with learned positions, got ",
+              c.max_pos_seq_len);
+  TORCH_CHECK(c.layernorm_eps > 0, kWhat, ": layernorm_eps must be positive");
+  TORCH_CHECK(!c.parallel_residual || c.pre_layernorm, kWhat,
+              ": parallel_residual needs layernorm_type = pre_layernorm");
+  TORCH_CHECK(c.end_id >= 0 && c.end_id < c.vocab_size, kWhat, ": end_id (", c.end_id,
+              ") must be in [0, vocab_size)");
+  return c;
+}
+
+}  // namespace gpt
+}  // namespace warpformer

@@ -1,0 +1,72 @@
+// GptConfig (C++ side): the switches that let one decoder implementation run GPT-2/Megatron, OPT,
+// BLOOM, GPT-J and GPT-NeoX. Parsed from the JSON that python/warpformer/config.py writes
+// (GptConfig.to_json(); keys are config.ini's, see docs/FORMAT.md), plus this rank's place in the
+// tensor/pipeline-parallel grid.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "csrc/core/dispatch.h"
+#include "kernels/activations.h"
+#include "kernels/attention/attention.h"
+
+namespace warpformer {
+namespace gpt {
+
+using kernels::RotaryStyle;
+
+struct GptConfig {
+  // from config.ini
+  std::string model_name;
+  std::string model_variant;
+  int64_t head_num = 0;
+  int64_t size_per_head = 0;
+  int64_t inter_size = 0;
+  int64_t num_layer = 0;
+  int64_t vocab_size = 0;
+  int64_t max_pos_seq_len = 0;
+  int64_t start_id = 0;
+  int64_t end_id = 0;
+  int64_t tensor_para_size = 1;
+  double layernorm_eps = 1e-5;
+  bool pre_layernorm = true;
+  kernels::Activation activation = kernels::Activation::kGeluTanh;
+  bool has_positional_encoding = true;
+  bool has_pre_decoder_layernorm = false;
+  bool has_post_decoder_layernorm = true;
+  bool use_attention_linear_bias = false;
+  int64_t rotary_embedding_dim = 0;
+  RotaryStyle rotary_style = RotaryStyle::kNone;
+  double rotary_base = 10000.0;
+  bool parallel_residual = false;
+  bool parallel_shared_layernorm = false;
+  bool has_attention_bias = true;
+  bool has_lm_head_bias = false;
+  int64_t word_embed_proj_dim = 0;
+
+  // this rank
+  int64_t tensor_para_rank = 0;
+  int64_t pipeline_para_size = 1;
+  int64_t pipeline_para_rank = 0;
+
+  // derived
+  int64_t hidden() const { return head_num * size_per_head; }
+  int64_t embed_dim() const { return word_embed_proj_dim > 0 ? word_embed_proj_dim : hidden(); }
+  int64_t local_heads() const { return head_num / tensor_para_size; }
+  int64_t local_hidden() const { return local_heads() * size_per_head; }
+  int64_t local_inter() const { return inter_size / tensor_para_size; }
+  // Stages hold equal contiguous layer ranges (num_layer % pipeline_para_size == 0).
+  int64_t layers_per_stage() const { return num_layer / pipeline_para_size; }
+  int64_t first_layer() const { return pipeline_para_rank * layers_per_stage(); }
+  int64_t end_layer() const { return first_layer() + layers_per_stage(); }
+  bool first_stage() const { return pipeline_para_rank == 0; }
+  bool last_stage() const { return pipeline_para_rank == pipeline_para_size - 1; }
+
+  // Parses and validates; every error names the key and the rule.
+  static GptConfig from_json(const std::string& json, int64_t tensor_para_rank = 0,
+                             int64_t pipeline_para_size = 1, int64_t pipeline_para_rank = 0);
+};
+
+}  // namespace gpt
+}  // namespace warpformer

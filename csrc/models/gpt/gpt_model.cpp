@@ -1,0 +1,476 @@
+#include "csrc/models/gpt/gpt_model.h"
+
+#include <c10/util/Exception.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+
+#include "csrc/core/check.h"
+#include "kernels/attention/attention.h"
+#include "kernels/embedding.h"
+#include "kernels/gather.h"
+#include "kernels/sampling/greedy.h"
+
+namespace warpformer {
+namespace gpt {
+namespace {
+
+constexpr size_t kAlign = 256;
+size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+// Carves aligned sub-buffers out of one allocation.
+class Carver {
+ public:
+  explicit Carver(void* base) : base_(static_cast<char*>(base)) {}
+  void* take(size_t bytes) {
+    void* p = base_ == nullptr ? nullptr : base_ + off_;
+    off_ += align_up(bytes);
+    return p;
+  }
+  size_t used() const { return off_; }
+
+ private:
+  char* base_;
+  size_t off_ = 0;
+};
+
+// Grow policy: at least what is needed, at least 1.5x the previous size (fewer regrowths when
+// calls creep upwards), at most the limit.
+int64_t grown(int64_t need, int64_t have, int64_t limit) {
+  if (need <= have) return have;
+  return std::min(limit, std::max(need, have + have / 2));
+}
+
+}  // namespace
+
+GptModel::GptModel(GptConfig cfg, GptWeights weights, DType dtype,
+                   std::shared_ptr<CudaContext> ctx, int64_t max_batch, int64_t max_seq_len,
+                   Communicator* tp_comm)
+    : cfg_(std::move(cfg)),
+      w_(std::move(weights)),
+      dtype_(dtype),
+      ctx_(std::move(ctx)),
+      gemm_(std::make_unique<Gemm>(ctx_.get())),
+      comm_(tp_comm),
+      max_batch_(max_batch),
+      max_seq_len_(max_seq_len) {
+  TORCH_CHECK(max_batch_ > 0, "GptModel: max_batch must be positive, got ", max_batch_);
+  TORCH_CHECK(max_seq_len_ > 0, "GptModel: max_seq_len must be positive, got ", max_seq_len_);
+  if (cfg_.has_positional_encoding) {
+    TORCH_CHECK(max_seq_len_ <= cfg_.max_pos_seq_len, "GptModel: max_seq_len (", max_seq_len_,
+                ") exceeds the position table (max_pos_seq_len = ", cfg_.max_pos_seq_len, ")");
+  }
+  TORCH_CHECK(static_cast<int64_t>(w_.layers.size()) == cfg_.end_layer() - cfg_.first_layer(),
+              "GptModel: got ", w_.layers.size(), " layers of weights for a stage of ",
+              cfg_.end_layer() - cfg_.first_layer());
+  if (cfg_.use_attention_linear_bias) {
+    const std::vector<float> all = kernels::alibi_slopes(static_cast<int>(cfg_.head_num));
+    const int64_t lh = cfg_.local_heads();
+    alibi_ = DeviceBuffer(ctx_->allocator(), lh * sizeof(float), ctx_->stream());
+    WF_CUDA_CHECK(cudaMemcpyAsync(alibi_.data(), all.data() + cfg_.tensor_para_rank * lh,
+                                  lh * sizeof(float), cudaMemcpyHostToDevice, ctx_->stream()));
+  }
+}
+
+void GptModel::ensure_kv(int64_t slots, int64_t seq_total) {
+  TORCH_CHECK(slots <= max_batch_, "GptModel: batch size ", slots, " exceeds max_batch (",
+              max_batch_, ") given at construction");
+  TORCH_CHECK(seq_total <= max_seq_len_, "GptModel: input length + output length = ", seq_total,
+              " exceeds max_seq_len (", max_seq_len_, ") given at construction");
+  if (slots <= kv_slots_ && seq_total <= kv_seq_) return;
+  const int64_t new_slots = grown(slots, kv_slots_, max_batch_);
+  const int64_t new_seq = grown(seq_total, kv_seq_, max_seq_len_);
+  const int64_t layers = cfg_.end_layer() - cfg_.first_layer();
+  const size_t bytes = static_cast<size_t>(layers) * 2 * new_slots * cfg_.local_heads() * new_seq *
+                       cfg_.size_per_head * dtype_size(dtype_);
+  kv_.reset();  // free first so the allocator can reuse the block
+  kv_ = DeviceBuffer(ctx_->allocator(), bytes, ctx_->stream());
+  kv_slots_ = new_slots;
+  kv_seq_ = new_seq;
+}
+
+void GptModel::ensure_activations(int64_t tokens, int64_t batch) {
+  if (tokens <= act_tokens_ && batch <= act_batch_) return;
+  const int64_t t = grown(tokens, act_tokens_, std::max<int64_t>(tokens, max_batch_ * max_seq_len_));
+  const int64_t b = grown(batch, act_batch_, max_batch_);
+  const int64_t h = cfg_.hidden(), lh = cfg_.local_hidden(), li = cfg_.local_inter();
+  const int64_t e = cfg_.embed_dim();
+  const size_t es = dtype_size(dtype_);
+  Carver c(nullptr);
+  for (int i = 0; i < 5; ++i) c.take(t * h * es);  // x n y p o
+  c.take(t * 3 * lh * es);
+  c.take(t * lh * es);
+  c.take(t * lh * es);
+  c.take(t * li * es);
+  if (cfg_.word_embed_proj_dim > 0) c.take(t * e * es);
+  c.take(b * std::max(h, e) * es);  // gathered last rows
+  c.take(b * std::max(h, e) * es);  // projected last rows
+  c.take(b * cfg_.vocab_size * es); // logits of the last rows
+  act_.reset();
+  act_ = DeviceBuffer(ctx_->allocator(), c.used(), ctx_->stream());
+  act_tokens_ = t;
+  act_batch_ = b;
+}
+
+layers::LayerBuffers GptModel::buffers() const {
+  const int64_t t = act_tokens_;
+  const int64_t h = cfg_.hidden(), lh = cfg_.local_hidden(), li = cfg_.local_inter();
+  const size_t es = dtype_size(dtype_);
+  Carver c(act_.data());
+  layers::LayerBuffers b{};
+  b.x = c.take(t * h * es);
+  b.n = c.take(t * h * es);
+  b.y = c.take(t * h * es);
+  b.p = c.take(t * h * es);
+  b.o = c.take(t * h * es);
+  b.qkv = c.take(t * 3 * lh * es);
+  b.q = c.take(t * lh * es);
+  b.a = c.take(t * lh * es);
+  b.f = c.take(t * li * es);
+  return b;
+}
+
+layers::LayerContext GptModel::layer_context() {
+  return layers::LayerContext{ctx_.get(), gemm_.get(), comm_, &cfg_, dtype_};
+}
+
+void GptModel::embed(const int32_t* token_ids, const int32_t* positions, int64_t tokens,
+                     int64_t seq_len) {
+  const layers::LayerBuffers b = buffers();
+  const int64_t h = cfg_.hidden(), e = cfg_.embed_dim();
+  void* emb_out = b.x;
+  if (cfg_.word_embed_proj_dim > 0) {
+    Carver c(act_.data());
+    for (int i = 0; i < 5; ++i) c.take(act_tokens_ * h * dtype_size(dtype_));
+    c.take(act_tokens_ * 3 * cfg_.local_hidden() * dtype_size(dtype_));
+    c.take(act_tokens_ * cfg_.local_hidden() * dtype_size(dtype_));
+    c.take(act_tokens_ * cfg_.local_hidden() * dtype_size(dtype_));
+    c.take(act_tokens_ * cfg_.local_inter() * dtype_size(dtype_));
+    emb_out = c.take(act_tokens_ * e * dtype_size(dtype_));
+  }
+  WF_DISPATCH_FLOATING(dtype_, "GptModel.embed", [&] {
+    kernels::EmbeddingParams<scalar_t> p{};
+    p.out = static_cast<scalar_t*>(emb_out);
+    p.ids = token_ids;
+    p.wte = static_cast<const scalar_t*>(w_.wte);
+    // Learned positions are added to the token embedding only when both have width h; OPT-350m's
+    // narrower word embeddings are projected first and its positions added after (below).
+    const bool pos_here = w_.wpe != nullptr && cfg_.word_embed_proj_dim == 0;
+    p.wpe = pos_here ? static_cast<const scalar_t*>(w_.wpe) : nullptr;
+    p.positions = positions;
+    p.errors = nullptr;  // ids were range-checked by the caller
+    p.tokens = tokens;
+    p.hidden = static_cast<int>(e);
+    p.vocab = static_cast<int>(cfg_.vocab_size);
+    p.max_positions = static_cast<int>(cfg_.max_pos_seq_len);
+    p.seq_len = static_cast<int>(seq_len);
+    p.scale = 1.f;
+    WF_CUDA_CHECK(kernels::launch_embedding(p, ctx_->stream()));
+    if (cfg_.word_embed_proj_dim > 0) {
+      gemm_->run(dtype_, emb_out, w_.project_in, nullptr, b.x, tokens, h, e);
+      if (w_.wpe != nullptr) {
+        // x += wpe[positions]: an embedding lookup of the positions into n, then an add.
+        kernels::EmbeddingParams<scalar_t> q{};
+        q.out = static_cast<scalar_t*>(b.n);
+        q.ids = positions;
+        q.wte = static_cast<const scalar_t*>(w_.wpe);
+        q.tokens = tokens;
+        q.hidden = static_cast<int>(h);
+        q.vocab = static_cast<int>(cfg_.max_pos_seq_len);
+        q.scale = 1.f;
+        WF_CUDA_CHECK(kernels::launch_embedding(q, ctx_->stream()));
+        layers::add_and_norm(layer_context(), b.n, b.x, nullptr, layers::NextNorm{}, nullptr,
+                             tokens, h);
+      }
+    }
+  });
+  if (cfg_.has_pre_decoder_layernorm) {
+    const layers::LayerContext lc = layer_context();
+    layers::apply_norm(lc, kernels::NormKind::kLayerNorm, w_.pre_ln_w, w_.pre_ln_b, b.x, b.y,
+                       tokens, h);
+    WF_CUDA_CHECK(cudaMemcpyAsync(b.x, b.y, tokens * h * dtype_size(dtype_),
+                                  cudaMemcpyDeviceToDevice, ctx_->stream()));
+  }
+}
+
+void GptModel::run_layers(int64_t tokens, const layers::AttentionInputs& base) {
+  const layers::LayerContext lc = layer_context();
+  const layers::LayerBuffers b = buffers();
+  const int64_t h = cfg_.hidden();
+  const int64_t n_local = static_cast<int64_t>(w_.layers.size());
+  const size_t layer_kv = static_cast<size_t>(kv_slots_) * cfg_.local_heads() * kv_seq_ *
+                          cfg_.size_per_head * dtype_size(dtype_);
+  using kernels::NormKind;
+  if (cfg_.pre_layernorm && n_local > 0) {
+    layers::apply_norm(lc, NormKind::kLayerNorm, w_.layers[0].ln1_w, w_.layers[0].ln1_b, b.x, b.n,
+                       tokens, h);
+  }
+  for (int64_t l = 0; l < n_local; ++l) {
+    layers::AttentionInputs ai = base;
+    ai.k_cache = static_cast<char*>(kv_.data()) + (2 * l) * layer_kv;
+    ai.v_cache = static_cast<char*>(kv_.data()) + (2 * l + 1) * layer_kv;
+    layers::NextNorm next;
+    if (l + 1 < n_local) {
+      if (cfg_.pre_layernorm) {
+        next = {NormKind::kLayerNorm, w_.layers[l + 1].ln1_w, w_.layers[l + 1].ln1_b};
+      }
+    } else if (cfg_.last_stage() && cfg_.has_post_decoder_layernorm) {
+      next = {NormKind::kLayerNorm, w_.final_ln_w, w_.final_ln_b};
+    }
+    layers::decoder_layer_forward(lc, w_.layers[l], b, tokens, ai, next);
+  }
+  // Make `n` hold the final hidden states whatever the last layer's form was.
+  const bool normed_in_n = n_local > 0 && cfg_.has_post_decoder_layernorm && cfg_.last_stage();
+  if (!normed_in_n) {
+    if (n_local == 0 && cfg_.has_post_decoder_layernorm && cfg_.last_stage()) {
+      layers::apply_norm(lc, NormKind::kLayerNorm, w_.final_ln_w, w_.final_ln_b, b.x, b.n,
+                         tokens, h);
+    } else {
+      WF_CUDA_CHECK(cudaMemcpyAsync(b.n, b.x, tokens * h * dtype_size(dtype_),
+                                    cudaMemcpyDeviceToDevice, ctx_->stream()));
+    }
+  }
+}
+
+void GptModel::logits(const void* hidden, int64_t rows, void* out) {
+  const int64_t h = cfg_.hidden(), e = cfg_.embed_dim(), v = cfg_.vocab_size;
+  const void* in = hidden;
+  if (w_.project_out != nullptr) {
+    Carver c(act_.data());
+    const size_t es = dtype_size(dtype_);
+    for (int i = 0; i < 5; ++i) c.take(act_tokens_ * h * es);
+    c.take(act_tokens_ * 3 * cfg_.local_hidden() * es);
+    c.take(act_tokens_ * cfg_.local_hidden() * es);
+    c.take(act_tokens_ * cfg_.local_hidden() * es);
+    c.take(act_tokens_ * cfg_.local_inter() * es);
+    if (cfg_.word_embed_proj_dim > 0) c.take(act_tokens_ * e * es);
+    c.take(act_batch_ * std::max(h, e) * es);
+    void* proj = c.take(act_batch_ * std::max(h, e) * es);
+    // rows may exceed act_batch_ in forward(); project chunk by chunk through the scratch.
+    const int64_t chunk = act_batch_;
+    for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+      const int64_t n = std::min(chunk, rows - r0);
+      gemm_->run(dtype_, static_cast<const char*>(hidden) + r0 * h * es, w_.project_out, nullptr,
+                 proj, n, e, h);
+      gemm_->run_transposed(dtype_, proj, w_.lm_head, w_.lm_head_b,
+                            static_cast<char*>(out) + r0 * v * es, n, v, e);
+    }
+    return;
+  }
+  gemm_->run_transposed(dtype_, in, w_.lm_head, w_.lm_head_b, out, rows, v, e);
+}
+
+void GptModel::prefill(const int32_t* ids, const std::vector<int32_t>& lengths, int64_t seq) {
+  const int64_t batch = static_cast<int64_t>(lengths.size());
+  int64_t tokens = 0;
+  int32_t max_len = 0;
+  for (int32_t l : lengths) {
+    tokens += l;
+    max_len = std::max(max_len, l);
+  }
+  // Host-side index arrays, uploaded in one copy.
+  std::vector<int32_t> host;
+  host.reserve(4 * tokens + 3 * batch + 1);
+  const size_t o_gather = 0, o_slot = tokens, o_pos = 2 * tokens, o_ids = 3 * tokens;
+  const size_t o_cu = 4 * tokens, o_iota = o_cu + batch + 1, o_last = o_iota + batch;
+  host.resize(o_last + batch);
+  int64_t t = 0;
+  for (int64_t b = 0; b < batch; ++b) {
+    host[o_cu + b] = static_cast<int32_t>(t);
+    host[o_iota + b] = static_cast<int32_t>(b);
+    for (int32_t i = 0; i < lengths[b]; ++i, ++t) {
+      host[o_gather + t] = static_cast<int32_t>(b * seq + i);
+      host[o_slot + t] = static_cast<int32_t>(b);
+      host[o_pos + t] = i;
+    }
+    host[o_last + b] = static_cast<int32_t>(t - 1);
+  }
+  host[o_cu + batch] = static_cast<int32_t>(t);
+  const int64_t ints = static_cast<int64_t>(host.size());
+  if (ints > meta_ints_) {
+    meta_.reset();
+    meta_ = DeviceBuffer(ctx_->allocator(), ints * sizeof(int32_t), ctx_->stream());
+    meta_ints_ = ints;
+  }
+  auto* base = meta_.as<int32_t>();
+  WF_CUDA_CHECK(cudaMemcpyAsync(base, host.data(), ints * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                ctx_->stream()));
+  d_gather_ = base + o_gather;
+  d_slot_ = base + o_slot;
+  d_pos_ = base + o_pos;
+  d_ids_ = base + o_ids;
+  d_cu_ = base + o_cu;
+  d_iota_ = base + o_iota;
+  d_last_ = base + o_last;
+  tokens_ = tokens;
+  batch_ = batch;
+
+  WF_CUDA_CHECK(kernels::launch_gather_rows(d_ids_, ids, d_gather_, tokens, sizeof(int32_t),
+                                            ctx_->stream()));
+  embed(d_ids_, d_pos_, tokens, seq);
+  layers::AttentionInputs ai{};
+  ai.num_slots = static_cast<int>(kv_slots_);
+  ai.max_seq = static_cast<int>(kv_seq_);
+  ai.token_slot = d_slot_;
+  ai.token_pos = d_pos_;
+  ai.alibi_slopes = alibi_.as<float>();
+  ai.decode = false;
+  ai.cu_seqlens = d_cu_;
+  ai.seq_slot = d_iota_;
+  ai.batch = static_cast<int>(batch);
+  ai.max_seqlen = max_len;
+  run_layers(tokens, ai);
+}
+
+void GptModel::forward(const int32_t* ids, const std::vector<int32_t>& lengths, int64_t seq,
+                       void* logits_out) {
+  const int64_t batch = static_cast<int64_t>(lengths.size());
+  int64_t tokens = 0;
+  for (int32_t l : lengths) tokens += l;
+  ensure_kv(batch, seq);
+  ensure_activations(tokens, batch);
+  prefill(ids, lengths, seq);
+  const int64_t v = cfg_.vocab_size;
+  const size_t row_bytes = v * dtype_size(dtype_);
+  DeviceBuffer packed(ctx_->allocator(), tokens * row_bytes, ctx_->stream());
+  logits(buffers().n, tokens, packed.data());
+  WF_CUDA_CHECK(cudaMemsetAsync(logits_out, 0, batch * seq * row_bytes, ctx_->stream()));
+  WF_CUDA_CHECK(kernels::launch_scatter_rows(logits_out, packed.data(), d_gather_, tokens,
+                                             row_bytes, ctx_->stream()));
+}
+
+void GptModel::generate_greedy(const int32_t* ids, const std::vector<int32_t>& lengths,
+                               int64_t seq, int64_t output_len, const int32_t* end_ids,
+                               int32_t* output_ids, int32_t* seq_lengths) {
+  const int64_t batch = static_cast<int64_t>(lengths.size());
+  int64_t tokens = 0;
+  for (int32_t l : lengths) tokens += l;
+  const int64_t total = seq + output_len;
+  ensure_kv(batch, total);
+  ensure_activations(std::max(tokens, batch), batch);
+
+  // Generation state and the split-KV workspace.
+  const int heads = static_cast<int>(cfg_.local_heads());
+  const size_t split_ws = kernels::decode_attention_workspace_bytes(
+      static_cast<int>(batch), heads, static_cast<int>(cfg_.size_per_head),
+      static_cast<int>(kv_seq_));
+  const size_t need = align_up(5 * batch * sizeof(int32_t) + sizeof(int32_t)) + split_ws;
+  if (need > state_need_) {
+    state_.reset();
+    state_ = DeviceBuffer(ctx_->allocator(), need, ctx_->stream());
+    state_need_ = need;
+  }
+  Carver c(state_.data());
+  auto* next_tok = static_cast<int32_t*>(c.take(5 * batch * sizeof(int32_t) + sizeof(int32_t)));
+  int32_t* cur_pos = next_tok + batch;
+  int32_t* attn_len = cur_pos + batch;
+  int32_t* finished = attn_len + batch;
+  int32_t* all_done = finished + batch;
+  float* split = split_ws > 0 ? static_cast<float*>(c.take(split_ws)) : nullptr;
+
+  // cur_pos = length - 1 (the newest token), attn_len = length, finished = 0.
+  std::vector<int32_t> init(3 * batch);
+  for (int64_t b = 0; b < batch; ++b) {
+    init[b] = lengths[b] - 1;
+    init[batch + b] = lengths[b];
+    init[2 * batch + b] = 0;
+  }
+  cudaStream_t stream = ctx_->stream();
+  WF_CUDA_CHECK(cudaMemcpyAsync(cur_pos, init.data(), init.size() * sizeof(int32_t),
+                                cudaMemcpyHostToDevice, stream));
+
+  prefill(ids, lengths, seq);
+  const layers::LayerBuffers b = buffers();
+  const int64_t h = cfg_.hidden(), v = cfg_.vocab_size;
+  const size_t es = dtype_size(dtype_);
+  Carver lc(act_.data());
+  for (int i = 0; i < 5; ++i) lc.take(act_tokens_ * h * es);
+  lc.take(act_tokens_ * 3 * cfg_.local_hidden() * es);
+  lc.take(act_tokens_ * cfg_.local_hidden() * es);
+  lc.take(act_tokens_ * cfg_.local_hidden() * es);
+  lc.take(act_tokens_ * cfg_.local_inter() * es);
+  if (cfg_.word_embed_proj_dim > 0) lc.take(act_tokens_ * cfg_.embed_dim() * es);
+  void* last_rows = lc.take(act_batch_ * std::max(h, cfg_.embed_dim()) * es);
+  lc.take(act_batch_ * std::max(h, cfg_.embed_dim()) * es);
+  void* last_logits = lc.take(act_batch_ * v * es);
+
+  auto greedy = [&] {
+    WF_DISPATCH_FLOATING(dtype_, "GptModel.generate", [&] {
+      kernels::GreedyStepParams<scalar_t> g{};
+      g.logits = static_cast<const scalar_t*>(last_logits);
+      g.next_tokens = next_tok;
+      g.cur_pos = cur_pos;
+      g.attn_len = attn_len;
+      g.finished = finished;
+      g.output_ids = output_ids;
+      g.seq_lengths = seq_lengths;
+      g.end_ids = end_ids;
+      g.rows = static_cast<int>(batch);
+      g.vocab = static_cast<int>(v);
+      g.logits_stride = v;
+      g.output_stride = static_cast<int>(total);
+      WF_CUDA_CHECK(kernels::launch_greedy_step(g, stream));
+    });
+  };
+
+  // Step 0: logits of each row's last prompt token.
+  WF_CUDA_CHECK(kernels::launch_gather_rows(last_rows, b.n, d_last_, batch, h * es, stream));
+  logits(last_rows, batch, last_logits);
+  greedy();
+
+  layers::AttentionInputs ai{};
+  ai.num_slots = static_cast<int>(kv_slots_);
+  ai.max_seq = static_cast<int>(kv_seq_);
+  ai.token_slot = d_iota_;
+  ai.token_pos = cur_pos;
+  ai.alibi_slopes = alibi_.as<float>();
+  ai.decode = true;
+  ai.row_slot = d_iota_;
+  ai.lengths = attn_len;
+  ai.cache_indir = nullptr;
+  ai.workspace = split;
+  ai.workspace_bytes = split_ws;
+
+  // Early exit: every kPoll steps the all-finished flag is copied to pinned memory behind an
+  // event; the host reads it kPoll steps later if the event has completed (it never waits).
+  constexpr int64_t kPoll = 16;
+  if (host_flag_ == nullptr) {
+    WF_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_flag_), sizeof(int32_t)));
+    WF_CUDA_CHECK(cudaEventCreateWithFlags(&flag_event_, cudaEventDisableTiming));
+  }
+  *host_flag_ = 0;
+  bool flag_pending = false;
+  for (int64_t step = 1; step < output_len; ++step) {
+    if (flag_pending && cudaEventQuery(flag_event_) == cudaSuccess) {
+      flag_pending = false;
+      if (*host_flag_) break;
+    }
+    embed(next_tok, cur_pos, batch, 1);
+    run_layers(batch, ai);
+    logits(b.n, batch, last_logits);
+    greedy();
+    if (step % kPoll == 0 && !flag_pending) {
+      WF_CUDA_CHECK(kernels::launch_all_finished(finished, static_cast<int>(batch), all_done,
+                                                 stream));
+      WF_CUDA_CHECK(cudaMemcpyAsync(host_flag_, all_done, sizeof(int32_t),
+                                    cudaMemcpyDeviceToHost, stream));
+      WF_CUDA_CHECK(cudaEventRecord(flag_event_, stream));
+      flag_pending = true;
+    }
+  }
+  // The pinned flag may still be the target of a pending copy: a later call rewrites it only
+  // after this wait.
+  if (flag_pending) WF_CUDA_CHECK(cudaEventSynchronize(flag_event_));
+}
+
+GptModel::~GptModel() {
+  if (flag_event_ != nullptr) {
+    cudaEventSynchronize(flag_event_);
+    cudaEventDestroy(flag_event_);
+  }
+  if (host_flag_ != nullptr) cudaFreeHost(host_flag_);
+}
+
+}  // namespace gpt
+}  // namespace warpformer

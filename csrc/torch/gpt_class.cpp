@@ -1,0 +1,272 @@
+#include "csrc/torch/gpt_class.h"
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <sstream>
+#include <vector>
+
+#include "csrc/torch/tensor_utils.h"
+
+namespace warpformer {
+namespace {
+
+constexpr const char* kOp = "GptModel";
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < s.size(); ++i) os << (i ? ", " : "") << s[i];
+  os << "]";
+  return os.str();
+}
+
+// The tensors this rank needs and their per-rank shapes (mirrors warpformer.weights).
+struct Spec {
+  std::string name;
+  std::vector<int64_t> shape;
+  bool optional;
+};
+
+std::vector<Spec> rank_specs(const gpt::GptConfig& c) {
+  const int64_t h = c.hidden(), lh = c.local_hidden(), li = c.local_inter(), v = c.vocab_size;
+  const int64_t e = c.embed_dim();
+  std::vector<Spec> s;
+  const bool first = c.first_stage(), last = c.last_stage();
+  if (first) {
+    s.push_back({"wte", {v, e}, false});
+    if (c.has_positional_encoding) s.push_back({"wpe", {c.max_pos_seq_len, h}, false});
+    if (c.word_embed_proj_dim > 0) s.push_back({"project_in.weight", {e, h}, false});
+    if (c.has_pre_decoder_layernorm) {
+      s.push_back({"pre_decoder_layernorm.weight", {h}, false});
+      s.push_back({"pre_decoder_layernorm.bias", {h}, false});
+    }
+  }
+  for (int64_t n = c.first_layer(); n < c.end_layer(); ++n) {
+    const std::string p = "layers." + std::to_string(n) + ".";
+    s.push_back({p + "input_layernorm.weight", {h}, false});
+    s.push_back({p + "input_layernorm.bias", {h}, false});
+    s.push_back({p + "attention.query_key_value.weight", {h, 3, lh}, false});
+    if (c.has_attention_bias) s.push_back({p + "attention.query_key_value.bias", {3, lh}, false});
+    s.push_back({p + "attention.dense.weight", {lh, h}, false});
+    if (c.has_attention_bias) s.push_back({p + "attention.dense.bias", {h}, false});
+    if (!c.parallel_shared_layernorm) {
+      s.push_back({p + "post_attention_layernorm.weight", {h}, false});
+      s.push_back({p + "post_attention_layernorm.bias", {h}, false});
+    }
+    s.push_back({p + "mlp.dense_h_to_4h.weight", {h, li}, false});
+    s.push_back({p + "mlp.dense_h_to_4h.bias", {li}, false});
+    s.push_back({p + "mlp.dense_4h_to_h.weight", {li, h}, false});
+    s.push_back({p + "mlp.dense_4h_to_h.bias", {h}, false});
+  }
+  if (last) {
+    if (c.has_post_decoder_layernorm) {
+      s.push_back({"final_layernorm.weight", {h}, false});
+      s.push_back({"final_layernorm.bias", {h}, false});
+    }
+    if (c.word_embed_proj_dim > 0) s.push_back({"project_out.weight", {h, e}, false});
+    s.push_back({"lm_head.weight", {v, e}, true});  // absent: tied to wte
+    if (c.has_lm_head_bias) s.push_back({"lm_head.bias", {v}, false});
+  }
+  return s;
+}
+
+}  // namespace
+
+GptModelHolder::GptModelHolder(const std::string& config, c10::Dict<std::string, at::Tensor> weights,
+                               int64_t max_batch, int64_t max_seq_len, const std::string& dtype,
+                               int64_t tensor_para_rank, int64_t pipeline_para_size,
+                               int64_t pipeline_para_rank)
+    : config_json_(config),
+      given_(weights),
+      dtype_arg_(dtype),
+      tp_rank_(tensor_para_rank),
+      pp_size_(pipeline_para_size),
+      pp_rank_(pipeline_para_rank) {
+  gpt::GptConfig cfg =
+      gpt::GptConfig::from_json(config, tensor_para_rank, pipeline_para_size, pipeline_para_rank);
+  const std::vector<Spec> specs = rank_specs(cfg);
+  const bool need_wte =
+      cfg.first_stage() || (cfg.last_stage() && !weights.contains("lm_head.weight"));
+
+  // Presence, kind and shape of every weight first (these checks need no GPU), then devices.
+  std::vector<std::pair<std::string, at::Tensor>> chosen;
+  auto check = [&](const std::string& name, const std::vector<int64_t>& shape) {
+    const at::Tensor& t = weights.at(name);
+    TORCH_CHECK(t.is_floating_point(), kOp, ": weight '", name,
+                "' must be a floating tensor, got ", t.scalar_type());
+    TORCH_CHECK(t.sizes().vec() == shape, kOp, ": weight '", name, "' must have shape ",
+                shape_str(shape), " for tensor_para_size ", cfg.tensor_para_size, ", got ",
+                shape_str(t.sizes().vec()));
+    chosen.emplace_back(name, t);
+  };
+  for (const Spec& s : specs) {
+    if (!weights.contains(s.name)) {
+      TORCH_CHECK(s.optional, kOp, ": missing weight '", s.name, "' (shape ", shape_str(s.shape),
+                  ") for model_variant ", cfg.model_variant, ", layers ", cfg.first_layer(), "..",
+                  cfg.end_layer() - 1);
+      continue;
+    }
+    check(s.name, s.shape);
+  }
+  if (need_wte && !cfg.first_stage()) {
+    TORCH_CHECK(weights.contains("wte"), kOp, ": missing weight 'wte' (needed by the tied lm_head)");
+    check("wte", {cfg.vocab_size, cfg.embed_dim()});
+  }
+  const std::string& ref_name = chosen.front().first;
+  const at::Tensor& ref = chosen.front().second;
+  TORCH_CHECK(ref.is_cuda(), kOp, ": weight '", ref_name, "' must be a CUDA tensor, got device ",
+              ref.device(), " (load weights with device='cuda')");
+  device_ = ref.device().index();
+  const DType dt = dtype.empty() ? to_dtype(ref.scalar_type(), kOp, ref_name.c_str())
+                                 : parse_dtype(dtype, "GptModel: dtype");
+  const c10::ScalarType st = to_scalar_type(dt);
+  for (const auto& [name, t] : chosen) {
+    TORCH_CHECK(t.is_cuda() && t.device().index() == device_, kOp, ": weight '", name, "' is on ",
+                t.device(), " but '", ref_name, "' is on cuda:", device_,
+                "; all weights must be on one GPU");
+    owned_[name] = t.to(st).contiguous();
+  }
+
+  auto ptr = [&](const std::string& name) -> const void* {
+    auto it = owned_.find(name);
+    return it == owned_.end() ? nullptr : it->second.data_ptr();
+  };
+  gpt::GptWeights w;
+  w.wte = ptr("wte");
+  w.wpe = ptr("wpe");
+  w.pre_ln_w = ptr("pre_decoder_layernorm.weight");
+  w.pre_ln_b = ptr("pre_decoder_layernorm.bias");
+  w.final_ln_w = ptr("final_layernorm.weight");
+  w.final_ln_b = ptr("final_layernorm.bias");
+  w.lm_head = owned_.count("lm_head.weight") ? ptr("lm_head.weight") : ptr("wte");
+  w.lm_head_b = ptr("lm_head.bias");
+  w.project_in = ptr("project_in.weight");
+  w.project_out = ptr("project_out.weight");
+  for (int64_t n = cfg.first_layer(); n < cfg.end_layer(); ++n) {
+    const std::string p = "layers." + std::to_string(n) + ".";
+    layers::LayerWeights lw;
+    lw.ln1_w = ptr(p + "input_layernorm.weight");
+    lw.ln1_b = ptr(p + "input_layernorm.bias");
+    lw.qkv_w = ptr(p + "attention.query_key_value.weight");
+    lw.qkv_b = ptr(p + "attention.query_key_value.bias");
+    lw.dense_w = ptr(p + "attention.dense.weight");
+    lw.dense_b = ptr(p + "attention.dense.bias");
+    lw.ln2_w = ptr(p + "post_attention_layernorm.weight");
+    lw.ln2_b = ptr(p + "post_attention_layernorm.bias");
+    lw.fc1_w = ptr(p + "mlp.dense_h_to_4h.weight");
+    lw.fc1_b = ptr(p + "mlp.dense_h_to_4h.bias");
+    lw.fc2_w = ptr(p + "mlp.dense_4h_to_h.weight");
+    lw.fc2_b = ptr(p + "mlp.dense_4h_to_h.bias");
+    if (cfg.parallel_residual) {
+      // One residual add carries both row-parallel biases: precompute their sum.
+      at::Tensor rb = owned_.at(p + "mlp.dense_4h_to_h.bias").clone();
+      if (owned_.count(p + "attention.dense.bias")) rb.add_(owned_.at(p + "attention.dense.bias"));
+      owned_[p + "residual_bias"] = rb;
+      lw.residual_b = rb.data_ptr();
+    }
+    w.layers.push_back(lw);
+  }
+
+  const c10::cuda::CUDAGuard guard(device_);
+  auto ctx = std::make_shared<CudaContext>(
+      static_cast<int>(device_), c10::cuda::getCurrentCUDAStream(device_).stream(),
+      torch_cuda_allocator());
+  model_ = std::make_unique<gpt::GptModel>(std::move(cfg), std::move(w), dt, std::move(ctx),
+                                           max_batch, max_seq_len, nullptr);
+}
+
+std::vector<int32_t> GptModelHolder::check_inputs(const char* op, const at::Tensor& input_ids,
+                                                  const at::Tensor& input_lengths,
+                                                  int64_t extra_len) const {
+  check_dtype(input_ids, at::kInt, op, "input_ids");
+  check_dim(input_ids, 2, op, "input_ids");
+  check_dtype(input_lengths, at::kInt, op, "input_lengths");
+  check_dim(input_lengths, 1, op, "input_lengths");
+  const int64_t batch = input_ids.size(0), seq = input_ids.size(1);
+  TORCH_CHECK(batch >= 1, op, ": input_ids must hold at least one sequence, got shape ",
+              input_ids.sizes());
+  TORCH_CHECK(seq >= 1, op, ": input_ids must have at least one column, got shape ",
+              input_ids.sizes());
+  TORCH_CHECK(input_lengths.size(0) == batch, op, ": input_lengths must have ", batch,
+              " entries (one per row of input_ids), got ", input_lengths.size(0));
+  TORCH_CHECK(batch <= model_->max_batch(), op, ": batch size ", batch, " exceeds max_batch (",
+              model_->max_batch(), ") of this model instance");
+  TORCH_CHECK(seq + extra_len <= model_->max_seq_len(), op, ": input length ", seq,
+              extra_len ? " + output_len " : "", extra_len ? std::to_string(extra_len) : "",
+              " exceeds max_seq_len (", model_->max_seq_len(), ") of this model instance");
+  check_cuda(input_ids, op, "input_ids");
+  TORCH_CHECK(input_ids.device().index() == device_, op, ": input_ids is on ",
+              input_ids.device(), " but the model is on cuda:", device_);
+  const at::Tensor lens = input_lengths.to(at::kCPU).contiguous();
+  const int32_t* lp = lens.data_ptr<int32_t>();
+  std::vector<int32_t> host(lp, lp + batch);
+  for (int64_t b = 0; b < batch; ++b) {
+    TORCH_CHECK(host[b] >= 1 && host[b] <= seq, op, ": input_lengths[", b, "] = ", host[b],
+                " must be in [1, ", seq, "] (input_ids has ", seq, " columns)");
+  }
+  // Token ids of the valid positions must be in the vocabulary (padding is not looked at).
+  const int64_t vocab = model_->config().vocab_size;
+  const at::Tensor mask =
+      at::arange(seq, input_ids.options()).unsqueeze(0) <
+      input_lengths.to(input_ids.device()).unsqueeze(1);
+  const at::Tensor bad = ((input_ids < 0) | (input_ids >= vocab)) & mask;
+  if (bad.any().item<bool>()) {
+    const at::Tensor where = bad.nonzero().to(at::kCPU);
+    const int64_t b = where[0][0].item<int64_t>(), i = where[0][1].item<int64_t>();
+    TORCH_CHECK(false, op, ": input_ids[", b, ", ", i, "] = ",
+                input_ids[b][i].item<int32_t>(), " is outside the vocabulary [0, ", vocab, ")");
+  }
+  return host;
+}
+
+at::Tensor GptModelHolder::forward(const at::Tensor& input_ids, const at::Tensor& input_lengths) {
+  const char* op = "GptModel.forward";
+  TORCH_CHECK(model_->config().last_stage() && model_->config().pipeline_para_size == 1, op,
+              ": pipeline-parallel models are driven through warpformer.distributed");
+  const std::vector<int32_t> lengths = check_inputs(op, input_ids, input_lengths, 0);
+  const c10::cuda::CUDAGuard guard(device_);
+  model_->context().set_stream(c10::cuda::getCurrentCUDAStream(device_).stream());
+  const at::Tensor ids = input_ids.contiguous();
+  at::Tensor logits = at::empty({ids.size(0), ids.size(1), model_->config().vocab_size},
+                                ids.options().dtype(to_scalar_type(model_->dtype())));
+  model_->forward(ids.data_ptr<int32_t>(), lengths, ids.size(1), logits.data_ptr());
+  return logits;
+}
+
+std::tuple<at::Tensor, at::Tensor> GptModelHolder::generate(const at::Tensor& input_ids,
+                                                            const at::Tensor& input_lengths,
+                                                            int64_t output_len, int64_t end_id) {
+  const char* op = "GptModel.generate";
+  TORCH_CHECK(output_len >= 1, op, ": output_len must be >= 1, got ", output_len);
+  const int64_t vocab = model_->config().vocab_size;
+  TORCH_CHECK(end_id < vocab, op, ": end_id ", end_id, " is outside the vocabulary [0, ", vocab,
+              ")");
+  TORCH_CHECK(model_->config().pipeline_para_size == 1, op,
+              ": pipeline-parallel models are driven through warpformer.distributed");
+  const std::vector<int32_t> lengths = check_inputs(op, input_ids, input_lengths, output_len);
+  const c10::cuda::CUDAGuard guard(device_);
+  model_->context().set_stream(c10::cuda::getCurrentCUDAStream(device_).stream());
+  const at::Tensor ids = input_ids.contiguous();
+  const int64_t batch = ids.size(0), seq = ids.size(1), total = seq + output_len;
+  const int64_t eid = end_id >= 0 ? end_id : model_->config().end_id;
+  // output_ids: input ids, then end ids (also over each row's padding).
+  at::Tensor out = at::full({batch, total}, eid, ids.options());
+  const at::Tensor mask = at::arange(seq, ids.options()).unsqueeze(0) <
+                          input_lengths.to(ids.device()).unsqueeze(1);
+  out.narrow(1, 0, seq).copy_(at::where(mask, ids, at::full_like(ids, eid)));
+  at::Tensor seq_lengths = input_lengths.to(ids.device()).to(at::kInt).contiguous().clone();
+  const at::Tensor end_ids = at::full({batch}, eid, ids.options());
+  model_->generate_greedy(ids.data_ptr<int32_t>(), lengths, seq, output_len,
+                          end_ids.data_ptr<int32_t>(), out.data_ptr<int32_t>(),
+                          seq_lengths.data_ptr<int32_t>());
+  return {out.view({batch, 1, total}), seq_lengths.view({batch, 1})};
+}
+
+GptModelHolder::State GptModelHolder::get_state() const {
+  return State{config_json_, given_,   model_->max_batch(), model_->max_seq_len(),
+               dtype_arg_,   tp_rank_, pp_size_,            pp_rank_};
+}
+
+}  // namespace warpformer

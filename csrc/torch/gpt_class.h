@@ -1,0 +1,69 @@
+// torch.classes.warpformer.GptModel: the TorchScript custom class that owns a GPT-family model
+// instance (csrc/models/gpt) on one GPU. Weights arrive as a Dict[str, Tensor] keyed by the
+// on-disk names (docs/FORMAT.md, without the "model." prefix and the rank suffix, as
+// warpformer.weights.load_weights returns them); every one is checked by name.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/Dict.h>
+#include <torch/custom_class.h>
+
+#include <memory>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+
+#include "csrc/models/gpt/gpt_model.h"
+
+namespace warpformer {
+
+class GptModelHolder : public torch::CustomClassHolder {
+ public:
+  // config: GptConfig JSON (warpformer.config.GptConfig.to_json()); dtype: "fp32", "fp16", "bf16"
+  // or "" for the dtype of `wte` (other floating weights are converted); limits max_batch and
+  // max_seq_len bound every call (input length + output length <= max_seq_len).
+  GptModelHolder(const std::string& config, c10::Dict<std::string, at::Tensor> weights,
+                 int64_t max_batch, int64_t max_seq_len, const std::string& dtype,
+                 int64_t tensor_para_rank, int64_t pipeline_para_size, int64_t pipeline_para_rank);
+
+  // input_ids int32 [B, S] (right-padded, on the model's GPU), input_lengths int32 [B] (any
+  // device) -> logits [B, S, V] of the model dtype; positions past a row's length are zero.
+  at::Tensor forward(const at::Tensor& input_ids, const at::Tensor& input_lengths);
+
+  // Greedy generation of output_len tokens -> (output_ids int32 [B, 1, S + output_len],
+  // sequence_lengths int32 [B, 1]). Generated tokens start at each row's input length; slots
+  // past a row's sequence length hold end_id. end_id < 0 takes the config's.
+  std::tuple<at::Tensor, at::Tensor> generate(const at::Tensor& input_ids,
+                                              const at::Tensor& input_lengths, int64_t output_len,
+                                              int64_t end_id);
+
+  std::string config() const { return config_json_; }
+  std::string dtype() const { return dtype_name(model_->dtype()); }
+  int64_t max_batch() const { return model_->max_batch(); }
+  int64_t max_seq_len() const { return model_->max_seq_len(); }
+  int64_t vocab_size() const { return model_->config().vocab_size; }
+  int64_t device() const { return device_; }
+  // Bytes held for the KV cache and the workspace (grow-only; flat across equal calls).
+  int64_t memory_bytes() const {
+    return static_cast<int64_t>(model_->kv_cache_bytes() + model_->workspace_bytes());
+  }
+
+  using State = std::tuple<std::string, c10::Dict<std::string, at::Tensor>, int64_t, int64_t,
+                           std::string, int64_t, int64_t, int64_t>;
+  State get_state() const;
+
+ private:
+  // Validates the ids/lengths pair and returns host lengths; throws naming the argument.
+  std::vector<int32_t> check_inputs(const char* op, const at::Tensor& input_ids,
+                                    const at::Tensor& input_lengths, int64_t extra_len) const;
+
+  std::string config_json_;
+  c10::Dict<std::string, at::Tensor> given_;  // as passed in, for pickling
+  std::string dtype_arg_;
+  int64_t tp_rank_, pp_size_, pp_rank_;
+  int64_t device_;
+  std::unordered_map<std::string, at::Tensor> owned_;  // converted weights + derived tensors
+  std::unique_ptr<gpt::GptModel> model_;
+};
+
+}  // namespace warpformer

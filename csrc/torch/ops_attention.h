@@ -1,0 +1,39 @@
+// Stateless torch ops of the attention kernel family (implementations and schemas in
+// ops_attention.cpp).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/Optional.h>
+
+#include <cstdint>
+#include <string>
+
+namespace warpformer {
+namespace ops {
+
+using OptTensor = c10::optional<at::Tensor>;
+
+// q [tokens, heads, head_dim] = rotary(qkv[:, 0] + bias[0]); k/v (rotated k) written in place into
+// k_cache/v_cache [slots, heads, max_seq, head_dim] at (token_slot[t], :, token_pos[t]).
+at::Tensor qkv_rotary_cache(const at::Tensor& qkv, const OptTensor& bias, at::Tensor& k_cache,
+                            at::Tensor& v_cache, const at::Tensor& token_slot,
+                            const at::Tensor& token_pos, int64_t rotary_dim,
+                            const std::string& rotary_style, double rotary_base);
+
+// Causal attention of packed sequences (cu_seqlens) against their cache slots (seq_slot).
+at::Tensor context_attention(const at::Tensor& q, const at::Tensor& k_cache,
+                             const at::Tensor& v_cache, const at::Tensor& cu_seqlens,
+                             const at::Tensor& seq_slot, const OptTensor& alibi_slopes,
+                             double scale, int64_t max_seqlen);
+
+// One query per row against lengths[r] cache positions (optionally through cache_indir).
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
+                            const at::Tensor& v_cache, const OptTensor& row_slot,
+                            const at::Tensor& lengths, const OptTensor& cache_indir,
+                            const OptTensor& alibi_slopes, double scale);
+
+// HF BLOOM ALiBi slopes for num_heads heads, float32 on the CPU.
+at::Tensor alibi_slopes(int64_t num_heads);
+
+}  // namespace ops
+}  // namespace warpformer

@@ -1,0 +1,142 @@
+// Attention kernels of the decoder: QKV preparation (bias, rotary, KV-cache write), causal context
+// (prefill) attention over packed sequences, and single-token decode attention over the KV cache,
+// plus the ALiBi slopes. Launchers take raw pointers and a stream and return the launch status
+// (cudaErrorInvalidValue for arguments they cannot handle) for the caller to check. No torch here.
+//
+// Layouts (one layer, one tensor-parallel rank; `heads` is this rank's head count):
+//   qkv      [tokens, 3, heads, head_dim]   all Q heads, then all K heads, then all V heads
+//   k_cache, v_cache [slots, heads, max_seq, head_dim], contiguous; a slot is one sequence's row
+//   q / out  [tokens or rows, heads, head_dim]
+// Element types: float, __half, __nv_bfloat16; all arithmetic in fp32.
+// Head sizes: 64, 80, 96, 128, 256 (anything else returns cudaErrorInvalidValue).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace warpformer {
+namespace kernels {
+
+// True for the head sizes the attention kernels are instantiated for.
+inline bool attention_head_dim_supported(int head_dim) {
+  return head_dim == 64 || head_dim == 80 || head_dim == 96 || head_dim == 128 || head_dim == 256;
+}
+
+// Rotary position embedding on the first rotary_dim dims of each head of q and k.
+//   kInterleaved (GPT-J):  pairs (2i, 2i+1)
+//   kHalf        (GPT-NeoX): pairs (i, i + rotary_dim/2)
+// with angle = position * inv_freq_i, inv_freq_i = 1 / base^(2i / rotary_dim), i < rotary_dim/2,
+// and (x, y) -> (x cos - y sin, y cos + x sin). The angle is formed in fp32 exactly as HF does
+// (fp32 inv_freq, one fp32 multiply) so that long positions agree with HF's rounding.
+enum class RotaryStyle { kNone = 0, kInterleaved = 1, kHalf = 2 };
+
+// ---- 1. QKV preparation -----------------------------------------------------------------------
+// For each token t and head h:
+//   q_out[t, h]                               = rotary(qkv[t, 0, h] (+ bias[0, h]), pos)
+//   k_cache[token_slot[t], h, token_pos[t]]   = rotary(qkv[t, 1, h] (+ bias[1, h]), pos)
+//   v_cache[token_slot[t], h, token_pos[t]]   = qkv[t, 2, h] (+ bias[2, h])
+// with pos = token_pos[t]. Tokens whose slot is outside [0, num_slots) or whose position is outside
+// [0, max_seq) write no cache entry (q_out is still written, with the rotary of that position).
+template <typename T>
+struct QkvPrepParams {
+  T* q_out;                  // [tokens, heads, head_dim]
+  T* k_cache;                // [num_slots, heads, max_seq, head_dim]
+  T* v_cache;                // [num_slots, heads, max_seq, head_dim]
+  const T* qkv;              // [tokens, 3, heads, head_dim]
+  const T* bias;             // [3, heads, head_dim] or null
+  const int32_t* token_slot; // [tokens]
+  const int32_t* token_pos;  // [tokens]
+  int tokens;
+  int heads;
+  int head_dim;              // one of the supported head sizes
+  int num_slots;
+  int max_seq;
+  int rotary_dim;            // even, 0 <= rotary_dim <= head_dim; 0 = no rotary
+  RotaryStyle rotary_style;  // ignored when rotary_dim == 0
+  float rotary_base;         // e.g. 10000
+};
+
+template <typename T>
+cudaError_t launch_qkv_prep(const QkvPrepParams<T>& p, cudaStream_t stream);
+
+// ---- 2. Context (prefill) attention -----------------------------------------------------------
+// Causal self-attention of packed sequences. Sequence b owns rows cu_seqlens[b] .. cu_seqlens[b+1]-1
+// of q and out (row i of the sequence is position i) and reads keys/values at positions
+// 0 .. len_b - 1 of cache slot seq_slot[b] (written beforehand by launch_qkv_prep):
+//   out[t, h] = softmax_k( scale * q[t, h] . K[k] + alibi[h] * (k - i) ; k <= i ) . V
+// max_seqlen must be >= every len_b (it sizes the grid); lengths are clamped to max_seq, rows of a
+// sequence beyond max_seq are not written, and a seq_slot outside [0, num_slots) leaves its rows
+// unwritten.
+template <typename T>
+struct ContextAttentionParams {
+  T* out;                    // [tokens, heads, head_dim]
+  const T* q;                // [tokens, heads, head_dim]
+  const T* k_cache;          // [num_slots, heads, max_seq, head_dim]
+  const T* v_cache;          // [num_slots, heads, max_seq, head_dim]
+  const int32_t* cu_seqlens; // [batch + 1], cu_seqlens[0] = 0, non-decreasing
+  const int32_t* seq_slot;   // [batch]
+  const float* alibi_slopes; // [heads] or null
+  int batch;
+  int heads;
+  int head_dim;
+  int num_slots;
+  int max_seq;               // cache capacity per slot
+  int max_seqlen;            // host-known upper bound of the sequence lengths in this call
+  float scale;               // normally 1/sqrt(head_dim)
+};
+
+template <typename T>
+cudaError_t launch_context_attention(const ContextAttentionParams<T>& p, cudaStream_t stream);
+
+// ---- 3. Decode attention ----------------------------------------------------------------------
+// One query per row (the newest token, already rotated; its K/V already in the cache at position
+// lengths[r] - 1):
+//   out[r, h] = softmax_p( scale * q[r, h] . K[src(r, p), h, p] + alibi[h] * (p - (len - 1)) ) . V
+// over p < len = lengths[r], where src(r, p) = cache_indir[r, p] when given (beam search), else
+// row_slot[r] (else r). Lengths are clamped to max_seq; a row whose length is < 1 or whose slot is
+// invalid gets zeros; a key whose indirection slot is invalid is skipped.
+//
+// Long caches are split over several blocks per (row, head) (flash-decoding) and merged by a
+// second kernel; the split depends only on (rows, heads, max_seq), so the launch needs no host
+// synchronisation and can be captured in a CUDA graph. `workspace` must hold
+// decode_attention_workspace_bytes(rows, heads, head_dim, max_seq) bytes (may be null when that
+// is 0).
+template <typename T>
+struct DecodeAttentionParams {
+  T* out;                     // [rows, heads, head_dim]
+  const T* q;                 // [rows, heads, head_dim]
+  const T* k_cache;           // [num_slots, heads, max_seq, head_dim]
+  const T* v_cache;           // [num_slots, heads, max_seq, head_dim]
+  const int32_t* row_slot;    // [rows] or null (row r uses slot r)
+  const int32_t* lengths;     // [rows], valid cache positions per row (including the new token)
+  const int32_t* cache_indir; // [rows, max_seq] slot to read position p from, or null
+  const float* alibi_slopes;  // [heads] or null
+  float* workspace;           // fp32 scratch for the split-KV partial results, or null
+  size_t workspace_bytes;
+  int rows;
+  int heads;
+  int head_dim;
+  int num_slots;
+  int max_seq;
+  float scale;
+};
+
+// Number of key chunks each (row, head) is split into (1 = no split, no workspace).
+int decode_attention_num_splits(int rows, int heads, int max_seq);
+size_t decode_attention_workspace_bytes(int rows, int heads, int head_dim, int max_seq);
+
+template <typename T>
+cudaError_t launch_decode_attention(const DecodeAttentionParams<T>& p, cudaStream_t stream);
+
+// ---- ALiBi ------------------------------------------------------------------------------------
+// The per-head slopes of HF BLOOM's build_alibi_tensor for `total_heads` heads (all ranks):
+// 2^(-8 k / n) for k = 1..n with n the largest power of two <= total_heads, followed, when
+// total_heads is not a power of two, by the odd powers of 2^(-4 / n) for the remaining heads.
+// Rank r of a tensor-parallel group takes heads [r * heads / tp, (r + 1) * heads / tp).
+std::vector<float> alibi_slopes(int total_heads);
+
+}  // namespace kernels
+}  // namespace warpformer

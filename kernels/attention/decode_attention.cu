@@ -1,0 +1,323 @@
+// Decode (single new token per row) masked multi-head attention over the KV cache, with optional
+// beam-search cache indirection, ALiBi and split-KV (flash-decoding); see attention.h.
+//
+// One block of 256 threads per (head, row, key chunk). Threads form groups of TPK lanes; a group
+// reads one cache row (key or value) at a time with 16-byte vectors, TPK = the number of vectors in
+// a head row rounded up to a power of two (at most 32; fp32 head_dim 256 takes two vectors per
+// lane). Pass 1: each group takes every NGROUPS-th key of the chunk (four keys in flight), reduces
+// q.k over its lanes with shuffles and stores the logit in shared memory. The block then takes the
+// max and turns logits into exp(logit - max) in place. Pass 2: each group accumulates p * v over the
+// same keys, and the groups' partial sums are added through shared memory.
+// Without a split the block writes the normalised output. With a split it writes the unnormalised
+// sum, the max and the exp-sum of its chunk to the workspace, and decode_combine_kernel merges the
+// chunks of a (row, head) with the usual rescaling.
+#include "kernels/attention/attention_common.cuh"
+
+namespace warpformer {
+namespace kernels {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kUnroll = 4;              // keys in flight per group
+constexpr int kSplitThreshold = 2048;   // max_seq at which long caches are split
+constexpr int kSmallWorkChunk = 512;    // keys per chunk when rows * heads is small
+constexpr int kLargeWorkChunk = 4096;   // keys per chunk otherwise (bounds shared memory)
+constexpr int kSmallWork = 1024;        // rows * heads below which (row, head) pairs are split
+
+constexpr int next_pow2(int x) { return x <= 1 ? 1 : 2 * next_pow2((x + 1) / 2); }
+
+// Keys per block for a given split (the last chunk may be shorter).
+int chunk_size(int max_seq, int splits) { return ceil_div(max_seq, splits); }
+
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int nwarps = (blockDim.x + 31) >> 5;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = (lane < nwarps) ? scratch[lane] : -INFINITY;
+  return warp_max(v);
+}
+
+template <typename T, int D>
+struct DecodeShape {
+  static constexpr int VEC = 16 / sizeof(T);               // elements per 16-byte vector
+  static constexpr int NVEC = D / VEC;                      // vectors per head row
+  static constexpr int TPK = NVEC >= 32 ? 32 : next_pow2(NVEC);  // lanes per cache row
+  static constexpr int NV = (NVEC + TPK - 1) / TPK;         // vectors per lane
+  static constexpr int NGROUPS = kThreads / TPK;
+  static_assert(D % VEC == 0, "head_dim must be a multiple of the vector width");
+};
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const DecodeAttentionParams<T> p,
+                                                                    int splits, int chunk) {
+  using S = DecodeShape<T, D>;
+  constexpr int VEC = S::VEC, NVEC = S::NVEC, TPK = S::TPK, NV = S::NV, NGROUPS = S::NGROUPS;
+  extern __shared__ float smem[];
+  float* logits = smem;                 // [chunk]
+  float* red = smem + chunk;            // [NGROUPS][D]
+  __shared__ float scratch[32];
+
+  const int h = blockIdx.x;
+  const int row = blockIdx.y;
+  const int split = blockIdx.z;
+  const int g = threadIdx.x / TPK;
+  const int li = threadIdx.x % TPK;
+  const int64_t out_off = (static_cast<int64_t>(row) * p.heads + h) * D;
+  const int64_t part = (static_cast<int64_t>(row) * p.heads + h) * splits + split;
+
+  const int len = min(p.lengths[row], p.max_seq);
+  const int slot = p.row_slot != nullptr ? p.row_slot[row] : row;
+  const bool row_ok = len >= 1 && slot >= 0 && slot < p.num_slots;
+  const int start = split * chunk;
+  const int end = row_ok ? min(len, start + chunk) : 0;
+  if (start >= end) {  // nothing to attend to in this chunk
+    if (splits == 1) {
+      for (int d = threadIdx.x; d < D; d += kThreads) p.out[out_off + d] = from_float<T>(0.f);
+    } else if (threadIdx.x == 0) {
+      float* ws_m = p.workspace + static_cast<int64_t>(p.rows) * p.heads * splits * D;
+      ws_m[part] = -INFINITY;
+      ws_m[static_cast<int64_t>(p.rows) * p.heads * splits + part] = 0.f;
+    }
+    return;
+  }
+
+  // This lane's part of q, scaled.
+  float q[NV][VEC];
+#pragma unroll
+  for (int n = 0; n < NV; ++n) {
+    const int vi = li + n * TPK;
+    if (vi < NVEC) {
+      load_vec<T, VEC>(p.q + out_off + vi * VEC, q[n]);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) q[n][e] *= p.scale;
+    } else {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) q[n][e] = 0.f;
+    }
+  }
+
+  const int64_t head_stride = static_cast<int64_t>(p.max_seq) * D;         // one (slot, head)
+  const int64_t slot_stride = static_cast<int64_t>(p.heads) * head_stride;  // one slot
+  const int32_t* indir = p.cache_indir != nullptr
+                             ? p.cache_indir + static_cast<int64_t>(row) * p.max_seq
+                             : nullptr;
+  const float slope = p.alibi_slopes != nullptr ? p.alibi_slopes[h] : 0.f;
+  const int q_pos = len - 1;
+
+  // Cache row of position k for this head, or null when its indirection slot is invalid.
+  auto cache_row = [&](const T* __restrict__ cache, int k) -> const T* {
+    const int src = indir != nullptr ? indir[k] : slot;
+    if (src < 0 || src >= p.num_slots) return nullptr;
+    return cache + src * slot_stride + h * head_stride + static_cast<int64_t>(k) * D;
+  };
+
+  // Pass 1: logits. The loop bounds are uniform over the block so the shuffles stay converged.
+  float thread_max = -INFINITY;
+  for (int base = start; base < end; base += NGROUPS * kUnroll) {
+    float kv[kUnroll][NV][VEC];
+    bool valid[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int k = base + u * NGROUPS + g;
+      const T* krow = k < end ? cache_row(p.k_cache, k) : nullptr;
+      valid[u] = krow != nullptr;
+#pragma unroll
+      for (int n = 0; n < NV; ++n) {
+        const int vi = li + n * TPK;
+        if (valid[u] && vi < NVEC) {
+          load_vec<T, VEC>(krow + vi * VEC, kv[u][n]);
+        } else {
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) kv[u][n][e] = 0.f;
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      float dot = 0.f;
+#pragma unroll
+      for (int n = 0; n < NV; ++n) {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) dot = fmaf(q[n][e], kv[u][n][e], dot);
+      }
+#pragma unroll
+      for (int off = TPK / 2; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+      const int k = base + u * NGROUPS + g;
+      if (li == 0 && k < end) {
+        const float logit =
+            valid[u] ? dot + slope * static_cast<float>(k - q_pos) : -INFINITY;
+        logits[k - start] = logit;
+        thread_max = fmaxf(thread_max, logit);
+      }
+    }
+  }
+  const float m = block_max(thread_max, scratch);  // barrier: logits are visible
+
+  float thread_sum = 0.f;
+  for (int i = threadIdx.x; i < end - start; i += kThreads) {
+    const float e = attn::exp_shifted(logits[i], m);
+    logits[i] = e;
+    thread_sum += e;
+  }
+  const float l = block_sum(thread_sum, scratch);  // barrier: probabilities are visible
+
+  // Pass 2: sum of p * v per group.
+  float acc[NV][VEC];
+#pragma unroll
+  for (int n = 0; n < NV; ++n) {
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) acc[n][e] = 0.f;
+  }
+  for (int base = start; base < end; base += NGROUPS * kUnroll) {
+    float vv[kUnroll][NV][VEC];
+    float pk[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int k = base + u * NGROUPS + g;
+      const T* vrow = k < end ? cache_row(p.v_cache, k) : nullptr;
+      pk[u] = vrow != nullptr ? logits[k - start] : 0.f;
+#pragma unroll
+      for (int n = 0; n < NV; ++n) {
+        const int vi = li + n * TPK;
+        if (vrow != nullptr && vi < NVEC) {
+          load_vec<T, VEC>(vrow + vi * VEC, vv[u][n]);
+        } else {
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) vv[u][n][e] = 0.f;
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+#pragma unroll
+      for (int n = 0; n < NV; ++n) {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) acc[n][e] = fmaf(pk[u], vv[u][n][e], acc[n][e]);
+      }
+    }
+  }
+#pragma unroll
+  for (int n = 0; n < NV; ++n) {
+    const int vi = li + n * TPK;
+    if (vi < NVEC) {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) red[g * D + vi * VEC + e] = acc[n][e];
+    }
+  }
+  __syncthreads();
+
+  for (int d = threadIdx.x; d < D; d += kThreads) {
+    float sum = 0.f;
+#pragma unroll 8
+    for (int gi = 0; gi < NGROUPS; ++gi) sum += red[gi * D + d];
+    if (splits == 1) {
+      p.out[out_off + d] = from_float<T>(l > 0.f ? sum / l : 0.f);
+    } else {
+      p.workspace[part * D + d] = sum;
+    }
+  }
+  if (splits > 1 && threadIdx.x == 0) {
+    float* ws_m = p.workspace + static_cast<int64_t>(p.rows) * p.heads * splits * D;
+    ws_m[part] = m;
+    ws_m[static_cast<int64_t>(p.rows) * p.heads * splits + part] = l;
+  }
+}
+
+// Merge the chunks of one (row, head): out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s.
+// One block per (row, head), one thread per output dim.
+template <typename T>
+__global__ void decode_combine_kernel(const DecodeAttentionParams<T> p, int splits, int chunk) {
+  const int rh = blockIdx.x;  // row * heads + head
+  const int row = rh / p.heads;
+  const int d = threadIdx.x;
+  const int D = p.head_dim;
+  const int len = min(p.lengths[row], p.max_seq);
+  const int used = len >= 1 ? min(splits, ceil_div(len, chunk)) : 0;
+  const float* acc = p.workspace + static_cast<int64_t>(rh) * splits * D;
+  const float* ws_m = p.workspace + static_cast<int64_t>(p.rows) * p.heads * splits * D +
+                      static_cast<int64_t>(rh) * splits;
+  const float* ws_l = ws_m + static_cast<int64_t>(p.rows) * p.heads * splits;
+  float big_m = -INFINITY;
+  for (int s = 0; s < used; ++s) big_m = fmaxf(big_m, ws_m[s]);
+  float total_l = 0.f, total = 0.f;
+  for (int s = 0; s < used; ++s) {
+    const float w = attn::exp_shifted(ws_m[s], big_m);
+    if (w > 0.f) {
+      total_l += w * ws_l[s];
+      total += w * acc[static_cast<int64_t>(s) * D + d];
+    }
+  }
+  p.out[static_cast<int64_t>(rh) * D + d] = from_float<T>(total_l > 0.f ? total / total_l : 0.f);
+}
+
+template <typename T, int D>
+cudaError_t launch_for_dim(const DecodeAttentionParams<T>& p, int splits, cudaStream_t stream) {
+  using S = DecodeShape<T, D>;
+  const int chunk = chunk_size(p.max_seq, splits);
+  const size_t smem = (static_cast<size_t>(chunk) + S::NGROUPS * D) * sizeof(float);
+  auto kernel = decode_attention_kernel<T, D>;
+  if (smem > 48 * 1024) {
+    const cudaError_t err =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(smem));
+    if (err != cudaSuccess) return err;
+  }
+  const dim3 grid(p.heads, p.rows, splits);
+  kernel<<<grid, kThreads, smem, stream>>>(p, splits, chunk);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess || splits == 1) return err;
+  decode_combine_kernel<T><<<p.rows * p.heads, D, 0, stream>>>(p, splits, chunk);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+int decode_attention_num_splits(int rows, int heads, int max_seq) {
+  if (max_seq < kSplitThreshold) return 1;
+  const int64_t work = static_cast<int64_t>(rows) * heads;
+  return ceil_div(max_seq, work < kSmallWork ? kSmallWorkChunk : kLargeWorkChunk);
+}
+
+size_t decode_attention_workspace_bytes(int rows, int heads, int head_dim, int max_seq) {
+  const int splits = decode_attention_num_splits(rows, heads, max_seq);
+  if (splits <= 1 || rows <= 0 || heads <= 0) return 0;
+  return static_cast<size_t>(rows) * heads * splits * (head_dim + 2) * sizeof(float);
+}
+
+template <typename T>
+cudaError_t launch_decode_attention(const DecodeAttentionParams<T>& p, cudaStream_t stream) {
+  if (p.rows < 0 || p.rows > 65535 || p.heads <= 0 || p.num_slots < 0 || p.max_seq < 0 ||
+      p.out == nullptr || p.q == nullptr || p.k_cache == nullptr || p.v_cache == nullptr ||
+      p.lengths == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  if (!aligned_to(p.q, 16) || !aligned_to(p.k_cache, 16) || !aligned_to(p.v_cache, 16)) {
+    return cudaErrorMisalignedAddress;
+  }
+  if (p.rows == 0) return cudaSuccess;
+  if (p.max_seq == 0) return cudaErrorInvalidValue;
+  const int splits = decode_attention_num_splits(p.rows, p.heads, p.max_seq);
+  if (splits > 65535) return cudaErrorInvalidValue;
+  if (splits > 1 &&
+      (p.workspace == nullptr ||
+       p.workspace_bytes < decode_attention_workspace_bytes(p.rows, p.heads, p.head_dim,
+                                                            p.max_seq))) {
+    return cudaErrorInvalidValue;
+  }
+  return WF_HEAD_DIM_SWITCH(p.head_dim, HEAD_DIM,
+                            [&] { return launch_for_dim<T, HEAD_DIM>(p, splits, stream); });
+}
+
+template cudaError_t launch_decode_attention<float>(const DecodeAttentionParams<float>&,
+                                                    cudaStream_t);
+template cudaError_t launch_decode_attention<__half>(const DecodeAttentionParams<__half>&,
+                                                     cudaStream_t);
+template cudaError_t launch_decode_attention<__nv_bfloat16>(
+    const DecodeAttentionParams<__nv_bfloat16>&, cudaStream_t);
+
+}  // namespace kernels
+}  // namespace warpformer

@@ -1,0 +1,147 @@
+// QKV preparation for both phases (see attention.h): bias add, rotary embedding of q and k,
+// q written packed, k and v written into the KV cache at (token_slot, token_pos).
+//
+// One block per token. The block first computes cos/sin of the token's position for the
+// rotary_dim/2 frequencies into shared memory; then each thread handles rotation pairs of q and k
+// (both elements of a pair are read and written by the same thread), and finally v is copied with
+// 16-byte vectors. The kernel is memory-bound and small next to the QKV GEMM that precedes it.
+#include "kernels/attention/attention_common.cuh"
+
+namespace warpformer {
+namespace kernels {
+namespace {
+
+constexpr int kPrepThreads = 256;
+constexpr int kMaxHalfRotary = 128;  // rotary_dim <= head_dim <= 256
+
+template <typename T>
+__device__ __forceinline__ float load_biased(const T* __restrict__ x, const T* __restrict__ bias,
+                                             int64_t x_off, int b_off) {
+  float v = to_float(x[x_off]);
+  if (bias != nullptr) v += to_float(bias[b_off]);
+  return v;
+}
+
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kPrepThreads) qkv_prep_kernel(const QkvPrepParams<T> p) {
+  __shared__ float cos_s[kMaxHalfRotary];
+  __shared__ float sin_s[kMaxHalfRotary];
+  const int t = blockIdx.x;
+  const int hd = p.head_dim;
+  const int heads = p.heads;
+  const int rot_half = p.rotary_style == RotaryStyle::kNone ? 0 : p.rotary_dim / 2;
+  const int pos = p.token_pos[t];
+  const int slot = p.token_slot[t];
+  const bool write_cache = slot >= 0 && slot < p.num_slots && pos >= 0 && pos < p.max_seq;
+
+  for (int i = threadIdx.x; i < rot_half; i += blockDim.x) {
+    // fp32 angle from one fp32 multiply, as HF's `position.float() * inv_freq`.
+    const float angle = static_cast<float>(pos) * attn::rotary_inv_freq(i, p.rotary_dim, p.rotary_base);
+    float s, c;
+    sincosf(angle, &s, &c);
+    cos_s[i] = c;
+    sin_s[i] = s;
+  }
+  __syncthreads();
+
+  const int64_t row = static_cast<int64_t>(heads) * hd;  // elements of one of q/k/v per token
+  const T* __restrict__ qkv_t = p.qkv + static_cast<int64_t>(t) * 3 * row;
+  T* __restrict__ q_out_t = p.q_out + static_cast<int64_t>(t) * row;
+  const int64_t cache_head_stride = static_cast<int64_t>(p.max_seq) * hd;
+  const int64_t cache_base =
+      write_cache ? (static_cast<int64_t>(slot) * heads * p.max_seq + pos) * hd : 0;
+  const bool interleaved = p.rotary_style == RotaryStyle::kInterleaved;
+
+  // q and k: pairs. Pair j < rot_half is a rotary pair; the others are (rd + 2k, rd + 2k + 1),
+  // copied unchanged.
+  const int half = hd / 2;
+  for (int idx = threadIdx.x; idx < heads * half; idx += blockDim.x) {
+    const int h = idx / half;
+    const int j = idx - h * half;
+    int a, b;
+    float c = 1.f, s = 0.f;
+    if (j < rot_half) {
+      a = interleaved ? 2 * j : j;
+      b = interleaved ? 2 * j + 1 : j + rot_half;
+      c = cos_s[j];
+      s = sin_s[j];
+    } else {
+      a = 2 * rot_half + 2 * (j - rot_half);
+      b = a + 1;
+    }
+    const int64_t off = static_cast<int64_t>(h) * hd;
+    // q
+    {
+      const float x = load_biased(qkv_t, p.bias, off + a, static_cast<int>(off) + a);
+      const float y = load_biased(qkv_t, p.bias, off + b, static_cast<int>(off) + b);
+      q_out_t[off + a] = from_float<T>(x * c - y * s);
+      q_out_t[off + b] = from_float<T>(y * c + x * s);
+    }
+    // k
+    if (write_cache) {
+      const float x = load_biased(qkv_t + row, p.bias ? p.bias + row : nullptr, off + a,
+                                  static_cast<int>(off) + a);
+      const float y = load_biased(qkv_t + row, p.bias ? p.bias + row : nullptr, off + b,
+                                  static_cast<int>(off) + b);
+      T* __restrict__ kc = p.k_cache + cache_base + h * cache_head_stride;
+      kc[a] = from_float<T>(x * c - y * s);
+      kc[b] = from_float<T>(y * c + x * s);
+    }
+  }
+
+  // v: plain copy (+ bias) with VEC-element vectors; head_dim % VEC == 0 by construction.
+  if (write_cache) {
+    const T* __restrict__ v_src = qkv_t + 2 * row;
+    const T* __restrict__ v_bias = p.bias ? p.bias + 2 * row : nullptr;
+    const int vec_per_head = hd / VEC;
+    for (int idx = threadIdx.x; idx < heads * vec_per_head; idx += blockDim.x) {
+      const int h = idx / vec_per_head;
+      const int d = (idx - h * vec_per_head) * VEC;
+      const int64_t off = static_cast<int64_t>(h) * hd + d;
+      float v[VEC];
+      load_vec<T, VEC>(v_src + off, v);
+      if (v_bias != nullptr) {
+        float bv[VEC];
+        load_vec<T, VEC>(v_bias + off, bv);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) v[e] += bv[e];
+      }
+      store_vec<T, VEC>(p.v_cache + cache_base + h * cache_head_stride + d, v);
+    }
+  }
+}
+
+}  // namespace
+
+template <typename T>
+cudaError_t launch_qkv_prep(const QkvPrepParams<T>& p, cudaStream_t stream) {
+  if (p.tokens < 0 || p.heads <= 0 || !attention_head_dim_supported(p.head_dim) ||
+      p.num_slots < 0 || p.max_seq < 0 || p.q_out == nullptr || p.qkv == nullptr ||
+      p.token_slot == nullptr || p.token_pos == nullptr || p.k_cache == nullptr ||
+      p.v_cache == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  if (p.rotary_style != RotaryStyle::kNone &&
+      (p.rotary_dim < 0 || p.rotary_dim % 2 != 0 || p.rotary_dim > p.head_dim ||
+       !(p.rotary_base > 0.f))) {
+    return cudaErrorInvalidValue;
+  }
+  if (p.tokens == 0) return cudaSuccess;
+  constexpr int kVec = 16 / sizeof(T);
+  const bool vec_ok = aligned_to(p.qkv, 16) && aligned_to(p.bias, 16) &&
+                      aligned_to(p.v_cache, 16);  // head_dim is a multiple of 16 elements
+  if (vec_ok) {
+    qkv_prep_kernel<T, kVec><<<p.tokens, kPrepThreads, 0, stream>>>(p);
+  } else {
+    qkv_prep_kernel<T, 1><<<p.tokens, kPrepThreads, 0, stream>>>(p);
+  }
+  return cudaGetLastError();
+}
+
+template cudaError_t launch_qkv_prep<float>(const QkvPrepParams<float>&, cudaStream_t);
+template cudaError_t launch_qkv_prep<__half>(const QkvPrepParams<__half>&, cudaStream_t);
+template cudaError_t launch_qkv_prep<__nv_bfloat16>(const QkvPrepParams<__nv_bfloat16>&,
+                                                    cudaStream_t);
+
+}  // namespace kernels
+}  // namespace warpformer

@@ -1,0 +1,61 @@
+// Row gather/scatter (see gather.h). grid.y walks rows, grid.x x threads walk 16-byte (or 4-byte,
+// or 1-byte when unaligned) words of a row.
+#include "kernels/common.cuh"
+#include "kernels/gather.h"
+
+namespace warpformer {
+namespace kernels {
+namespace {
+
+template <typename W, bool GATHER>
+__global__ void move_rows_kernel(char* dst, const char* src, const int32_t* __restrict__ index,
+                                 int64_t n_rows, int64_t words_per_row) {
+  for (int64_t r = blockIdx.y; r < n_rows; r += gridDim.y) {
+    const int64_t s = GATHER ? index[r] : r;
+    const int64_t d = GATHER ? r : index[r];
+    const W* srow = reinterpret_cast<const W*>(src) + s * words_per_row;
+    W* drow = reinterpret_cast<W*>(dst) + d * words_per_row;
+    for (int64_t w = blockIdx.x * blockDim.x + threadIdx.x; w < words_per_row;
+         w += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+      drow[w] = srow[w];
+    }
+  }
+}
+
+template <bool GATHER>
+cudaError_t launch(void* dst, const void* src, const int32_t* index, int64_t n_rows,
+                   int64_t row_bytes, cudaStream_t stream) {
+  if (n_rows < 0 || row_bytes <= 0 || dst == nullptr || src == nullptr || index == nullptr) {
+    return n_rows == 0 ? cudaSuccess : cudaErrorInvalidValue;
+  }
+  if (n_rows == 0) return cudaSuccess;
+  const unsigned gy = static_cast<unsigned>(n_rows < 65535 ? n_rows : 65535);
+  auto go = [&](auto word) {
+    using W = decltype(word);
+    const int64_t words = row_bytes / static_cast<int64_t>(sizeof(W));
+    const int threads = words >= 256 ? 256 : static_cast<int>(ceil_div(static_cast<int>(words), 32) * 32);
+    const int64_t gx = (words + threads - 1) / threads;
+    const dim3 grid(static_cast<unsigned>(gx < 64 ? gx : 64), gy);
+    move_rows_kernel<W, GATHER><<<grid, threads, 0, stream>>>(
+        static_cast<char*>(dst), static_cast<const char*>(src), index, n_rows, words);
+    return cudaGetLastError();
+  };
+  if (row_bytes % 16 == 0 && aligned_to(dst, 16) && aligned_to(src, 16)) return go(uint4{});
+  if (row_bytes % 4 == 0 && aligned_to(dst, 4) && aligned_to(src, 4)) return go(uint32_t{});
+  return go(char{});
+}
+
+}  // namespace
+
+cudaError_t launch_gather_rows(void* dst, const void* src, const int32_t* src_rows,
+                               int64_t n_rows, int64_t row_bytes, cudaStream_t stream) {
+  return launch<true>(dst, src, src_rows, n_rows, row_bytes, stream);
+}
+
+cudaError_t launch_scatter_rows(void* dst, const void* src, const int32_t* dst_rows,
+                                int64_t n_rows, int64_t row_bytes, cudaStream_t stream) {
+  return launch<false>(dst, src, dst_rows, n_rows, row_bytes, stream);
+}
+
+}  // namespace kernels
+}  // namespace warpformer

@@ -1,0 +1,25 @@
+// Row gather/scatter by index, used to pack padded batches into token rows and back, and to pick
+// each sequence's last token. Rows are opaque bytes.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace warpformer {
+namespace kernels {
+
+// dst[i] = src[src_rows[i]] for i < n_rows (each row row_bytes long; rows contiguous).
+cudaError_t launch_gather_rows(void* dst,                // [n_rows, row_bytes]
+                               const void* src,          // [*, row_bytes]
+                               const int32_t* src_rows,  // [n_rows]
+                               int64_t n_rows, int64_t row_bytes, cudaStream_t stream);
+
+// dst[dst_rows[i]] = src[i] for i < n_rows.
+cudaError_t launch_scatter_rows(void* dst,                // [*, row_bytes]
+                                const void* src,          // [n_rows, row_bytes]
+                                const int32_t* dst_rows,  // [n_rows]
+                                int64_t n_rows, int64_t row_bytes, cudaStream_t stream);
+
+}  // namespace kernels
+}  // namespace warpformer

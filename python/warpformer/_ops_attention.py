@@ -1,0 +1,38 @@
+"""Fake (meta) implementations of the attention ops (``csrc/torch/ops_attention.cpp``).
+
+They give output shapes and dtypes without touching data so that ``torch.compile`` can trace
+graphs that call the CUDA ops. The real argument checks live in C++; these repeat only what
+decides the output shape.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.library import register_fake
+
+
+@register_fake("warpformer::qkv_rotary_cache")
+def _qkv_rotary_cache_fake(qkv, bias, k_cache, v_cache, token_slot, token_pos, rotary_dim,
+                           rotary_style, rotary_base):
+    torch._check(qkv.dim() == 4, lambda: "warpformer.qkv_rotary_cache: qkv must be 4-dimensional")
+    torch._check(qkv.shape[1] == 3, lambda: "warpformer.qkv_rotary_cache: qkv.shape[1] must be 3")
+    return qkv.new_empty((qkv.shape[0], qkv.shape[2], qkv.shape[3]))
+
+
+@register_fake("warpformer::context_attention")
+def _context_attention_fake(q, k_cache, v_cache, cu_seqlens, seq_slot, alibi_slopes, scale,
+                            max_seqlen):
+    torch._check(q.dim() == 3, lambda: "warpformer.context_attention: q must be 3-dimensional")
+    return q.new_empty(q.shape)
+
+
+@register_fake("warpformer::decode_attention")
+def _decode_attention_fake(q, k_cache, v_cache, row_slot, lengths, cache_indir, alibi_slopes,
+                           scale):
+    torch._check(q.dim() == 3, lambda: "warpformer.decode_attention: q must be 3-dimensional")
+    return q.new_empty(q.shape)
+
+
+@register_fake("warpformer::alibi_slopes")
+def _alibi_slopes_fake(num_heads):
+    return torch.empty(num_heads, dtype=torch.float32)

@@ -1,0 +1,78 @@
+"""The ``warpformer`` command line: ``warpformer <subcommand> ...``.
+
+Subcommands live in :data:`SUBCOMMANDS` as ``name -> (help, add_args, run)``: ``add_args`` fills
+an ``argparse`` parser, ``run`` takes the parsed namespace and returns an exit code. Add one by
+adding an entry (``lambada``, ``gemm-tune`` plug in the same way).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+__all__ = ["SUBCOMMANDS", "main", "build_parser"]
+
+
+def _convert_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--input-dir", "-i", required=True,
+                   help="HF checkpoint folder (config.json + weights) or Megatron checkpoint")
+    p.add_argument("--output-dir", "-o", required=True,
+                   help="output folder; the result goes to OUTPUT_DIR/<N>-gpu")
+    p.add_argument("--tensor-para-size", "-tp", type=int, default=1, metavar="N",
+                   help="tensor-parallel size to split for (default 1)")
+    p.add_argument("--data-type", "-dt", choices=("fp32", "fp16", "bf16"), default="fp32",
+                   help="on-disk weight type (default fp32)")
+    p.add_argument("--processes", "-p", type=int, default=1, metavar="P",
+                   help="worker processes (default 1)")
+    p.add_argument("--force", action="store_true", help="replace an existing OUTPUT_DIR/<N>-gpu")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--allow-unsafe-pickle", action="store_true",
+                   help="Megatron: allow arbitrary pickled objects (only for trusted files)")
+
+
+def _convert_run(args: argparse.Namespace) -> int:
+    from warpformer.converters import convert
+
+    summary = convert(args.input_dir, args.output_dir, args.tensor_para_size, args.data_type,
+                      args.processes, args.force, progress=not args.no_progress,
+                      allow_unsafe_pickle=args.allow_unsafe_pickle)
+    print(summary)
+    return 0
+
+
+SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None],
+                             Callable[[argparse.Namespace], int]]] = {
+    "convert": ("convert a HF or Megatron checkpoint to warpformer's sharded format",
+                _convert_args, _convert_run),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with one sub-parser per :data:`SUBCOMMANDS` entry."""
+    parser = argparse.ArgumentParser(
+        prog="warpformer", description="warpformer: transformer inference engine tools")
+    subs = parser.add_subparsers(dest="command", required=True, metavar="<subcommand>")
+    for name, (help_text, add_args, run) in SUBCOMMANDS.items():
+        sub = subs.add_parser(name, help=help_text, description=help_text)
+        add_args(sub)
+        sub.set_defaults(_run=run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; returns the exit code (2: usage or user error, printed as ``error: ...``)."""
+    args = build_parser().parse_args(argv)
+    from warpformer.config import ConfigError
+    from warpformer.converters import ConversionError
+    from warpformer.weights import WeightFileError
+
+    try:
+        return args._run(args)
+    except (ConversionError, ConfigError, WeightFileError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

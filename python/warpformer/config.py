@@ -1,0 +1,359 @@
+"""`GptConfig`: the model configuration stored in a converted directory's ``config.ini``.
+
+One dataclass describes every decoder-only architecture warpformer runs (GPT-2, Megatron GPT, OPT,
+BLOOM, GPT-J, GPT-NeoX) through a handful of switches. It reads and writes the ``[gpt]`` section of
+``config.ini`` (FasterTransformer's keys plus warpformer's, see ``docs/FORMAT.md``), converts to and
+from plain dicts, and serialises to the JSON string that the C++ engine takes.
+
+Files written by FasterTransformer's own converters load too: missing keys take FT's defaults,
+legacy activation names (``Gelu``, ``Relu``) are mapped, booleans may be ``True``/``False`` or
+``1``/``0``, FT's ``model_variant`` values (``bloom-pre``) are normalised, and the legacy
+``[gptj]``/``[gptneox]`` sections are read as well.
+"""
+
+from __future__ import annotations
+
+import configparser
+import dataclasses
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "ConfigError",
+    "GptConfig",
+    "ACTIVATIONS",
+    "DATA_TYPES",
+    "LAYERNORM_TYPES",
+    "MODEL_VARIANTS",
+    "ROTARY_STYLES",
+    "normalize_activation",
+]
+
+
+class ConfigError(ValueError):
+    """A config value is missing, malformed or inconsistent; the message names the key and rule."""
+
+
+DATA_TYPES = ("fp32", "fp16", "bf16")
+LAYERNORM_TYPES = ("pre_layernorm", "post_layernorm")
+ACTIVATIONS = ("gelu_tanh", "gelu_erf", "relu", "silu")
+MODEL_VARIANTS = ("gpt2", "opt", "bloom", "gptj", "gptneox", "megatron")
+ROTARY_STYLES = ("interleaved", "half")
+
+# Accepted spellings (lower-cased) -> canonical activation. FT's "Gelu" kernel is the tanh form.
+_ACTIVATION_ALIASES = {
+    "gelu": "gelu_tanh",
+    "gelu_tanh": "gelu_tanh",
+    "gelu_new": "gelu_tanh",
+    "gelu_fast": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu_erf": "gelu_erf",
+    "relu": "relu",
+    "silu": "silu",
+    "swish": "silu",
+}
+
+# FT's model_variant strings (BLOOM converter) -> ours.
+_VARIANT_ALIASES = {"bloom-pre": "bloom", "bloom-post": "bloom", "gpt": "gpt2"}
+
+_SECTION = "gpt"
+_LEGACY_SECTIONS = ("gptj", "gptneox")
+
+
+def normalize_activation(name: str) -> str:
+    """Map an activation name (ours, FT's legacy ``Gelu``/``Relu``, case-insensitive) to ours."""
+    canon = _ACTIVATION_ALIASES.get(str(name).strip().lower())
+    if canon is None:
+        raise ConfigError(
+            f"activation_type {name!r} is not supported; use one of {', '.join(ACTIVATIONS)}"
+        )
+    return canon
+
+
+def _parse_bool(key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{key} must be a boolean (0/1/true/false), got {value!r}")
+
+
+def _parse_int(key: str, value: Any) -> int:
+    if isinstance(value, bool):
+        raise ConfigError(f"{key} must be an integer, got {value!r}")
+    if isinstance(value, int):
+        return value
+    try:
+        as_float = float(str(value).strip())
+    except ValueError:
+        raise ConfigError(f"{key} must be an integer, got {value!r}") from None
+    if not as_float.is_integer():
+        raise ConfigError(f"{key} must be an integer, got {value!r}")
+    return int(as_float)
+
+
+def _parse_float(key: str, value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{key} must be a number, got {value!r}") from None
+
+
+@dataclass
+class GptConfig:
+    """Configuration of one converted decoder-only model (``config.ini`` section ``[gpt]``).
+
+    Shapes derived from it: hidden size ``h = head_num * size_per_head``; every weight file's shape
+    is given by :func:`warpformer.weights.weight_specs`.
+    """
+
+    head_num: int
+    size_per_head: int
+    inter_size: int
+    num_layer: int
+    vocab_size: int
+    max_pos_seq_len: int = 0
+    model_name: str = "gpt"
+    model_variant: str = "gpt2"
+    start_id: int = 0
+    end_id: int = 0
+    weight_data_type: str = "fp32"
+    tensor_para_size: int = 1
+    layernorm_eps: float = 1e-5
+    layernorm_type: str = "pre_layernorm"
+    activation_type: str = "gelu_tanh"
+    has_positional_encoding: bool = True
+    has_pre_decoder_layernorm: bool = False
+    has_post_decoder_layernorm: bool = True
+    use_attention_linear_bias: bool = False
+    rotary_embedding_dim: int = 0
+    rotary_style: str = "interleaved"
+    rotary_base: float = 10000.0
+    parallel_residual: bool = False
+    parallel_shared_layernorm: bool = False
+    has_attention_bias: bool = True
+    has_lm_head_bias: bool = False
+    word_embed_proj_dim: int = 0
+    extra: dict[str, str] = field(default_factory=dict)
+    """Keys of config.ini that warpformer does not use (FT's ``int8`` ...); kept on rewrite."""
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    # ------------------------------------------------------------------ derived values
+    @property
+    def hidden_size(self) -> int:
+        """``head_num * size_per_head``."""
+        return self.head_num * self.size_per_head
+
+    @property
+    def embedding_dim(self) -> int:
+        """Width of ``wte``/``lm_head`` rows: ``word_embed_proj_dim`` if set, else hidden size."""
+        return self.word_embed_proj_dim or self.hidden_size
+
+    # ------------------------------------------------------------------ validation
+    def validate(self) -> None:
+        """Coerce field types and check every rule; raises :class:`ConfigError` naming the key."""
+        types = {f.name: f.type for f in dataclasses.fields(self)}
+        for name, typ in types.items():
+            value = getattr(self, name)
+            if typ == "int":
+                setattr(self, name, _parse_int(name, value))
+            elif typ == "float":
+                setattr(self, name, _parse_float(name, value))
+            elif typ == "bool":
+                setattr(self, name, _parse_bool(name, value))
+            elif typ == "str":
+                setattr(self, name, str(value).strip())
+        self.activation_type = normalize_activation(self.activation_type)
+        self.model_variant = _VARIANT_ALIASES.get(self.model_variant.lower(), self.model_variant)
+        self.weight_data_type = self.weight_data_type.lower()
+
+        for key in ("head_num", "size_per_head", "inter_size", "num_layer", "vocab_size",
+                    "tensor_para_size"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"{key} must be positive, got {getattr(self, key)}")
+        for key in ("max_pos_seq_len", "rotary_embedding_dim", "word_embed_proj_dim"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"{key} must be >= 0, got {getattr(self, key)}")
+        choices = {
+            "weight_data_type": DATA_TYPES,
+            "layernorm_type": LAYERNORM_TYPES,
+            "model_variant": MODEL_VARIANTS,
+            "rotary_style": ROTARY_STYLES,
+        }
+        for key, allowed in choices.items():
+            if getattr(self, key) not in allowed:
+                raise ConfigError(
+                    f"{key} must be one of {', '.join(allowed)}, got {getattr(self, key)!r}"
+                )
+        tp = self.tensor_para_size
+        if self.head_num % tp:
+            raise ConfigError(
+                f"head_num ({self.head_num}) must be divisible by tensor_para_size ({tp})"
+            )
+        if self.inter_size % tp:
+            raise ConfigError(
+                f"inter_size ({self.inter_size}) must be divisible by tensor_para_size ({tp})"
+            )
+        if self.layernorm_eps <= 0:
+            raise ConfigError(f"layernorm_eps must be positive, got {self.layernorm_eps}")
+        if self.rotary_embedding_dim:
+            if self.rotary_embedding_dim > self.size_per_head or self.rotary_embedding_dim % 2:
+                raise ConfigError(
+                    f"rotary_embedding_dim ({self.rotary_embedding_dim}) must be even and at most "
+                    f"size_per_head ({self.size_per_head})"
+                )
+            if self.rotary_base <= 0:
+                raise ConfigError(f"rotary_base must be positive, got {self.rotary_base}")
+        if self.has_positional_encoding and self.max_pos_seq_len <= 0:
+            raise ConfigError(
+                "max_pos_seq_len must be positive when has_positional_encoding = 1 "
+                f"(it is the row count of model.wpe.bin), got {self.max_pos_seq_len}"
+            )
+        if self.parallel_residual and self.layernorm_type != "pre_layernorm":
+            raise ConfigError("parallel_residual = 1 requires layernorm_type = pre_layernorm")
+        if self.parallel_shared_layernorm and not self.parallel_residual:
+            raise ConfigError("parallel_shared_layernorm = 1 requires parallel_residual = 1")
+        if not 0 <= self.start_id < self.vocab_size:
+            raise ConfigError(f"start_id ({self.start_id}) must be in [0, vocab_size)")
+        if not 0 <= self.end_id < self.vocab_size:
+            raise ConfigError(f"end_id ({self.end_id}) must be in [0, vocab_size)")
+        self.extra = {str(k): str(v) for k, v in dict(self.extra).items()}
+
+    # ------------------------------------------------------------------ dict / JSON
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-value dict of every typed field (``extra`` excluded)."""
+        fields = dataclasses.fields(self)
+        return {f.name: getattr(self, f.name) for f in fields if f.name != "extra"}
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any], strict: bool = True) -> GptConfig:
+        """Build from a dict of plain values. Unknown keys raise unless ``strict=False``, in which
+        case they are kept in ``extra``."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        known = {k: v for k, v in values.items() if k in names}
+        unknown = {k: v for k, v in values.items() if k not in names}
+        if unknown and strict:
+            raise ConfigError(f"unknown config keys: {', '.join(sorted(unknown))}")
+        missing = [
+            f.name for f in dataclasses.fields(cls)
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+            and f.name not in known
+        ]
+        if missing:
+            raise ConfigError(f"missing required config keys: {', '.join(missing)}")
+        if unknown:
+            known["extra"] = {**dict(known.get("extra", {})), **unknown}
+        return cls(**known)
+
+    def to_json(self) -> str:
+        """JSON object of :meth:`to_dict` (booleans as JSON booleans): the C++ engine's input."""
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> GptConfig:
+        """Inverse of :meth:`to_json`."""
+        return cls.from_dict(json.loads(text))
+
+    # ------------------------------------------------------------------ config.ini
+    def to_ini(self, path: str | os.PathLike[str]) -> None:
+        """Write ``config.ini`` with section ``[gpt]`` (booleans as 0/1, our keys included)."""
+        parser = configparser.ConfigParser()
+        section: dict[str, str] = {}
+        for key, value in self.to_dict().items():
+            if isinstance(value, bool):
+                section[key] = "1" if value else "0"
+            elif isinstance(value, float):
+                section[key] = repr(value)
+            else:
+                section[key] = str(value)
+        for key, value in self.extra.items():
+            section.setdefault(key, value)
+        parser[_SECTION] = section
+        with open(path, "w", encoding="utf-8") as f:
+            parser.write(f)
+
+    @classmethod
+    def from_ini(cls, path: str | os.PathLike[str]) -> GptConfig:
+        """Read a ``config.ini`` written by warpformer or by FasterTransformer's converters."""
+        parser = configparser.ConfigParser()
+        try:
+            read = parser.read(path, encoding="utf-8")
+        except configparser.Error as exc:
+            raise ConfigError(f"{path}: not a valid ini file: {exc}") from None
+        if not read:
+            raise ConfigError(f"{path}: config file not found")
+        section = _SECTION if parser.has_section(_SECTION) else next(
+            (s for s in _LEGACY_SECTIONS if parser.has_section(s)), None
+        )
+        if section is None:
+            raise ConfigError(
+                f"{path}: no [gpt] section (found: {', '.join(parser.sections()) or 'none'})"
+            )
+        values: dict[str, Any] = dict(parser[section])
+        if "tensor_para_size" not in values:
+            # FT's GPT-2/GPT-J/NeoX converters leave it out: it is the N of the "<N>-gpu" folder.
+            match = re.fullmatch(r"(\d+)-gpu", Path(path).resolve().parent.name)
+            values["tensor_para_size"] = match.group(1) if match else "1"
+        try:
+            if section == _SECTION:
+                values.setdefault("model_variant", _infer_variant(values))
+            else:
+                values = _from_legacy_section(section, values)
+            return cls.from_dict(values, strict=False)
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: {exc}") from None
+
+
+def _infer_variant(values: dict[str, Any]) -> str:
+    """Best guess of ``model_variant`` for an FT-written [gpt] section lacking it."""
+    if _parse_bool("use_attention_linear_bias", values.get("use_attention_linear_bias", "0")):
+        return "bloom"
+    if str(values.get("activation_type", "")).strip().lower() == "relu":
+        return "opt"
+    return "gpt2"
+
+
+def _from_legacy_section(section: str, values: dict[str, Any]) -> dict[str, Any]:
+    """Translate FT's ``[gptj]`` / ``[gptneox]`` sections to our keys.
+
+    FT's GPT-J files match our layout with ``has_attention_bias = 0``, a shared parallel
+    layernorm and an ``lm_head`` bias. FT's GPT-NeoX converter divides the row-parallel biases by
+    the tensor-parallel size when it is above 1, which our engine does not undo: such directories
+    are refused unless they are single-rank.
+    """
+    out = dict(values)
+    rotary = _parse_int("rotary_embedding", out.pop("rotary_embedding", "0"))
+    out.setdefault("rotary_embedding_dim", rotary)
+    out.setdefault("has_positional_encoding", "0")
+    out.setdefault("layernorm_eps", "1e-5")
+    out.setdefault("parallel_residual", "1")
+    if section == "gptj":
+        out.setdefault("model_variant", "gptj")
+        out.setdefault("rotary_style", "interleaved")
+        out.setdefault("parallel_shared_layernorm", "1")
+        out.setdefault("has_attention_bias", "0")
+        out.setdefault("has_lm_head_bias", "1")
+        out.setdefault("activation_type", "gelu_tanh")
+    else:
+        out.setdefault("model_variant", "gptneox")
+        out.setdefault("rotary_style", "half")
+        out["parallel_residual"] = out.pop("use_gptj_residual", out["parallel_residual"])
+        out.setdefault("parallel_shared_layernorm", "0")
+        out.setdefault("activation_type", "gelu_erf")
+        if _parse_int("tensor_para_size", out.get("tensor_para_size", "1")) > 1:
+            raise ConfigError(
+                "FasterTransformer [gptneox] directories with tensor_para_size > 1 store "
+                "row-parallel biases divided by the TP size; reconvert with warpformer"
+            )
+    return out

@@ -1,0 +1,252 @@
+"""Weight table and loader for a converted ``<tp>-gpu/`` directory.
+
+:func:`weight_specs` is the single source of truth for which files a config implies, their full
+(unsplit) shapes and the axis that tensor parallelism splits; the converters' writer, this
+loader, :mod:`warpformer.reference` and the C++ engine's validation all use it. File naming:
+``model.<name>.bin`` for replicated tensors, ``model.<name>.<tp_rank>.bin`` for split ones;
+headerless little-endian C-order arrays of ``weight_data_type`` (bf16 files hold raw bf16 bits).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .config import GptConfig
+
+__all__ = [
+    "WeightSpec",
+    "WeightFileError",
+    "DTYPES",
+    "weight_specs",
+    "expected_shapes",
+    "file_name",
+    "resolve_model_dir",
+    "read_config",
+    "stage_layers",
+    "load_weights",
+    "load_merged_weights",
+]
+
+DTYPES: dict[str, torch.dtype] = {
+    "fp32": torch.float32,
+    "fp16": torch.float16,
+    "bf16": torch.bfloat16,
+}
+
+
+class WeightFileError(RuntimeError):
+    """A weight file is missing or its size disagrees with ``config.ini``."""
+
+
+@dataclass(frozen=True)
+class WeightSpec:
+    """One tensor of the on-disk format.
+
+    ``shape`` is the full, unsplit shape; ``split_axis`` the axis divided among tensor-parallel
+    ranks (``None``: replicated, one file without rank suffix). ``layer`` is the global layer
+    index or ``None`` for model-level tensors; ``stage`` says which pipeline stage needs a
+    model-level tensor: ``"first"``, ``"last"`` or ``"first+last"``. ``optional`` tensors may be
+    absent (only ``lm_head.weight``: absent means tied to ``wte``).
+    """
+
+    shape: tuple[int, ...]
+    split_axis: int | None = None
+    layer: int | None = None
+    stage: str = ""
+    optional: bool = False
+
+    def shard_shape(self, tensor_para_size: int) -> tuple[int, ...]:
+        """Shape of one rank's file."""
+        if self.split_axis is None:
+            return self.shape
+        shape = list(self.shape)
+        shape[self.split_axis] //= tensor_para_size
+        return tuple(shape)
+
+
+def weight_specs(config: GptConfig) -> dict[str, WeightSpec]:
+    """Every tensor ``config`` implies, keyed by on-disk name without ``model.``/rank/``.bin``.
+
+    Example key: ``layers.0.attention.query_key_value.weight`` -> shape ``[h, 3, h]`` split on
+    axis -1 (stored per rank as ``[h, 3, h/tp]``: all Q heads, then K, then V).
+    """
+    h, i, v = config.hidden_size, config.inter_size, config.vocab_size
+    e = config.embedding_dim
+    specs: dict[str, WeightSpec] = {"wte": WeightSpec((v, e), stage="first")}
+    if config.has_positional_encoding:
+        specs["wpe"] = WeightSpec((config.max_pos_seq_len, h), stage="first")
+    if config.word_embed_proj_dim:
+        specs["project_in.weight"] = WeightSpec((e, h), stage="first")
+        specs["project_out.weight"] = WeightSpec((h, e), stage="last")
+    if config.has_pre_decoder_layernorm:
+        specs["pre_decoder_layernorm.weight"] = WeightSpec((h,), stage="first")
+        specs["pre_decoder_layernorm.bias"] = WeightSpec((h,), stage="first")
+    for n in range(config.num_layer):
+        p = f"layers.{n}."
+        layer = {
+            "input_layernorm.weight": WeightSpec((h,)),
+            "input_layernorm.bias": WeightSpec((h,)),
+            "attention.query_key_value.weight": WeightSpec((h, 3, h), -1),
+            "attention.dense.weight": WeightSpec((h, h), 0),
+            "mlp.dense_h_to_4h.weight": WeightSpec((h, i), -1),
+            "mlp.dense_h_to_4h.bias": WeightSpec((i,), -1),
+            "mlp.dense_4h_to_h.weight": WeightSpec((i, h), 0),
+            "mlp.dense_4h_to_h.bias": WeightSpec((h,)),
+        }
+        if config.has_attention_bias:
+            layer["attention.query_key_value.bias"] = WeightSpec((3, h), -1)
+            layer["attention.dense.bias"] = WeightSpec((h,))
+        if not config.parallel_shared_layernorm:
+            layer["post_attention_layernorm.weight"] = WeightSpec((h,))
+            layer["post_attention_layernorm.bias"] = WeightSpec((h,))
+        for name, spec in layer.items():
+            specs[p + name] = WeightSpec(spec.shape, spec.split_axis, layer=n)
+    if config.has_post_decoder_layernorm:
+        specs["final_layernorm.weight"] = WeightSpec((h,), stage="last")
+        specs["final_layernorm.bias"] = WeightSpec((h,), stage="last")
+    specs["lm_head.weight"] = WeightSpec((v, e), stage="last", optional=True)
+    if config.has_lm_head_bias:
+        specs["lm_head.bias"] = WeightSpec((v,), stage="last")
+    return specs
+
+
+def expected_shapes(config: GptConfig) -> dict[str, tuple[int, ...]]:
+    """Per-rank file shapes for ``config`` (``tensor_para_size`` ranks), keyed like
+    :func:`weight_specs`. Optional entries (``lm_head.weight``) are included."""
+    tp = config.tensor_para_size
+    return {name: spec.shard_shape(tp) for name, spec in weight_specs(config).items()}
+
+
+def file_name(name: str, spec: WeightSpec, tp_rank: int) -> str:
+    """On-disk file name of tensor ``name`` for ``tp_rank``."""
+    if spec.split_axis is None:
+        return f"model.{name}.bin"
+    return f"model.{name}.{tp_rank}.bin"
+
+
+def resolve_model_dir(model_dir: str | os.PathLike[str]) -> Path:
+    """The folder holding ``config.ini``: ``model_dir`` itself, or its single ``<N>-gpu`` child."""
+    path = Path(model_dir)
+    if (path / "config.ini").is_file():
+        return path
+    children = sorted(p for p in path.glob("*-gpu") if re.fullmatch(r"\d+-gpu", p.name))
+    if len(children) == 1 and (children[0] / "config.ini").is_file():
+        return children[0]
+    if len(children) > 1:
+        names = ", ".join(c.name for c in children)
+        raise WeightFileError(f"{path} holds several converted sizes ({names}); pass one of them")
+    raise WeightFileError(f"{path}: no config.ini (expected a converted '<tp>-gpu' directory)")
+
+
+def read_config(model_dir: str | os.PathLike[str]) -> GptConfig:
+    """Read the ``GptConfig`` of a converted directory (see :func:`resolve_model_dir`)."""
+    return GptConfig.from_ini(resolve_model_dir(model_dir) / "config.ini")
+
+
+def stage_layers(num_layer: int, pp_rank: int, pipeline_para_size: int) -> range:
+    """Contiguous global layer range of pipeline stage ``pp_rank``."""
+    if pipeline_para_size <= 0 or not 0 <= pp_rank < pipeline_para_size:
+        raise ValueError(f"pp_rank ({pp_rank}) must be in [0, pipeline_para_size "
+                         f"({pipeline_para_size}))")
+    if num_layer % pipeline_para_size:
+        raise ValueError(f"num_layer ({num_layer}) must be divisible by pipeline_para_size "
+                         f"({pipeline_para_size})")
+    per = num_layer // pipeline_para_size
+    return range(pp_rank * per, (pp_rank + 1) * per)
+
+
+def _read_raw(path: Path, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    if dtype == torch.bfloat16:
+        raw = np.fromfile(path, dtype="<i2")
+        return torch.from_numpy(raw).view(torch.bfloat16).reshape(shape)
+    np_dtype = {torch.float32: "<f4", torch.float16: "<f2"}[dtype]
+    return torch.from_numpy(np.fromfile(path, dtype=np_dtype)).reshape(shape)
+
+
+def load_weights(
+    model_dir: str | os.PathLike[str],
+    tp_rank: int = 0,
+    pp_rank: int = 0,
+    pipeline_para_size: int = 1,
+    dtype: torch.dtype | None = None,
+    device: str | torch.device = "cpu",
+) -> dict[str, torch.Tensor]:
+    """Load one (tp_rank, pp_rank)'s tensors of a converted directory.
+
+    Returns ``{name: tensor}`` with names as in :func:`weight_specs` (global layer indices), each
+    tensor of its per-rank shape (e.g. QKV ``[h, 3, h/tp]``), cast to ``dtype`` (default: the file
+    dtype) on ``device``. With pipeline parallelism only this stage's layer range is read, plus the
+    embeddings (``wte``, ``wpe``, ``project_in``, ``pre_decoder_layernorm``) on the first stage and
+    ``final_layernorm``/``project_out``/``lm_head`` on the last; the last stage also gets ``wte``
+    when the head is tied to it. Every file's byte size is checked against the config before
+    anything is read; a missing or mis-sized file raises :class:`WeightFileError` naming it.
+    """
+    root = resolve_model_dir(model_dir)
+    config = GptConfig.from_ini(root / "config.ini")
+    tp = config.tensor_para_size
+    if not 0 <= tp_rank < tp:
+        raise ValueError(f"tp_rank ({tp_rank}) must be in [0, tensor_para_size ({tp}))")
+    layers = stage_layers(config.num_layer, pp_rank, pipeline_para_size)
+    first, last = pp_rank == 0, pp_rank == pipeline_para_size - 1
+    file_dtype = DTYPES[config.weight_data_type]
+    itemsize = torch.empty((), dtype=file_dtype).element_size()
+
+    specs = weight_specs(config)
+    tied = not (root / file_name("lm_head.weight", specs["lm_head.weight"], tp_rank)).exists()
+    plan: list[tuple[str, Path, tuple[int, ...]]] = []
+    for name, spec in specs.items():
+        if spec.layer is not None:
+            wanted = spec.layer in layers
+        elif name == "wte":
+            wanted = first or (last and tied)
+        else:
+            wanted = (first and "first" in spec.stage) or (last and "last" in spec.stage)
+        if not wanted or (spec.optional and tied):
+            continue
+        plan.append((name, root / file_name(name, spec, tp_rank), spec.shard_shape(tp)))
+
+    for name, path, shape in plan:  # verify everything before reading anything
+        expected = int(np.prod(shape)) * itemsize
+        if not path.is_file():
+            raise WeightFileError(
+                f"missing weight file {path} (tensor {name}, shape {list(shape)} "
+                f"{config.weight_data_type}, {expected} bytes expected)"
+            )
+        actual = path.stat().st_size
+        if actual != expected:
+            raise WeightFileError(
+                f"weight file {path} has {actual} bytes, expected {expected} "
+                f"(shape {list(shape)} {config.weight_data_type} per config.ini)"
+            )
+
+    out: dict[str, torch.Tensor] = {}
+    for name, path, shape in plan:
+        tensor = _read_raw(path, file_dtype, shape)
+        if dtype is not None and dtype != file_dtype:
+            tensor = tensor.to(dtype)
+        out[name] = tensor.to(device)
+    return out
+
+
+def load_merged_weights(
+    model_dir: str | os.PathLike[str],
+    dtype: torch.dtype | None = None,
+    device: str | torch.device = "cpu",
+) -> tuple[GptConfig, dict[str, torch.Tensor]]:
+    """Load every rank of a converted directory and concatenate split tensors back to their full
+    shapes (:func:`weight_specs`). Returns ``(config, weights)``."""
+    config = read_config(model_dir)
+    specs = weight_specs(config)
+    shards = [load_weights(model_dir, r, dtype=dtype, device=device)
+              for r in range(config.tensor_para_size)]
+    merged: dict[str, torch.Tensor] = {}
+    for name, tensor in shards[0].items():
+        axis = specs[name].split_axis
+        merged[name] = tensor if axis is None else torch.cat([s[name] for s in shards], dim=axis)
+    return config, merged

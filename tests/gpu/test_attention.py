@@ -1,0 +1,379 @@
+"""GPU tests of the attention ops (qkv_rotary_cache, context_attention, decode_attention) against
+plain PyTorch references.
+
+Tolerance rule (one table, FLOOR below): the reference is computed in float64 from the very
+inputs the kernel sees. fp32 kernels must be within 1e-4 of the reference's largest magnitude.
+For fp16/bf16 the kernel's max error must be at most 2x the max error of the same reference run
+by PyTorch in that dtype (scores and p @ v in the dtype, softmax in fp32, as HF does), plus a
+floor of one unit in the last place at magnitude 1 of the dtype (2^-10 for fp16, 2^-7 for bf16):
+it covers cases where PyTorch's low-precision path is exact by luck (a length-1 sequence, where
+the output is v itself) while the kernel still rounds its fp32 result once.
+qkv_rotary_cache computes in fp32 and rounds once, so it uses the element-wise table of
+tests/tolerances.py.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import warpformer  # noqa: F401
+from tests.tolerances import DTYPES, assert_close
+
+pytestmark = pytest.mark.gpu
+ops = torch.ops.warpformer
+DEV = "cuda"
+HEAD_DIMS = [64, 80, 96, 128, 256]
+FLOOR = {torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}
+LENS = [1, 7, 97, 300, 1025]
+
+
+# ---- references ---------------------------------------------------------------------------------
+def inv_freq_ref(rotary_dim: int, base: float) -> torch.Tensor:
+    """HF's fp32 inv_freq = 1 / base^(arange(0, d, 2) / d), with the power rounded once."""
+    expo = torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim
+    return 1.0 / (base ** expo.double()).float()
+
+
+def rotary_ref(x: torch.Tensor, pos: torch.Tensor, rotary_dim: int, style: str,
+               base: float = 10000.0) -> torch.Tensor:
+    """x [T, H, D] (any float dtype, computed in it), pos [T]: GPT-J (interleaved) or GPT-NeoX
+    (half) rotary on the first rotary_dim dims; angles in fp32 like HF."""
+    if style == "none" or rotary_dim == 0:
+        return x.clone()
+    ang = pos.to(x.device).float()[:, None] * inv_freq_ref(rotary_dim, base).to(x.device)[None]
+    cos = ang.cos().to(x.dtype)[:, None, :]
+    sin = ang.sin().to(x.dtype)[:, None, :]
+    out = x.clone()
+    if style == "interleaved":
+        a, b = x[..., 0:rotary_dim:2], x[..., 1:rotary_dim:2]
+        out[..., 0:rotary_dim:2] = a * cos - b * sin
+        out[..., 1:rotary_dim:2] = b * cos + a * sin
+    else:
+        h = rotary_dim // 2
+        a, b = x[..., :h], x[..., h:rotary_dim]
+        out[..., :h] = a * cos - b * sin
+        out[..., h:rotary_dim] = b * cos + a * sin
+    return out
+
+
+def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                  slopes: torch.Tensor | None = None) -> torch.Tensor:
+    """Causal attention of the S newest positions: q [S, H, D] at positions L-S .. L-1, k/v
+    [L, H, D]. Scores and p @ v in q's dtype, ALiBi and softmax in fp32 (float64 for float64)."""
+    S, L = q.shape[0], k.shape[0]
+    qh, kh, vh = (t.transpose(0, 1) for t in (q, k, v))
+    s = torch.matmul(qh, kh.transpose(1, 2)) * scale
+    s = s if s.dtype == torch.float64 else s.float()
+    qpos = torch.arange(L - S, L, device=q.device)
+    kpos = torch.arange(L, device=q.device)
+    rel = (kpos[None, :] - qpos[:, None]).to(s.dtype)
+    if slopes is not None:
+        s = s + slopes.to(s.dtype)[:, None, None] * rel[None]
+    s = s.masked_fill(rel[None] > 0, float("-inf"))
+    p = torch.softmax(s, dim=-1).to(q.dtype)
+    return torch.matmul(p, vh).transpose(0, 1)
+
+
+def check_attention(out: torch.Tensor, ref64: torch.Tensor, ref_lp: torch.Tensor | None,
+                    dtype: torch.dtype, what: str) -> None:
+    assert out.dtype == dtype and out.shape == ref64.shape, (out.dtype, out.shape, ref64.shape)
+    err = (out.double() - ref64).abs().max().item()
+    if dtype == torch.float32:
+        bound = 1e-4 * max(ref64.abs().max().item(), 1e-3)
+    else:
+        torch_err = (ref_lp.double() - ref64).abs().max().item()
+        bound = 2.0 * torch_err + FLOOR[dtype]
+    assert err <= bound, f"{what}: max error {err:.3e} > bound {bound:.3e} (NaN = unwritten)"
+
+
+# ---- helpers ------------------------------------------------------------------------------------
+def rand(*shape: int, dtype: torch.dtype, scale: float = 1.0) -> torch.Tensor:
+    return (torch.randn(*shape, device=DEV) * scale).to(dtype)
+
+
+def poison(shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    """Fill a block of the output's size with NaN and free it: the caching allocator hands it to
+    the op's next output, so an element the kernel fails to write shows up as NaN."""
+    torch.full(shape, float("nan"), device=DEV, dtype=dtype)
+
+
+def nan_cache(slots: int, heads: int, max_seq: int, hd: int, dtype: torch.dtype):
+    shape = (slots, heads, max_seq, hd)
+    return (torch.full(shape, float("nan"), device=DEV, dtype=dtype),
+            torch.full(shape, float("nan"), device=DEV, dtype=dtype))
+
+
+def fill_cache(kc: torch.Tensor, vc: torch.Tensor, slots: list[int], lens: list[int]) -> None:
+    """Random K/V at positions < len of each slot; the rest stays NaN (must never be read)."""
+    for s, n in zip(slots, lens, strict=True):
+        kc[s, :, :n] = torch.randn(kc.shape[1], n, kc.shape[3], device=DEV).to(kc.dtype)
+        vc[s, :, :n] = torch.randn(vc.shape[1], n, vc.shape[3], device=DEV).to(vc.dtype)
+
+
+def cache_rows(c: torch.Tensor, slot: int, n: int) -> torch.Tensor:
+    return c[slot, :, :n].transpose(0, 1)  # [n, H, D]
+
+
+def slopes_for(heads: int) -> torch.Tensor:
+    return ops.alibi_slopes(heads).to(DEV)
+
+
+def partial_rotary(hd: int) -> int:
+    return 64 if hd == 256 else (hd // 4) // 2 * 2
+
+
+# ---- qkv_rotary_cache ---------------------------------------------------------------------------
+ROTARY = [("none", "none"), ("interleaved", "full"), ("half", "full"),
+          ("interleaved", "partial"), ("half", "partial")]
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("style,extent", ROTARY)
+@pytest.mark.parametrize("hd", HEAD_DIMS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_qkv_rotary_cache(dtype, hd, style, extent, with_bias, seed) -> None:
+    heads, slots, max_seq = 12, 5, 64
+    rd = {"none": 0, "full": hd, "partial": partial_rotary(hd)}[extent]
+    # three sequences in slots 3, 0, 4: one decode-like token at 40, a prompt 0..6, and a chunk
+    # 27..63 that ends at the last cache position. Slots 1 and 2 are never written.
+    token_slot = [3] + [0] * 7 + [4] * 37
+    token_pos = [40] + list(range(7)) + list(range(27, 64))
+    T = len(token_slot)
+    slot_t = torch.tensor(token_slot, dtype=torch.int32, device=DEV)
+    pos_t = torch.tensor(token_pos, dtype=torch.int32, device=DEV)
+    qkv = rand(T, 3, heads, hd, dtype=dtype)
+    bias = rand(3, heads, hd, dtype=dtype, scale=0.5) if with_bias else None
+    kc, vc = nan_cache(slots, heads, max_seq, hd, dtype)
+    poison((T, heads, hd), dtype)
+    q = ops.qkv_rotary_cache(qkv, bias, kc, vc, slot_t, pos_t, rd, style, 10000.0)
+
+    x = qkv.double() + (bias.double() if bias is not None else 0.0)
+    pos = torch.tensor(token_pos, device=DEV)
+    assert q.shape == (T, heads, hd) and q.dtype == dtype
+    assert_close(q, rotary_ref(x[:, 0], pos, rd, style), dtype)
+    si, pi = slot_t.long(), pos_t.long()
+    assert_close(kc[si, :, pi], rotary_ref(x[:, 1], pos, rd, style), dtype)
+    assert_close(vc[si, :, pi], x[:, 2], dtype)
+    written = torch.zeros(slots, max_seq, dtype=torch.bool, device=DEV)
+    written[si, pi] = True
+    for c in (kc, vc):
+        assert c.permute(0, 2, 1, 3)[~written].isnan().all(), "wrote outside its positions"
+
+
+def test_qkv_rotary_long_positions(seed) -> None:
+    """Positions in the thousands: the fp32 angle must be formed like HF's (exact same rounding)."""
+    heads, hd, max_seq = 2, 128, 8192
+    pos_list = [0, 1, 1000, 2047, 4099, 8191]
+    T = len(pos_list)
+    qkv = rand(T, 3, heads, hd, dtype=torch.float32)
+    kc, vc = nan_cache(1, heads, max_seq, hd, torch.float32)
+    slot_t = torch.zeros(T, dtype=torch.int32, device=DEV)
+    pos_t = torch.tensor(pos_list, dtype=torch.int32, device=DEV)
+    for style in ("interleaved", "half"):
+        q = ops.qkv_rotary_cache(qkv, None, kc, vc, slot_t, pos_t, hd, style, 10000.0)
+        ref = rotary_ref(qkv[:, 0].double(), pos_t.long(), hd, style)
+        torch.testing.assert_close(q.double(), ref, atol=2e-5, rtol=2e-5)
+
+
+# ---- context attention --------------------------------------------------------------------------
+@pytest.mark.parametrize("alibi", [False, True])
+@pytest.mark.parametrize("hd", HEAD_DIMS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_context_attention(dtype, hd, alibi, seed) -> None:
+    heads, slots, max_seq = 12, 7, 1100
+    seq_slot = [5, 0, 3, 6, 2]
+    cu = [0]
+    for n in LENS:
+        cu.append(cu[-1] + n)
+    T = cu[-1]
+    kc, vc = nan_cache(slots, heads, max_seq, hd, dtype)
+    fill_cache(kc, vc, seq_slot, LENS)
+    q = rand(T, heads, hd, dtype=dtype, scale=2.0)
+    slopes = slopes_for(heads) if alibi else None
+    scale = 1.0 / math.sqrt(hd)
+    cu_t = torch.tensor(cu, dtype=torch.int32, device=DEV)
+    slot_t = torch.tensor(seq_slot, dtype=torch.int32, device=DEV)
+    poison((T, heads, hd), dtype)  # last allocation before the op's output
+    out = ops.context_attention(q, kc, vc, cu_t, slot_t, slopes, scale, max(LENS))
+    ref64, ref_lp = [], []
+    for b, n in enumerate(LENS):
+        qb = q[cu[b]:cu[b + 1]]
+        kb, vb = cache_rows(kc, seq_slot[b], n), cache_rows(vc, seq_slot[b], n)
+        ref64.append(attention_ref(qb.double(), kb.double(), vb.double(), scale, slopes))
+        ref_lp.append(attention_ref(qb, kb, vb, scale, slopes))
+    check_attention(out, torch.cat(ref64), torch.cat(ref_lp), dtype, "context_attention")
+
+
+# ---- decode attention ---------------------------------------------------------------------------
+def decode_refs(q, kc, vc, lengths, slots_per_pos, scale, slopes):
+    """slots_per_pos[r]: LongTensor [len] of the slot each position of row r is read from."""
+    ref64, ref_lp = [], []
+    for r, n in enumerate(lengths):
+        src = slots_per_pos[r]
+        pos = torch.arange(n, device=DEV)
+        kr, vr = kc[src, :, pos], vc[src, :, pos]  # [n, H, D]
+        qr = q[r:r + 1]
+        ref64.append(attention_ref(qr.double(), kr.double(), vr.double(), scale, slopes))
+        ref_lp.append(attention_ref(qr, kr, vr, scale, slopes))
+    return torch.cat(ref64), torch.cat(ref_lp)
+
+
+def run_decode(dtype, hd, heads, lengths, max_seq, row_slot, slots, alibi, what):
+    kc, vc = nan_cache(slots, heads, max_seq, hd, dtype)
+    fill_cache(kc, vc, row_slot, lengths)
+    rows = len(lengths)
+    q = rand(rows, heads, hd, dtype=dtype, scale=2.0)
+    slopes = slopes_for(heads) if alibi else None
+    scale = 1.0 / math.sqrt(hd)
+    slot_t = torch.tensor(row_slot, dtype=torch.int32, device=DEV)
+    len_t = torch.tensor(lengths, dtype=torch.int32, device=DEV)
+    poison((rows, heads, hd), dtype)
+    out = ops.decode_attention(q, kc, vc, slot_t, len_t, None, slopes, scale)
+    per_pos = [torch.full((n,), s, dtype=torch.long, device=DEV)
+               for s, n in zip(row_slot, lengths, strict=True)]
+    ref64, ref_lp = decode_refs(q, kc, vc, lengths, per_pos, scale, slopes)
+    check_attention(out, ref64, ref_lp, dtype, what)
+
+
+@pytest.mark.parametrize("alibi", [False, True])
+@pytest.mark.parametrize("hd", HEAD_DIMS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_attention(dtype, hd, alibi, seed) -> None:
+    # max_seq 1100 < 2048: the single-kernel path.
+    run_decode(dtype, hd, 12, LENS, 1100, [5, 0, 3, 6, 2], 7, alibi, "decode_attention")
+
+
+@pytest.mark.parametrize("alibi", [False, True])
+@pytest.mark.parametrize("hd", [64, 80, 128, 256])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_attention_split_kv(dtype, hd, alibi, seed) -> None:
+    # max_seq 4200 with 5 rows x 20 heads: split into chunks of 512 keys plus the combine kernel.
+    run_decode(dtype, hd, 20, [4100, 1, 2048, 513, 4200], 4200, [2, 5, 0, 4, 1], 6, alibi,
+               "decode_attention split-KV")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_decode_attention_split_kv_many_rows(dtype, seed) -> None:
+    # 64 rows x 16 heads = 1024 (row, head) pairs: chunks of 4096 keys, two chunks for 4200.
+    g = torch.Generator().manual_seed(7)
+    lengths = [4200, 4096, 4097, 1, 2] + torch.randint(1, 4201, (59,), generator=g).tolist()
+    row_slot = torch.randperm(64, generator=g).tolist()
+    run_decode(dtype, 64, 16, lengths, 4200, row_slot, 64, False, "decode many rows")
+
+
+@pytest.mark.parametrize("long", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_attention_cache_indir(dtype, long, seed) -> None:
+    """Beam search: 2 batch entries x 3 beams; each row reads every position but its newest from
+    a random beam of its batch entry (row_slot None: row r owns slot r)."""
+    heads, hd, beams = 12, 128, 3
+    max_seq = 4200 if long else 300
+    lengths = ([4100] * beams + [1000] * beams) if long else ([200] * beams + [57] * beams)
+    rows = len(lengths)
+    kc, vc = nan_cache(rows, heads, max_seq, hd, dtype)
+    fill_cache(kc, vc, list(range(rows)), lengths)
+    indir = torch.full((rows, max_seq), -1, dtype=torch.int32)  # past the length: never read
+    per_pos = []
+    for r, n in enumerate(lengths):
+        b = r // beams
+        src = b * beams + torch.randint(0, beams, (n,))
+        src[n - 1] = r
+        indir[r, :n] = src.int()
+        per_pos.append(src.to(DEV))
+    q = rand(rows, heads, hd, dtype=dtype, scale=2.0)
+    scale = 1.0 / math.sqrt(hd)
+    len_t = torch.tensor(lengths, dtype=torch.int32, device=DEV)
+    indir_t = indir.to(DEV)
+    poison((rows, heads, hd), dtype)
+    out = ops.decode_attention(q, kc, vc, None, len_t, indir_t, None, scale)
+    ref64, ref_lp = decode_refs(q, kc, vc, lengths, per_pos, scale, None)
+    check_attention(out, ref64, ref_lp, dtype, "decode_attention cache_indir")
+
+
+# ---- prefill then one decode step, as a decoder layer runs them ---------------------------------
+ARCHS = {  # heads, head_dim, rotary_dim, rotary_style, bias, alibi
+    "gptj": (4, 256, 64, "interleaved", False, False),
+    "neox": (8, 80, 20, "half", True, False),
+    "neox128": (6, 128, 128, "half", True, False),
+    "bloom": (20, 64, 0, "none", True, True),
+    "gpt2": (12, 64, 0, "none", True, False),
+}
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_prefill_then_decode(dtype, arch, seed) -> None:
+    heads, hd, rd, style, with_bias, alibi = ARCHS[arch]
+    lens, seq_slot, slots, max_seq = [1, 7, 97, 300], [4, 1, 5, 0], 6, 512
+    cu = [0]
+    for n in lens:
+        cu.append(cu[-1] + n)
+    T = cu[-1]
+    kc, vc = nan_cache(slots, heads, max_seq, hd, dtype)
+    qkv = rand(T, 3, heads, hd, dtype=dtype)
+    bias = rand(3, heads, hd, dtype=dtype, scale=0.5) if with_bias else None
+    token_slot = torch.tensor([s for s, n in zip(seq_slot, lens, strict=True)
+                               for _ in range(n)],
+                              dtype=torch.int32, device=DEV)
+    token_pos = torch.cat([torch.arange(n) for n in lens]).int().to(DEV)
+    slopes = slopes_for(heads) if alibi else None
+    scale = 1.0 / math.sqrt(hd)
+    slot_t = torch.tensor(seq_slot, dtype=torch.int32, device=DEV)
+
+    cu_t = torch.tensor(cu, dtype=torch.int32, device=DEV)
+    q = ops.qkv_rotary_cache(qkv, bias, kc, vc, token_slot, token_pos, rd, style, 10000.0)
+    poison((T, heads, hd), dtype)
+    out = ops.context_attention(q, kc, vc, cu_t, slot_t, slopes, scale, max(lens))
+
+    # decode step: one new token per sequence at position len
+    qkv2 = rand(len(lens), 3, heads, hd, dtype=dtype)
+    pos2 = torch.tensor(lens, dtype=torch.int32, device=DEV)
+    len2 = pos2 + 1
+    q2 = ops.qkv_rotary_cache(qkv2, bias, kc, vc, slot_t, pos2, rd, style, 10000.0)
+    poison((len(lens), heads, hd), dtype)
+    out2 = ops.decode_attention(q2, kc, vc, slot_t, len2, None, slopes, scale)
+
+    def prepared(x, pos):  # x [N, 3, H, D] in the compute dtype (bias added in it)
+        if bias is not None:
+            x = x + bias.to(x.dtype)
+        return (rotary_ref(x[:, 0], pos, rd, style), rotary_ref(x[:, 1], pos, rd, style), x[:, 2])
+
+    refs = {}
+    for name, cdt in (("64", torch.float64), ("lp", dtype)):
+        qr, kr, vr = prepared(qkv.to(cdt), token_pos.long())
+        q2r, k2r, v2r = prepared(qkv2.to(cdt), pos2.long())
+        ctx, dec = [], []
+        for b in range(len(lens)):
+            sl = slice(cu[b], cu[b + 1])
+            ctx.append(attention_ref(qr[sl], kr[sl], vr[sl], scale, slopes))
+            kb = torch.cat([kr[sl], k2r[b:b + 1]])
+            vb = torch.cat([vr[sl], v2r[b:b + 1]])
+            dec.append(attention_ref(q2r[b:b + 1], kb, vb, scale, slopes))
+        refs[name] = (torch.cat(ctx), torch.cat(dec))
+    check_attention(out, refs["64"][0], refs["lp"][0], dtype, f"{arch} prefill")
+    check_attention(out2, refs["64"][1], refs["lp"][1], dtype, f"{arch} decode")
+
+
+def test_opcheck(seed) -> None:
+    import warpformer._ops_attention  # noqa: F401  (fake implementations)
+
+    dtype, heads, hd, slots, max_seq = torch.float16, 4, 64, 3, 32
+    kc = torch.zeros(slots, heads, max_seq, hd, device=DEV, dtype=dtype)
+    vc = torch.zeros_like(kc)
+    qkv = rand(5, 3, heads, hd, dtype=dtype)
+    i32 = dict(dtype=torch.int32, device=DEV)
+    utils = ("test_schema", "test_faketensor")
+    torch.library.opcheck(ops.qkv_rotary_cache.default,
+                          (qkv, None, kc, vc, torch.tensor([0, 0, 0, 2, 2], **i32),
+                           torch.tensor([0, 1, 2, 0, 1], **i32), 32, "half", 10000.0),
+                          test_utils=utils)
+    q = rand(5, heads, hd, dtype=dtype)
+    torch.library.opcheck(ops.context_attention.default,
+                          (q, kc, vc, torch.tensor([0, 3, 5], **i32), torch.tensor([0, 2], **i32),
+                           None, 0.125, 3), test_utils=utils)
+    torch.library.opcheck(ops.decode_attention.default,
+                          (q[:2], kc, vc, torch.tensor([0, 2], **i32), torch.tensor([3, 2], **i32),
+                           None, None, 0.125), test_utils=utils)

@@ -1,0 +1,158 @@
+"""CPU-side checks of the attention ops: registration, mutation annotations, fake shapes, the
+argument validation messages (dtype/shape are checked before the device, so CPU tensors reach
+them), and the ALiBi slopes against HF BLOOM's build_alibi_tensor."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import warpformer  # noqa: F401
+
+if not hasattr(torch.ops.warpformer, "decode_attention"):
+    pytest.skip("warpformer._C was built without the attention ops "
+                "(csrc/torch/ops_attention.cpp)", allow_module_level=True)
+
+import warpformer._ops_attention  # noqa: E402,F401  (fake implementations)
+
+ops = torch.ops.warpformer
+I32 = torch.int32
+
+
+def cache(slots=3, heads=4, max_seq=16, hd=64, dtype=torch.float16) -> torch.Tensor:
+    return torch.zeros(slots, heads, max_seq, hd, dtype=dtype)
+
+
+@pytest.mark.parametrize("name", ["qkv_rotary_cache", "context_attention", "decode_attention",
+                                  "alibi_slopes"])
+def test_registered(name: str) -> None:
+    assert getattr(ops, name).default._schema.name == f"warpformer::{name}"
+
+
+def test_mutation_annotations() -> None:
+    schema = ops.qkv_rotary_cache.default._schema
+    writes = {a.name for a in schema.arguments
+              if a.alias_info is not None and a.alias_info.is_write}
+    assert writes == {"k_cache", "v_cache"}
+    for name in ("context_attention", "decode_attention"):
+        assert not [a for a in getattr(ops, name).default._schema.arguments if a.alias_info]
+
+
+def test_fake_shapes() -> None:
+    def meta(*shape, dtype=torch.float16):
+        return torch.empty(*shape, dtype=dtype, device="meta")
+
+    kc = meta(3, 4, 16, 80)
+    q = ops.qkv_rotary_cache(meta(5, 3, 4, 80), None, kc, meta(3, 4, 16, 80), meta(5, dtype=I32),
+                             meta(5, dtype=I32), 20, "half", 10000.0)
+    assert q.shape == (5, 4, 80) and q.dtype == torch.float16
+    out = ops.context_attention(meta(5, 4, 80), kc, kc, meta(3, dtype=I32), meta(2, dtype=I32),
+                                None, 0.1, 4)
+    assert out.shape == (5, 4, 80)
+    out = ops.decode_attention(meta(2, 4, 80, dtype=torch.bfloat16), kc, kc, None,
+                               meta(2, dtype=I32), None, None, 0.1)
+    assert out.shape == (2, 4, 80) and out.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("heads", range(1, 25))
+def test_alibi_slopes_match_hf(heads: int) -> None:
+    bloom = pytest.importorskip("transformers.models.bloom.modeling_bloom")
+    mask = torch.ones(1, 2, dtype=torch.long)
+    # alibi[h, 0, k] = slope[h] * k for an all-ones mask; k = 1 gives the slopes.
+    hf = bloom.build_alibi_tensor(mask, heads, torch.float32)[:, 0, 1]
+    ours = ops.alibi_slopes(heads)
+    assert ours.dtype == torch.float32 and ours.shape == (heads,)
+    torch.testing.assert_close(ours, hf, rtol=2.5e-7, atol=0.0)
+
+
+def test_alibi_slopes_rejects_zero_heads() -> None:
+    with pytest.raises(RuntimeError, match="num_heads must be in"):
+        ops.alibi_slopes(0)
+
+
+# ---- argument validation (each message names the op, the argument and the rule) ----------------
+def qkv_args(**over):
+    args = dict(qkv=torch.zeros(5, 3, 4, 64, dtype=torch.float16), bias=None, k_cache=cache(),
+                v_cache=cache(), token_slot=torch.zeros(5, dtype=I32),
+                token_pos=torch.arange(5, dtype=I32), rotary_dim=32, rotary_style="half",
+                rotary_base=10000.0)
+    args.update(over)
+    return list(args.values())
+
+
+@pytest.mark.parametrize("over,msg", [
+    (dict(qkv=torch.zeros(5, 3, 4, 72, dtype=torch.float16)),
+     r"head_dim must be one of 64, 80, 96, 128, 256, got 72"),
+    (dict(qkv=torch.zeros(5, 3, 4, 64, dtype=torch.float64)), r"qkv must be float32, float16"),
+    (dict(qkv=torch.zeros(5, 2, 4, 64, dtype=torch.float16)), r"qkv.shape\[1\] must be 3"),
+    (dict(bias=torch.zeros(3, 4, 32, dtype=torch.float16)), r"bias must have shape \[3, 4, 64\]"),
+    (dict(bias=torch.zeros(3, 4, 64)), r"bias must have dtype Half"),
+    (dict(k_cache=cache(dtype=torch.float32)), r"k_cache must have dtype Half"),
+    (dict(v_cache=cache(max_seq=8)), r"v_cache must have k_cache's shape"),
+    (dict(k_cache=cache(heads=2), v_cache=cache(heads=2)), r"k_cache.shape\[1\] must be 4"),
+    (dict(token_slot=torch.zeros(5)), r"token_slot must have dtype Int"),
+    (dict(token_pos=torch.zeros(4, dtype=I32)), r"token_pos.shape\[0\] must be 5"),
+    (dict(rotary_style="neox"), r"rotary_style must be one of 'none', 'interleaved'"),
+    (dict(rotary_dim=31), r"rotary_dim must be even and in \[0, head_dim = 64\]"),
+    (dict(rotary_dim=66), r"rotary_dim must be even"),
+    (dict(rotary_style="none"), r"rotary_dim must be 0 when rotary_style is 'none'"),
+    (dict(rotary_base=0.0), r"rotary_base must be > 0"),
+    (dict(), r"qkv must be a CUDA tensor"),
+])
+def test_qkv_rotary_cache_validation(over, msg) -> None:
+    with pytest.raises(RuntimeError, match=r"warpformer.qkv_rotary_cache: .*" + msg):
+        ops.qkv_rotary_cache(*qkv_args(**over))
+
+
+def test_noncontiguous_cache_rejected() -> None:
+    kc = cache(hd=128)[..., ::2]
+    with pytest.raises(RuntimeError, match="k_cache must be contiguous"):
+        ops.qkv_rotary_cache(*qkv_args(k_cache=kc, v_cache=kc))
+
+
+def ctx_args(**over):
+    args = dict(q=torch.zeros(5, 4, 64, dtype=torch.float16), k_cache=cache(), v_cache=cache(),
+                cu_seqlens=torch.tensor([0, 2, 5], dtype=I32),
+                seq_slot=torch.tensor([1, 0], dtype=I32), alibi_slopes=None, scale=0.125,
+                max_seqlen=3)
+    args.update(over)
+    return list(args.values())
+
+
+@pytest.mark.parametrize("over,msg", [
+    (dict(q=torch.zeros(5, 4, 100, dtype=torch.float16)), r"head_dim must be one of 64, 80, 96"),
+    (dict(q=torch.zeros(5, 64, dtype=torch.float16)), r"q must be 3-dimensional"),
+    (dict(v_cache=cache(dtype=torch.bfloat16)), r"v_cache must have dtype Half"),
+    (dict(cu_seqlens=torch.tensor([0, 2, 5])), r"cu_seqlens must have dtype Int"),
+    (dict(seq_slot=torch.tensor([1, 0, 2], dtype=I32)), r"seq_slot.shape\[0\] must be 2"),
+    (dict(alibi_slopes=torch.zeros(4, dtype=torch.float16)), r"alibi_slopes must have dtype Float"),
+    (dict(alibi_slopes=torch.zeros(3)), r"alibi_slopes.shape\[0\] must be 4"),
+    (dict(max_seqlen=-1), r"max_seqlen must be in"),
+    (dict(), r"q must be a CUDA tensor"),
+])
+def test_context_attention_validation(over, msg) -> None:
+    with pytest.raises(RuntimeError, match=r"warpformer.context_attention: " + msg):
+        ops.context_attention(*ctx_args(**over))
+
+
+def dec_args(**over):
+    args = dict(q=torch.zeros(2, 4, 64, dtype=torch.float16), k_cache=cache(), v_cache=cache(),
+                row_slot=torch.tensor([2, 0], dtype=I32), lengths=torch.tensor([3, 16], dtype=I32),
+                cache_indir=None, alibi_slopes=None, scale=0.125)
+    args.update(over)
+    return list(args.values())
+
+
+@pytest.mark.parametrize("over,msg", [
+    (dict(q=torch.zeros(2, 4, 48, dtype=torch.float16)), r"head_dim must be one of 64, 80, 96"),
+    (dict(k_cache=cache(hd=128), v_cache=cache(hd=128)), r"k_cache.shape\[3\] must be 64"),
+    (dict(row_slot=torch.tensor([0], dtype=I32)), r"row_slot.shape\[0\] must be 2"),
+    (dict(lengths=torch.tensor([3.0, 4.0])), r"lengths must have dtype Int"),
+    (dict(cache_indir=torch.zeros(2, 15, dtype=I32)),
+     r"cache_indir must have shape \[rows, max_seq\]"),
+    (dict(cache_indir=torch.zeros(2, 16)), r"cache_indir must have dtype Int"),
+    (dict(), r"q must be a CUDA tensor"),
+])
+def test_decode_attention_validation(over, msg) -> None:
+    with pytest.raises(RuntimeError, match=r"warpformer.decode_attention: " + msg):
+        ops.decode_attention(*dec_args(**over))
