@@ -6,6 +6,7 @@ Knobs (environment variables):
   MAX_JOBS               parallel compile jobs (default: number of CPUs).
   WARPFORMER_DEBUG=1     debug build (-O0 -g, device -lineinfo), also asserts kept.
   WARPFORMER_BUILD_DIR   where CMake builds (default: build/<python tag>).
+  WARPFORMER_CMAKE_ARGS  extra CMake arguments (space separated), e.g. -DCMAKE_CXX_FLAGS=-g.
 
 PyTorch is taken from the running interpreter, so build with `pip install --no-build-isolation`
 to compile against the torch you will run with (the C++ ABI must match exactly).
@@ -64,6 +65,23 @@ def _torch_cxx_standard() -> str:
     return "20" if "-std=c++20" in text else "17"
 
 
+def _loaded_libstdcxx() -> str:
+    """Path of the libstdc++.so.6 this process (with torch imported) runs on, or ''.
+
+    The extension links it explicitly: some toolchains (seen: a /opt/gcc g++ on the GPU machine)
+    link libstdc++ statically by default, and a second, uninitialised copy of the iostream/locale
+    machinery inside _C crashed the first time an error message formatted a number."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.split()[-1]
+                if "libstdc++.so" in path and os.path.isfile(path):
+                    return path
+    except OSError:
+        pass
+    return ""
+
+
 class CMakeExtension(Extension):
     def __init__(self, name: str) -> None:
         super().__init__(name, sources=[])
@@ -98,7 +116,10 @@ class CMakeBuild(build_ext):
             f"-DWARPFORMER_NVIDIA_INCLUDE_DIRS={';'.join(nv_incs)}",
             f"-DWARPFORMER_NVIDIA_LIB_DIRS={';'.join(nv_libs)}",
             f"-DWARPFORMER_OUTPUT_DIR={out_path.parent}",
+            f"-DWARPFORMER_LIBSTDCXX={_loaded_libstdcxx()}",
         ]
+        if os.environ.get("WARPFORMER_CMAKE_ARGS"):
+            args += os.environ["WARPFORMER_CMAKE_ARGS"].split()
         if shutil.which("ninja"):
             args.append("-GNinja")
         print(f"[warpformer] CUDA archs {archs}, {jobs} jobs, {'debug' if debug else 'release'}")

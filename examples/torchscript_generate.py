@@ -65,7 +65,8 @@ def tiny_checkpoint(root: Path) -> str:
     from warpformer.converters import convert
 
     torch.manual_seed(0)
-    cfg = transformers.GPT2Config(vocab_size=100, n_embd=128, n_head=2, n_layer=2, n_positions=64)
+    cfg = transformers.GPT2Config(vocab_size=100, n_embd=128, n_head=2, n_layer=2, n_positions=64,
+                                  bos_token_id=1, eos_token_id=2)
     transformers.GPT2LMHeadModel(cfg).save_pretrained(root / "hf")
     convert(root / "hf", root / "wf", tensor_para_size=1, data_type="fp16")
     return str(root / "wf" / "1-gpu")

@@ -10,61 +10,40 @@ namespace warpformer {
 namespace kernels {
 namespace {
 
-constexpr int kTokensPerThread = 4;  // loads of several tokens in flight per thread
-
-template <typename T, int VEC>
-__device__ __forceinline__ void record_error(const EmbeddingParams<T>& p, int64_t t, bool id_ok,
-                                             bool pos_ok) {
-  if (p.errors == nullptr) return;
-  const int32_t ti = t < INT_MAX ? static_cast<int32_t>(t) : INT_MAX - 1;
-  if (!id_ok) atomicMin(&p.errors->bad_token, ti);
-  if (!pos_ok) atomicMin(&p.errors->bad_position, ti);
-}
-
 template <typename T, int VEC>
 __global__ void embedding_kernel(const EmbeddingParams<T> p) {
   const int col = (blockIdx.x * blockDim.x + threadIdx.x) * VEC;
   if (col >= p.hidden) return;
-  const int64_t step = static_cast<int64_t>(gridDim.y) * kTokensPerThread;
-  for (int64_t t0 = static_cast<int64_t>(blockIdx.y) * kTokensPerThread; t0 < p.tokens;
-       t0 += step) {
-    float x[kTokensPerThread][VEC];
-    float w[kTokensPerThread][VEC];
-    bool ok[kTokensPerThread];
+  for (int64_t t = blockIdx.y; t < p.tokens; t += gridDim.y) {
+    const int32_t id = p.ids[t];
+    const bool id_ok = id >= 0 && id < p.vocab;
+    int32_t pos = 0;
+    bool pos_ok = true;
+    if (p.wpe != nullptr) {
+      pos = p.positions != nullptr ? p.positions[t] : static_cast<int32_t>(t % p.seq_len);
+      pos_ok = pos >= 0 && pos < p.max_positions;
+    }
+    float x[VEC];
+    if (id_ok && pos_ok) {
+      load_vec<T, VEC>(p.wte + static_cast<int64_t>(id) * p.hidden + col, x);
 #pragma unroll
-    for (int k = 0; k < kTokensPerThread; ++k) {
-      const int64_t t = t0 + k;
-      ok[k] = false;
-      if (t >= p.tokens) continue;
-      const int32_t id = p.ids[t];
-      const bool id_ok = id >= 0 && id < p.vocab;
-      int32_t pos = 0;
-      bool pos_ok = true;
+      for (int j = 0; j < VEC; ++j) x[j] *= p.scale;
       if (p.wpe != nullptr) {
-        pos = p.positions != nullptr ? p.positions[t] : static_cast<int32_t>(t % p.seq_len);
-        pos_ok = pos >= 0 && pos < p.max_positions;
+        float w[VEC];
+        load_vec<T, VEC>(p.wpe + static_cast<int64_t>(pos) * p.hidden + col, w);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) x[j] += w[j];
       }
-      ok[k] = id_ok && pos_ok;
-      if (ok[k]) {
-        load_vec<T, VEC>(p.wte + static_cast<int64_t>(id) * p.hidden + col, x[k]);
-        if (p.wpe != nullptr) {
-          load_vec<T, VEC>(p.wpe + static_cast<int64_t>(pos) * p.hidden + col, w[k]);
-        }
-      } else if (col == 0) {
-        record_error<T, VEC>(p, t, id_ok, pos_ok);
+    } else {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) x[j] = 0.f;
+      if (p.errors != nullptr && col == 0) {
+        const int32_t ti = t < INT_MAX ? static_cast<int32_t>(t) : INT_MAX - 1;
+        if (!id_ok) atomicMin(&p.errors->bad_token, ti);
+        if (!pos_ok) atomicMin(&p.errors->bad_position, ti);
       }
     }
-#pragma unroll
-    for (int k = 0; k < kTokensPerThread; ++k) {
-      const int64_t t = t0 + k;
-      if (t >= p.tokens) continue;
-      float y[VEC];
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        y[j] = ok[k] ? x[k][j] * p.scale + (p.wpe != nullptr ? w[k][j] : 0.f) : 0.f;
-      }
-      store_vec<T, VEC>(p.out + t * p.hidden + col, y);
-    }
+    store_vec<T, VEC>(p.out + t * p.hidden + col, x);
   }
 }
 
@@ -72,8 +51,8 @@ template <typename T, int VEC>
 cudaError_t launch_vec(const EmbeddingParams<T>& p, cudaStream_t stream) {
   const int nvec = p.hidden / VEC;
   const int threads = nvec >= 256 ? 256 : ceil_div(nvec, 32) * 32;
-  const int64_t groups = (p.tokens + kTokensPerThread - 1) / kTokensPerThread;
-  const dim3 grid(ceil_div(nvec, threads), static_cast<unsigned>(groups < 65535 ? groups : 65535));
+  const dim3 grid(ceil_div(nvec, threads),
+                  static_cast<unsigned>(p.tokens < 65535 ? p.tokens : 65535));
   embedding_kernel<T, VEC><<<grid, threads, 0, stream>>>(p);
   return cudaGetLastError();
 }

@@ -32,6 +32,16 @@ __device__ __forceinline__ void load_x(const NormParams<T>& p, int64_t row_off, 
   }
 }
 
+// x[row, 0] = input (+ input_bias) (+ residual) of the row's first element, read by every thread
+// before any thread writes residual_out (which may alias the inputs).
+template <typename T>
+__device__ __forceinline__ float first_x(const NormParams<T>& p, int64_t row_off) {
+  float x = to_float(p.input[row_off]);
+  if (p.input_bias != nullptr) x += to_float(p.input_bias[0]);
+  if (p.residual != nullptr) x += to_float(p.residual[row_off]);
+  return x;
+}
+
 template <typename T, int VEC>
 __device__ __forceinline__ void store_normed(const NormParams<T>& p, int64_t row_off, int col,
                                              const float (&x)[VEC], float mean, float rstd) {
@@ -66,6 +76,11 @@ __global__ void __launch_bounds__(kMaxThreads) norm_kernel(const NormParams<T> p
     return;
   }
 
+  // LayerNorm sums x - shift, with shift = x[0] of the row, so that a large common offset (a
+  // residual stream's mean far from 0) does not eat the fp32 sum's precision.
+  // Every thread must use the same shift: read it before anyone writes residual_out.
+  const float shift = layer_norm ? first_x(p, row_off) : 0.f;
+  if (layer_norm && p.residual_out != nullptr) __syncthreads();
   if constexpr (ITEMS > 0) {
     float x[ITEMS][VEC];
     float sum = 0.f;
@@ -76,10 +91,10 @@ __global__ void __launch_bounds__(kMaxThreads) norm_kernel(const NormParams<T> p
         load_x<T, VEC>(p, row_off, v * VEC, x[i]);
         if (p.residual_out != nullptr) store_vec<T, VEC>(p.residual_out + row_off + v * VEC, x[i]);
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) sum += x[i][j];
+        for (int j = 0; j < VEC; ++j) sum += x[i][j] - shift;
       }
     }
-    const float mean = layer_norm ? block_sum(sum, scratch) * inv_n : 0.f;
+    const float mean = layer_norm ? shift + block_sum(sum, scratch) * inv_n : 0.f;
     float sq = 0.f;
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
@@ -112,10 +127,10 @@ __global__ void __launch_bounds__(kMaxThreads) norm_kernel(const NormParams<T> p
       load_x<T, VEC>(p, row_off, v * VEC, x);
       if (p.residual_out != nullptr) store_vec<T, VEC>(p.residual_out + row_off + v * VEC, x);
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) sum += x[j];
+      for (int j = 0; j < VEC; ++j) sum += x[j] - shift;
     }
     // Each element is re-read by the thread that wrote it, so no barrier is needed for that.
-    const float mean = layer_norm ? block_sum(sum, scratch) * inv_n : 0.f;
+    const float mean = layer_norm ? shift + block_sum(sum, scratch) * inv_n : 0.f;
     float sq = 0.f;
     for (int v = threadIdx.x; v < nvec; v += blockDim.x) {
       float x[VEC];

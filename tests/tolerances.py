@@ -19,7 +19,8 @@ TOLERANCES: dict[torch.dtype, dict[str, float]] = {
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 
-def assert_close(actual: torch.Tensor, expected_fp32: torch.Tensor, dtype: torch.dtype) -> None:
-    """Compare a kernel's output (any dtype) with an fp32 reference using the dtype's tolerance."""
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
+    """Compare a kernel's output (any dtype) with a reference computed in float64 (or fp32) using
+    the tolerance of the kernel's dtype."""
     tol = TOLERANCES[dtype]
-    torch.testing.assert_close(actual.float(), expected_fp32.float(), **tol)
+    torch.testing.assert_close(actual.double(), expected.double(), **tol)

@@ -32,13 +32,22 @@ fi
 
 if [ $status -eq 0 ]; then
   step "tests"
-  t0=$(date +%s)
-  $PY -m pytest ${GPU_CHECK_PYTEST_ARGS:-tests} -q -p no:cacheprovider -rfE \
-      --junitxml="$OUT/pytest.xml" 2>&1 | tee "$OUT/pytest.log" | tail -40
-  rc=${PIPESTATUS[0]}
-  line=$(grep -E "passed|failed|error" "$OUT/pytest.log" | tail -1)
-  summary+=("pytest|$([ $rc -eq 0 ] && echo ok || echo FAILED)|${line} ($(( $(date +%s) - t0 )) s)")
-  [ $rc -ne 0 ] && status=1
+  # One pytest process per group, so that a crash in one group does not hide the others' results.
+  if [ -n "${GPU_CHECK_PYTEST_ARGS:-}" ]; then groups=("${GPU_CHECK_PYTEST_ARGS}")
+  else groups=("tests --ignore=tests/gpu" $(ls tests/gpu/test_*.py)); fi
+  : >"$OUT/pytest.log"
+  for g in "${groups[@]}"; do
+    t0=$(date +%s)
+    echo "--- pytest $g" | tee -a "$OUT/pytest.log"
+    $PY -m pytest $g -q -p no:cacheprovider -rfE ${GPU_CHECK_PYTEST_EXTRA:-} >"$OUT/pytest.part" 2>&1
+    rc=$?
+    cat "$OUT/pytest.part" >>"$OUT/pytest.log"
+    grep -E "^(FAILED|ERROR)|Fatal Python error|^tests/.*Error" "$OUT/pytest.part" | head -20
+    line=$(grep -E "passed|failed|error" "$OUT/pytest.part" | tail -1)
+    [ -z "$line" ] && line="$(grep -m1 -E 'Fatal Python error' "$OUT/pytest.part") (crashed)"
+    summary+=("pytest ${g##*/}|$([ $rc -eq 0 ] && echo ok || echo FAILED)|${line} ($(( $(date +%s) - t0 )) s)")
+    [ $rc -ne 0 ] && status=1
+  done
 
   if [ -z "${GPU_CHECK_SKIP_SANITIZER:-}" ] && command -v compute-sanitizer >/dev/null; then
     step "compute-sanitizer memcheck"

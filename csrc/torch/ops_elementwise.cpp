@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include <sstream>
+
 #include "csrc/core/activation.h"
 #include "csrc/core/check.h"
 #include "csrc/torch/ops.h"
@@ -215,20 +217,25 @@ at::Tensor embedding(const at::Tensor& input_ids, const at::Tensor& wte, const O
   });
   // One small device-to-host copy: the kernel has already zeroed bad rows instead of reading out
   // of bounds; this turns the recorded index into an error naming the offending token.
-  const at::Tensor err = errors.cpu();
-  const int32_t bad_tok = err[0].item<int32_t>();
-  const int32_t bad_pos = err[1].item<int32_t>();
+  const at::Tensor err = errors.to(at::kCPU);
+  const int32_t bad_tok = err.data_ptr<int32_t>()[0];
+  const int32_t bad_pos = err.data_ptr<int32_t>()[1];
   if (bad_tok != kernels::EmbeddingErrors::kNoError) {
-    const at::Tensor flat = ids.view({-1});
-    TORCH_CHECK(false, op, ": input_ids contains ", flat[bad_tok].item<int32_t>(),
-                " at flat index ", bad_tok, ", outside the vocabulary [0, ", table.size(0), ")");
+    const at::Tensor host_ids = ids.reshape({-1}).to(at::kCPU);
+    const int64_t value = host_ids.data_ptr<int32_t>()[bad_tok];
+    std::ostringstream msg;
+    msg << op << ": input_ids contains " << value << " at flat index " << bad_tok
+        << ", outside the vocabulary [0, " << table.size(0) << ")";
+    TORCH_CHECK(false, msg.str());
   }
   if (bad_pos != kernels::EmbeddingErrors::kNoError) {
-    const int64_t p = pos.has_value() ? pos->view({-1})[bad_pos].item<int32_t>()
-                                      : bad_pos % ids.size(-1);
-    TORCH_CHECK(false, op, ": position ", p, " of token at flat index ", bad_pos,
-                " is outside the position table [0, ", pos_table->size(0), ")",
-                pos.has_value() ? " (from position_ids)" : " (sequence longer than wpe)");
+    int64_t value = bad_pos % ids.size(-1);
+    if (pos.has_value()) value = pos->reshape({-1}).to(at::kCPU).data_ptr<int32_t>()[bad_pos];
+    std::ostringstream msg;
+    msg << op << ": position " << value << " of token at flat index " << bad_pos
+        << " is outside the position table [0, " << pos_table->size(0) << ")"
+        << (pos.has_value() ? " (from position_ids)" : " (sequence longer than wpe)");
+    TORCH_CHECK(false, msg.str());
   }
   return out;
 }

@@ -31,12 +31,15 @@ def poison(like: torch.Tensor) -> None:
 
 
 def ref_layer_norm(x, w, b, eps):
-    return F.layer_norm(x.float(), (x.shape[-1],), w.float(), None if b is None else b.float(), eps)
+    """float64 reference."""
+    return F.layer_norm(x.double(), (x.shape[-1],), w.double(),
+                        None if b is None else b.double(), eps)
 
 
 def ref_rms_norm(x, w, eps):
-    xf = x.float()
-    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()
+    """float64 reference."""
+    xd = x.double()
+    return xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + eps) * w.double()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -68,7 +71,7 @@ def test_add_norm_updates_residual(dtype, hidden, rms, with_bias, seed):
     x, res = rand(7, hidden, dtype=dtype), rand(7, hidden, dtype=dtype)
     ib = rand(hidden, dtype=dtype) if with_bias else None
     w, b = rand(hidden, dtype=dtype), rand(hidden, dtype=dtype)
-    summed = x.float() + res.float() + (ib.float() if with_bias else 0.0)
+    summed = x.double() + res.double() + (ib.double() if with_bias else 0.0)
     residual = res.clone()
     if rms:
         out = ops.add_rms_norm(x, residual, ib, w, 1e-6)
@@ -107,10 +110,10 @@ ACTS = {
 @pytest.mark.parametrize("cols", [1, 769, 4096, 12288])
 def test_bias_act(dtype, act, cols, seed):
     x, b = rand(3, 5, cols, dtype=dtype, scale=3.0), rand(cols, dtype=dtype)
-    expected = ACTS[act](x.float() + b.float())
+    expected = ACTS[act](x.double() + b.double())
     poison(x)
     assert_close(ops.bias_act(x, b, act), expected, dtype)
-    assert_close(ops.bias_act(x, None, act), ACTS[act](x.float()), dtype)
+    assert_close(ops.bias_act(x, None, act), ACTS[act](x.double()), dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -118,7 +121,7 @@ def test_bias_act(dtype, act, cols, seed):
 @pytest.mark.parametrize("cols", [1, 769, 5120])
 def test_gated_act(dtype, act, cols, seed):
     x, b = rand(257, 2 * cols, dtype=dtype, scale=2.0), rand(2 * cols, dtype=dtype)
-    xf = x.float() + b.float()
+    xf = x.double() + b.double()
     expected = ACTS[act](xf[:, :cols]) * xf[:, cols:]
     poison(expected.to(dtype))
     assert_close(ops.gated_act(x, b, act), expected, dtype)
@@ -127,7 +130,7 @@ def test_gated_act(dtype, act, cols, seed):
 def test_act_many_rows(seed):
     """More row groups than the grid's y limit (65535) exercise the row-striding loop."""
     x = rand(300000, 8, dtype=torch.float16)
-    assert_close(ops.bias_act(x, None, "relu"), F.relu(x.float()), torch.float16)
+    assert_close(ops.bias_act(x, None, "relu"), F.relu(x.double()), torch.float16)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -137,13 +140,13 @@ def test_embedding(dtype, hidden, seed):
     wte, wpe = rand(vocab, hidden, dtype=dtype), rand(max_pos, hidden, dtype=dtype)
     ids = torch.randint(0, vocab, (3, 17), device="cuda", dtype=torch.int32)
     pos = torch.arange(17, device="cuda", dtype=torch.int32).expand(3, 17)
-    expected = wte.float()[ids.long()] + wpe.float()[pos.long()]
+    expected = wte.double()[ids.long()] + wpe.double()[pos.long()]
     poison(expected.to(dtype))
     assert_close(ops.embedding(ids, wte, wpe), expected, dtype)
     custom = torch.randint(0, max_pos, (3, 17), device="cuda", dtype=torch.int32)
-    expected2 = wte.float()[ids.long()] * 2.0 + wpe.float()[custom.long()]
+    expected2 = wte.double()[ids.long()] * 2.0 + wpe.double()[custom.long()]
     assert_close(ops.embedding(ids, wte, wpe, custom, 2.0), expected2, dtype)
-    assert_close(ops.embedding(ids.view(-1), wte), wte.float()[ids.view(-1).long()], dtype)
+    assert_close(ops.embedding(ids.view(-1), wte), wte.double()[ids.view(-1).long()], dtype)
 
 
 def test_embedding_bad_ids_raise_and_do_not_read_out_of_bounds():
