@@ -4,6 +4,10 @@
 
 #include "csrc/core/check.h"
 
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
 namespace warpformer {
 namespace {
 
@@ -28,27 +32,21 @@ cublasLtEpilogue_t lt_epilogue(GemmEpilogue e) {
 
 }  // namespace
 
-Gemm::~Gemm() {
-  for (auto& kv : plans_) {
-    Plan& p = *kv.second;
-    if (p.a) cublasLtMatrixLayoutDestroy(p.a);
-    if (p.b) cublasLtMatrixLayoutDestroy(p.b);
-    if (p.c) cublasLtMatrixLayoutDestroy(p.c);
-    if (p.desc) cublasLtMatmulDescDestroy(p.desc);
-  }
+Gemm::Plan::~Plan() {
+  if (a) cublasLtMatrixLayoutDestroy(a);
+  if (b) cublasLtMatrixLayoutDestroy(b);
+  if (c) cublasLtMatrixLayoutDestroy(c);
+  if (desc) cublasLtMatmulDescDestroy(desc);
 }
+
+Gemm::~Gemm() = default;
 
 size_t Gemm::cached_plans() const {
   std::lock_guard<std::mutex> lock(mu_);
   return plans_.size();
 }
 
-Gemm::Plan& Gemm::plan_for(const GemmKey& key) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = plans_.find(key);
-  if (it != plans_.end()) return *it->second;
-
-  auto plan = std::make_unique<Plan>();
+void Gemm::create_descriptors(const GemmKey& key, Plan* plan) const {
   const cudaDataType_t t = cuda_type(key.dtype);
   // fp32 inputs use true fp32 arithmetic (no TF32) so fp32 runs can be compared tightly with HF.
   WF_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -70,24 +68,136 @@ Gemm::Plan& Gemm::plan_for(const GemmKey& key) {
   }
   WF_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->b, t, key.k, key.m, key.k));
   WF_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->c, t, key.n, key.m, key.n));
+}
 
+std::vector<cublasLtMatmulHeuristicResult_t> Gemm::heuristics(const Plan& plan, int count) const {
   cublasLtMatmulPreference_t pref = nullptr;
   WF_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   const size_t ws = ctx_->workspace_size();
   WF_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
       pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-  cublasLtMatmulHeuristicResult_t result{};
+  std::vector<cublasLtMatmulHeuristicResult_t> results(count);
   int found = 0;
   const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
-      ctx_->blaslt(), plan->desc, plan->a, plan->b, plan->c, plan->c, pref, 1, &result, &found);
+      ctx_->blaslt(), plan.desc, plan.a, plan.b, plan.c, plan.c, pref, count, results.data(),
+      &found);
   cublasLtMatmulPreferenceDestroy(pref);
   WF_CUBLAS_CHECK(st);
-  TORCH_CHECK(found > 0, "cuBLASLt found no algorithm for GEMM m=", key.m, " n=", key.n,
+  results.resize(found);
+  return results;
+}
+
+Gemm::Plan& Gemm::plan_for(const GemmKey& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = plans_.find(key);
+  if (it != plans_.end()) return *it->second;
+
+  auto plan = std::make_unique<Plan>();
+  create_descriptors(key, plan.get());
+  auto tuned = tuned_.find(key);
+  const int index = tuned == tuned_.end() ? 0 : tuned->second;
+  const auto results = heuristics(*plan, index + 1);
+  TORCH_CHECK(!results.empty(), "cuBLASLt found no algorithm for GEMM m=", key.m, " n=", key.n,
               " k=", key.k, " dtype=", dtype_name(key.dtype));
-  plan->algo = result.algo;
+  // A tuned index past the end of today's list (other cuBLAS version) falls back to the first.
+  plan->algo = results[index < static_cast<int>(results.size()) ? index : 0].algo;
   auto& ref = *plan;
   plans_.emplace(key, std::move(plan));
   return ref;
+}
+
+std::vector<float> Gemm::benchmark(const GemmKey& key, const void* in, const void* weight,
+                                   const void* bias, void* out, int max_algos, int reps) {
+  Plan plan;
+  create_descriptors(key, &plan);
+  if (key.epilogue != GemmEpilogue::kNone) {
+    WF_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                   &bias, sizeof(bias)));
+  }
+  const auto results = heuristics(plan, max_algos);
+  const float alpha = 1.f, beta = key.accumulate ? 1.f : 0.f;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  WF_CUDA_CHECK(cudaEventCreate(&start));
+  WF_CUDA_CHECK(cudaEventCreate(&stop));
+  std::vector<float> times;
+  for (const auto& r : results) {
+    auto launch_once = [&] {
+      return cublasLtMatmul(ctx_->blaslt(), plan.desc, &alpha, weight, plan.a, in, plan.b, &beta,
+                            out, plan.c, out, plan.c, &r.algo, ctx_->workspace(),
+                            ctx_->workspace_size(), ctx_->stream());
+    };
+    if (launch_once() != CUBLAS_STATUS_SUCCESS) {
+      times.push_back(-1.f);
+      continue;
+    }
+    for (int i = 0; i < 3; ++i) WF_CUBLAS_CHECK(launch_once());  // warm-up
+    std::vector<float> t(reps);
+    for (int i = 0; i < reps; ++i) {
+      WF_CUDA_CHECK(cudaEventRecord(start, ctx_->stream()));
+      WF_CUBLAS_CHECK(launch_once());
+      WF_CUDA_CHECK(cudaEventRecord(stop, ctx_->stream()));
+      WF_CUDA_CHECK(cudaEventSynchronize(stop));
+      WF_CUDA_CHECK(cudaEventElapsedTime(&t[i], start, stop));
+    }
+    std::nth_element(t.begin(), t.begin() + reps / 2, t.end());
+    times.push_back(t[reps / 2] * 1000.f);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return times;
+}
+
+std::string Gemm::tuning_fingerprint() const {
+  std::ostringstream os;
+  os << "gpu=" << ctx_->props().name << ";cublaslt=" << cublasLtGetVersion();
+  std::string s = os.str();
+  for (char& c : s) {
+    if (c == ' ') c = '_';
+  }
+  return s;
+}
+
+bool Gemm::load_tuning(const std::string& path, std::string* note) {
+  auto fail = [&](const std::string& why) {
+    *note = "GEMM tuning file '" + path + "' " + why + "; using cuBLASLt heuristics";
+    return false;
+  };
+  std::ifstream f(path);
+  if (!f) return fail("not found");
+  std::string line, fingerprint;
+  std::unordered_map<GemmKey, int, GemmKeyHash> table;
+  int lineno = 0;
+  while (std::getline(f, line)) {
+    ++lineno;
+    if (line.rfind("# fingerprint ", 0) == 0) fingerprint = line.substr(14);
+    if (line.empty() || line[0] == '#') continue;
+    std::istringstream is(line);
+    std::string dtype, epi;
+    GemmKey k{};
+    int transposed = 0, accumulate = 0, index = 0;
+    if (!(is >> dtype >> k.m >> k.n >> k.k >> transposed >> epi >> accumulate >> index)) {
+      return fail("line " + std::to_string(lineno) + " is malformed");
+    }
+    k.dtype = parse_dtype(dtype, "GEMM tuning file: dtype");
+    k.transposed = transposed != 0;
+    k.accumulate = accumulate != 0;
+    if (epi == "none") k.epilogue = GemmEpilogue::kNone;
+    else if (epi == "bias") k.epilogue = GemmEpilogue::kBias;
+    else if (epi == "bias_gelu_tanh") k.epilogue = GemmEpilogue::kBiasGeluTanh;
+    else if (epi == "bias_relu") k.epilogue = GemmEpilogue::kBiasRelu;
+    else return fail("line " + std::to_string(lineno) + " has unknown epilogue '" + epi + "'");
+    table[k] = index;
+  }
+  if (fingerprint != tuning_fingerprint()) {
+    return fail("was made for " +
+                (fingerprint.empty() ? std::string("an unknown GPU") : fingerprint) +
+                ", this is " + tuning_fingerprint());
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  tuned_ = std::move(table);
+  plans_.clear();  // re-plan with the tuned choices (plans are rebuilt on next use)
+  *note = "GEMM tuning file '" + path + "': " + std::to_string(tuned_.size()) + " shapes";
+  return true;
 }
 
 void Gemm::run(DType dtype, const void* in, const void* weight, const void* bias, void* out,

@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <vector>
 #include <unordered_map>
 
 #include "csrc/core/cuda_context.h"
@@ -65,19 +67,41 @@ class Gemm {
   // Number of distinct shapes planned so far (for tests and the tuner).
   size_t cached_plans() const;
 
+  // Per-shape algorithm choices from a tuning file written by `warpformer gemm-tune`: the index
+  // into cuBLASLt's heuristic list that measured fastest. Shapes not in the file use the
+  // heuristic's first choice. Returns false when the file was not used; `note` (one line) says
+  // how many shapes were loaded or why the file was ignored.
+  bool load_tuning(const std::string& path, std::string* note);
+  size_t tuned_shapes() const { return tuned_.size(); }
+
+  // Times the first `max_algos` heuristic candidates for one shape on the given buffers (median
+  // of `reps` launches each, microseconds; -1 for a candidate that failed). For the tuner.
+  std::vector<float> benchmark(const GemmKey& key, const void* in, const void* weight,
+                               const void* bias, void* out, int max_algos, int reps);
+
+  // Identifies the GPU and cuBLASLt version a tuning file was made for.
+  std::string tuning_fingerprint() const;
+
  private:
   struct Plan {
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo{};
+    Plan() = default;
+    Plan(const Plan&) = delete;
+    Plan& operator=(const Plan&) = delete;
+    ~Plan();
   };
   Plan& plan_for(const GemmKey& key);
+  void create_descriptors(const GemmKey& key, Plan* plan) const;
+  std::vector<cublasLtMatmulHeuristicResult_t> heuristics(const Plan& plan, int count) const;
   void launch(const GemmKey& key, const void* in, const void* weight, const void* bias, void* out,
               float beta);
 
   const CudaContext* ctx_;
   mutable std::mutex mu_;
   std::unordered_map<GemmKey, std::unique_ptr<Plan>, GemmKeyHash> plans_;
+  std::unordered_map<GemmKey, int, GemmKeyHash> tuned_;  // heuristic index per shape
 };
 
 }  // namespace warpformer

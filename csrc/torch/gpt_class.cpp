@@ -4,6 +4,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <cstdlib>
 #include <sstream>
 #include <vector>
 
@@ -77,10 +78,11 @@ std::vector<Spec> rank_specs(const gpt::GptConfig& c) {
 GptModelHolder::GptModelHolder(const std::string& config, c10::Dict<std::string, at::Tensor> weights,
                                int64_t max_batch, int64_t max_seq_len, const std::string& dtype,
                                int64_t tensor_para_rank, int64_t pipeline_para_size,
-                               int64_t pipeline_para_rank)
+                               int64_t pipeline_para_rank, const std::string& gemm_config)
     : config_json_(config),
       given_(weights),
       dtype_arg_(dtype),
+      gemm_config_(gemm_config),
       tp_rank_(tensor_para_rank),
       pp_size_(pipeline_para_size),
       pp_rank_(pipeline_para_rank) {
@@ -175,6 +177,16 @@ GptModelHolder::GptModelHolder(const std::string& config, c10::Dict<std::string,
       torch_cuda_allocator());
   model_ = std::make_unique<gpt::GptModel>(std::move(cfg), std::move(w), dt, std::move(ctx),
                                            max_batch, max_seq_len, nullptr);
+  // GEMM algorithms: the tuning file given, else $WARPFORMER_GEMM_CONFIG, else heuristics.
+  std::string tuning = gemm_config;
+  if (tuning.empty()) {
+    const char* env = std::getenv("WARPFORMER_GEMM_CONFIG");
+    if (env != nullptr) tuning = env;
+  }
+  if (!tuning.empty()) {
+    std::string note;
+    if (!model_->gemm().load_tuning(tuning, &note)) TORCH_WARN(note);
+  }
 }
 
 std::vector<int32_t> GptModelHolder::check_inputs(const char* op, const at::Tensor& input_ids,
@@ -265,8 +277,9 @@ std::tuple<at::Tensor, at::Tensor> GptModelHolder::generate(const at::Tensor& in
 }
 
 GptModelHolder::State GptModelHolder::get_state() const {
-  return State{config_json_, given_,   model_->max_batch(), model_->max_seq_len(),
-               dtype_arg_,   tp_rank_, pp_size_,            pp_rank_};
+  return State{config_json_, given_,  model_->max_batch(), model_->max_seq_len(),
+               dtype_arg_,   tp_rank_, pp_size_,            pp_rank_,
+               gemm_config_};
 }
 
 }  // namespace warpformer

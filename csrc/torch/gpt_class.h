@@ -24,7 +24,8 @@ class GptModelHolder : public torch::CustomClassHolder {
   // max_seq_len bound every call (input length + output length <= max_seq_len).
   GptModelHolder(const std::string& config, c10::Dict<std::string, at::Tensor> weights,
                  int64_t max_batch, int64_t max_seq_len, const std::string& dtype,
-                 int64_t tensor_para_rank, int64_t pipeline_para_size, int64_t pipeline_para_rank);
+                 int64_t tensor_para_rank, int64_t pipeline_para_size, int64_t pipeline_para_rank,
+                 const std::string& gemm_config);
 
   // input_ids int32 [B, S] (right-padded, on the model's GPU), input_lengths int32 [B] (any
   // device) -> logits [B, S, V] of the model dtype; positions past a row's length are zero.
@@ -44,12 +45,14 @@ class GptModelHolder : public torch::CustomClassHolder {
   int64_t vocab_size() const { return model_->config().vocab_size; }
   int64_t device() const { return device_; }
   // Bytes held for the KV cache and the workspace (grow-only; flat across equal calls).
+  // Shapes whose cuBLASLt algorithm comes from the GEMM tuning file (0: heuristics only).
+  int64_t gemm_tuned_shapes() const { return static_cast<int64_t>(model_->gemm().tuned_shapes()); }
   int64_t memory_bytes() const {
     return static_cast<int64_t>(model_->kv_cache_bytes() + model_->workspace_bytes());
   }
 
   using State = std::tuple<std::string, c10::Dict<std::string, at::Tensor>, int64_t, int64_t,
-                           std::string, int64_t, int64_t, int64_t>;
+                           std::string, int64_t, int64_t, int64_t, std::string>;
   State get_state() const;
 
  private:
@@ -60,6 +63,7 @@ class GptModelHolder : public torch::CustomClassHolder {
   std::string config_json_;
   c10::Dict<std::string, at::Tensor> given_;  // as passed in, for pickling
   std::string dtype_arg_;
+  std::string gemm_config_;
   int64_t tp_rank_, pp_size_, pp_rank_;
   int64_t device_;
   std::unordered_map<std::string, at::Tensor> owned_;  // converted weights + derived tensors

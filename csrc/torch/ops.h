@@ -27,5 +27,15 @@ at::Tensor gated_act(const at::Tensor& input, const OptTensor& bias,
 at::Tensor embedding(const at::Tensor& input_ids, const at::Tensor& wte, const OptTensor& wpe,
                      const OptTensor& position_ids, double scale);
 
+// out[m, n] = input[m, k] @ weight[k, n] (weight [n, k] when transposed) through cuBLASLt.
+at::Tensor gemm(const at::Tensor& input, const at::Tensor& weight, const OptTensor& bias,
+                bool transposed, const std::string& epilogue);
+// Median microseconds of each of cuBLASLt's first max_algos heuristic candidates for the shape.
+at::Tensor gemm_benchmark(const at::Tensor& input, const at::Tensor& weight, const OptTensor& bias,
+                          bool transposed, const std::string& epilogue, bool accumulate,
+                          int64_t max_algos, int64_t reps);
+// GPU name and cuBLASLt version a tuning file is valid for.
+std::string gemm_fingerprint(int64_t device);
+
 }  // namespace ops
 }  // namespace warpformer

@@ -37,6 +37,18 @@ TORCH_LIBRARY(warpformer, m) {
       "embedding(Tensor input_ids, Tensor wte, Tensor? wpe=None, Tensor? position_ids=None, "
       "float scale=1.0) -> Tensor");
 
+  // ---- GEMM (csrc/core/gemm) ----
+  // out = input @ weight (weight [k, n], or [n, k] when transposed) (+ bias, epilogue) via cuBLASLt.
+  m.def(
+      "gemm(Tensor input, Tensor weight, Tensor? bias=None, bool transposed=False, "
+      "str epilogue='none') -> Tensor");
+  // Median us of each of cuBLASLt's first max_algos candidates for this shape (gemm-tune).
+  m.def(
+      "gemm_benchmark(Tensor input, Tensor weight, Tensor? bias, bool transposed, str epilogue, "
+      "bool accumulate, int max_algos, int reps) -> Tensor");
+  // "gpu=<name>;cublaslt=<version>": what a tuning file is valid for.
+  m.def("gemm_fingerprint(int device=0) -> str");
+
   // ---- attention (kernels/attention) ----
   // q = rotary(qkv[:, 0] + b); k = rotary(qkv[:, 1] + b), v = qkv[:, 2] + b written in place into
   // k_cache/v_cache [slots, heads, max_seq, head_dim] at (token_slot[t], :, token_pos[t]).
@@ -60,14 +72,14 @@ TORCH_LIBRARY(warpformer, m) {
 
   // ---- classes ----
   // A GPT-family model instance on one GPU (one TP/PP rank): weights by name, KV cache, greedy
-  // generation on the device. Pickles as (config, weights, limits, dtype, ranks).
+  // generation on the device. Pickles as (config, weights, limits, dtype, ranks, gemm_config).
   m.class_<GptModelHolder>("GptModel")
       .def(torch::init<std::string, c10::Dict<std::string, at::Tensor>, int64_t, int64_t,
-                       std::string, int64_t, int64_t, int64_t>(),
+                       std::string, int64_t, int64_t, int64_t, std::string>(),
            "", {torch::arg("config"), torch::arg("weights"), torch::arg("max_batch") = 8,
                 torch::arg("max_seq_len") = 1024, torch::arg("dtype") = std::string(),
                 torch::arg("tensor_para_rank") = 0, torch::arg("pipeline_para_size") = 1,
-                torch::arg("pipeline_para_rank") = 0})
+                torch::arg("pipeline_para_rank") = 0, torch::arg("gemm_config") = std::string()})
       .def("forward", &GptModelHolder::forward, "",
            {torch::arg("input_ids"), torch::arg("input_lengths")})
       .def("generate", &GptModelHolder::generate, "",
@@ -80,12 +92,13 @@ TORCH_LIBRARY(warpformer, m) {
       .def("vocab_size", &GptModelHolder::vocab_size)
       .def("device", &GptModelHolder::device)
       .def("memory_bytes", &GptModelHolder::memory_bytes)
+      .def("gemm_tuned_shapes", &GptModelHolder::gemm_tuned_shapes)
       .def_pickle(
           [](const c10::intrusive_ptr<GptModelHolder>& self) { return self->get_state(); },
           [](GptModelHolder::State s) {
             return c10::make_intrusive<GptModelHolder>(
                 std::get<0>(s), std::get<1>(s), std::get<2>(s), std::get<3>(s), std::get<4>(s),
-                std::get<5>(s), std::get<6>(s), std::get<7>(s));
+                std::get<5>(s), std::get<6>(s), std::get<7>(s), std::get<8>(s));
           });
 }
 
@@ -99,13 +112,16 @@ TORCH_LIBRARY(warpformer, m) {
   m.impl("embedding", &wo::embedding);             \
   m.impl("qkv_rotary_cache", &wo::qkv_rotary_cache); \
   m.impl("context_attention", &wo::context_attention); \
-  m.impl("decode_attention", &wo::decode_attention);
+  m.impl("decode_attention", &wo::decode_attention);   \
+  m.impl("gemm", &wo::gemm);                           \
+  m.impl("gemm_benchmark", &wo::gemm_benchmark);
 
 TORCH_LIBRARY_IMPL(warpformer, CUDA, m) { WF_IMPL_ALL(m) }
 TORCH_LIBRARY_IMPL(warpformer, CPU, m) { WF_IMPL_ALL(m) }
 // No tensor arguments: the dispatcher falls back to the CompositeExplicitAutograd kernel.
 TORCH_LIBRARY_IMPL(warpformer, CompositeExplicitAutograd, m) {
   m.impl("alibi_slopes", &wo::alibi_slopes);
+  m.impl("gemm_fingerprint", &wo::gemm_fingerprint);
 }
 
 // `import warpformer._C` needs a module object; the registrations above run when the shared

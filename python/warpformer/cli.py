@@ -41,10 +41,24 @@ def _convert_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _gemm_tune_args(p: argparse.ArgumentParser) -> None:
+    from warpformer.gemm_tune import add_arguments
+
+    add_arguments(p)
+
+
+def _gemm_tune_run(args: argparse.Namespace) -> int:
+    from warpformer.gemm_tune import run
+
+    return run(args)
+
+
 SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None],
                              Callable[[argparse.Namespace], int]]] = {
     "convert": ("convert a HF or Megatron checkpoint to warpformer's sharded format",
                 _convert_args, _convert_run),
+    "gemm-tune": ("time cuBLASLt algorithms for a model's GEMM shapes and write a tuning file",
+                  _gemm_tune_args, _gemm_tune_run),
 }
 
 

@@ -47,6 +47,7 @@ class GptModel {
   const GptConfig& config() const { return cfg_; }
   DType dtype() const { return dtype_; }
   CudaContext& context() { return *ctx_; }
+  Gemm& gemm() { return *gemm_; }
   int64_t max_batch() const { return max_batch_; }
   int64_t max_seq_len() const { return max_seq_len_; }
   // Bytes currently held for the KV cache and for activations (both grow only).

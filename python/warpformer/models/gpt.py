@@ -34,8 +34,8 @@ def default_max_seq_len(config: GptConfig) -> int:
 def build_gpt_model(config: GptConfig, weights: dict[str, torch.Tensor], *,
                     dtype: torch.dtype = torch.float16, max_batch: int = 8,
                     max_seq_len: int | None = None, tensor_para_rank: int = 0,
-                    pipeline_para_size: int = 1,
-                    pipeline_para_rank: int = 0) -> torch.ScriptObject:
+                    pipeline_para_size: int = 1, pipeline_para_rank: int = 0,
+                    gemm_config: str = "") -> torch.ScriptObject:
     """Create ``torch.classes.warpformer.GptModel`` from a config and this rank's weights.
 
     Args:
@@ -46,18 +46,20 @@ def build_gpt_model(config: GptConfig, weights: dict[str, torch.Tensor], *,
         dtype: inference dtype (fp32, fp16 or bf16).
         max_batch: the largest batch a call may use.
         max_seq_len: the largest input + output length (default: :func:`default_max_seq_len`).
+        gemm_config: tuning file from ``warpformer gemm-tune`` ("" = $WARPFORMER_GEMM_CONFIG or
+            cuBLASLt's heuristics).
     """
     return torch.classes.warpformer.GptModel(
         config.to_json(), weights, max_batch,
         max_seq_len if max_seq_len is not None else default_max_seq_len(config),
-        dtype_name(dtype), tensor_para_rank, pipeline_para_size, pipeline_para_rank)
+        dtype_name(dtype), tensor_para_rank, pipeline_para_size, pipeline_para_rank, gemm_config)
 
 
 def load_gpt_model(model_dir: str | os.PathLike[str], *, dtype: torch.dtype = torch.float16,
                    device: str | torch.device = "cuda", max_batch: int = 8,
                    max_seq_len: int | None = None, tensor_para_rank: int = 0,
-                   pipeline_para_size: int = 1,
-                   pipeline_para_rank: int = 0) -> torch.ScriptObject:
+                   pipeline_para_size: int = 1, pipeline_para_rank: int = 0,
+                   gemm_config: str = "") -> torch.ScriptObject:
     """Load a converted directory into ``torch.classes.warpformer.GptModel`` on ``device``.
 
     The class's methods: ``forward(input_ids int32 [B, S], input_lengths int32 [B]) -> logits
@@ -70,4 +72,4 @@ def load_gpt_model(model_dir: str | os.PathLike[str], *, dtype: torch.dtype = to
     return build_gpt_model(config, weights, dtype=dtype, max_batch=max_batch,
                            max_seq_len=max_seq_len, tensor_para_rank=tensor_para_rank,
                            pipeline_para_size=pipeline_para_size,
-                           pipeline_para_rank=pipeline_para_rank)
+                           pipeline_para_rank=pipeline_para_rank, gemm_config=gemm_config)

@@ -1,0 +1,121 @@
+// Torch ops over the cuBLASLt Gemm of csrc/core: a plain matmul in the engine's weight layout (for
+// tests) and the per-shape algorithm timing that `warpformer gemm-tune` uses.
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <memory>
+#include <vector>
+
+#include "csrc/core/gemm.h"
+#include "csrc/torch/ops.h"
+#include "csrc/torch/tensor_utils.h"
+
+namespace warpformer {
+namespace ops {
+namespace {
+
+GemmEpilogue parse_epilogue(const std::string& s, const char* op) {
+  if (s == "none") return GemmEpilogue::kNone;
+  if (s == "bias") return GemmEpilogue::kBias;
+  if (s == "bias_gelu_tanh") return GemmEpilogue::kBiasGeluTanh;
+  if (s == "bias_relu") return GemmEpilogue::kBiasRelu;
+  TORCH_CHECK(false, op, ": epilogue must be one of none, bias, bias_gelu_tanh, bias_relu; got '",
+              s, "'");
+}
+
+struct GemmArgs {
+  GemmKey key;
+  at::Tensor in, w, bias;
+};
+
+// input [m, k]; weight [k, n] (or [n, k] when transposed); bias [n] for the bias epilogues.
+GemmArgs check_gemm(const char* op, const at::Tensor& input, const at::Tensor& weight,
+                    const OptTensor& bias, bool transposed, const std::string& epilogue,
+                    bool accumulate) {
+  check_floating(input, op, "input");
+  check_dim(input, 2, op, "input");
+  check_dtype(weight, input.scalar_type(), op, "weight", "the dtype of input");
+  check_dim(weight, 2, op, "weight");
+  const int64_t m = input.size(0), k = input.size(1);
+  const int64_t n = transposed ? weight.size(0) : weight.size(1);
+  check_size(weight, transposed ? 1 : 0, k, op, "weight", "input.shape[1]");
+  const GemmEpilogue epi = parse_epilogue(epilogue, op);
+  TORCH_CHECK(epi == GemmEpilogue::kNone || bias.has_value(), op, ": epilogue '", epilogue,
+              "' needs a bias");
+  if (bias.has_value()) {
+    check_dtype(*bias, input.scalar_type(), op, "bias", "the dtype of input");
+    check_dim(*bias, 1, op, "bias");
+    check_size(*bias, 0, n, op, "bias", "the output width");
+  }
+  TORCH_CHECK(m > 0 && n > 0 && k > 0, op, ": empty matrices (m=", m, ", n=", n, ", k=", k, ")");
+  check_cuda(input, op, "input");
+  check_cuda(weight, op, "weight", input, "input");
+  if (bias.has_value()) check_cuda(*bias, op, "bias", input, "input");
+  GemmArgs a;
+  a.key = GemmKey{m, n, k, to_dtype(input.scalar_type(), op, "input"), epi, accumulate, transposed};
+  a.in = input.contiguous();
+  a.w = weight.contiguous();
+  if (bias.has_value()) a.bias = bias->contiguous();
+  return a;
+}
+
+std::shared_ptr<CudaContext> context_for(const at::Tensor& t) {
+  return std::make_shared<CudaContext>(t.device().index(), current_stream(t),
+                                       torch_cuda_allocator());
+}
+
+}  // namespace
+
+at::Tensor gemm(const at::Tensor& input, const at::Tensor& weight, const OptTensor& bias,
+                bool transposed, const std::string& epilogue) {
+  const char* op = "warpformer.gemm";
+  GemmArgs a = check_gemm(op, input, weight, bias, transposed, epilogue, false);
+  const c10::cuda::CUDAGuard guard(input.device());
+  auto ctx = context_for(a.in);
+  Gemm g(ctx.get());
+  at::Tensor out = at::empty({a.key.m, a.key.n}, a.in.options());
+  const void* bp = a.bias.defined() ? a.bias.data_ptr() : nullptr;
+  if (transposed) {
+    TORCH_CHECK(a.key.epilogue == GemmEpilogue::kNone || a.key.epilogue == GemmEpilogue::kBias, op,
+                ": transposed weights support the none and bias epilogues only");
+    g.run_transposed(a.key.dtype, a.in.data_ptr(), a.w.data_ptr(), bp, out.data_ptr(), a.key.m,
+                     a.key.n, a.key.k);
+  } else {
+    g.run(a.key.dtype, a.in.data_ptr(), a.w.data_ptr(), bp, out.data_ptr(), a.key.m, a.key.n,
+          a.key.k, a.key.epilogue);
+  }
+  return out;
+}
+
+at::Tensor gemm_benchmark(const at::Tensor& input, const at::Tensor& weight, const OptTensor& bias,
+                          bool transposed, const std::string& epilogue, bool accumulate,
+                          int64_t max_algos, int64_t reps) {
+  const char* op = "warpformer.gemm_benchmark";
+  TORCH_CHECK(max_algos >= 1 && max_algos <= 64, op, ": max_algos must be in [1, 64], got ",
+              max_algos);
+  TORCH_CHECK(reps >= 1 && reps <= 1000, op, ": reps must be in [1, 1000], got ", reps);
+  GemmArgs a = check_gemm(op, input, weight, bias, transposed, epilogue, accumulate);
+  const c10::cuda::CUDAGuard guard(input.device());
+  auto ctx = context_for(a.in);
+  Gemm g(ctx.get());
+  at::Tensor out = at::randn({a.key.m, a.key.n}, a.in.options());
+  const std::vector<float> t =
+      g.benchmark(a.key, a.in.data_ptr(), a.w.data_ptr(),
+                  a.bias.defined() ? a.bias.data_ptr() : nullptr, out.data_ptr(),
+                  static_cast<int>(max_algos), static_cast<int>(reps));
+  at::Tensor res = at::empty({static_cast<int64_t>(t.size())}, at::TensorOptions().dtype(at::kFloat));
+  std::copy(t.begin(), t.end(), res.data_ptr<float>());
+  return res;
+}
+
+std::string gemm_fingerprint(int64_t device) {
+  const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+  auto ctx = std::make_shared<CudaContext>(static_cast<int>(device),
+                                           c10::cuda::getCurrentCUDAStream(device).stream(),
+                                           torch_cuda_allocator(), 0);
+  return Gemm(ctx.get()).tuning_fingerprint();
+}
+
+}  // namespace ops
+}  // namespace warpformer

@@ -1,0 +1,185 @@
+"""``warpformer gemm-tune``: time cuBLASLt's candidate algorithms for every GEMM a model will run
+and write the fastest choice per shape to a tuning file.
+
+Arguments follow FasterTransformer's ``gpt_gemm`` (batch, beam, max input length, heads, head
+size, inter size, vocab, data type, tensor-parallel size); ``--model-dir`` takes the dimensions and
+architecture switches from a converted checkpoint instead. The engine reads the file from the
+``gemm_config`` argument of ``GptModel`` (``load_gpt_model(..., gemm_config=PATH)``) or from
+``$WARPFORMER_GEMM_CONFIG``; shapes absent from it, or a file made on another GPU or cuBLASLt
+version, fall back to cuBLASLt's heuristic with a one-line warning.
+
+File format (text): ``# fingerprint gpu=<name>;cublaslt=<version>`` then one line per shape:
+``dtype m n k transposed epilogue accumulate algo_index best_us heuristic_us``, where algo_index
+is the position of the chosen algorithm in cuBLASLt's heuristic list for that shape.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["GemmShape", "gemm_shapes", "tune", "add_arguments", "run"]
+
+_TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class GemmShape:
+    """One GEMM of the engine: ``out[m, n] = in[m, k] @ W`` (W ``[k, n]``, or ``[n, k]`` when
+    ``transposed``), with a cuBLASLt epilogue and optional accumulation into ``out``."""
+
+    m: int
+    n: int
+    k: int
+    transposed: bool = False
+    epilogue: str = "none"
+    accumulate: bool = False
+    what: str = ""
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    """The dimensions and switches that decide the engine's GEMM shapes."""
+
+    hidden: int
+    inter: int
+    vocab: int
+    tensor_para_size: int = 1
+    word_embed_proj_dim: int = 0
+    parallel_residual: bool = False
+    relu: bool = False
+    lm_head_bias: bool = False
+
+
+def gemm_shapes(dims: ModelDims, batch: int, beam: int, max_input_len: int) -> list[GemmShape]:
+    """Every distinct GEMM the engine runs for this workload, mirroring csrc/layers and
+    csrc/models/gpt: per layer QKV, attention-out, FFN-in (ReLU on the epilogue for ReLU models),
+    FFN-out (accumulating in the parallel-residual form); OPT-350m's project_in/out; the lm_head
+    (transposed, with its bias as epilogue). Context phase at ``batch * max_input_len`` tokens,
+    decode at ``batch * beam`` rows; logits at ``batch`` rows after the prompt."""
+    tp = dims.tensor_para_size
+    h, lh, li = dims.hidden, dims.hidden // tp, dims.inter // tp
+    e = dims.word_embed_proj_dim or h
+    shapes: list[GemmShape] = []
+
+    def layer(m: int, phase: str) -> None:
+        shapes.append(GemmShape(m, 3 * lh, h, what=f"{phase} qkv"))
+        shapes.append(GemmShape(m, h, lh, what=f"{phase} attention out"))
+        shapes.append(GemmShape(m, li, h, epilogue="bias_relu" if dims.relu else "none",
+                                what=f"{phase} ffn in"))
+        shapes.append(GemmShape(m, h, li, accumulate=dims.parallel_residual,
+                                what=f"{phase} ffn out"))
+        if dims.word_embed_proj_dim:
+            shapes.append(GemmShape(m, h, e, what=f"{phase} project_in"))
+
+    def logits(m: int, phase: str) -> None:
+        if dims.word_embed_proj_dim:
+            shapes.append(GemmShape(m, e, h, what=f"{phase} project_out"))
+        shapes.append(GemmShape(m, dims.vocab, e, transposed=True,
+                                epilogue="bias" if dims.lm_head_bias else "none",
+                                what=f"{phase} lm_head"))
+
+    layer(batch * max_input_len, "context")
+    logits(batch, "context")
+    layer(batch * beam, "decode")
+    logits(batch * beam, "decode")
+    seen: dict[tuple, GemmShape] = {}
+    for s in shapes:
+        seen.setdefault((s.m, s.n, s.k, s.transposed, s.epilogue, s.accumulate), s)
+    return list(seen.values())
+
+
+def tune(shapes: list[GemmShape], dtype: torch.dtype, max_algos: int = 16, reps: int = 20,
+         device: int = 0) -> list[tuple[GemmShape, int, float, float]]:
+    """Time each shape's candidates; returns ``(shape, best_index, best_us, heuristic_us)``."""
+    out = []
+    gen = torch.Generator(device=f"cuda:{device}").manual_seed(0)
+    for s in shapes:
+        a = torch.randn(s.m, s.k, device=f"cuda:{device}", generator=gen).to(dtype)
+        wshape = (s.n, s.k) if s.transposed else (s.k, s.n)
+        w = (torch.randn(*wshape, device=f"cuda:{device}", generator=gen) * 0.05).to(dtype)
+        bias = (torch.randn(s.n, device=f"cuda:{device}", generator=gen).to(dtype)
+                if s.epilogue != "none" else None)
+        times = torch.ops.warpformer.gemm_benchmark(a, w, bias, s.transposed, s.epilogue,
+                                                    s.accumulate, max_algos, reps).tolist()
+        valid = [(t, i) for i, t in enumerate(times) if t > 0]
+        if not valid:
+            continue
+        best_t, best_i = min(valid)
+        out.append((s, best_i, best_t, times[0] if times[0] > 0 else best_t))
+        del a, w, bias
+    return out
+
+
+def write_tuning_file(path: str, dtype_name: str,
+                      results: list[tuple[GemmShape, int, float, float]], device: int = 0) -> None:
+    """Write the tuning file (format in the module docstring)."""
+    lines = [f"# fingerprint {torch.ops.warpformer.gemm_fingerprint(device)}",
+             "# dtype m n k transposed epilogue accumulate algo_index best_us heuristic_us"]
+    for s, i, best, heur in results:
+        lines.append(f"{dtype_name} {s.m} {s.n} {s.k} {int(s.transposed)} {s.epilogue} "
+                     f"{int(s.accumulate)} {i} {best:.2f} {heur:.2f}")
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+    os.replace(tmp, path)
+
+
+def dims_from_args(args: argparse.Namespace) -> ModelDims:
+    """Model dimensions from ``--model-dir`` or from the FT-style size arguments."""
+    if args.model_dir:
+        from warpformer.weights import read_config
+
+        c = read_config(args.model_dir)
+        return ModelDims(c.hidden_size, c.inter_size, c.vocab_size, args.tensor_para_size,
+                         c.word_embed_proj_dim, c.parallel_residual, c.activation_type == "relu",
+                         c.has_lm_head_bias)
+    missing = [n for n in ("head_num", "size_per_head", "inter_size", "vocab_size")
+               if getattr(args, n) is None]
+    if missing:
+        raise SystemExit("gemm-tune: give --model-dir, or all of "
+                         + ", ".join("--" + m.replace("_", "-") for m in missing))
+    return ModelDims(args.head_num * args.size_per_head, args.inter_size, args.vocab_size,
+                     args.tensor_para_size)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """FT gpt_gemm-style arguments."""
+    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--beam-width", type=int, default=1)
+    p.add_argument("--max-input-len", type=int, default=128)
+    p.add_argument("--head-num", type=int)
+    p.add_argument("--size-per-head", type=int)
+    p.add_argument("--inter-size", type=int)
+    p.add_argument("--vocab-size", type=int)
+    p.add_argument("--data-type", choices=sorted(_TORCH_DTYPES), default="fp16")
+    p.add_argument("--tensor-para-size", type=int, default=1)
+    p.add_argument("--model-dir", help="converted <tp>-gpu dir: take dims and switches from it")
+    p.add_argument("--output", default="gemm_config.tsv", help="tuning file to write")
+    p.add_argument("--max-algos", type=int, default=16, help="candidates timed per shape")
+    p.add_argument("--reps", type=int, default=20, help="timed launches per candidate")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Tune and write the file; print per-shape gains."""
+    for name in ("batch_size", "beam_width", "max_input_len", "tensor_para_size", "max_algos"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"gemm-tune: --{name.replace('_', '-')} must be >= 1")
+    dims = dims_from_args(args)
+    if not torch.cuda.is_available():
+        raise SystemExit("gemm-tune: needs a CUDA device (tuning times kernels on the GPU)")
+    import warpformer  # noqa: F401  (registers the ops)
+
+    shapes = gemm_shapes(dims, args.batch_size, args.beam_width, args.max_input_len)
+    results = tune(shapes, _TORCH_DTYPES[args.data_type], args.max_algos, args.reps)
+    write_tuning_file(args.output, args.data_type, results)
+    print(f"{'shape':<28} {'m':>7} {'n':>7} {'k':>7} {'heuristic us':>13} {'tuned us':>9} "
+          f"{'gain':>6}")
+    for s, _, best, heur in results:
+        print(f"{s.what:<28} {s.m:>7} {s.n:>7} {s.k:>7} {heur:>13.2f} {best:>9.2f} "
+              f"{heur / best:>5.2f}x")
+    print(f"wrote {len(results)} shapes to {args.output}")
+    return 0
