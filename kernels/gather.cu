@@ -45,7 +45,45 @@ cudaError_t launch(void* dst, const void* src, const int32_t* index, int64_t n_r
   return go(char{});
 }
 
+template <typename W>
+__global__ void interleave_kernel(char* dst, const char* src, int64_t rows, int64_t ranks,
+                                  int64_t words) {
+  for (int64_t i = blockIdx.y; i < rows * ranks; i += gridDim.y) {
+    const int64_t r = i / ranks, t = i % ranks;
+    const W* s = reinterpret_cast<const W*>(src) + (t * rows + r) * words;
+    W* d = reinterpret_cast<W*>(dst) + i * words;
+    for (int64_t w = blockIdx.x * blockDim.x + threadIdx.x; w < words;
+         w += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+      d[w] = s[w];
+    }
+  }
+}
+
 }  // namespace
+
+cudaError_t launch_interleave_rank_blocks(void* dst, const void* src, int64_t rows, int64_t ranks,
+                                          int64_t row_bytes, cudaStream_t stream) {
+  if (rows < 0 || ranks < 1 || row_bytes <= 0 || dst == nullptr || src == nullptr) {
+    return rows == 0 ? cudaSuccess : cudaErrorInvalidValue;
+  }
+  if (rows == 0) return cudaSuccess;
+  const int64_t n = rows * ranks;
+  const unsigned gy = static_cast<unsigned>(n < 65535 ? n : 65535);
+  auto go = [&](auto word) {
+    using W = decltype(word);
+    const int64_t words = row_bytes / static_cast<int64_t>(sizeof(W));
+    const int threads = words >= 256 ? 256 : static_cast<int>((words + 31) / 32 * 32);
+    const int64_t gx = (words + threads - 1) / threads;
+    const dim3 grid(static_cast<unsigned>(gx < 64 ? gx : 64), gy);
+    interleave_kernel<W><<<grid, threads, 0, stream>>>(static_cast<char*>(dst),
+                                                       static_cast<const char*>(src), rows, ranks,
+                                                       words);
+    return cudaGetLastError();
+  };
+  if (row_bytes % 16 == 0 && aligned_to(dst, 16) && aligned_to(src, 16)) return go(uint4{});
+  if (row_bytes % 4 == 0 && aligned_to(dst, 4) && aligned_to(src, 4)) return go(uint32_t{});
+  return go(char{});
+}
 
 cudaError_t launch_gather_rows(void* dst, const void* src, const int32_t* src_rows,
                                int64_t n_rows, int64_t row_bytes, cudaStream_t stream) {

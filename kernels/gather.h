@@ -21,5 +21,12 @@ cudaError_t launch_scatter_rows(void* dst,                // [*, row_bytes]
                                 const int32_t* dst_rows,  // [n_rows]
                                 int64_t n_rows, int64_t row_bytes, cudaStream_t stream);
 
+// dst[r, t * row_bytes ...] = src[t * rows + r]: turns an all-gather of per-rank [rows, part]
+// blocks ([ranks, rows, part]) into [rows, ranks * part] (vocab-parallel logits).
+cudaError_t launch_interleave_rank_blocks(void* dst,        // [rows, ranks * row_bytes]
+                                          const void* src,  // [ranks, rows, row_bytes]
+                                          int64_t rows, int64_t ranks, int64_t row_bytes,
+                                          cudaStream_t stream);
+
 }  // namespace kernels
 }  // namespace warpformer

@@ -1,6 +1,6 @@
 // The collective operations a tensor-parallel layer needs. A model holds a Communicator* for its
 // tensor-parallel group; at tensor_para_size 1 it is null and the all-reduce hook does nothing.
-// The NCCL implementation arrives with multi-GPU support.
+// csrc/core/nccl_comm.h implements it over NCCL.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -18,6 +18,13 @@ class Communicator {
   virtual int size() const = 0;
   // In-place sum over the group of `count` elements of `dtype`, ordered on `stream`.
   virtual void all_reduce_sum(void* data, int64_t count, DType dtype, cudaStream_t stream) = 0;
+  // recv = the `count` elements of every rank's send, in rank order.
+  virtual void all_gather(const void* send, void* recv, int64_t count, DType dtype,
+                          cudaStream_t stream) = 0;
+  // Bytes from `root` to every rank.
+  virtual void broadcast(void* data, int64_t bytes, int root, cudaStream_t stream) = 0;
+  virtual void send(const void* data, int64_t bytes, int peer, cudaStream_t stream) = 0;
+  virtual void recv(void* data, int64_t bytes, int peer, cudaStream_t stream) = 0;
 };
 
 // Sum `data` over the group when there is one (size > 1); a no-op otherwise.

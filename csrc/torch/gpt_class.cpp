@@ -144,6 +144,23 @@ GptModelHolder::GptModelHolder(const std::string& config, c10::Dict<std::string,
   w.final_ln_b = ptr("final_layernorm.bias");
   w.lm_head = owned_.count("lm_head.weight") ? ptr("lm_head.weight") : ptr("wte");
   w.lm_head_b = ptr("lm_head.bias");
+  if (cfg.tensor_para_size > 1 && cfg.last_stage()) {
+    // Vocab-parallel logits: this rank's slice of the head, padded to local_vocab() rows.
+    const int64_t vl = cfg.local_vocab(), start = cfg.tensor_para_rank * vl;
+    const int64_t n = std::max<int64_t>(0, std::min(vl, cfg.vocab_size - start));
+    const at::Tensor& head = owned_.count("lm_head.weight") ? owned_.at("lm_head.weight")
+                                                            : owned_.at("wte");
+    at::Tensor local = at::zeros({vl, cfg.embed_dim()}, head.options());
+    if (n > 0) local.narrow(0, 0, n).copy_(head.narrow(0, start, n));
+    owned_["lm_head.local"] = local;
+    w.lm_head = local.data_ptr();
+    if (owned_.count("lm_head.bias")) {
+      at::Tensor lb = at::zeros({vl}, head.options());
+      if (n > 0) lb.narrow(0, 0, n).copy_(owned_.at("lm_head.bias").narrow(0, start, n));
+      owned_["lm_head.bias.local"] = lb;
+      w.lm_head_b = lb.data_ptr();
+    }
+  }
   w.project_in = ptr("project_in.weight");
   w.project_out = ptr("project_out.weight");
   for (int64_t n = cfg.first_layer(); n < cfg.end_layer(); ++n) {
@@ -235,6 +252,8 @@ std::vector<int32_t> GptModelHolder::check_inputs(const char* op, const at::Tens
 
 at::Tensor GptModelHolder::forward(const at::Tensor& input_ids, const at::Tensor& input_lengths) {
   const char* op = "GptModel.forward";
+  TORCH_CHECK(!model_->decode_active(), op,
+              ": a generation session is running (it owns the KV cache); call decode_finish()");
   TORCH_CHECK(model_->config().last_stage() && model_->config().pipeline_para_size == 1, op,
               ": pipeline-parallel models are driven through warpformer.distributed");
   const std::vector<int32_t> lengths = check_inputs(op, input_ids, input_lengths, 0);
@@ -251,6 +270,8 @@ std::tuple<at::Tensor, at::Tensor> GptModelHolder::generate(const at::Tensor& in
                                                             const at::Tensor& input_lengths,
                                                             int64_t output_len, int64_t end_id) {
   const char* op = "GptModel.generate";
+  TORCH_CHECK(!model_->decode_active(), op,
+              ": a generation session is running; call decode_finish() first");
   TORCH_CHECK(output_len >= 1, op, ": output_len must be >= 1, got ", output_len);
   const int64_t vocab = model_->config().vocab_size;
   TORCH_CHECK(end_id < vocab, op, ": end_id ", end_id, " is outside the vocabulary [0, ", vocab,
@@ -274,6 +295,13 @@ std::tuple<at::Tensor, at::Tensor> GptModelHolder::generate(const at::Tensor& in
                           end_ids.data_ptr<int32_t>(), out.data_ptr<int32_t>(),
                           seq_lengths.data_ptr<int32_t>());
   return {out.view({batch, 1, total}), seq_lengths.view({batch, 1})};
+}
+
+void GptModelHolder::attach_tensor_parallel(const c10::intrusive_ptr<NcclCommHolder>& comm) {
+  TORCH_CHECK(comm->device() == device_, "GptModel.attach_tensor_parallel: the communicator is on "
+              "cuda:", comm->device(), " but the model is on cuda:", device_);
+  model_->set_tensor_parallel(comm->get());
+  tp_comm_ = comm;
 }
 
 GptModelHolder::State GptModelHolder::get_state() const {

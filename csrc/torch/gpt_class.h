@@ -14,6 +14,7 @@
 #include <unordered_map>
 
 #include "csrc/models/gpt/gpt_model.h"
+#include "csrc/torch/nccl_class.h"
 
 namespace warpformer {
 
@@ -37,6 +38,23 @@ class GptModelHolder : public torch::CustomClassHolder {
   std::tuple<at::Tensor, at::Tensor> generate(const at::Tensor& input_ids,
                                               const at::Tensor& input_lengths, int64_t output_len,
                                               int64_t end_id);
+
+  // Generation with the options of docs/GENERATION_API.md; returns output_ids [B, beam, S + L],
+  // sequence_lengths [B, beam] and, when asked, cum_log_probs [B, beam] and output_log_probs
+  // [B, beam, L].
+  c10::Dict<std::string, at::Tensor> decode(const at::Tensor& input_ids,
+                                            const at::Tensor& input_lengths, int64_t output_len,
+                                            const c10::Dict<std::string, at::Tensor>& options);
+  void decode_start(const at::Tensor& input_ids, const at::Tensor& input_lengths,
+                    int64_t output_len, const c10::Dict<std::string, at::Tensor>& options);
+  // Runs up to max_steps steps; returns their tokens int32 [B, beam, k] (k = steps run; beam
+  // search returns an empty [B, beam, k] tensor: its tokens are final only after decode_finish).
+  at::Tensor decode_step(int64_t max_steps);
+  c10::Dict<std::string, at::Tensor> decode_finish();
+
+  // The tensor-parallel group (warpformer.distributed creates it); needed before any call when
+  // tensor_para_size > 1.
+  void attach_tensor_parallel(const c10::intrusive_ptr<NcclCommHolder>& comm);
 
   std::string config() const { return config_json_; }
   std::string dtype() const { return dtype_name(model_->dtype()); }
@@ -67,6 +85,17 @@ class GptModelHolder : public torch::CustomClassHolder {
   int64_t tp_rank_, pp_size_, pp_rank_;
   int64_t device_;
   std::unordered_map<std::string, at::Tensor> owned_;  // converted weights + derived tensors
+
+  // Tensors of the running generation session (device arrays the C++ loop reads and writes).
+  struct Session {
+    int64_t batch = 0, beam = 1, seq = 0, output_len = 0, cum_mode = 0;
+    bool return_log_probs = false;
+    at::Tensor end_ids, top_k, top_p, temperature, rep, pres, freq, min_len, seeds, bad, stop;
+    at::Tensor input_lengths, output_ids, seq_lengths, cum_log_probs, output_log_probs;
+    at::Tensor context_log_probs;
+  };
+  Session session_;
+  c10::intrusive_ptr<NcclCommHolder> tp_comm_;
   std::unique_ptr<gpt::GptModel> model_;
 };
 

@@ -36,6 +36,8 @@ at::Tensor gemm_benchmark(const at::Tensor& input, const at::Tensor& weight, con
                           int64_t max_algos, int64_t reps);
 // GPU name and cuBLASLt version a tuning file is valid for.
 std::string gemm_fingerprint(int64_t device);
+// A new NCCL unique id, uint8 [128] on the CPU (made by one rank, shared with its group).
+at::Tensor nccl_unique_id();
 
 }  // namespace ops
 }  // namespace warpformer

@@ -9,8 +9,11 @@
 #include <torch/library.h>
 
 #include "csrc/torch/gpt_class.h"
+#include "csrc/torch/nccl_class.h"
 #include "csrc/torch/ops.h"
 #include "csrc/torch/ops_attention.h"
+#include "csrc/torch/ops_beam.h"
+#include "csrc/torch/ops_sampling.h"
 
 namespace wo = warpformer::ops;
 using warpformer::GptModelHolder;
@@ -49,6 +52,10 @@ TORCH_LIBRARY(warpformer, m) {
   // "gpu=<name>;cublaslt=<version>": what a tuning file is valid for.
   m.def("gemm_fingerprint(int device=0) -> str");
 
+  // ---- multi-GPU ----
+  // A new NCCL unique id (uint8 [128], CPU), shared by warpformer.distributed with the group.
+  m.def("nccl_unique_id() -> Tensor");
+
   // ---- attention (kernels/attention) ----
   // q = rotary(qkv[:, 0] + b); k = rotary(qkv[:, 1] + b), v = qkv[:, 2] + b written in place into
   // k_cache/v_cache [slots, heads, max_seq, head_dim] at (token_slot[t], :, token_pos[t]).
@@ -70,7 +77,81 @@ TORCH_LIBRARY(warpformer, m) {
   // HF BLOOM ALiBi slopes for num_heads heads (all ranks), float32 CPU tensor [num_heads].
   m.def("alibi_slopes(int num_heads) -> Tensor");
 
+  // ---- sampling (kernels/sampling) ----
+  // int32 [rows, vocab]: how often each token occurs in ids[r, :lengths[r]] (penalty state).
+  m.def("count_tokens(Tensor ids, Tensor lengths, int vocab) -> Tensor");
+  // counts[r, tokens[r]] += 1 in place for rows with finished[r] == 0 (all rows if None).
+  m.def("add_token_counts(Tensor(a!) counts, Tensor tokens, Tensor? finished=None) -> ()");
+  // float32 [rows, vocab]: repetition/frequency/presence penalties, min_length and bad-words
+  // bans (-inf), then temperature. Per-row options [rows] or [] (broadcast); None = off.
+  m.def(
+      "process_logits(Tensor logits, Tensor? token_counts=None, "
+      "Tensor? repetition_penalty=None, Tensor? presence_penalty=None, "
+      "Tensor? frequency_penalty=None, Tensor? temperature=None, Tensor? min_length=None, "
+      "Tensor? end_ids=None, Tensor? input_lengths=None, Tensor? cur_pos=None, "
+      "Tensor? output_ids=None, Tensor? bad_words=None, int vocab=-1, int step=0) -> Tensor");
+  // (tokens int32 [rows], log_probs float32 [rows]): greedy (top_k 1) or top-k/top-p sampling
+  // of float32 logits; Philox keyed by seeds (int64) at counter positions (int32).
+  m.def(
+      "sample_tokens(Tensor logits, Tensor top_k, Tensor top_p, Tensor seeds, Tensor positions, "
+      "int vocab=-1) -> (Tensor, Tensor)");
+  // Appends tokens to the generation state in place (ends rows on end id, stop word, length);
+  // returns next_tokens int32 [rows]. output_log_probs column: position - input_lengths[r] when
+  // input_lengths is given, else step.
+  m.def(
+      "update_tokens(Tensor tokens, Tensor? log_probs, Tensor(a!) cur_pos, Tensor(b!) attn_len, "
+      "Tensor(c!) finished, Tensor(d!) output_ids, Tensor(e!) seq_lengths, Tensor end_ids, "
+      "Tensor? stop_words=None, Tensor(f!)? cum_log_probs=None, "
+      "Tensor(g!)? output_log_probs=None, int step=0, Tensor(h!)? token_counts=None, "
+      "Tensor? input_lengths=None) -> Tensor");
+
+  // ---- beam search (kernels/sampling/beam_search) ----
+  // fp32 log_softmax over the last axis of logits [rows, V] (any float dtype): beam-search input.
+  m.def("beam_log_softmax(Tensor logits) -> Tensor");
+  // Fresh beam-search state for input_ids int32 [B, S]: running rows [B*W, S+output_len] with the
+  // prompt, cache_indir [B*W, max_seq], cum (0, -1e9, ...), empty hypothesis store.
+  m.def(
+      "beam_search_init(Tensor input_ids, Tensor input_lengths, Tensor end_ids, int beam_width, "
+      "int output_len, int max_seq, bool shared_prompt_slot=False) -> (Tensor output_ids, "
+      "Tensor cache_indir, Tensor cum_log_probs, Tensor cur_pos, Tensor attn_len, "
+      "Tensor gen_len, Tensor done, Tensor hyp_count, Tensor hyp_score, Tensor hyp_cum, "
+      "Tensor hyp_len, Tensor hyp_ids, Tensor run_log_probs, Tensor hyp_log_probs)");
+  // One step over log_probs fp32 [B*W or B, V]: new cum, done and hypotheses in place;
+  // returns the new beams' (parents, tokens, token_log_probs) [B, W].
+  m.def(
+      "beam_search_step(Tensor log_probs, Tensor input_lengths, Tensor end_ids, "
+      "Tensor output_ids, Tensor run_log_probs, Tensor gen_len, Tensor(a!) cum_log_probs, "
+      "Tensor(b!) done, Tensor(c!) hyp_count, Tensor(d!) hyp_score, Tensor(e!) hyp_cum, "
+      "Tensor(f!) hyp_len, Tensor(g!) hyp_ids, Tensor(h!) hyp_log_probs, "
+      "float length_penalty=1.0, float diversity_rate=0.0) -> (Tensor parents, Tensor tokens, "
+      "Tensor token_log_probs)");
+  // Reorder the running rows (ids, cache indirection, log probs) by parent, append the tokens.
+  m.def(
+      "beam_search_update(Tensor parents, Tensor tokens, Tensor token_log_probs, "
+      "Tensor input_lengths, Tensor(a!) gen_len, Tensor(b!) output_ids, Tensor(c!) cache_indir, "
+      "Tensor(d!) run_log_probs, Tensor(e!) cur_pos, Tensor(f!) attn_len) -> ()");
+  // The W best hypotheses per entry, best first (running beams join unless the entry is done).
+  m.def(
+      "beam_search_finalize(Tensor input_lengths, Tensor end_ids, Tensor output_ids, "
+      "Tensor run_log_probs, Tensor cum_log_probs, Tensor gen_len, Tensor done, "
+      "Tensor hyp_count, Tensor hyp_score, Tensor hyp_cum, Tensor hyp_len, Tensor hyp_ids, "
+      "Tensor hyp_log_probs, float length_penalty=1.0, int out_stride=-1) -> "
+      "(Tensor output_ids, Tensor sequence_lengths, Tensor cum_log_probs, Tensor scores, "
+      "Tensor output_log_probs)");
+
   // ---- classes ----
+  // One member of an NCCL group (tensor- or pipeline-parallel); joins with a timeout.
+  m.class_<warpformer::NcclCommHolder>("NcclComm")
+      .def(torch::init<at::Tensor, int64_t, int64_t, int64_t, double>(), "",
+           {torch::arg("unique_id"), torch::arg("world_size"), torch::arg("rank"),
+            torch::arg("device"), torch::arg("timeout_s") = 300.0})
+      .def("rank", &warpformer::NcclCommHolder::rank)
+      .def("size", &warpformer::NcclCommHolder::size)
+      .def("device", &warpformer::NcclCommHolder::device)
+      .def("all_reduce_", &warpformer::NcclCommHolder::all_reduce_)
+      .def("barrier", &warpformer::NcclCommHolder::barrier)
+      .def("abort", &warpformer::NcclCommHolder::abort);
+
   // A GPT-family model instance on one GPU (one TP/PP rank): weights by name, KV cache, greedy
   // generation on the device. Pickles as (config, weights, limits, dtype, ranks, gemm_config).
   m.class_<GptModelHolder>("GptModel")
@@ -85,6 +166,15 @@ TORCH_LIBRARY(warpformer, m) {
       .def("generate", &GptModelHolder::generate, "",
            {torch::arg("input_ids"), torch::arg("input_lengths"), torch::arg("output_len"),
             torch::arg("end_id") = -1})
+      .def("decode", &GptModelHolder::decode, "",
+           {torch::arg("input_ids"), torch::arg("input_lengths"), torch::arg("output_len"),
+            torch::arg("options")})
+      .def("decode_start", &GptModelHolder::decode_start, "",
+           {torch::arg("input_ids"), torch::arg("input_lengths"), torch::arg("output_len"),
+            torch::arg("options")})
+      .def("decode_step", &GptModelHolder::decode_step, "", {torch::arg("max_steps")})
+      .def("decode_finish", &GptModelHolder::decode_finish)
+      .def("attach_tensor_parallel", &GptModelHolder::attach_tensor_parallel)
       .def("config", &GptModelHolder::config)
       .def("dtype", &GptModelHolder::dtype)
       .def("max_batch", &GptModelHolder::max_batch)
@@ -114,7 +204,17 @@ TORCH_LIBRARY(warpformer, m) {
   m.impl("context_attention", &wo::context_attention); \
   m.impl("decode_attention", &wo::decode_attention);   \
   m.impl("gemm", &wo::gemm);                           \
-  m.impl("gemm_benchmark", &wo::gemm_benchmark);
+  m.impl("gemm_benchmark", &wo::gemm_benchmark); \
+  m.impl("beam_log_softmax", &wo::beam_log_softmax); \
+  m.impl("beam_search_init", &wo::beam_search_init); \
+  m.impl("beam_search_step", &wo::beam_search_step); \
+  m.impl("beam_search_update", &wo::beam_search_update); \
+  m.impl("beam_search_finalize", &wo::beam_search_finalize); \
+  m.impl("count_tokens", &wo::count_tokens); \
+  m.impl("add_token_counts", &wo::add_token_counts); \
+  m.impl("process_logits", &wo::process_logits); \
+  m.impl("sample_tokens", &wo::sample_tokens); \
+  m.impl("update_tokens", &wo::update_tokens);
 
 TORCH_LIBRARY_IMPL(warpformer, CUDA, m) { WF_IMPL_ALL(m) }
 TORCH_LIBRARY_IMPL(warpformer, CPU, m) { WF_IMPL_ALL(m) }
@@ -122,6 +222,7 @@ TORCH_LIBRARY_IMPL(warpformer, CPU, m) { WF_IMPL_ALL(m) }
 TORCH_LIBRARY_IMPL(warpformer, CompositeExplicitAutograd, m) {
   m.impl("alibi_slopes", &wo::alibi_slopes);
   m.impl("gemm_fingerprint", &wo::gemm_fingerprint);
+  m.impl("nccl_unique_id", &wo::nccl_unique_id);
 }
 
 // `import warpformer._C` needs a module object; the registrations above run when the shared

@@ -19,8 +19,9 @@ except ImportError as exc:  # pragma: no cover - exercised only on broken instal
     ) from exc
 
 # fake (meta) implementations of the ops
-from . import _ops, _ops_attention  # noqa: E402,F401
+from . import _ops, _ops_attention, _ops_beam, _ops_sampling  # noqa: E402,F401
+from .gpt import GPT, GenerationOutput  # noqa: E402
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+__all__ = ["GPT", "GenerationOutput", "__version__"]

@@ -53,12 +53,53 @@ def _gemm_tune_run(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _user_errors(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Print ``error: ...`` and return 2 for ValueError (bad arguments, data or files)."""
+
+    def wrapped(args: argparse.Namespace) -> int:
+        try:
+            return run(args)
+        except (ValueError, FileNotFoundError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+
+    return wrapped
+
+
+def _lambada_args(p: argparse.ArgumentParser) -> None:
+    from warpformer.lambada import add_args
+
+    add_args(p)
+
+
+def _lambada_run(args: argparse.Namespace) -> int:
+    from warpformer.lambada import main_from_args
+
+    return main_from_args(args)
+
+
+def _demo_args(p: argparse.ArgumentParser) -> None:
+    from warpformer.demo import add_args
+
+    add_args(p)
+
+
+def _demo_run(args: argparse.Namespace) -> int:
+    from warpformer.demo import main_from_args
+
+    return main_from_args(args)
+
+
 SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None],
                              Callable[[argparse.Namespace], int]]] = {
     "convert": ("convert a HF or Megatron checkpoint to warpformer's sharded format",
                 _convert_args, _convert_run),
     "gemm-tune": ("time cuBLASLt algorithms for a model's GEMM shapes and write a tuning file",
                   _gemm_tune_args, _gemm_tune_run),
+    "lambada": ("LAMBADA last-word accuracy with FT's method (optionally against HF)",
+                _lambada_args, _user_errors(_lambada_run)),
+    "demo": ("the main job on a fresh machine: random or given model -> convert -> generate -> "
+             "LAMBADA vs HF", _demo_args, _user_errors(_demo_run)),
 }
 
 

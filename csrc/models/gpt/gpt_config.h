@@ -56,6 +56,14 @@ struct GptConfig {
   int64_t local_heads() const { return head_num / tensor_para_size; }
   int64_t local_hidden() const { return local_heads() * size_per_head; }
   int64_t local_inter() const { return inter_size / tensor_para_size; }
+  // Vocab-parallel logits: each rank computes local_vocab() columns (its slice padded to a
+  // multiple of 8); gathered logits rows have vocab_padded() columns, the first vocab_size valid.
+  int64_t local_vocab() const {
+    if (tensor_para_size == 1) return vocab_size;
+    const int64_t per = (vocab_size + tensor_para_size - 1) / tensor_para_size;
+    return (per + 7) / 8 * 8;
+  }
+  int64_t vocab_padded() const { return local_vocab() * tensor_para_size; }
   // Stages hold equal contiguous layer ranges (num_layer % pipeline_para_size == 0).
   int64_t layers_per_stage() const { return num_layer / pipeline_para_size; }
   int64_t first_layer() const { return pipeline_para_rank * layers_per_stage(); }

@@ -10,7 +10,6 @@
 #include "kernels/attention/attention.h"
 #include "kernels/embedding.h"
 #include "kernels/gather.h"
-#include "kernels/sampling/greedy.h"
 
 namespace warpformer {
 namespace gpt {
@@ -86,6 +85,7 @@ void GptModel::ensure_kv(int64_t slots, int64_t seq_total) {
                        cfg_.size_per_head * dtype_size(dtype_);
   kv_.reset();  // free first so the allocator can reuse the block
   kv_ = DeviceBuffer(ctx_->allocator(), bytes, ctx_->stream());
+  ++buffer_generation_;
   kv_slots_ = new_slots;
   kv_seq_ = new_seq;
 }
@@ -104,11 +104,16 @@ void GptModel::ensure_activations(int64_t tokens, int64_t batch) {
   c.take(t * lh * es);
   c.take(t * li * es);
   if (cfg_.word_embed_proj_dim > 0) c.take(t * e * es);
-  c.take(b * std::max(h, e) * es);  // gathered last rows
-  c.take(b * std::max(h, e) * es);  // projected last rows
-  c.take(b * cfg_.vocab_size * es); // logits of the last rows
+  c.take(b * std::max(h, e) * es);          // gathered last rows
+  c.take(b * std::max(h, e) * es);          // projected last rows
+  c.take(b * cfg_.vocab_padded() * es);     // logits of the last rows
+  if (cfg_.tensor_para_size > 1) {
+    c.take(b * cfg_.local_vocab() * es);    // this rank's logits slice
+    c.take(b * cfg_.vocab_padded() * es);   // all-gathered slices
+  }
   act_.reset();
   act_ = DeviceBuffer(ctx_->allocator(), c.used(), ctx_->stream());
+  ++buffer_generation_;
   act_tokens_ = t;
   act_batch_ = b;
 }
@@ -131,6 +136,27 @@ layers::LayerBuffers GptModel::buffers() const {
   return b;
 }
 
+GptModel::Scratch GptModel::scratch() const {
+  const int64_t t = act_tokens_, bt = act_batch_;
+  const int64_t h = cfg_.hidden(), lh = cfg_.local_hidden(), li = cfg_.local_inter();
+  const int64_t e = cfg_.embed_dim();
+  const size_t es = dtype_size(dtype_);
+  Carver c(act_.data());
+  for (int i = 0; i < 5; ++i) c.take(t * h * es);
+  c.take(t * 3 * lh * es);
+  c.take(t * lh * es);
+  c.take(t * lh * es);
+  c.take(t * li * es);
+  Scratch s{};
+  s.emb = cfg_.word_embed_proj_dim > 0 ? c.take(t * e * es) : nullptr;
+  s.last_rows = c.take(bt * std::max(h, e) * es);
+  s.proj = c.take(bt * std::max(h, e) * es);
+  s.last_logits = c.take(bt * cfg_.vocab_padded() * es);
+  s.tp_local = cfg_.tensor_para_size > 1 ? c.take(bt * cfg_.local_vocab() * es) : nullptr;
+  s.tp_gathered = cfg_.tensor_para_size > 1 ? c.take(bt * cfg_.vocab_padded() * es) : nullptr;
+  return s;
+}
+
 layers::LayerContext GptModel::layer_context() {
   return layers::LayerContext{ctx_.get(), gemm_.get(), comm_, &cfg_, dtype_};
 }
@@ -139,16 +165,7 @@ void GptModel::embed(const int32_t* token_ids, const int32_t* positions, int64_t
                      int64_t seq_len) {
   const layers::LayerBuffers b = buffers();
   const int64_t h = cfg_.hidden(), e = cfg_.embed_dim();
-  void* emb_out = b.x;
-  if (cfg_.word_embed_proj_dim > 0) {
-    Carver c(act_.data());
-    for (int i = 0; i < 5; ++i) c.take(act_tokens_ * h * dtype_size(dtype_));
-    c.take(act_tokens_ * 3 * cfg_.local_hidden() * dtype_size(dtype_));
-    c.take(act_tokens_ * cfg_.local_hidden() * dtype_size(dtype_));
-    c.take(act_tokens_ * cfg_.local_hidden() * dtype_size(dtype_));
-    c.take(act_tokens_ * cfg_.local_inter() * dtype_size(dtype_));
-    emb_out = c.take(act_tokens_ * e * dtype_size(dtype_));
-  }
+  void* emb_out = cfg_.word_embed_proj_dim > 0 ? scratch().emb : b.x;
   WF_DISPATCH_FLOATING(dtype_, "GptModel.embed", [&] {
     kernels::EmbeddingParams<scalar_t> p{};
     p.out = static_cast<scalar_t*>(emb_out);
@@ -234,34 +251,53 @@ void GptModel::run_layers(int64_t tokens, const layers::AttentionInputs& base) {
 }
 
 void GptModel::logits(const void* hidden, int64_t rows, void* out) {
-  const int64_t h = cfg_.hidden(), e = cfg_.embed_dim(), v = cfg_.vocab_size;
-  const void* in = hidden;
-  if (w_.project_out != nullptr) {
-    Carver c(act_.data());
-    const size_t es = dtype_size(dtype_);
-    for (int i = 0; i < 5; ++i) c.take(act_tokens_ * h * es);
-    c.take(act_tokens_ * 3 * cfg_.local_hidden() * es);
-    c.take(act_tokens_ * cfg_.local_hidden() * es);
-    c.take(act_tokens_ * cfg_.local_hidden() * es);
-    c.take(act_tokens_ * cfg_.local_inter() * es);
-    if (cfg_.word_embed_proj_dim > 0) c.take(act_tokens_ * e * es);
-    c.take(act_batch_ * std::max(h, e) * es);
-    void* proj = c.take(act_batch_ * std::max(h, e) * es);
-    // rows may exceed act_batch_ in forward(); project chunk by chunk through the scratch.
-    const int64_t chunk = act_batch_;
-    for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
-      const int64_t n = std::min(chunk, rows - r0);
-      gemm_->run(dtype_, static_cast<const char*>(hidden) + r0 * h * es, w_.project_out, nullptr,
-                 proj, n, e, h);
-      gemm_->run_transposed(dtype_, proj, w_.lm_head, w_.lm_head_b,
-                            static_cast<char*>(out) + r0 * v * es, n, v, e);
-    }
+  const int64_t h = cfg_.hidden(), e = cfg_.embed_dim();
+  const int64_t vl = cfg_.local_vocab(), vp = cfg_.vocab_padded();
+  const int64_t tp = cfg_.tensor_para_size;
+  const size_t es = dtype_size(dtype_);
+  TORCH_CHECK(tp == 1 || (comm_ != nullptr && comm_->size() == tp),
+              "GptModel: tensor_para_size is ", tp, " but no tensor-parallel communicator of that "
+              "size is attached (warpformer.distributed attaches it)");
+  if (w_.project_out == nullptr && tp == 1) {
+    gemm_->run_transposed(dtype_, hidden, w_.lm_head, w_.lm_head_b, out, rows, vl, e);
     return;
   }
-  gemm_->run_transposed(dtype_, in, w_.lm_head, w_.lm_head_b, out, rows, v, e);
+  // Chunks of at most act_batch_ rows through the scratch buffers: project_out (OPT-350m), then
+  // this rank's vocab slice, all-gathered and interleaved into [rows, vocab_padded].
+  const Scratch sc = scratch();
+  const int64_t chunk = act_batch_;
+  for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+    const int64_t n = std::min(chunk, rows - r0);
+    const void* in = static_cast<const char*>(hidden) + r0 * h * es;
+    if (w_.project_out != nullptr) {
+      gemm_->run(dtype_, in, w_.project_out, nullptr, sc.proj, n, e, h);
+      in = sc.proj;
+    }
+    void* dst = static_cast<char*>(out) + r0 * vp * es;
+    if (tp == 1) {
+      gemm_->run_transposed(dtype_, in, w_.lm_head, w_.lm_head_b, dst, n, vl, e);
+      continue;
+    }
+    gemm_->run_transposed(dtype_, in, w_.lm_head, w_.lm_head_b, sc.tp_local, n, vl, e);
+    comm_->all_gather(sc.tp_local, sc.tp_gathered, n * vl, dtype_, ctx_->stream());
+    WF_CUDA_CHECK(kernels::launch_interleave_rank_blocks(dst, sc.tp_gathered, n, tp, vl * es,
+                                                         ctx_->stream()));
+  }
 }
 
-void GptModel::prefill(const int32_t* ids, const std::vector<int32_t>& lengths, int64_t seq) {
+void GptModel::set_tensor_parallel(Communicator* comm) {
+  TORCH_CHECK(!session_.active, "GptModel: cannot attach a communicator during generation");
+  TORCH_CHECK(comm != nullptr && comm->size() == cfg_.tensor_para_size &&
+                  comm->rank() == cfg_.tensor_para_rank,
+              "GptModel: the tensor-parallel communicator must have size tensor_para_size (",
+              cfg_.tensor_para_size, ") and this rank's tensor_para_rank (",
+              cfg_.tensor_para_rank, "); got size ", comm ? comm->size() : 0, ", rank ",
+              comm ? comm->rank() : -1);
+  comm_ = comm;
+}
+
+void GptModel::prefill(const int32_t* ids, const std::vector<int32_t>& lengths, int64_t seq,
+                       int64_t slot_stride) {
   const int64_t batch = static_cast<int64_t>(lengths.size());
   int64_t tokens = 0;
   int32_t max_len = 0;
@@ -276,15 +312,18 @@ void GptModel::prefill(const int32_t* ids, const std::vector<int32_t>& lengths, 
   const size_t o_cu = 4 * tokens, o_iota = o_cu + batch + 1, o_last = o_iota + batch;
   host.resize(o_last + batch);
   int64_t t = 0;
+  last_host_.resize(batch);
   for (int64_t b = 0; b < batch; ++b) {
+    const auto slot = static_cast<int32_t>(b * slot_stride);
     host[o_cu + b] = static_cast<int32_t>(t);
-    host[o_iota + b] = static_cast<int32_t>(b);
+    host[o_iota + b] = slot;  // seq_slot of the context attention
     for (int32_t i = 0; i < lengths[b]; ++i, ++t) {
       host[o_gather + t] = static_cast<int32_t>(b * seq + i);
-      host[o_slot + t] = static_cast<int32_t>(b);
+      host[o_slot + t] = slot;
       host[o_pos + t] = i;
     }
     host[o_last + b] = static_cast<int32_t>(t - 1);
+    last_host_[b] = static_cast<int32_t>(t - 1);
   }
   host[o_cu + batch] = static_cast<int32_t>(t);
   const int64_t ints = static_cast<int64_t>(host.size());
@@ -331,140 +370,24 @@ void GptModel::forward(const int32_t* ids, const std::vector<int32_t>& lengths, 
   ensure_kv(batch, seq);
   ensure_activations(tokens, batch);
   prefill(ids, lengths, seq);
-  const int64_t v = cfg_.vocab_size;
-  const size_t row_bytes = v * dtype_size(dtype_);
-  DeviceBuffer packed(ctx_->allocator(), tokens * row_bytes, ctx_->stream());
+  const int64_t v = cfg_.vocab_size, vp = cfg_.vocab_padded();
+  const size_t es = dtype_size(dtype_);
+  const size_t row_bytes = v * es;
+  DeviceBuffer packed(ctx_->allocator(), tokens * vp * es, ctx_->stream());
   logits(buffers().n, tokens, packed.data());
+  if (vp != v) {  // drop the vocab padding: [T, vp] -> [T, v] in place (rows move down)
+    DeviceBuffer compact(ctx_->allocator(), tokens * row_bytes, ctx_->stream());
+    WF_CUDA_CHECK(cudaMemcpy2DAsync(compact.data(), row_bytes, packed.data(), vp * es, row_bytes,
+                                    tokens, cudaMemcpyDeviceToDevice, ctx_->stream()));
+    packed = std::move(compact);
+  }
   WF_CUDA_CHECK(cudaMemsetAsync(logits_out, 0, batch * seq * row_bytes, ctx_->stream()));
   WF_CUDA_CHECK(kernels::launch_scatter_rows(logits_out, packed.data(), d_gather_, tokens,
                                              row_bytes, ctx_->stream()));
 }
 
-void GptModel::generate_greedy(const int32_t* ids, const std::vector<int32_t>& lengths,
-                               int64_t seq, int64_t output_len, const int32_t* end_ids,
-                               int32_t* output_ids, int32_t* seq_lengths) {
-  const int64_t batch = static_cast<int64_t>(lengths.size());
-  int64_t tokens = 0;
-  for (int32_t l : lengths) tokens += l;
-  const int64_t total = seq + output_len;
-  ensure_kv(batch, total);
-  ensure_activations(std::max(tokens, batch), batch);
-
-  // Generation state and the split-KV workspace.
-  const int heads = static_cast<int>(cfg_.local_heads());
-  const size_t split_ws = kernels::decode_attention_workspace_bytes(
-      static_cast<int>(batch), heads, static_cast<int>(cfg_.size_per_head),
-      static_cast<int>(kv_seq_));
-  const size_t need = align_up(5 * batch * sizeof(int32_t) + sizeof(int32_t)) + split_ws;
-  if (need > state_need_) {
-    state_.reset();
-    state_ = DeviceBuffer(ctx_->allocator(), need, ctx_->stream());
-    state_need_ = need;
-  }
-  Carver c(state_.data());
-  auto* next_tok = static_cast<int32_t*>(c.take(5 * batch * sizeof(int32_t) + sizeof(int32_t)));
-  int32_t* cur_pos = next_tok + batch;
-  int32_t* attn_len = cur_pos + batch;
-  int32_t* finished = attn_len + batch;
-  int32_t* all_done = finished + batch;
-  float* split = split_ws > 0 ? static_cast<float*>(c.take(split_ws)) : nullptr;
-
-  // cur_pos = length - 1 (the newest token), attn_len = length, finished = 0.
-  std::vector<int32_t> init(3 * batch);
-  for (int64_t b = 0; b < batch; ++b) {
-    init[b] = lengths[b] - 1;
-    init[batch + b] = lengths[b];
-    init[2 * batch + b] = 0;
-  }
-  cudaStream_t stream = ctx_->stream();
-  WF_CUDA_CHECK(cudaMemcpyAsync(cur_pos, init.data(), init.size() * sizeof(int32_t),
-                                cudaMemcpyHostToDevice, stream));
-
-  prefill(ids, lengths, seq);
-  const layers::LayerBuffers b = buffers();
-  const int64_t h = cfg_.hidden(), v = cfg_.vocab_size;
-  const size_t es = dtype_size(dtype_);
-  Carver lc(act_.data());
-  for (int i = 0; i < 5; ++i) lc.take(act_tokens_ * h * es);
-  lc.take(act_tokens_ * 3 * cfg_.local_hidden() * es);
-  lc.take(act_tokens_ * cfg_.local_hidden() * es);
-  lc.take(act_tokens_ * cfg_.local_hidden() * es);
-  lc.take(act_tokens_ * cfg_.local_inter() * es);
-  if (cfg_.word_embed_proj_dim > 0) lc.take(act_tokens_ * cfg_.embed_dim() * es);
-  void* last_rows = lc.take(act_batch_ * std::max(h, cfg_.embed_dim()) * es);
-  lc.take(act_batch_ * std::max(h, cfg_.embed_dim()) * es);
-  void* last_logits = lc.take(act_batch_ * v * es);
-
-  auto greedy = [&] {
-    WF_DISPATCH_FLOATING(dtype_, "GptModel.generate", [&] {
-      kernels::GreedyStepParams<scalar_t> g{};
-      g.logits = static_cast<const scalar_t*>(last_logits);
-      g.next_tokens = next_tok;
-      g.cur_pos = cur_pos;
-      g.attn_len = attn_len;
-      g.finished = finished;
-      g.output_ids = output_ids;
-      g.seq_lengths = seq_lengths;
-      g.end_ids = end_ids;
-      g.rows = static_cast<int>(batch);
-      g.vocab = static_cast<int>(v);
-      g.logits_stride = v;
-      g.output_stride = static_cast<int>(total);
-      WF_CUDA_CHECK(kernels::launch_greedy_step(g, stream));
-    });
-  };
-
-  // Step 0: logits of each row's last prompt token.
-  WF_CUDA_CHECK(kernels::launch_gather_rows(last_rows, b.n, d_last_, batch, h * es, stream));
-  logits(last_rows, batch, last_logits);
-  greedy();
-
-  layers::AttentionInputs ai{};
-  ai.num_slots = static_cast<int>(kv_slots_);
-  ai.max_seq = static_cast<int>(kv_seq_);
-  ai.token_slot = d_iota_;
-  ai.token_pos = cur_pos;
-  ai.alibi_slopes = alibi_.as<float>();
-  ai.decode = true;
-  ai.row_slot = d_iota_;
-  ai.lengths = attn_len;
-  ai.cache_indir = nullptr;
-  ai.workspace = split;
-  ai.workspace_bytes = split_ws;
-
-  // Early exit: every kPoll steps the all-finished flag is copied to pinned memory behind an
-  // event; the host reads it kPoll steps later if the event has completed (it never waits).
-  constexpr int64_t kPoll = 16;
-  if (host_flag_ == nullptr) {
-    WF_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_flag_), sizeof(int32_t)));
-    WF_CUDA_CHECK(cudaEventCreateWithFlags(&flag_event_, cudaEventDisableTiming));
-  }
-  *host_flag_ = 0;
-  bool flag_pending = false;
-  for (int64_t step = 1; step < output_len; ++step) {
-    if (flag_pending && cudaEventQuery(flag_event_) == cudaSuccess) {
-      flag_pending = false;
-      if (*host_flag_) break;
-    }
-    embed(next_tok, cur_pos, batch, 1);
-    run_layers(batch, ai);
-    logits(b.n, batch, last_logits);
-    greedy();
-    if (step % kPoll == 0 && !flag_pending) {
-      WF_CUDA_CHECK(kernels::launch_all_finished(finished, static_cast<int>(batch), all_done,
-                                                 stream));
-      WF_CUDA_CHECK(cudaMemcpyAsync(host_flag_, all_done, sizeof(int32_t),
-                                    cudaMemcpyDeviceToHost, stream));
-      WF_CUDA_CHECK(cudaEventRecord(flag_event_, stream));
-      flag_pending = true;
-    }
-  }
-  // The pinned flag may still be the target of a pending copy: a later call rewrites it only
-  // after this wait.
-  if (flag_pending) WF_CUDA_CHECK(cudaEventSynchronize(flag_event_));
-}
-
 GptModel::~GptModel() {
+  if (session_.graph != nullptr) cudaGraphExecDestroy(session_.graph);
   if (flag_event_ != nullptr) {
     cudaEventSynchronize(flag_event_);
     cudaEventDestroy(flag_event_);

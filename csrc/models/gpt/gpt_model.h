@@ -17,6 +17,7 @@
 #include "csrc/core/gemm.h"
 #include "csrc/layers/decoder_layer.h"
 #include "csrc/models/gpt/gpt_config.h"
+#include "kernels/sampling/beam_search.h"
 
 namespace warpformer {
 namespace gpt {
@@ -36,6 +37,41 @@ struct GptWeights {
   std::vector<layers::LayerWeights> layers;  // this stage's layers, first_layer() .. end_layer()
 };
 
+// Options of a generation session: per-row device arrays of rows = batch * beam_width entries
+// (null = the default), owned by the caller until decode_finish. See docs/GENERATION_API.md.
+struct DecodeOptions {
+  int beam_width = 1;
+  const int32_t* end_ids = nullptr;            // [rows] (required)
+  const int32_t* top_k = nullptr;              // [rows] (1 = greedy)
+  const float* top_p = nullptr;                // [rows]
+  const float* temperature = nullptr;          // [rows]
+  const float* repetition_penalty = nullptr;   // [rows]
+  const float* presence_penalty = nullptr;     // [rows]
+  const float* frequency_penalty = nullptr;    // [rows]
+  const int32_t* min_length = nullptr;         // [rows]
+  const uint64_t* seeds = nullptr;             // [rows]
+  const int32_t* input_lengths = nullptr;      // [rows] prompt length of each row
+  const int32_t* bad_words = nullptr;          // [2, L] or [rows, 2, L]
+  int64_t bad_words_row_stride = 0;
+  int bad_words_len = 0;
+  const int32_t* stop_words = nullptr;         // [2, L] or [rows, 2, L]
+  int64_t stop_words_row_stride = 0;
+  int stop_words_len = 0;
+  bool greedy = true;         // every row top_k == 1 and nothing to process: argmax fast path
+  bool needs_counts = false;  // repetition/presence/frequency penalties in use
+  float length_penalty = 1.f;
+  float diversity_rate = 0.f;
+};
+
+// Where a session writes (device). Beam search writes them at decode_finish, sorted best first.
+struct DecodeOutputs {
+  int32_t* output_ids = nullptr;         // [batch, beam, seq + output_len], pre-filled by the
+                                         // caller with the prompt then end ids
+  int32_t* sequence_lengths = nullptr;   // [batch, beam], pre-filled with the prompt lengths
+  float* cum_log_probs = nullptr;        // [batch, beam] or null
+  float* output_log_probs = nullptr;     // [batch, beam, output_len] or null
+};
+
 class GptModel {
  public:
   GptModel(GptConfig cfg, GptWeights weights, DType dtype, std::shared_ptr<CudaContext> ctx,
@@ -47,6 +83,9 @@ class GptModel {
   const GptConfig& config() const { return cfg_; }
   DType dtype() const { return dtype_; }
   CudaContext& context() { return *ctx_; }
+  // Attach the tensor-parallel group (size tensor_para_size, rank tensor_para_rank); required
+  // before any call when tensor_para_size > 1. Not owned.
+  void set_tensor_parallel(Communicator* comm);
   Gemm& gemm() { return *gemm_; }
   int64_t max_batch() const { return max_batch_; }
   int64_t max_seq_len() const { return max_seq_len_; }
@@ -59,10 +98,23 @@ class GptModel {
   void forward(const int32_t* ids, const std::vector<int32_t>& lengths, int64_t seq,
                void* logits);
 
-  // Greedy generation of output_len tokens per row. output_ids: device int32 [batch, seq +
-  // output_len], pre-filled by the caller with the input ids then end ids; generated tokens go
-  // from each row's length on. seq_lengths: device int32 [batch] (length incl. generated tokens,
-  // the end id included when produced). end_ids: device int32 [batch].
+  // ---- generation: a session of decode_start, decode_step (repeatedly), decode_finish ----
+  // ids: device int32 [batch, seq] right-padded; lengths: host. Options and outputs are device
+  // arrays owned by the caller for the whole session (see DecodeOptions / DecodeOutputs).
+  void decode_start(const int32_t* ids, const std::vector<int32_t>& lengths, int64_t seq,
+                    int64_t output_len, const DecodeOptions& options,
+                    const DecodeOutputs& outputs);
+  // Runs up to max_steps generation steps (the first produces each row's first new token from the
+  // prompt's logits). Returns the number run; 0 once every row has ended or output_len tokens
+  // exist. Launches only: the work is ordered on the stream, nothing waits for it.
+  int64_t decode_step(int64_t max_steps);
+  // Writes the final outputs (beam search: the best hypotheses, sorted) and ends the session.
+  void decode_finish();
+  // Ends a session after an error, leaving the instance usable (outputs are unspecified).
+  void decode_abort();
+  bool decode_active() const { return session_.active; }
+  int64_t decode_tokens_done() const { return session_.steps_done; }
+  // Greedy generation in one call (decode_start with greedy options + steps + finish).
   void generate_greedy(const int32_t* ids, const std::vector<int32_t>& lengths, int64_t seq,
                        int64_t output_len, const int32_t* end_ids, int32_t* output_ids,
                        int32_t* seq_lengths);
@@ -73,10 +125,23 @@ class GptModel {
   void ensure_kv(int64_t slots, int64_t seq_total);
   void ensure_activations(int64_t tokens, int64_t batch);
   layers::LayerBuffers buffers() const;
+  // Regions of the activation buffer beside the layer buffers.
+  struct Scratch {
+    void* emb;          // [tokens, e] word embeddings before project_in (or null)
+    void* last_rows;    // [rows, max(h, e)] hidden states of the rows whose logits are needed
+    void* proj;         // [rows, max(h, e)] project_out scratch
+    void* last_logits;  // [rows, vocab_padded]
+    void* tp_local;     // [rows, local_vocab] this rank's logits (tensor parallel) or null
+    void* tp_gathered;  // [tp, rows, local_vocab] all-gathered slices or null
+  };
+  Scratch scratch() const;
   layers::LayerContext layer_context();
   // Packs ids, embeds them and runs this stage's layers; leaves final-normed hidden states of
   // all packed tokens in the `n` buffer. Returns the device packing metadata.
-  void prefill(const int32_t* ids, const std::vector<int32_t>& lengths, int64_t seq);
+  // slot_stride: sequence b goes to KV slot b * slot_stride (beam search prefills each prompt once,
+  // into the slot of its beam 0).
+  void prefill(const int32_t* ids, const std::vector<int32_t>& lengths, int64_t seq,
+               int64_t slot_stride = 1);
   void embed(const int32_t* token_ids, const int32_t* positions, int64_t tokens, int64_t seq_len);
   void run_layers(int64_t tokens, const layers::AttentionInputs& base);
   // logits [rows, V] of the normed hidden rows `hidden` [rows, h].
@@ -110,8 +175,50 @@ class GptModel {
   int32_t* d_last_ = nullptr;     // [B]  packed index of each row's last token
   int32_t* d_ids_ = nullptr;      // [T]  packed ids
   int64_t tokens_ = 0, batch_ = 0;
+  std::vector<int32_t> last_host_;  // packed index of each sequence's last prompt token
   int32_t* host_flag_ = nullptr;     // pinned: the all-finished flag polled during generation
   cudaEvent_t flag_event_ = nullptr;
+
+  // The generation session (gpt_decode.cpp).
+  struct Session {
+    bool active = false;
+    int64_t batch = 0, beam = 1, rows = 0, seq = 0, output_len = 0, total = 0;
+    int64_t steps_done = 0;
+    DecodeOptions opt;
+    DecodeOutputs out;
+    // device views into state_ (rows = batch * beam)
+    int32_t* next_tok = nullptr;      // [rows] token fed to the next step
+    int32_t* cur_pos = nullptr;       // [rows]
+    int32_t* attn_len = nullptr;      // [rows]
+    int32_t* finished = nullptr;      // [rows]
+    int32_t* iota = nullptr;          // [rows] 0..rows-1: the KV slot of each row
+    int32_t* sampled = nullptr;       // [rows]
+    int32_t* first_rows = nullptr;    // [rows] packed prefill row of each row's last prompt token
+    int32_t* in_len_rows = nullptr;   // [rows] prompt length of each row
+    int32_t* in_len_batch = nullptr;  // [batch]
+    int32_t* end_ids_batch = nullptr; // [batch]
+    int32_t* row0_index = nullptr;    // [batch] b * beam
+    int32_t* all_done = nullptr;      // [1]
+    float* token_lp = nullptr;        // [rows]
+    float* proc_logits = nullptr;     // [rows, V] fp32 processed logits / log probs
+    int32_t* counts = nullptr;        // [rows, V] token counts (penalties)
+    float* split = nullptr;           // split-KV attention workspace
+    size_t split_bytes = 0;
+    void* beam_ws = nullptr;          // beam search scratch
+    size_t beam_ws_bytes = 0;
+    kernels::BeamSearchState beam_state{};
+    bool flag_pending = false;
+    bool stop = false;
+    cudaGraphExec_t graph = nullptr;
+    bool graph_failed = false;
+    size_t graph_generation = 0;
+  };
+  size_t session_layout(char* base);  // carve (or measure) the session's device state
+  void decode_step_body();            // one step's launches (captured into a graph when possible)
+  void select_tokens();               // greedy / sampling / beam selection + state update
+  void capture_step();                // capture decode_step_body into session_.graph
+  Session session_;
+  size_t buffer_generation_ = 0;    // bumped whenever a buffer a graph may bake is reallocated
 };
 
 }  // namespace gpt

@@ -1,0 +1,306 @@
+"""LAMBADA-shaped workload: warpformer against HF transformers eager, end to end.
+
+5,153 synthetic samples (LAMBADA's test-set size) with LAMBADA-like token lengths, batches of 8
+in dataset order (no length sorting, as FT's lambada example), bloom-560m dimensions, random fp16
+weights, greedy decoding of each batch's longest target. Both engines see the same token ids:
+warpformer right-padded with per-row lengths, HF left-padded with an attention mask (its batched
+generate convention). Timed end to end over all batches (host -> device copies, generate, the
+device -> host copy of the outputs), after a few warm-up batches. Reported: both times, the
+speedup, peak memory and the agreement of the generated target tokens.
+
+Length model (synthetic; no dataset is downloaded): context tokens ~ lognormal with mean 80 and
+standard deviation 28, rounded and clipped to [16, 256] (LAMBADA passages average ~4.6 sentences,
+~80 tokens); target = the passage's last word, 1, 2 or 3 tokens with probabilities 0.70, 0.22,
+0.08 (most words are one token in BLOOM's 250k vocabulary). Fixed seed.
+
+FT's reference figures for this workload: 13.0 s vs 146.7 s for HF (FT's seed article, A800);
+10.84 s vs 23.37 s (FT's docs).
+
+    python benchmarks/bench_lambada.py [--samples 1000] [--skip-hf] [--dry-run]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from common import (
+    DEFAULT_CACHE_DIR,
+    DEFAULT_RESULTS_DIR,
+    SHAPES,
+    env_info,
+    fnum,
+    free_gpu,
+    fx,
+    gpu_name,
+    log,
+    md_table,
+    prepare_model,
+    result_stem,
+    short_error,
+    write_results,
+)
+
+LAMBADA_SAMPLES = 5153
+CTX_MEAN, CTX_STD, CTX_MIN, CTX_MAX = 80.0, 28.0, 16, 256
+TARGET_LENS, TARGET_P = (1, 2, 3), (0.70, 0.22, 0.08)
+FT_REFERENCE = [("FT seed article (A800)", 13.0, 146.7), ("FT docs", 10.84, 23.37)]
+
+
+@dataclass
+class Sample:
+    context: np.ndarray  # int32 [n] token ids
+    target_len: int
+
+
+# --------------------------------------------------------------------------- the workload
+def context_lengths(n: int, rng: np.random.Generator) -> np.ndarray:
+    """Lognormal lengths with mean CTX_MEAN and std CTX_STD, rounded, clipped."""
+    sigma2 = math.log(1 + (CTX_STD / CTX_MEAN) ** 2)
+    mu = math.log(CTX_MEAN) - sigma2 / 2
+    x = rng.lognormal(mu, math.sqrt(sigma2), n)
+    return np.clip(np.rint(x), CTX_MIN, CTX_MAX).astype(np.int64)
+
+
+def make_samples(n: int, vocab: int, seed: int = 0) -> list[Sample]:
+    """``n`` synthetic samples: ids in [3, vocab - 1) (vocab - 1 is warpformer's end_id)."""
+    rng = np.random.default_rng(seed)
+    lengths = context_lengths(n, rng)
+    targets = rng.choice(TARGET_LENS, size=n, p=TARGET_P)
+    return [Sample(rng.integers(3, vocab - 1, size=int(n_ctx), dtype=np.int32), int(t))
+            for n_ctx, t in zip(lengths, targets, strict=True)]
+
+
+def make_batches(n: int, batch: int) -> list[list[int]]:
+    """Consecutive index groups of ``batch`` (the last may be shorter)."""
+    return [list(range(i, min(i + batch, n))) for i in range(0, n, batch)]
+
+
+def workload_stats(samples: list[Sample], batches: list[list[int]]) -> dict[str, float]:
+    ctx = np.array([len(s.context) for s in samples])
+    tgt = np.array([s.target_len for s in samples])
+    padded = sum(len(b) * max(len(samples[i].context) for i in b) for b in batches)
+    steps = sum(max(samples[i].target_len for i in b) for b in batches)
+    return {"samples": len(samples), "batches": len(batches), "context_mean": float(ctx.mean()),
+            "context_std": float(ctx.std()), "context_p5": float(np.percentile(ctx, 5)),
+            "context_p50": float(np.percentile(ctx, 50)),
+            "context_p95": float(np.percentile(ctx, 95)), "context_max": int(ctx.max()),
+            "target_mean": float(tgt.mean()), "padding_efficiency": float(ctx.sum() / padded),
+            "generated_steps": int(steps)}
+
+
+def pack(samples: list[Sample], idx: list[int], left: bool,
+         pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids int32 [b, S], lengths int32 [b]) right-padded, or (ids [b, S], attention mask) with
+    the padding on the left."""
+    S = max(len(samples[i].context) for i in idx)
+    ids = torch.full((len(idx), S), pad, dtype=torch.int32)
+    mask = torch.zeros((len(idx), S), dtype=torch.int32)
+    for row, i in enumerate(idx):
+        ctx = torch.from_numpy(samples[i].context)
+        if left:
+            ids[row, S - len(ctx):] = ctx
+            mask[row, S - len(ctx):] = 1
+        else:
+            ids[row, : len(ctx)] = ctx
+    if left:
+        return ids, mask
+    return ids, torch.tensor([len(samples[i].context) for i in idx], dtype=torch.int32)
+
+
+def agreement(a: list[list[int]], b: list[list[int]]) -> dict[str, float]:
+    """Token-level and sample-level (all target tokens equal) agreement, in %."""
+    tokens = sum(len(x) for x in a)
+    same = sum(int(p == q) for x, y in zip(a, b, strict=True) for p, q in zip(x, y, strict=True))
+    exact = sum(int(x == y) for x, y in zip(a, b, strict=True))
+    first = sum(int(x[:1] == y[:1]) for x, y in zip(a, b, strict=True))
+    n = max(len(a), 1)
+    return {"token_pct": 100 * same / max(tokens, 1), "sample_exact_pct": 100 * exact / n,
+            "first_token_pct": 100 * first / n}
+
+
+# --------------------------------------------------------------------------- engines
+def _timed_loop(step, batches: list[list[int]], warmup: int) -> tuple[float, float, list]:
+    """(seconds, peak GB, outputs): ``step(i)`` for every batch after ``warmup`` untimed ones."""
+    for i in range(min(warmup, len(batches))):
+        step(i)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    outs = []
+    t0 = time.perf_counter()
+    for i in range(len(batches)):
+        outs.append(step(i))
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0, torch.cuda.max_memory_allocated() / 1e9, outs
+
+
+def run_warpformer(model_dir: Path, samples: list[Sample], batches: list[list[int]],
+                   batch: int, end_id: int, warmup: int) -> tuple[float, float, list[list[int]]]:
+    from warpformer.models.gpt import build_gpt_model
+    from warpformer.weights import load_weights, read_config
+
+    weights = load_weights(model_dir, dtype=torch.float16, device="cuda")
+    max_len = max(len(s.context) for s in samples) + max(TARGET_LENS)
+    engine = build_gpt_model(read_config(model_dir), weights, dtype=torch.float16,
+                             max_batch=batch, max_seq_len=max_len)
+    packed = [pack(samples, b, left=False) for b in batches]
+    out_lens = [max(samples[i].target_len for i in b) for b in batches]
+
+    def step(i: int) -> torch.Tensor:
+        ids, lens = packed[i]
+        out, _ = engine.generate(ids.cuda(), lens.cuda(), out_lens[i], end_id)
+        return out.cpu()
+
+    seconds, peak, outs = _timed_loop(step, batches, warmup)
+    tokens: list[list[int]] = [[] for _ in samples]
+    for (_, lens), out, b in zip(packed, outs, batches, strict=True):
+        for row, i in enumerate(b):
+            n = int(lens[row])
+            tokens[i] = out[row, 0, n: n + samples[i].target_len].tolist()
+    return seconds, peak, tokens
+
+
+def run_hf(hf, samples: list[Sample], batches: list[list[int]],
+           warmup: int) -> tuple[float, float, list[list[int]]]:
+    packed = [pack(samples, b, left=True) for b in batches]
+    out_lens = [max(samples[i].target_len for i in b) for b in batches]
+
+    def step(i: int) -> torch.Tensor:
+        ids, mask = packed[i]
+        n = out_lens[i]
+        out = hf.generate(input_ids=ids.to("cuda", torch.long), attention_mask=mask.cuda(),
+                          do_sample=False, num_beams=1, min_new_tokens=n, max_new_tokens=n,
+                          pad_token_id=0, use_cache=True)
+        return out[:, ids.shape[1]:].cpu()
+
+    seconds, peak, outs = _timed_loop(step, batches, warmup)
+    tokens: list[list[int]] = [[] for _ in samples]
+    for out, b in zip(outs, batches, strict=True):
+        for row, i in enumerate(b):
+            tokens[i] = out[row, : samples[i].target_len].tolist()
+    return seconds, peak, tokens
+
+
+# --------------------------------------------------------------------------- driver
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--samples", type=int, default=None,
+                    help=f"number of samples (default {LAMBADA_SAMPLES}; --quick 1000)")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--model", choices=list(SHAPES), default="bloom-560m")
+    ap.add_argument("--layers", type=int, default=None, help="truncate the model to N layers")
+    ap.add_argument("--warmup", type=int, default=4, help="untimed batches before each engine")
+    ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE_DIR)
+    ap.add_argument("--out-dir", type=Path, default=DEFAULT_RESULTS_DIR)
+    ap.add_argument("--quick", action="store_true", help="1000 samples")
+    ap.add_argument("--dry-run", action="store_true", help="print the workload; no GPU")
+    args = ap.parse_args(argv)
+    if args.samples is None:
+        args.samples = 1000 if args.quick else LAMBADA_SAMPLES
+    if args.samples < 1 or args.batch < 1 or (args.layers is not None and args.layers < 1):
+        ap.error("--samples, --batch and --layers must be >= 1")
+    args.shape = SHAPES[args.model].with_layers(args.layers)
+    return args
+
+
+def stats_table(stats: dict[str, float]) -> str:
+    return md_table(["samples", "batches", "context mean", "std", "p5 / p50 / p95 / max",
+                     "target mean", "padding efficiency", "decode steps"],
+                    [[stats["samples"], stats["batches"], fnum(stats["context_mean"], 1),
+                      fnum(stats["context_std"], 1),
+                      f"{stats['context_p5']:.0f} / {stats['context_p50']:.0f} / "
+                      f"{stats['context_p95']:.0f} / {stats['context_max']}",
+                      fnum(stats["target_mean"]), f"{100 * stats['padding_efficiency']:.0f}%",
+                      stats["generated_steps"]]])
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    shape = args.shape
+    samples = make_samples(args.samples, shape.vocab, args.seed)
+    batches = make_batches(len(samples), args.batch)
+    stats = workload_stats(samples, batches)
+    if args.dry_run:
+        print(f"## LAMBADA-shaped workload (dry run), {shape.name}, {shape.layers} layers\n")
+        print(stats_table(stats))
+        return 0
+    if not torch.cuda.is_available():
+        print("bench_lambada: no CUDA device visible; use --dry-run", file=sys.stderr)
+        return 2
+    import warpformer  # noqa: F401
+
+    if not args.skip_hf:
+        import transformers
+
+        transformers.logging.set_verbosity_error()
+    gpu, env = gpu_name(), env_info()
+    results: dict[str, dict[str, Any]] = {}
+    tokens: dict[str, list[list[int]]] = {}
+    prep = prepare_model(shape, args.cache_dir, args.seed, need_hf=not args.skip_hf)
+    if prep.hf is not None:
+        hf, prep.hf = prep.hf, None
+        log(f"HF eager: {len(batches)} batches")
+        try:
+            sec, peak, tokens["hf-eager"] = run_hf(hf, samples, batches, args.warmup)
+            results["hf-eager"] = {"seconds": sec, "peak_gb": peak}
+        except Exception as exc:  # noqa: BLE001 - fail soft
+            results["hf-eager"] = {"error": short_error(exc)}
+        results["hf-eager"]["attn"] = getattr(hf.config, "_attn_implementation", None)
+        del hf
+        free_gpu()
+    log(f"warpformer: {len(batches)} batches")
+    try:
+        sec, peak, tokens["warpformer"] = run_warpformer(
+            prep.model_dir, samples, batches, args.batch, shape.vocab - 1, args.warmup)
+        results["warpformer"] = {"seconds": sec, "peak_gb": peak}
+    except Exception as exc:  # noqa: BLE001
+        results["warpformer"] = {"error": short_error(exc)}
+    free_gpu()
+
+    hf_s = results.get("hf-eager", {}).get("seconds")
+    wf_s = results["warpformer"].get("seconds")
+    speedup = hf_s / wf_s if hf_s and wf_s else None
+    agree = (agreement(tokens["warpformer"], tokens["hf-eager"])
+             if "warpformer" in tokens and "hf-eager" in tokens else None)
+    body = []
+    for name, r in results.items():
+        body.append([name, fnum(r.get("seconds")), fnum(len(samples) / r["seconds"], 0)
+                     if r.get("seconds") else "—", fnum(r.get("peak_gb")),
+                     fx(speedup) if name == "warpformer" else "—", r.get("error", "")])
+    table = md_table(["engine", "time s", "samples/s", "peak GB", "speedup vs HF", "note"],
+                     body, align="lrrrrl")
+    agree_line = ("agreement of the generated target tokens (warpformer vs HF eager): "
+                  f"{agree['token_pct']:.1f}% of tokens, {agree['sample_exact_pct']:.1f}% of "
+                  f"samples exact, first token {agree['first_token_pct']:.1f}%"
+                  if agree else "agreement: — (needs both engines)")
+    ft = md_table(["FT reference", "FT s", "HF s", "speedup"],
+                  [[n, fnum(a), fnum(b), fx(b / a)] for n, a, b in FT_REFERENCE])
+    doc = "\n\n".join([
+        f"## LAMBADA-shaped workload on {gpu}, {env['date']}",
+        f"{shape.name} dims, {shape.layers} layers, fp16, batch {args.batch}, greedy; "
+        f"torch {env['torch']}, transformers {env['transformers']}, commit {env['commit']}",
+        stats_table(stats), table, agree_line, ft])
+    payload = {"benchmark": "lambada", "env": env, "model": shape.name, "layers": shape.layers,
+               "batch": args.batch, "seed": args.seed, "workload": stats,
+               "length_model": {"context": f"lognormal mean {CTX_MEAN} std {CTX_STD} clipped "
+                                           f"[{CTX_MIN}, {CTX_MAX}]",
+                                "target_lengths": TARGET_LENS, "target_p": TARGET_P},
+               "results": results, "speedup": speedup, "agreement": agree,
+               "ft_reference": [{"source": n, "ft_s": a, "hf_s": b} for n, a, b in FT_REFERENCE]}
+    json_path, md_path = write_results(args.out_dir, result_stem("lambada", gpu), payload, doc)
+    print(doc)
+    print(f"\nresults: {json_path} and {md_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

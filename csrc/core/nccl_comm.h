@@ -1,0 +1,54 @@
+// NcclCommunicator: the NCCL implementation of Communicator for one tensor- or pipeline-parallel
+// group. The group is joined with NCCL's non-blocking initialisation, polled up to a timeout and
+// aborted when a peer never arrives, so a missing rank is an error rather than a hang. The unique
+// id is exchanged by the caller (warpformer.distributed: mpi4py or a torch.distributed store), so
+// no MPI-enabled PyTorch is needed.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <array>
+#include <cstdint>
+
+#include "csrc/core/communicator.h"
+
+namespace warpformer {
+
+class NcclCommunicator final : public Communicator {
+ public:
+  static constexpr size_t kIdBytes = sizeof(ncclUniqueId);
+  static std::array<char, sizeof(ncclUniqueId)> new_unique_id();
+
+  // Joins the group on `device` (this thread's current device is restored afterwards).
+  NcclCommunicator(const std::array<char, sizeof(ncclUniqueId)>& id, int world_size, int rank,
+                   int device, double timeout_s);
+  ~NcclCommunicator() override;
+  NcclCommunicator(const NcclCommunicator&) = delete;
+  NcclCommunicator& operator=(const NcclCommunicator&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  int device() const { return device_; }
+  void all_reduce_sum(void* data, int64_t count, DType dtype, cudaStream_t stream) override;
+  // recv = [rank 0's send | rank 1's send | ...], count elements from each rank.
+  void all_gather(const void* send, void* recv, int64_t count, DType dtype,
+                  cudaStream_t stream) override;
+  void broadcast(void* data, int64_t bytes, int root, cudaStream_t stream) override;
+  void send(const void* data, int64_t bytes, int peer, cudaStream_t stream) override;
+  void recv(void* data, int64_t bytes, int peer, cudaStream_t stream) override;
+  // Ends the group at once (pending operations fail); the object is unusable afterwards.
+  void abort();
+  bool aborted() const { return comm_ == nullptr; }
+
+ private:
+  // NCCL calls on a non-blocking communicator may return ncclInProgress: wait for completion of
+  // the enqueue (bounded by the timeout) and turn errors into exceptions.
+  void finish_call(int result, const char* what);
+
+  ncclComm_t comm_ = nullptr;
+  int rank_, size_, device_;
+  double timeout_s_;
+};
+
+}  // namespace warpformer

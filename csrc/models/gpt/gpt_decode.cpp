@@ -1,0 +1,484 @@
+// GptModel's generation session: decode_start / decode_step / decode_finish.
+//
+// Three token-selection modes share one loop:
+//   greedy    argmax + state update in one kernel (kernels/sampling/greedy)
+//   sampling  logits processor (penalties, min_length, bad words, temperature) -> top-k/top-p
+//             sampler with per-row Philox seeds -> state update (stop words, log probs, counts)
+//   beam      processor -> log_softmax -> beam step (candidates, hypotheses) -> beam update
+//             (reorders running sequences and the KV-cache indirection the attention reads)
+// A decode step is a pure function of device state (no host-varying arguments), so after one
+// eager step it is captured into a CUDA graph and replayed (WARPFORMER_CUDA_GRAPHS=0 disables).
+// The host never waits inside the loop: every kPoll steps an all-finished flag is copied to
+// pinned memory behind an event and read later only if the event has completed.
+#include <c10/util/Exception.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "csrc/core/check.h"
+#include "csrc/models/gpt/gpt_model.h"
+#include "kernels/gather.h"
+#include "kernels/sampling/beam_search.h"
+#include "kernels/sampling/greedy.h"
+#include "kernels/sampling/logits_processor.h"
+#include "kernels/sampling/sampler.h"
+#include "kernels/sampling/token_update.h"
+
+namespace warpformer {
+namespace gpt {
+namespace {
+
+constexpr int64_t kPoll = 16;
+
+size_t aligned(size_t n) { return (n + 255) / 256 * 256; }
+
+bool graphs_enabled() {
+  const char* env = std::getenv("WARPFORMER_CUDA_GRAPHS");
+  return env == nullptr || std::strcmp(env, "0") != 0;
+}
+
+// Sequential carving of one allocation (each piece 256-byte aligned); base null = measure only.
+struct Carve {
+  char* base;
+  size_t off = 0;
+  template <typename T>
+  T* take(size_t count) {
+    T* p = base == nullptr ? nullptr : reinterpret_cast<T*>(base + off);
+    off += aligned(count * sizeof(T));
+    return p;
+  }
+};
+
+}  // namespace
+
+// Lays the session's device state out in `base` (or only measures it when base is null).
+size_t GptModel::session_layout(char* base) {
+  Session& s = session_;
+  const int64_t rows = s.rows, batch = s.batch, V = cfg_.vocab_size;
+  const bool beam = s.beam > 1;
+  const int64_t max_out = s.out.output_log_probs != nullptr ? s.output_len : 0;
+  Carve c{base};
+  int32_t* ints = c.take<int32_t>(8 * rows + 3 * batch + 1);
+  if (base != nullptr) {
+    s.next_tok = ints;
+    s.cur_pos = ints + rows;
+    s.attn_len = ints + 2 * rows;
+    s.finished = ints + 3 * rows;
+    s.iota = ints + 4 * rows;
+    s.sampled = ints + 5 * rows;
+    s.first_rows = ints + 6 * rows;
+    s.in_len_rows = ints + 7 * rows;
+    s.in_len_batch = ints + 8 * rows;
+    s.end_ids_batch = ints + 8 * rows + batch;
+    s.row0_index = ints + 8 * rows + 2 * batch;
+    s.all_done = ints + 8 * rows + 3 * batch;
+  }
+  s.token_lp = c.take<float>(rows);
+  s.proc_logits = (beam || !s.opt.greedy) ? c.take<float>(rows * V) : nullptr;
+  s.counts = s.opt.needs_counts ? c.take<int32_t>(rows * V) : nullptr;
+  s.split_bytes = kernels::decode_attention_workspace_bytes(
+      static_cast<int>(rows), static_cast<int>(cfg_.local_heads()),
+      static_cast<int>(cfg_.size_per_head), static_cast<int>(kv_seq_));
+  s.split = s.split_bytes > 0 ? c.take<float>(s.split_bytes / sizeof(float) + 1) : nullptr;
+  if (beam) {
+    kernels::BeamSearchState& bs = s.beam_state;
+    s.beam_ws_bytes = kernels::beam_search_workspace_bytes(
+        static_cast<int>(batch), static_cast<int>(s.beam), static_cast<int>(V));
+    s.beam_ws = c.take<char>(s.beam_ws_bytes);
+    bs.batch = static_cast<int>(batch);
+    bs.beam = static_cast<int>(s.beam);
+    bs.ids_stride = static_cast<int>(s.total);
+    bs.indir_stride = static_cast<int>(kv_seq_);
+    bs.max_out = static_cast<int>(max_out);
+    bs.cum_log_probs = c.take<float>(rows);
+    bs.output_ids = c.take<int32_t>(rows * s.total);
+    bs.run_log_probs = max_out ? c.take<float>(rows * max_out) : nullptr;
+    bs.cache_indir = c.take<int32_t>(rows * kv_seq_);
+    bs.cur_pos = c.take<int32_t>(rows);
+    bs.attn_len = c.take<int32_t>(rows);
+    bs.gen_len = c.take<int32_t>(batch);
+    bs.parents = c.take<int32_t>(rows);
+    bs.tokens = c.take<int32_t>(rows);
+    bs.token_log_probs = c.take<float>(rows);
+    bs.done = c.take<int32_t>(batch);
+    bs.hyp_count = c.take<int32_t>(batch);
+    bs.hyp_score = c.take<float>(rows);
+    bs.hyp_cum = c.take<float>(rows);
+    bs.hyp_len = c.take<int32_t>(rows);
+    bs.hyp_ids = c.take<int32_t>(rows * s.total);
+    bs.hyp_log_probs = max_out ? c.take<float>(rows * max_out) : nullptr;
+    bs.input_lengths = s.in_len_batch;
+    bs.end_ids = s.end_ids_batch;
+  }
+  return c.off;
+}
+
+void GptModel::decode_start(const int32_t* ids, const std::vector<int32_t>& lengths, int64_t seq,
+                            int64_t output_len, const DecodeOptions& opt,
+                            const DecodeOutputs& out) {
+  TORCH_CHECK(!session_.active,
+              "GptModel: a generation session is running; finish it (decode_finish) first");
+  TORCH_CHECK(opt.end_ids != nullptr, "GptModel.decode: end_ids are required");
+  TORCH_CHECK(opt.beam_width >= 1 && opt.beam_width <= kernels::kMaxBeamWidth,
+              "GptModel.decode: beam_width must be in [1, ", kernels::kMaxBeamWidth, "], got ",
+              opt.beam_width);
+  TORCH_CHECK(output_len >= 1, "GptModel.decode: output_len must be >= 1, got ", output_len);
+  TORCH_CHECK(!lengths.empty(), "GptModel.decode: empty batch");
+  if (session_.graph != nullptr) {
+    cudaGraphExecDestroy(session_.graph);
+    session_.graph = nullptr;
+  }
+  Session& s = session_;
+  s = Session{};
+  s.batch = static_cast<int64_t>(lengths.size());
+  s.beam = opt.beam_width;
+  s.rows = s.batch * s.beam;
+  s.seq = seq;
+  s.output_len = output_len;
+  s.total = seq + output_len;
+  s.opt = opt;
+  s.out = out;
+  int64_t tokens = 0;
+  for (int32_t l : lengths) tokens += l;
+  ensure_kv(s.rows, s.total);
+  ensure_activations(std::max(tokens, s.rows), s.rows);
+  const size_t need = session_layout(nullptr);
+  if (need > state_need_) {
+    state_.reset();
+    state_ = DeviceBuffer(ctx_->allocator(), need, ctx_->stream());
+    state_need_ = need;
+    ++buffer_generation_;
+  }
+  session_layout(static_cast<char*>(state_.data()));
+
+  cudaStream_t stream = ctx_->stream();
+  const int64_t rows = s.rows, batch = s.batch;
+  // The prompt is prefilled once per batch entry, into the KV slot of its beam 0.
+  prefill(ids, lengths, seq, s.beam);
+  std::vector<int32_t> host(8 * rows + 3 * batch + 1, 0);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t b = r / s.beam;
+    host[rows + r] = lengths[b] - 1;               // cur_pos: the newest prompt token
+    host[2 * rows + r] = lengths[b];               // attn_len
+    host[4 * rows + r] = static_cast<int32_t>(r);  // iota
+    host[6 * rows + r] = last_host_[b];            // first_rows
+    host[7 * rows + r] = lengths[b];               // in_len_rows
+  }
+  for (int64_t b = 0; b < batch; ++b) {
+    host[8 * rows + b] = lengths[b];
+    host[8 * rows + 2 * batch + b] = static_cast<int32_t>(b * s.beam);
+  }
+  WF_CUDA_CHECK(cudaMemcpyAsync(s.next_tok, host.data(), host.size() * sizeof(int32_t),
+                                cudaMemcpyHostToDevice, stream));
+  WF_CUDA_CHECK(kernels::launch_gather_rows(s.end_ids_batch, opt.end_ids, s.row0_index, batch,
+                                            sizeof(int32_t), stream));
+  if (opt.needs_counts) {
+    kernels::TokenCountInitParams cp{};
+    cp.counts = s.counts;
+    cp.ids = out.output_ids;  // [rows, total]: the prompt, then end ids
+    cp.lengths = s.in_len_rows;
+    cp.rows = static_cast<int>(rows);
+    cp.vocab = static_cast<int>(cfg_.vocab_size);
+    cp.ids_stride = static_cast<int>(s.total);
+    WF_CUDA_CHECK(kernels::launch_init_token_counts(cp, stream));
+  }
+  if (s.beam > 1) {
+    WF_CUDA_CHECK(kernels::launch_beam_init(s.beam_state, ids, seq, /*shared_prompt_slot=*/true,
+                                            stream));
+  }
+  if (host_flag_ == nullptr) {
+    WF_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_flag_), sizeof(int32_t)));
+    WF_CUDA_CHECK(cudaEventCreateWithFlags(&flag_event_, cudaEventDisableTiming));
+  }
+  *host_flag_ = 0;
+  s.graph_generation = buffer_generation_;
+  s.active = true;
+}
+
+void GptModel::select_tokens() {
+  Session& s = session_;
+  cudaStream_t stream = ctx_->stream();
+  const Scratch sc = scratch();
+  const int rows = static_cast<int>(s.rows), V = static_cast<int>(cfg_.vocab_size);
+  const int64_t stride = cfg_.vocab_padded();  // logits row stride (vocab-parallel padding)
+  const bool beam = s.beam > 1;
+  if (!beam && s.opt.greedy) {
+    WF_DISPATCH_FLOATING(dtype_, "GptModel.decode", [&] {
+      kernels::GreedyStepParams<scalar_t> g{};
+      g.logits = static_cast<const scalar_t*>(sc.last_logits);
+      g.next_tokens = s.next_tok;
+      g.cur_pos = s.cur_pos;
+      g.attn_len = s.attn_len;
+      g.finished = s.finished;
+      g.output_ids = s.out.output_ids;
+      g.seq_lengths = s.out.sequence_lengths;
+      g.end_ids = s.opt.end_ids;
+      g.rows = rows;
+      g.vocab = V;
+      g.logits_stride = stride;
+      g.output_stride = static_cast<int>(s.total);
+      WF_CUDA_CHECK(kernels::launch_greedy_step(g, stream));
+    });
+    return;
+  }
+  const kernels::BeamSearchState& bs = s.beam_state;
+  if (beam && s.counts != nullptr) {
+    // Beams reorder every step, so their token counts are recounted from the running sequences.
+    kernels::TokenCountInitParams cp{};
+    cp.counts = s.counts;
+    cp.ids = bs.output_ids;
+    cp.lengths = bs.attn_len;  // cur_pos + 1 tokens per row
+    cp.rows = rows;
+    cp.vocab = V;
+    cp.ids_stride = static_cast<int>(s.total);
+    WF_CUDA_CHECK(kernels::launch_init_token_counts(cp, stream));
+  }
+  // 1. processed fp32 logits
+  WF_DISPATCH_FLOATING(dtype_, "GptModel.decode", [&] {
+    kernels::LogitsProcessorParams<scalar_t> p{};
+    p.out = s.proc_logits;
+    p.logits = static_cast<const scalar_t*>(sc.last_logits);
+    p.token_counts = s.counts;
+    p.repetition_penalty = s.opt.repetition_penalty;
+    p.presence_penalty = s.opt.presence_penalty;
+    p.frequency_penalty = s.opt.frequency_penalty;
+    p.temperature = s.opt.temperature;
+    p.min_length = s.opt.min_length;
+    p.end_ids = s.opt.end_ids;
+    p.input_lengths = s.in_len_rows;
+    p.cur_pos = beam ? bs.cur_pos : s.cur_pos;
+    p.output_ids = beam ? bs.output_ids : s.out.output_ids;
+    p.bad_words = s.opt.bad_words;
+    p.logits_stride = stride;
+    p.out_stride = V;
+    p.bad_words_row_stride = s.opt.bad_words_row_stride;
+    p.bad_words_len = s.opt.bad_words_len;
+    p.output_stride = static_cast<int>(s.total);
+    p.step = 0;  // unused: generated counts come from cur_pos and input_lengths
+    p.rows = rows;
+    p.vocab = V;
+    WF_CUDA_CHECK(kernels::launch_process_logits(p, stream));
+  });
+  if (beam) {
+    WF_CUDA_CHECK(kernels::launch_log_softmax<float>(s.proc_logits, V, s.proc_logits, V, rows, V,
+                                                     stream));
+    kernels::BeamStepParams bp{};
+    bp.s = bs;
+    bp.log_probs = s.proc_logits;
+    bp.log_probs_stride = V;
+    bp.shared_rows = false;
+    bp.vocab = V;
+    bp.length_penalty = s.opt.length_penalty;
+    bp.diversity_rate = s.opt.diversity_rate;
+    bp.workspace = s.beam_ws;
+    bp.workspace_bytes = s.beam_ws_bytes;
+    WF_CUDA_CHECK(kernels::launch_beam_step(bp, stream));
+    WF_CUDA_CHECK(kernels::launch_beam_update(bs, stream));
+    return;
+  }
+  // 2. sample, 3. update
+  kernels::SamplerParams sp{};
+  sp.logits = s.proc_logits;
+  sp.tokens = s.sampled;
+  sp.log_probs = s.token_lp;
+  sp.top_k = s.opt.top_k;
+  sp.top_p = s.opt.top_p;
+  sp.seeds = s.opt.seeds;
+  sp.positions = s.cur_pos;
+  sp.logits_stride = V;
+  sp.position_offset = 1;
+  sp.rows = rows;
+  sp.vocab = V;
+  WF_CUDA_CHECK(kernels::launch_sample_tokens(sp, stream));
+  kernels::TokenUpdateParams up{};
+  up.tokens = s.sampled;
+  up.token_log_probs = s.token_lp;
+  up.next_tokens = s.next_tok;
+  up.cur_pos = s.cur_pos;
+  up.attn_len = s.attn_len;
+  up.finished = s.finished;
+  up.output_ids = s.out.output_ids;
+  up.seq_lengths = s.out.sequence_lengths;
+  up.end_ids = s.opt.end_ids;
+  up.cum_log_probs = s.out.cum_log_probs;
+  up.output_log_probs = s.out.output_log_probs;
+  up.input_lengths = s.in_len_rows;
+  up.token_counts = s.counts;
+  up.stop_words = s.opt.stop_words;
+  up.stop_words_row_stride = s.opt.stop_words_row_stride;
+  up.stop_words_len = s.opt.stop_words_len;
+  up.log_probs_stride = static_cast<int>(s.output_len);
+  up.vocab = V;
+  up.output_stride = static_cast<int>(s.total);
+  up.rows = rows;
+  WF_CUDA_CHECK(kernels::launch_update_tokens(up, stream));
+}
+
+// One decode step after the first: feed each row's newest token at its position.
+void GptModel::decode_step_body() {
+  Session& s = session_;
+  const bool beam = s.beam > 1;
+  const kernels::BeamSearchState& bs = s.beam_state;
+  int32_t* tokens = beam ? bs.tokens : s.next_tok;
+  int32_t* pos = beam ? bs.cur_pos : s.cur_pos;
+  embed(tokens, pos, s.rows, 1);
+  layers::AttentionInputs ai{};
+  ai.num_slots = static_cast<int>(kv_slots_);
+  ai.max_seq = static_cast<int>(kv_seq_);
+  ai.token_slot = s.iota;
+  ai.token_pos = pos;
+  ai.alibi_slopes = alibi_.as<float>();
+  ai.decode = true;
+  ai.row_slot = s.iota;
+  ai.lengths = beam ? bs.attn_len : s.attn_len;
+  ai.cache_indir = beam ? bs.cache_indir : nullptr;
+  ai.workspace = s.split;
+  ai.workspace_bytes = s.split_bytes;
+  run_layers(s.rows, ai);
+  logits(buffers().n, s.rows, scratch().last_logits);
+  select_tokens();
+}
+
+int64_t GptModel::decode_step(int64_t max_steps) {
+  Session& s = session_;
+  TORCH_CHECK(s.active, "GptModel.decode_step: no generation session (call decode_start)");
+  cudaStream_t stream = ctx_->stream();
+  int64_t n = 0;
+  while (n < max_steps && s.steps_done < s.output_len && !s.stop) {
+    // The flag copied kPoll steps ago. With tensor parallelism every rank must stop at the same
+    // step, so the decision waits for that copy (the host is then at most kPoll steps ahead);
+    // alone, it only looks if the copy has landed.
+    const bool lockstep = comm_ != nullptr && comm_->size() > 1;
+    if (s.flag_pending && s.steps_done % kPoll == 0 &&
+        (lockstep ? cudaEventSynchronize(flag_event_) == cudaSuccess
+                  : cudaEventQuery(flag_event_) == cudaSuccess)) {
+      s.flag_pending = false;
+      if (*host_flag_) {
+        s.stop = true;
+        break;
+      }
+    }
+    if (s.steps_done == 0) {
+      // First token of every row: logits of its last prompt token (prefill output).
+      WF_CUDA_CHECK(kernels::launch_gather_rows(scratch().last_rows, buffers().n, s.first_rows,
+                                                s.rows, cfg_.hidden() * dtype_size(dtype_),
+                                                stream));
+      logits(scratch().last_rows, s.rows, scratch().last_logits);
+      select_tokens();
+    } else if (s.steps_done == 1 || s.graph_failed || !graphs_enabled() ||
+               s.graph_generation != buffer_generation_ || comm_ != nullptr) {
+      // (With a communicator the step runs eagerly: NCCL calls are not captured.)
+      decode_step_body();  // the second step runs eagerly: it plans the GEMMs before capture
+    } else {
+      if (s.graph == nullptr) capture_step();
+      if (s.graph != nullptr) {
+        WF_CUDA_CHECK(cudaGraphLaunch(s.graph, stream));
+      } else {
+        decode_step_body();
+      }
+    }
+    ++s.steps_done;
+    ++n;
+    if (s.steps_done % kPoll == 0 && !s.flag_pending) {
+      const bool beam = s.beam > 1;
+      WF_CUDA_CHECK(kernels::launch_all_finished(beam ? s.beam_state.done : s.finished,
+                                                 static_cast<int>(beam ? s.batch : s.rows),
+                                                 s.all_done, stream));
+      WF_CUDA_CHECK(cudaMemcpyAsync(host_flag_, s.all_done, sizeof(int32_t),
+                                    cudaMemcpyDeviceToHost, stream));
+      WF_CUDA_CHECK(cudaEventRecord(flag_event_, stream));
+      s.flag_pending = true;
+    }
+  }
+  return n;
+}
+
+void GptModel::capture_step() {
+  Session& s = session_;
+  cudaStream_t stream = ctx_->stream();
+  cudaGraph_t graph = nullptr;
+  WF_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  try {
+    decode_step_body();
+  } catch (...) {
+    cudaStreamEndCapture(stream, &graph);
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    (void)cudaGetLastError();
+    s.graph_failed = true;
+    TORCH_WARN_ONCE("warpformer: a decode step could not be captured in a CUDA graph; "
+                    "running it without graphs");
+    return;
+  }
+  const cudaError_t end = cudaStreamEndCapture(stream, &graph);
+  cudaGraphExec_t exec = nullptr;
+  if (end == cudaSuccess && graph != nullptr &&
+      cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess) {
+    s.graph = exec;
+  } else {
+    (void)cudaGetLastError();
+    s.graph_failed = true;
+    TORCH_WARN_ONCE("warpformer: CUDA graph capture of the decode step failed (",
+                    cudaGetErrorString(end), "); running it without graphs");
+  }
+  if (graph != nullptr) cudaGraphDestroy(graph);
+}
+
+void GptModel::decode_finish() {
+  Session& s = session_;
+  TORCH_CHECK(s.active, "GptModel.decode_finish: no generation session (call decode_start)");
+  if (s.beam > 1) {
+    kernels::BeamFinalizeParams fp{};
+    fp.s = s.beam_state;
+    fp.length_penalty = s.opt.length_penalty;
+    fp.output_ids = s.out.output_ids;
+    fp.out_stride = static_cast<int>(s.total);
+    fp.sequence_lengths = s.out.sequence_lengths;
+    fp.cum_log_probs = s.out.cum_log_probs;
+    fp.output_log_probs = s.out.output_log_probs;
+    WF_CUDA_CHECK(kernels::launch_beam_finalize(fp, ctx_->stream()));
+  }
+  // The pinned flag may still be the target of a pending copy.
+  if (s.flag_pending) WF_CUDA_CHECK(cudaEventSynchronize(flag_event_));
+  if (s.graph != nullptr) {
+    cudaGraphExecDestroy(s.graph);
+    s.graph = nullptr;
+  }
+  s.active = false;
+}
+
+void GptModel::decode_abort() {
+  Session& s = session_;
+  cudaStreamSynchronize(ctx_->stream());
+  (void)cudaGetLastError();
+  if (s.graph != nullptr) {
+    cudaGraphExecDestroy(s.graph);
+    s.graph = nullptr;
+  }
+  s.flag_pending = false;
+  s.active = false;
+}
+
+void GptModel::generate_greedy(const int32_t* ids, const std::vector<int32_t>& lengths,
+                               int64_t seq, int64_t output_len, const int32_t* end_ids,
+                               int32_t* output_ids, int32_t* seq_lengths) {
+  DecodeOptions opt;
+  opt.end_ids = end_ids;
+  opt.greedy = true;
+  DecodeOutputs out;
+  out.output_ids = output_ids;
+  out.sequence_lengths = seq_lengths;
+  decode_start(ids, lengths, seq, output_len, opt, out);
+  try {
+    decode_step(output_len);
+    decode_finish();
+  } catch (...) {
+    decode_abort();
+    throw;
+  }
+}
+
+}  // namespace gpt
+}  // namespace warpformer

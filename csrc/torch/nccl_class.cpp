@@ -1,0 +1,63 @@
+#include "csrc/torch/nccl_class.h"
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <array>
+#include <cstring>
+
+#include "csrc/torch/ops.h"
+#include "csrc/torch/tensor_utils.h"
+
+namespace warpformer {
+
+NcclCommHolder::NcclCommHolder(const at::Tensor& unique_id, int64_t world_size, int64_t rank,
+                               int64_t device, double timeout_s) {
+  const char* op = "NcclComm";
+  check_dtype(unique_id, at::kByte, op, "unique_id");
+  TORCH_CHECK(unique_id.numel() == static_cast<int64_t>(NcclCommunicator::kIdBytes), op,
+              ": unique_id must have ", NcclCommunicator::kIdBytes, " bytes (from "
+              "nccl_unique_id()), got ", unique_id.numel());
+  TORCH_CHECK(device >= 0 && device < c10::cuda::device_count(), op, ": device ", device,
+              " is not a visible CUDA device (", c10::cuda::device_count(), " visible)");
+  const at::Tensor id = unique_id.to(at::kCPU).contiguous();
+  std::array<char, NcclCommunicator::kIdBytes> bytes{};
+  std::memcpy(bytes.data(), id.data_ptr(), bytes.size());
+  comm_ = std::make_shared<NcclCommunicator>(bytes, static_cast<int>(world_size),
+                                             static_cast<int>(rank), static_cast<int>(device),
+                                             timeout_s);
+}
+
+at::Tensor NcclCommHolder::all_reduce_(at::Tensor t) {
+  const char* op = "NcclComm.all_reduce_";
+  check_floating(t, op, "t");
+  check_contiguous(t, op, "t");
+  check_cuda(t, op, "t");
+  TORCH_CHECK(t.device().index() == comm_->device(), op, ": t is on ", t.device(),
+              " but the communicator is on cuda:", comm_->device());
+  const c10::cuda::CUDAGuard guard(t.device());
+  comm_->all_reduce_sum(t.data_ptr(), t.numel(), to_dtype(t.scalar_type(), op, "t"),
+                        current_stream(t));
+  return t;
+}
+
+void NcclCommHolder::barrier() {
+  const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(comm_->device()));
+  at::Tensor one = at::ones({1}, at::TensorOptions().device(at::kCUDA, comm_->device()));
+  all_reduce_(one);
+  c10::cuda::getCurrentCUDAStream(comm_->device()).synchronize();
+}
+
+namespace ops {
+
+at::Tensor nccl_unique_id() {
+  const auto id = NcclCommunicator::new_unique_id();
+  at::Tensor out = at::empty({static_cast<int64_t>(id.size())}, at::TensorOptions().dtype(at::kByte));
+  std::memcpy(out.data_ptr(), id.data(), id.size());
+  return out;
+}
+
+}  // namespace ops
+}  // namespace warpformer

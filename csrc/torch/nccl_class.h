@@ -1,0 +1,33 @@
+// torch.classes.warpformer.NcclComm: one NCCL group member, created by warpformer.distributed
+// after it exchanged the unique id (mpi4py or a torch.distributed store) and attached to models.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/custom_class.h>
+
+#include <memory>
+
+#include "csrc/core/nccl_comm.h"
+
+namespace warpformer {
+
+class NcclCommHolder : public torch::CustomClassHolder {
+ public:
+  // unique_id: uint8 [128] from nccl_unique_id() on the group's first rank.
+  NcclCommHolder(const at::Tensor& unique_id, int64_t world_size, int64_t rank, int64_t device,
+                 double timeout_s);
+  int64_t rank() const { return comm_->rank(); }
+  int64_t size() const { return comm_->size(); }
+  int64_t device() const { return comm_->device(); }
+  // In-place sum over the group on the current stream (for tests and users).
+  at::Tensor all_reduce_(at::Tensor t);
+  // Returns once every rank has called it (an all-reduce of one value, then a stream sync).
+  void barrier();
+  void abort() { comm_->abort(); }
+  NcclCommunicator* get() const { return comm_.get(); }
+
+ private:
+  std::shared_ptr<NcclCommunicator> comm_;
+};
+
+}  // namespace warpformer

@@ -1,0 +1,556 @@
+"""``warpformer.GPT``: load a converted GPT-family checkpoint and generate, stream or score.
+
+    >>> gpt = warpformer.GPT.from_pretrained("out/1-gpu", dtype=torch.float16)
+    >>> out = gpt.generate([[464, 2068, 7586]], max_new_tokens=32, do_sample=True, top_p=0.9,
+    ...                    seed=0)
+    >>> out.tokens[0][0]            # row 0, best beam: the generated ids
+    >>> for step in gpt.generate_stream([[464, 2068]], 32):  # [B, 1] new ids per step
+    ...     ...
+
+Two backends run the same options: ``"cuda"`` (``torch.classes.warpformer.GptModel``, the C++
+engine, ``docs/GENERATION_API.md``) and ``"reference"`` (:mod:`warpformer.reference_generation`,
+plain PyTorch on CPU or GPU). ``backend="auto"`` picks cuda when a GPU is visible. Argument
+errors raise ``ValueError`` naming the argument before anything runs on the device.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .config import GptConfig
+from .weights import read_config, resolve_model_dir
+
+__all__ = ["GPT", "GenerationOutput", "words_to_ft", "MAX_TOP_K", "MAX_BEAMS"]
+
+MAX_TOP_K = 1024
+MAX_BEAMS = 16
+
+IdsLike = torch.Tensor | Sequence[Sequence[int]]
+
+
+@dataclass
+class GenerationOutput:
+    """What :meth:`GPT.generate` returns (HF-style names; FT's in brackets).
+
+    Attributes:
+        sequences: int64 ``[B, beams, S + max_new_tokens]`` [output_ids]: each prompt (right
+            padded to ``S``) followed from its own length on by the generated tokens, ``end_id``
+            past the end. Beams are sorted best first; ``beams`` is 1 without beam search.
+        sequence_lengths: int64 ``[B, beams]`` [sequence_length]: prompt + generated tokens
+            (``end_id`` counted when it was produced).
+        input_lengths: int64 ``[B]``: the prompt lengths.
+        tokens: ``tokens[b][k]`` is the list of generated ids of row ``b``, beam ``k`` (``end_id``
+            included when produced, as in ``sequence_lengths``).
+        cum_log_probs: float32 ``[B, beams]`` [cum_log_probs]: summed log probs of the generated
+            tokens (plus the prompt's with ``return_cum_log_probs=2``); always set for beam
+            search, else only when asked.
+        log_probs: float32 ``[B, beams, max_new_tokens]`` [output_log_probs] of each chosen token
+            (after penalties and temperature, before top-k/top-p), 0 past the end; when asked.
+    """
+
+    sequences: torch.Tensor
+    sequence_lengths: torch.Tensor
+    input_lengths: torch.Tensor
+    tokens: list[list[list[int]]]
+    cum_log_probs: torch.Tensor | None = None
+    log_probs: torch.Tensor | None = None
+
+    @property
+    def output_ids(self) -> torch.Tensor:
+        """FT's name for :attr:`sequences`."""
+        return self.sequences
+
+
+def _is_token_list(x) -> bool:
+    return isinstance(x, (list, tuple)) and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in x)
+
+
+def words_to_ft(words, batch_size: int | None = None, name: str = "stop_words") -> torch.Tensor:
+    """Convert word lists to FT's ``[B, 2, L]`` int32 format.
+
+    Args:
+        words: either one list of words shared by every row (``[[5, 6], [7]]``: two words, one
+            of two tokens) or one such list per row (``[[[5, 6]], [[7], [8, 9]]]``).
+        batch_size: ``B``; a shared list is repeated ``B`` times (``None``: returns ``[2, L]``).
+        name: argument name used in error messages.
+    Returns:
+        int32 ``[B, 2, L]`` (or ``[2, L]``): row 0 holds the words' ids concatenated, row 1 the
+        end offset of each word; both padded with -1 to the longest row's ``L`` (at least 1).
+    """
+    if not isinstance(words, (list, tuple)):
+        raise ValueError(f"{name} must be a list of token lists (e.g. [[5, 6], [7]]) or one such "
+                         f"list per row, got {type(words).__name__}")
+    per_row = len(words) > 0 and all(
+        isinstance(w, (list, tuple)) and all(_is_token_list(x) for x in w) and len(w) > 0
+        and not _is_token_list(w) for w in words)
+    if per_row:
+        rows = [list(w) for w in words]
+        if batch_size is not None and len(rows) != batch_size:
+            raise ValueError(f"{name} has {len(rows)} per-row lists for a batch of {batch_size}")
+    else:
+        if not all(_is_token_list(w) for w in words):
+            raise ValueError(f"{name} must be a list of token lists (e.g. [[5, 6], [7]]) or one "
+                             "such list per row")
+        rows = [list(words)] * (1 if batch_size is None else batch_size)
+    for row in rows:
+        for w in row:
+            if len(w) == 0:
+                raise ValueError(f"{name} contains an empty word")
+    width = max([1] + [sum(len(w) for w in row) for row in rows])
+    out = torch.full((len(rows), 2, width), -1, dtype=torch.int32)
+    for r, row in enumerate(rows):
+        flat = [t for w in row for t in w]
+        out[r, 0, : len(flat)] = torch.tensor(flat, dtype=torch.int32)
+        ends, pos = [], 0
+        for w in row:
+            pos += len(w)
+            ends.append(pos)
+        out[r, 1, : len(ends)] = torch.tensor(ends, dtype=torch.int32)
+    return out[0] if batch_size is None else out
+
+
+def _cuda_available() -> bool:
+    return torch.cuda.is_available() and torch.cuda.device_count() > 0
+
+
+class GPT:
+    """A converted GPT-family model (GPT-2, Megatron GPT, OPT, BLOOM, GPT-J, GPT-NeoX) ready to
+    generate. Build it with :meth:`from_pretrained`."""
+
+    def __init__(self, engine, config: GptConfig, backend: str, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        self.engine = engine
+        """``torch.classes.warpformer.GptModel`` (cuda) or ``ReferenceEngine`` (reference)."""
+        self.config = config
+        self.backend = backend
+        self.dtype = dtype
+        self.device = device
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def from_pretrained(cls, converted_dir: str | os.PathLike[str],
+                        dtype: torch.dtype = torch.float16, tensor_para_size: int = 1,
+                        pipeline_para_size: int = 1, max_batch: int = 8,
+                        max_seq_len: int | None = None, device: str | torch.device | None = None,
+                        backend: str = "auto") -> GPT:
+        """Load a directory written by ``warpformer convert`` (``OUT`` or ``OUT/<tp>-gpu``).
+
+        Args:
+            converted_dir: the converted checkpoint.
+            dtype: compute dtype, ``torch.float32``/``float16``/``bfloat16`` (FT ``--data_type``).
+                The reference backend on CPU computes fp16 in fp32 (CPU half GEMMs are slow).
+            tensor_para_size, pipeline_para_size: FT's ``tensor_para_size`` /
+                ``pipeline_para_size``; > 1 runs through :mod:`warpformer.distributed` (start the
+                script with ``torchrun``/``mpirun``, one process per GPU).
+            max_batch: the largest batch a call may use (FT ``max_batch_size``); the engine
+                reserves its KV cache for it.
+            max_seq_len: the largest prompt + new tokens (default: the position table, or 2048).
+            device: where the model lives (default ``cuda`` for the cuda backend, ``cpu`` for the
+                reference).
+            backend: ``"cuda"``, ``"reference"`` or ``"auto"`` (cuda when a GPU is visible, else
+                the reference with a warning).
+        """
+        from .models.gpt import default_max_seq_len, dtype_name
+
+        dtype_name(dtype)  # ValueError for unsupported dtypes
+        if backend not in ("auto", "cuda", "reference"):
+            raise ValueError(f"backend must be 'auto', 'cuda' or 'reference', got {backend!r}")
+        for arg, value in (("tensor_para_size", tensor_para_size),
+                           ("pipeline_para_size", pipeline_para_size), ("max_batch", max_batch)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{arg} must be a positive integer, got {value!r}")
+        path = resolve_model_dir(converted_dir)
+        config = read_config(path)
+        limit = max_seq_len if max_seq_len is not None else default_max_seq_len(config)
+        if limit < 2:
+            raise ValueError(f"max_seq_len must be >= 2, got {limit}")
+        if config.has_positional_encoding and limit > config.max_pos_seq_len:
+            raise ValueError(f"max_seq_len ({limit}) exceeds the model's position table "
+                             f"(max_pos_seq_len = {config.max_pos_seq_len})")
+        parallel = tensor_para_size * pipeline_para_size > 1
+        if backend == "auto":
+            if _cuda_available() or parallel:
+                backend = "cuda"
+            else:
+                backend = "reference"
+                warnings.warn("warpformer: no CUDA device visible; using the plain-PyTorch "
+                              "reference backend on CPU (slow, same results)", stacklevel=2)
+        if backend == "reference":
+            if parallel:
+                raise ValueError("tensor_para_size/pipeline_para_size > 1 need backend='cuda' "
+                                 "(the reference backend merges all shards on one device)")
+            return cls._load_reference(path, config, dtype, max_batch, limit, device)
+        if not _cuda_available():
+            raise ValueError("backend='cuda' needs a CUDA device and none is visible; use "
+                             "backend='reference' (or 'auto') to run on CPU")
+        if config.tensor_para_size != tensor_para_size:
+            raise ValueError(f"tensor_para_size={tensor_para_size} but {path} was converted for "
+                             f"tensor_para_size {config.tensor_para_size}; pass "
+                             f"{config.tensor_para_size} or reconvert")
+        device = torch.device(device if device is not None else "cuda")
+        if parallel:
+            engine = cls._load_distributed(path, dtype, tensor_para_size, pipeline_para_size,
+                                           max_batch, limit)
+        else:
+            from .models.gpt import load_gpt_model
+
+            engine = load_gpt_model(path, dtype=dtype, device=device, max_batch=max_batch,
+                                    max_seq_len=limit)
+        return cls(engine, config, "cuda", dtype, device)
+
+    @classmethod
+    def _load_reference(cls, path, config, dtype, max_batch, limit, device) -> GPT:
+        from .reference import GptReference
+        from .reference_generation import ReferenceEngine
+
+        device = torch.device(device if device is not None else "cpu")
+        compute = torch.float32 if (device.type == "cpu" and dtype == torch.float16) else dtype
+        model = GptReference.from_dir(path, dtype=compute, device=device)
+        return cls(ReferenceEngine(model, max_batch, limit), config, "reference", compute, device)
+
+    @staticmethod
+    def _load_distributed(path, dtype, tp, pp, max_batch, limit):
+        try:
+            from . import distributed
+        except ImportError as exc:
+            raise ValueError(
+                f"tensor_para_size={tp}, pipeline_para_size={pp} needs warpformer.distributed, "
+                f"which this installation lacks ({exc}); use tensor_para_size=1 and "
+                "pipeline_para_size=1") from exc
+        return distributed.load_gpt_model(path, dtype=dtype, tensor_para_size=tp,
+                                          pipeline_para_size=pp, max_batch=max_batch,
+                                          max_seq_len=limit)
+
+    @property
+    def max_batch(self) -> int:
+        return int(self.engine.max_batch())
+
+    @property
+    def max_seq_len(self) -> int:
+        return int(self.engine.max_seq_len())
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    @property
+    def end_id(self) -> int:
+        return self.config.end_id
+
+    # ------------------------------------------------------------------ inputs
+    def _inputs(self, input_ids: IdsLike, input_lengths, new_tokens: int
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Validate and return (ids int32 [B, S], lengths int32 [B]) on the model's device."""
+        if isinstance(input_ids, torch.Tensor):
+            ids = input_ids
+            if ids.dim() == 1:
+                ids = ids[None]
+            if ids.dim() != 2:
+                raise ValueError(f"input_ids must be [B, S], got shape {list(input_ids.shape)}")
+            if ids.dtype.is_floating_point or ids.dtype == torch.bool:
+                raise ValueError(f"input_ids must hold integers, got {ids.dtype}")
+            if ids.shape[0] == 0:
+                raise ValueError("input_ids is an empty batch")
+            if ids.shape[1] == 0:
+                raise ValueError("input_ids has empty rows (S = 0)")
+            B, S = ids.shape
+            if input_lengths is None:
+                lengths = torch.full((B,), S, dtype=torch.int64)
+            else:
+                lengths = torch.as_tensor(input_lengths).reshape(-1).cpu().long()
+                if lengths.shape != (B,):
+                    raise ValueError(f"input_lengths must have {B} entries, got "
+                                     f"{lengths.numel()}")
+                if bool((lengths < 1).any()):
+                    raise ValueError(f"input_lengths: row {int((lengths < 1).nonzero()[0])} is "
+                                     "empty (every row needs at least one token)")
+                if bool((lengths > S).any()):
+                    raise ValueError(f"input_lengths must be <= S = {S}, got {lengths.tolist()}")
+            ids = ids.cpu().long()
+        else:
+            if not isinstance(input_ids, (list, tuple)) or not all(
+                    isinstance(r, (list, tuple)) for r in input_ids):
+                raise ValueError("input_ids must be a tensor [B, S] or a list of token lists")
+            if len(input_ids) == 0:
+                raise ValueError("input_ids is an empty batch")
+            for b, row in enumerate(input_ids):
+                if len(row) == 0:
+                    raise ValueError(f"input_ids row {b} is empty")
+                if not _is_token_list(row):
+                    raise ValueError(f"input_ids row {b} must hold ints")
+            if input_lengths is not None:
+                raise ValueError("input_lengths is only accepted with a tensor input_ids")
+            B, S = len(input_ids), max(len(r) for r in input_ids)
+            ids = torch.zeros(B, S, dtype=torch.long)
+            for b, row in enumerate(input_ids):
+                ids[b, : len(row)] = torch.tensor(row, dtype=torch.long)
+            lengths = torch.tensor([len(r) for r in input_ids], dtype=torch.long)
+        valid = torch.arange(S)[None] < lengths[:, None]
+        bad = valid & ((ids < 0) | (ids >= self.vocab_size))
+        if bool(bad.any()):
+            b, s = (int(v) for v in bad.nonzero()[0])
+            raise ValueError(f"input_ids[{b}, {s}] = {int(ids[b, s])} is outside the vocabulary "
+                             f"[0, {self.vocab_size})")
+        if B > self.max_batch:
+            raise ValueError(f"batch size {B} exceeds max_batch ({self.max_batch}) given to "
+                             "from_pretrained")
+        if S + new_tokens > self.max_seq_len:
+            raise ValueError(f"input length {S} + max_new_tokens {new_tokens} = "
+                             f"{S + new_tokens} exceeds max_seq_len ({self.max_seq_len})")
+        ids = ids.masked_fill(~valid, 0)
+        return (ids.to(torch.int32).to(self.device),
+                lengths.to(torch.int32).to(self.device))
+
+    def _per_row(self, name: str, value, batch: int, dtype: torch.dtype, check, rule: str
+                 ) -> torch.Tensor:
+        values = list(value) if isinstance(value, (list, tuple)) else [value]
+        if isinstance(value, (list, tuple)) and len(values) != batch:
+            raise ValueError(f"{name} has {len(values)} per-row values for a batch of {batch}")
+        for v in values:
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or (
+                    not dtype.is_floating_point and not isinstance(v, int)):
+                kind = "a number" if dtype.is_floating_point else "an int"
+                raise ValueError(f"{name} must be {kind} or a list of them, got {v!r}")
+            if not check(v):
+                raise ValueError(f"{name} must be {rule}, got {v}")
+        t = torch.tensor(values, dtype=dtype)
+        return t[0] if len(values) == 1 and not isinstance(value, (list, tuple)) else t
+
+    def _options(self, batch: int, max_new_tokens: int, *, do_sample, top_k, top_p, temperature,
+                 repetition_penalty, presence_penalty, frequency_penalty, min_length, num_beams,
+                 length_penalty, diversity_rate, stop_words, bad_words, end_id, seed,
+                 return_log_probs, return_cum_log_probs=0) -> dict[str, torch.Tensor]:
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+        if not isinstance(num_beams, int) or not 1 <= num_beams <= MAX_BEAMS:
+            raise ValueError(f"num_beams must be in [1, {MAX_BEAMS}], got {num_beams!r}")
+        if num_beams > 1 and do_sample:
+            raise ValueError("num_beams > 1 with do_sample=True (beam sampling) is not supported")
+        if num_beams > 1 and 2 * num_beams > self.vocab_size:
+            raise ValueError(f"num_beams ({num_beams}) needs vocab_size >= {2 * num_beams}")
+        opts: dict[str, torch.Tensor] = {}
+        row = lambda name, v, dt, ok, rule: self._per_row(name, v, batch, dt, ok, rule)  # noqa: E731
+        if top_k is not None:
+            opts["top_k"] = row("top_k", top_k, torch.int32, lambda k: 0 <= k <= MAX_TOP_K,
+                                f"in [0, {MAX_TOP_K}] (0: no top-k filter)")
+        if top_p is not None:
+            opts["top_p"] = row("top_p", top_p, torch.float32, lambda p: 0.0 < p <= 1.0,
+                                "in (0, 1]")
+        opts["temperature"] = row("temperature", temperature, torch.float32, lambda t: t > 0,
+                                  "> 0")
+        opts["repetition_penalty"] = row("repetition_penalty", repetition_penalty,
+                                         torch.float32, lambda p: p > 0, "> 0 (1: off)")
+        opts["presence_penalty"] = row("presence_penalty", presence_penalty, torch.float32,
+                                       lambda p: True, "a number")
+        opts["frequency_penalty"] = row("frequency_penalty", frequency_penalty, torch.float32,
+                                        lambda p: True, "a number")
+        opts["min_length"] = row("min_length", min_length, torch.int32, lambda m: m >= 0, ">= 0")
+        if end_id is not None:
+            opts["end_id"] = row("end_id", end_id, torch.int32,
+                                 lambda e: 0 <= e < self.vocab_size,
+                                 f"a token id in [0, {self.vocab_size})")
+        if do_sample:
+            opts.setdefault("top_k", torch.tensor(0, dtype=torch.int32))  # top_k=1: greedy
+            if seed is None:  # fresh seeds from torch's generator: torch.manual_seed controls it
+                seed = torch.randint(0, 2**62, (batch,)).tolist()
+        else:
+            if top_k not in (None, 1) or top_p not in (None, 1.0):
+                warnings.warn("top_k/top_p are ignored without do_sample=True (greedy decoding); "
+                              "pass do_sample=True to sample", stacklevel=3)
+            opts["top_k"] = torch.tensor(1, dtype=torch.int32)
+            opts["top_p"] = torch.tensor(1.0, dtype=torch.float32)
+        if seed is not None:
+            opts["seed"] = row("seed", seed, torch.int64, lambda s: 0 <= s < 2**63, ">= 0")
+        for name, words in (("stop_words", stop_words), ("bad_words", bad_words)):
+            if words is not None:
+                opts[name] = words_to_ft(words, batch, name)
+        opts["beam_width"] = torch.tensor(num_beams, dtype=torch.int32)
+        opts["length_penalty"] = torch.tensor(float(length_penalty), dtype=torch.float32)
+        opts["diversity_rate"] = torch.tensor(float(diversity_rate), dtype=torch.float32)
+        opts["return_log_probs"] = torch.tensor(int(bool(return_log_probs)), dtype=torch.int32)
+        if return_cum_log_probs not in (0, 1, 2):
+            raise ValueError(f"return_cum_log_probs must be 0, 1 or 2, got {return_cum_log_probs}")
+        opts["return_cum_log_probs"] = torch.tensor(int(return_cum_log_probs), dtype=torch.int32)
+        return opts
+
+    # ------------------------------------------------------------------ generation
+    def generate(self, input_ids: IdsLike, max_new_tokens: int, *,
+                 input_lengths: torch.Tensor | Sequence[int] | None = None,
+                 do_sample: bool = False, top_k: int | Sequence[int] | None = None,
+                 top_p: float | Sequence[float] | None = None,
+                 temperature: float | Sequence[float] = 1.0,
+                 repetition_penalty: float | Sequence[float] = 1.0,
+                 presence_penalty: float | Sequence[float] = 0.0,
+                 frequency_penalty: float | Sequence[float] = 0.0,
+                 min_length: int | Sequence[int] = 0, num_beams: int = 1,
+                 length_penalty: float = 1.0, diversity_rate: float = 0.0,
+                 stop_words=None, bad_words=None, end_id: int | Sequence[int] | None = None,
+                 seed: int | Sequence[int] | None = None, return_log_probs: bool = False,
+                 return_cum_log_probs: int = 0) -> GenerationOutput:
+        """Generate ``max_new_tokens`` tokens per row (fewer when a row ends).
+
+        Per-row arguments take a scalar (all rows) or a list of ``B`` values. FT's names in
+        brackets (``docs/GENERATION_API.md`` has the engine's options).
+
+        Args:
+            input_ids: int tensor ``[B, S]`` (right padded; any device) or a list of ``B`` token
+                lists of any lengths [input_ids]. Ids must be in ``[0, vocab_size)``.
+            max_new_tokens: tokens to generate, >= 1 [output_len / request_output_len].
+            input_lengths: with a tensor ``input_ids``: int ``[B]`` valid lengths (default ``S``)
+                [input_lengths].
+            do_sample: sample instead of greedy decoding (HF). FT has no switch: ``top_k=1``
+                is greedy there; without ``do_sample`` we send ``top_k=1`` [runtime_top_k].
+            top_k: with ``do_sample``: keep the ``k`` most likely tokens, 0 or None = no filter
+                (HF's default is 50; ours is no filter), at most 1024 [runtime_top_k].
+            top_p: with ``do_sample``: nucleus mass in (0, 1], None = 1 = off [runtime_top_p].
+            temperature: > 0, divides the logits [temperature].
+            repetition_penalty: > 0, 1 = off; logit < 0 ? logit * p : logit / p for every token
+                seen in the prompt or output [repetition_penalty].
+            presence_penalty: subtracted once from the logit of every seen token
+                [presence_penalty].
+            frequency_penalty: subtracted per occurrence of a seen token [frequency_penalty].
+            min_length: ``end_id`` is banned until this many new tokens exist [min_length].
+            num_beams: beam width 1..16; > 1 runs beam search (no sampling) [beam_width].
+            length_penalty: beam score = cum_log_prob / generated_len ** length_penalty
+                [len_penalty].
+            diversity_rate: FT's beam diversity: a candidate's selection score drops by
+                ``diversity_rate * rank`` within its parent beam [beam_search_diversity_rate].
+            stop_words: ``[[ids...], ...]`` shared by all rows, or one such list per row; a row
+                ends when its output ends with one (the word is kept) [stop_words_list].
+            bad_words: same format; these token sequences are never completed
+                [bad_words_list].
+            end_id: end-of-sequence id(s), default the checkpoint's ``end_id`` [end_id].
+            seed: per-row RNG seed(s) >= 0; same seed => same tokens whatever the batch. None
+                with ``do_sample``: drawn from torch's global generator [random_seed].
+            return_log_probs: also return per-token log probs [output_log_probs].
+            return_cum_log_probs: FT's mode: 0 none, 1 generated tokens, 2 prompt + generated
+                [return_cum_log_probs]; beam search always returns them.
+        Returns:
+            :class:`GenerationOutput`.
+        """
+        ids, lengths = self._inputs(input_ids, input_lengths, max_new_tokens)
+        opts = self._options(
+            ids.shape[0], max_new_tokens, do_sample=do_sample, top_k=top_k, top_p=top_p,
+            temperature=temperature, repetition_penalty=repetition_penalty,
+            presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+            min_length=min_length, num_beams=num_beams, length_penalty=length_penalty,
+            diversity_rate=diversity_rate, stop_words=stop_words, bad_words=bad_words,
+            end_id=end_id, seed=seed, return_log_probs=return_log_probs,
+            return_cum_log_probs=return_cum_log_probs)
+        with torch.no_grad():
+            if self._plain_greedy(opts) and not _has_method(self.engine, "decode"):
+                # engine built before decode() landed: its greedy loop is equivalent
+                end = int(opts["end_id"].reshape(-1)[0]) if "end_id" in opts else -1
+                out_ids, seq = self.engine.generate(ids, lengths, max_new_tokens, end)
+                result = {"output_ids": out_ids, "sequence_lengths": seq}
+            else:
+                result = self.engine.decode(ids, lengths, max_new_tokens, opts)
+        return self._output(result, lengths)
+
+    @staticmethod
+    def _plain_greedy(opts: dict[str, torch.Tensor]) -> bool:
+        defaults = {"top_k": 1, "temperature": 1.0, "repetition_penalty": 1.0,
+                    "presence_penalty": 0.0, "frequency_penalty": 0.0, "min_length": 0,
+                    "beam_width": 1, "return_log_probs": 0, "return_cum_log_probs": 0,
+                    "top_p": 1.0}
+        if "stop_words" in opts or "bad_words" in opts or "seed" in opts:
+            return False
+        if "end_id" in opts and opts["end_id"].dim() > 0 and opts["end_id"].unique().numel() > 1:
+            return False
+        return all(k not in opts or bool((opts[k] == v).all()) for k, v in defaults.items())
+
+    def _output(self, result: dict[str, torch.Tensor], lengths: torch.Tensor
+                ) -> GenerationOutput:
+        seqs = result["output_ids"].long()
+        seq_len = result["sequence_lengths"].long()
+        lengths = lengths.long()
+        cpu_seqs, cpu_len, cpu_in = seqs.cpu(), seq_len.cpu(), lengths.cpu()
+        tokens = [[cpu_seqs[b, k, int(cpu_in[b]): int(cpu_len[b, k])].tolist()
+                   for k in range(seqs.shape[1])] for b in range(seqs.shape[0])]
+        return GenerationOutput(sequences=seqs, sequence_lengths=seq_len, input_lengths=lengths,
+                                tokens=tokens, cum_log_probs=result.get("cum_log_probs"),
+                                log_probs=result.get("output_log_probs"))
+
+    def generate_stream(self, input_ids: IdsLike, max_new_tokens: int, *, chunk_size: int = 1,
+                        **kwargs) -> Generator[torch.Tensor, None, GenerationOutput]:
+        """Like :meth:`generate` (same arguments, ``num_beams`` must be 1) but yields the new
+        tokens as they are produced: int64 ``[B, k]`` on CPU per engine call (``k <=
+        chunk_size``; rows that have ended hold ``end_id``). The generator's return value (the
+        ``value`` of its ``StopIteration``, or ``result = yield from gen``) is the final
+        :class:`GenerationOutput`. Breaking out of the loop early ends the generation."""
+        if kwargs.get("num_beams", 1) != 1:
+            raise ValueError("num_beams must be 1 for generate_stream: beam search is not "
+                             "streamable (beams are reordered until the end)")
+        if not isinstance(chunk_size, int) or chunk_size < 1:
+            raise ValueError(f"chunk_size must be an integer >= 1, got {chunk_size!r}")
+        input_lengths = kwargs.pop("input_lengths", None)
+        ids, lengths = self._inputs(input_ids, input_lengths, max_new_tokens)
+        opts = self._options(ids.shape[0], max_new_tokens, **_option_kwargs(kwargs))
+        return self._stream(ids, lengths, max_new_tokens, opts, chunk_size)
+
+    def _stream(self, ids, lengths, max_new_tokens, opts, chunk_size):
+        with torch.no_grad():
+            self.engine.decode_start(ids, lengths, max_new_tokens, opts)
+        finished = False
+        try:
+            while True:
+                with torch.no_grad():
+                    step = self.engine.decode_step(chunk_size)
+                if step.shape[-1] == 0:
+                    break
+                yield step[:, 0].long().cpu()
+            with torch.no_grad():
+                result = self.engine.decode_finish()
+            finished = True
+            return self._output(result, lengths)
+        finally:
+            if not finished:  # closed early or failed: release the engine's call state
+                try:
+                    self.engine.decode_finish()
+                except RuntimeError:
+                    pass
+
+    # ------------------------------------------------------------------ scoring
+    def logits(self, input_ids: IdsLike, input_lengths=None) -> torch.Tensor:
+        """Logits of every position: ``[B, S, V]`` (model dtype on cuda, fp32 on the reference;
+        rows are zero past their length). ``input_ids``/``input_lengths`` as in
+        :meth:`generate`."""
+        ids, lengths = self._inputs(input_ids, input_lengths, 0)
+        with torch.no_grad():
+            return self.engine.forward(ids, lengths)
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (f"GPT({c.model_variant}, layers={c.num_layer}, hidden={c.hidden_size}, "
+                f"vocab={c.vocab_size}, backend={self.backend}, dtype={self.dtype}, "
+                f"device={self.device})")
+
+
+_OPTION_NAMES = ("do_sample", "top_k", "top_p", "temperature", "repetition_penalty",
+                 "presence_penalty", "frequency_penalty", "min_length", "num_beams",
+                 "length_penalty", "diversity_rate", "stop_words", "bad_words", "end_id", "seed",
+                 "return_log_probs", "return_cum_log_probs")
+_OPTION_DEFAULTS = dict(do_sample=False, top_k=None, top_p=None, temperature=1.0,
+                        repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0,
+                        min_length=0, num_beams=1, length_penalty=1.0, diversity_rate=0.0,
+                        stop_words=None, bad_words=None, end_id=None, seed=None,
+                        return_log_probs=False, return_cum_log_probs=0)
+
+
+def _option_kwargs(kwargs: dict) -> dict:
+    unknown = set(kwargs) - set(_OPTION_NAMES)
+    if unknown:
+        raise TypeError(f"unexpected argument(s) {sorted(unknown)}")
+    return {**_OPTION_DEFAULTS, **kwargs}
+
+
+def _has_method(engine, name: str) -> bool:
+    if isinstance(engine, torch.ScriptObject):
+        return engine._has_method(name)
+    return hasattr(engine, name)

@@ -1,0 +1,432 @@
+"""LAMBADA last-word accuracy with FasterTransformer's method, optionally against HF transformers.
+
+FT's method (``examples/pytorch/gpt/lambada_task_example.py`` in FT): each JSONL line's ``text`` is
+split at its last space; the words before it are the context, the last word *with its leading
+space* is the target. Context and target are tokenised separately. Each batch is decoded greedily
+for as many tokens as its longest target; a sample is correct iff every one of its target tokens
+was generated in order. ``metric="logits"`` scores the same target by teacher forcing instead
+(context + target in one pass; correct iff the arg-max at every target position is the target
+token), and reports the targets' perplexity beside.
+
+``warpformer lambada --checkpoint-path OUT/1-gpu --tokenizer-path HF_DIR --dataset-path
+lambada_test.jsonl [--test-hf]`` prints ``accuracy: xx.xxxx% (n/total)`` and the elapsed time;
+with ``--test-hf`` HF runs the same samples in the same batches (left padded, greedy) and the
+difference, the agreement of the generated target tokens and the speedup are printed too. Under
+``torchrun``/``mpirun`` every rank runs the model and rank 0 alone prints and writes files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+__all__ = ["Sample", "LambadaResult", "split_text", "read_dataset", "tokenize_samples",
+           "batches", "evaluate", "format_report", "build_word_tokenizer", "run", "add_args",
+           "main_from_args", "world_rank"]
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclass
+class Sample:
+    """One LAMBADA line: ``text`` = ``context`` + ``target`` (``target`` starts with a space)."""
+
+    index: int
+    context: str
+    target: str
+    context_ids: list[int] = field(default_factory=list)
+    target_ids: list[int] = field(default_factory=list)
+
+
+def split_text(text: str) -> tuple[str, str]:
+    """FT's split: ``("context", " last")`` at the last space of ``text`` (trailing whitespace
+    removed first). Punctuation attached to the last word stays in the target."""
+    text = text.rstrip()
+    cut = text.rfind(" ")
+    if cut <= 0 or cut == len(text) - 1:
+        raise ValueError(f"text has no 'context last-word' split at a space: {text[:60]!r}")
+    return text[:cut], text[cut:]
+
+
+def read_dataset(path: str | os.PathLike[str], max_samples: int | None = None) -> list[Sample]:
+    """Read a LAMBADA-format JSONL file (one ``{"text": ...}`` object per line)."""
+    samples: list[Sample] = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                text = json.loads(line)["text"]
+            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                raise ValueError(f"{path}:{lineno}: expected a JSON object with a 'text' field "
+                                 f"({exc})") from None
+            try:
+                context, target = split_text(text)
+            except ValueError as exc:
+                raise ValueError(f"{path}:{lineno}: {exc}") from None
+            samples.append(Sample(len(samples), context, target))
+            if max_samples is not None and len(samples) >= max_samples:
+                break
+    if not samples:
+        raise ValueError(f"{path}: no samples")
+    return samples
+
+
+def tokenize_samples(samples: list[Sample], tokenizer) -> list[Sample]:
+    """Fill ``context_ids`` (with the tokenizer's usual special tokens, e.g. OPT's BOS) and
+    ``target_ids`` (without) using a HF tokenizer."""
+    for s in samples:
+        s.context_ids = list(tokenizer.encode(s.context))
+        s.target_ids = list(tokenizer.encode(s.target, add_special_tokens=False))
+        if not s.context_ids or not s.target_ids:
+            raise ValueError(f"sample {s.index}: empty context or target after tokenisation")
+    return samples
+
+
+def batches(samples: Sequence[Sample], batch_size: int) -> list[list[Sample]]:
+    """Consecutive batches in file order (FT: a DataLoader without shuffling)."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    return [list(samples[i: i + batch_size]) for i in range(0, len(samples), batch_size)]
+
+
+@dataclass
+class LambadaResult:
+    """Counts and times of one evaluation (``None`` for what was not run)."""
+
+    total: int
+    correct: int | None = None
+    seconds: float | None = None
+    logits_correct: int | None = None
+    logits_nll: float | None = None  # mean per target token
+    logits_seconds: float | None = None
+    hf_correct: int | None = None
+    hf_seconds: float | None = None
+    hf_logits_correct: int | None = None
+    hf_logits_nll: float | None = None
+    agree: int | None = None
+    records: list[dict] = field(default_factory=list)
+
+    def summary(self) -> dict:
+        out = {k: v for k, v in asdict(self).items() if k != "records"}
+        if self.correct is not None:
+            out["accuracy"] = self.correct / self.total
+        if self.hf_correct is not None:
+            out["hf_accuracy"] = self.hf_correct / self.total
+        if self.hf_seconds is not None and self.seconds:
+            out["speedup"] = self.hf_seconds / self.seconds
+        return out
+
+
+def _pct(n: int, total: int) -> str:
+    return f"{100.0 * n / total:.4f}% ({n}/{total})"
+
+
+def format_report(r: LambadaResult, title: str = "LAMBADA") -> str:
+    """The printed summary: accuracies as ``xx.xxxx% (n/total)``, times, agreement, speedup."""
+    lines = [f"{title}: {r.total} samples"]
+    if r.correct is not None:
+        lines.append(f"warpformer accuracy: {_pct(r.correct, r.total)}  "
+                     f"elapsed {r.seconds:.3f} s")
+    if r.logits_correct is not None:
+        lines.append(f"warpformer logits accuracy: {_pct(r.logits_correct, r.total)}  "
+                     f"target ppl {math.exp(r.logits_nll):.3f}  elapsed {r.logits_seconds:.3f} s")
+    if r.hf_correct is not None:
+        lines.append(f"HF accuracy: {_pct(r.hf_correct, r.total)}  elapsed {r.hf_seconds:.3f} s")
+        diff = 100.0 * (r.correct - r.hf_correct) / r.total
+        lines.append(f"accuracy difference (warpformer - HF): {diff:+.4f} points")
+        lines.append(f"generated target tokens agree with HF: {_pct(r.agree, r.total)}")
+        lines.append(f"speedup over HF: {r.hf_seconds / max(r.seconds, 1e-9):.2f}x")
+    if r.hf_logits_correct is not None:
+        lines.append(f"HF logits accuracy: {_pct(r.hf_logits_correct, r.total)}  "
+                     f"target ppl {math.exp(r.hf_logits_nll):.3f}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- model runners
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _cut(tokens: list[int], end_id: int) -> list[int]:
+    """Tokens up to and including the first ``end_id``."""
+    return tokens[: tokens.index(end_id) + 1] if end_id in tokens else tokens
+
+
+def warpformer_generate(gpt, batch: list[Sample]) -> list[list[int]]:
+    """Greedy continuation of each context for the batch's longest target (end_id included)."""
+    n = max(len(s.target_ids) for s in batch)
+    out = gpt.generate([s.context_ids for s in batch], n)
+    return [row[0] for row in out.tokens]
+
+
+def hf_generate(model, batch: list[Sample], end_id: int, pad_id: int) -> list[list[int]]:
+    """HF greedy ``generate`` on the left-padded batch, same length and end id."""
+    n = max(len(s.target_ids) for s in batch)
+    S = max(len(s.context_ids) for s in batch)
+    dev = next(model.parameters()).device
+    ids = torch.full((len(batch), S), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(batch), S, dtype=torch.long)
+    for b, s in enumerate(batch):
+        ids[b, S - len(s.context_ids):] = torch.tensor(s.context_ids)
+        mask[b, S - len(s.context_ids):] = 1
+    out = model.generate(input_ids=ids.to(dev), attention_mask=mask.to(dev), max_new_tokens=n,
+                         min_new_tokens=0, do_sample=False, num_beams=1, eos_token_id=end_id,
+                         pad_token_id=pad_id, repetition_penalty=1.0, no_repeat_ngram_size=0)
+    return [_cut(row.tolist(), end_id) for row in out[:, S:].cpu()]
+
+
+def _teacher_forced(batch: list[Sample]) -> tuple[list[list[int]], list[int]]:
+    seqs = [s.context_ids + s.target_ids[:-1] for s in batch]
+    return seqs, [len(s.context_ids) - 1 for s in batch]
+
+
+def score_logits(logits_fn: Callable[[list[list[int]]], torch.Tensor], batch: list[Sample]
+                 ) -> list[tuple[bool, float]]:
+    """Teacher forcing: ``(all target tokens are the arg-max, summed target NLL)`` per sample."""
+    seqs, starts = _teacher_forced(batch)
+    logits = logits_fn(seqs).float()
+    out = []
+    for b, s in enumerate(batch):
+        n = len(s.target_ids)
+        rows = logits[b, starts[b]: starts[b] + n]
+        target = torch.tensor(s.target_ids, device=rows.device)
+        nll = -torch.log_softmax(rows, -1).gather(1, target[:, None]).sum()
+        out.append((bool((rows.argmax(-1) == target).all()), float(nll)))
+    return out
+
+
+def hf_logits_fn(model) -> Callable[[list[list[int]]], torch.Tensor]:
+    dev = next(model.parameters()).device
+
+    def run(seqs: list[list[int]]) -> torch.Tensor:
+        S = max(len(x) for x in seqs)
+        ids = torch.zeros(len(seqs), S, dtype=torch.long)
+        mask = torch.zeros(len(seqs), S, dtype=torch.long)
+        for b, x in enumerate(seqs):
+            ids[b, : len(x)] = torch.tensor(x)
+            mask[b, : len(x)] = 1
+        with torch.no_grad():
+            return model(input_ids=ids.to(dev), attention_mask=mask.to(dev)).logits
+    return run
+
+
+def _progress(items, show: bool, desc: str):
+    if not show:
+        return items
+    from tqdm import tqdm
+
+    return tqdm(items, desc=desc, unit="batch")
+
+
+def evaluate(gpt, samples: list[Sample], *, batch_size: int = 8, metric: str = "generate",
+             hf_model=None, show_progress: bool = False, end_id: int | None = None,
+             pad_id: int | None = None, decode: Callable[[list[int]], str] | None = None
+             ) -> LambadaResult:
+    """Run LAMBADA on tokenised ``samples`` with ``gpt`` (a :class:`warpformer.GPT`) and, when
+    ``hf_model`` is given, with HF on the same batches. ``metric``: generate, logits or both."""
+    if metric not in ("generate", "logits", "both"):
+        raise ValueError(f"metric must be generate, logits or both, got {metric!r}")
+    end_id = gpt.end_id if end_id is None else end_id
+    pad_id = end_id if pad_id is None else pad_id
+    groups = batches(samples, batch_size)
+    res = LambadaResult(total=len(samples))
+    recs = [{"index": s.index, "context": s.context, "target": s.target,
+             "target_ids": s.target_ids} for s in samples]
+    gen = metric in ("generate", "both")
+    if gen:
+        res.correct, res.seconds = 0, 0.0
+        for batch in _progress(groups, show_progress, "warpformer"):
+            _sync()
+            t0 = time.perf_counter()
+            outs = warpformer_generate(gpt, batch)
+            _sync()
+            res.seconds += time.perf_counter() - t0
+            for s, toks in zip(batch, outs, strict=True):
+                got = toks[: len(s.target_ids)]
+                ok = got == s.target_ids
+                res.correct += ok
+                recs[s.index].update(generated_ids=got, correct=ok)
+                if decode is not None:
+                    recs[s.index]["generated_text"] = decode(got)
+    if metric in ("logits", "both"):
+        res.logits_correct, nll, count, res.logits_seconds = 0, 0.0, 0, 0.0
+        for batch in _progress(groups, show_progress, "warpformer logits"):
+            _sync()
+            t0 = time.perf_counter()
+            scores = score_logits(gpt.logits, batch)
+            _sync()
+            res.logits_seconds += time.perf_counter() - t0
+            for s, (ok, s_nll) in zip(batch, scores, strict=True):
+                res.logits_correct += ok
+                nll += s_nll
+                count += len(s.target_ids)
+                recs[s.index].update(logits_correct=ok, target_nll=s_nll)
+        res.logits_nll = nll / count
+    if hf_model is not None:
+        if gen:
+            res.hf_correct, res.hf_seconds, res.agree = 0, 0.0, 0
+            for batch in _progress(groups, show_progress, "HF"):
+                _sync()
+                t0 = time.perf_counter()
+                with torch.no_grad():
+                    outs = hf_generate(hf_model, batch, end_id, pad_id)
+                _sync()
+                res.hf_seconds += time.perf_counter() - t0
+                for s, toks in zip(batch, outs, strict=True):
+                    got = toks[: len(s.target_ids)]
+                    ok = got == s.target_ids
+                    same = got == recs[s.index]["generated_ids"]
+                    res.hf_correct += ok
+                    res.agree += same
+                    recs[s.index].update(hf_generated_ids=got, hf_correct=ok, agree=same)
+        if metric in ("logits", "both"):
+            res.hf_logits_correct, nll, count = 0, 0.0, 0
+            fn = hf_logits_fn(hf_model)
+            for batch in _progress(groups, show_progress, "HF logits"):
+                for s, (ok, s_nll) in zip(batch, score_logits(fn, batch), strict=True):
+                    res.hf_logits_correct += ok
+                    nll += s_nll
+                    count += len(s.target_ids)
+                    recs[s.index].update(hf_logits_correct=ok, hf_target_nll=s_nll)
+            res.hf_logits_nll = nll / count
+    res.records = recs
+    return res
+
+
+# ---------------------------------------------------------------------------- tokenizer
+def build_word_tokenizer(texts: Sequence[str], out_dir: str | os.PathLike[str],
+                         eos: str = "<|endoftext|>") -> Path:
+    """Train a word-level tokenizer (words and punctuation marks are tokens) on ``texts`` and
+    save it as a HF tokenizer folder loadable by ``AutoTokenizer.from_pretrained(out_dir)``.
+    Ids: 0 ``<unk>``, 1 ``eos`` (also the pad token), then the vocabulary by frequency."""
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.WordLevel(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator(list(texts), trainers.WordLevelTrainer(
+        special_tokens=["<unk>", eos], min_frequency=1, show_progress=False))
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>",
+                                                eos_token=eos, pad_token=eos)
+    out = Path(out_dir)
+    fast.save_pretrained(out)
+    return out
+
+
+# ---------------------------------------------------------------------------- CLI
+def world_rank() -> int:
+    """This process's rank (warpformer.distributed when present, else the launcher's env)."""
+    try:
+        from . import distributed  # noqa: F401
+    except ImportError:
+        distributed = None
+    get_context = getattr(distributed, "get_context", None)
+    ctx = get_context() if callable(get_context) else None
+    if ctx is not None:
+        return int(ctx.info.rank)
+    for var in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return 0
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint-path", required=True, help="converted <tp>-gpu directory")
+    p.add_argument("--tokenizer-path", required=True, help="HF tokenizer folder")
+    p.add_argument("--dataset-path", required=True, help="LAMBADA-format JSONL file")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--test-hf", action="store_true",
+                   help="also run HF transformers on the same samples and compare")
+    p.add_argument("--hf-model-path", help="HF checkpoint for --test-hf (default: tokenizer path)")
+    p.add_argument("--output-path", help="write per-sample results and the summary as JSON")
+    p.add_argument("--show-progress", action="store_true", help="tqdm progress bars")
+    p.add_argument("--metric", choices=("generate", "logits", "both"), default="generate")
+    p.add_argument("--dtype", choices=tuple(DTYPES), default="fp16")
+    p.add_argument("--max-samples", type=int, help="evaluate only the first N samples")
+    p.add_argument("--backend", choices=("auto", "cuda", "reference"), default="auto")
+    p.add_argument("--tensor-para-size", type=int, default=1)
+    p.add_argument("--pipeline-para-size", type=int, default=1)
+
+
+def load_hf_model(path: str | os.PathLike[str], dtype: torch.dtype):
+    """HF causal LM for the comparison: on the GPU in ``dtype`` when one is visible, else CPU
+    fp32; eager attention, evaluation mode."""
+    import transformers
+
+    cuda = torch.cuda.is_available()
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        path, dtype=dtype if cuda else torch.float32, attn_implementation="eager")
+    return model.to("cuda" if cuda else "cpu").eval()
+
+
+def run(checkpoint_path, tokenizer_path, dataset_path, *, batch_size: int = 8,
+        test_hf: bool = False, hf_model_path=None, output_path=None, show_progress: bool = False,
+        metric: str = "generate", dtype: str = "fp16", max_samples: int | None = None,
+        backend: str = "auto", tensor_para_size: int = 1, pipeline_para_size: int = 1,
+        gpt=None, print_fn: Callable[[str], None] = print) -> LambadaResult:
+    """Load tokenizer, data and model (or use ``gpt``), evaluate, print on rank 0, write JSON."""
+    import transformers
+
+    from .gpt import GPT
+    from .models.gpt import default_max_seq_len
+    from .weights import read_config
+
+    main_rank = world_rank() == 0
+    say = print_fn if main_rank else (lambda _msg: None)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_path)
+    samples = tokenize_samples(read_dataset(dataset_path, max_samples), tokenizer)
+    need = max(max(len(s.context_ids) for s in b) + max(len(s.target_ids) for s in b)
+               for b in batches(samples, batch_size))
+    if gpt is None:
+        limit = default_max_seq_len(read_config(checkpoint_path))
+        if need > limit:
+            raise ValueError(f"{dataset_path}: a batch needs {need} positions, more than the "
+                             f"model's {limit}")
+        gpt = GPT.from_pretrained(checkpoint_path, dtype=DTYPES[dtype], max_batch=batch_size,
+                                  max_seq_len=need, backend=backend,
+                                  tensor_para_size=tensor_para_size,
+                                  pipeline_para_size=pipeline_para_size)
+    hf = None
+    if test_hf and main_rank:
+        hf_path = hf_model_path or tokenizer_path
+        if not (Path(hf_path) / "config.json").is_file():
+            raise ValueError(f"--test-hf needs a HF checkpoint: {hf_path} has no config.json "
+                             "(pass --hf-model-path)")
+        hf = load_hf_model(hf_path, DTYPES[dtype])
+    say(f"warpformer: {gpt!r}")
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else gpt.end_id
+    res = evaluate(gpt, samples, batch_size=batch_size, metric=metric, hf_model=hf,
+                   show_progress=show_progress and main_rank, pad_id=pad,
+                   decode=lambda ids: _safe_decode(tokenizer, ids))
+    say(format_report(res, f"LAMBADA {Path(dataset_path).name}"))
+    if output_path and main_rank:
+        Path(output_path).write_text(json.dumps(
+            {"summary": res.summary(), "samples": res.records}, indent=1))
+        say(f"per-sample results written to {output_path}")
+    return res
+
+
+def _safe_decode(tokenizer, ids: list[int]) -> str:
+    try:
+        return tokenizer.decode(ids)
+    except (IndexError, KeyError, OverflowError, TypeError, ValueError):  # ids past its vocab
+        return ""
+
+
+def main_from_args(args: argparse.Namespace) -> int:
+    run(args.checkpoint_path, args.tokenizer_path, args.dataset_path,
+        batch_size=args.batch_size, test_hf=args.test_hf, hf_model_path=args.hf_model_path,
+        output_path=args.output_path, show_progress=args.show_progress, metric=args.metric,
+        dtype=args.dtype, max_samples=args.max_samples, backend=args.backend,
+        tensor_para_size=args.tensor_para_size, pipeline_para_size=args.pipeline_para_size)
+    return 0

@@ -1,0 +1,498 @@
+"""The generation contract of ``torch.classes.warpformer.GptModel`` in plain PyTorch.
+
+:class:`ReferenceEngine` wraps a :class:`~warpformer.reference.GptReference` and offers the same
+methods as the C++ class, with the same arguments, option dictionary and returned dictionary
+(``docs/GENERATION_API.md``): ``forward``, greedy ``generate``, ``decode``, ``decode_start``,
+``decode_step`` and ``decode_finish``. :class:`warpformer.GPT` drives either engine through that
+one interface, so the CPU fallback supports every option the GPU does:
+
+* sampling per step in the contract's order: repetition / presence / frequency penalties ->
+  ``min_length`` and bad words (banned = -inf) -> temperature -> top-k -> top-p -> draw
+  (greedy when ``top_k == 1``);
+* stop words (a row ends when its sequence ends with one) and per-row ``end_id``;
+* beam search that follows HF transformers' algorithm step for step (2 x beam_width candidates,
+  hypotheses finished by ``end_id`` or a stop word scored ``cum_log_prob / generated_len **
+  length_penalty``, HF's ``early_stopping=False`` heuristic, running beams finalised at the
+  length limit), plus FT's ``diversity_rate``.
+
+RNG: each row draws from its own ``torch.Generator`` seeded with the row's ``seed`` (so a row's
+tokens do not depend on the other rows of the batch) through ``torch.multinomial``. The CUDA
+engine uses its own counter-based generator, so the same seed gives reproducible tokens on each
+backend, but not the same tokens on both; distributions agree, draws do not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .reference import GptReference
+
+__all__ = ["ReferenceEngine", "OPTION_KEYS", "parse_ft_words"]
+
+# key -> (dtype, per-row?, default)
+OPTION_KEYS: dict[str, tuple[torch.dtype, bool, float]] = {
+    "end_id": (torch.int32, True, -1),
+    "top_k": (torch.int32, True, 1),
+    "top_p": (torch.float32, True, 1.0),
+    "temperature": (torch.float32, True, 1.0),
+    "repetition_penalty": (torch.float32, True, 1.0),
+    "presence_penalty": (torch.float32, True, 0.0),
+    "frequency_penalty": (torch.float32, True, 0.0),
+    "min_length": (torch.int32, True, 0),
+    "seed": (torch.int64, True, 0),
+    "beam_width": (torch.int32, False, 1),
+    "length_penalty": (torch.float32, False, 1.0),
+    "diversity_rate": (torch.float32, False, 0.0),
+    "return_log_probs": (torch.int32, False, 0),
+    "return_cum_log_probs": (torch.int32, False, 0),
+}
+_WORD_KEYS = ("bad_words", "stop_words")
+_NEG = -1.0e9
+
+
+def parse_ft_words(t: torch.Tensor, batch: int, name: str) -> list[list[list[int]]]:
+    """FT's ``[B, 2, L]`` / ``[2, L]`` word list (row 0 concatenated ids, row 1 end offsets,
+    -1 padded) -> per row, a list of token lists."""
+    if t.dim() == 2:
+        t = t.unsqueeze(0).expand(batch, -1, -1)
+    if t.dim() != 3 or t.shape[0] != batch or t.shape[1] != 2:
+        raise RuntimeError(f"{name} must have shape [B, 2, L] or [2, L] with B = {batch}, "
+                           f"got {list(t.shape)}")
+    rows: list[list[list[int]]] = []
+    for ids, offsets in t.tolist():
+        words, start = [], 0
+        for end in offsets:
+            if end < 0:
+                break
+            if not start < end <= len(ids):
+                raise RuntimeError(f"{name}: offsets must be increasing and within the id row")
+            words.append(ids[start:end])
+            start = end
+        rows.append(words)
+    return rows
+
+
+@dataclass
+class _Options:
+    """The option dict, validated and broadcast: per-row values are lists of length B."""
+
+    end_id: list[int]
+    top_k: list[int]
+    top_p: list[float]
+    temperature: list[float]
+    repetition_penalty: list[float]
+    presence_penalty: list[float]
+    frequency_penalty: list[float]
+    min_length: list[int]
+    seed: list[int]
+    beam_width: int
+    length_penalty: float
+    diversity_rate: float
+    return_log_probs: int
+    return_cum_log_probs: int
+    bad_words: list[list[list[int]]]
+    stop_words: list[list[list[int]]]
+
+    @classmethod
+    def parse(cls, options: dict[str, torch.Tensor], batch: int, default_end: int) -> _Options:
+        unknown = set(options) - set(OPTION_KEYS) - set(_WORD_KEYS)
+        if unknown:
+            raise RuntimeError(f"unknown decode option(s) {sorted(unknown)}; known: "
+                               f"{sorted(OPTION_KEYS) + list(_WORD_KEYS)}")
+        values: dict = {}
+        for key, (dtype, per_row, default) in OPTION_KEYS.items():
+            t = options.get(key)
+            if t is None:
+                v = [default] * batch if per_row else default
+            else:
+                if not isinstance(t, torch.Tensor):
+                    raise RuntimeError(f"option {key} must be a tensor")
+                if t.dtype.is_floating_point != dtype.is_floating_point:
+                    raise RuntimeError(f"option {key} must have dtype {dtype}, got {t.dtype}")
+                if per_row:
+                    if t.dim() == 0:
+                        v = [t.item()] * batch
+                    elif t.shape == (batch,):
+                        v = t.tolist()
+                    else:
+                        raise RuntimeError(f"option {key} must have shape [{batch}] or [], got "
+                                           f"{list(t.shape)}")
+                else:
+                    if t.numel() != 1:
+                        raise RuntimeError(f"option {key} is a scalar, got shape "
+                                           f"{list(t.shape)}")
+                    v = t.item()
+            values[key] = v
+        values["end_id"] = [default_end if e < 0 else int(e) for e in values["end_id"]]
+        for key in _WORD_KEYS:
+            t = options.get(key)
+            values[key] = [[] for _ in range(batch)] if t is None else parse_ft_words(
+                t.cpu(), batch, key)
+        o = cls(**values)
+        o.check()
+        return o
+
+    def check(self) -> None:
+        rules = [
+            ("top_k", all(0 <= k <= 1024 for k in self.top_k), "in [0, 1024]"),
+            ("top_p", all(0.0 < p <= 1.0 for p in self.top_p), "in (0, 1]"),
+            ("temperature", all(t > 0 for t in self.temperature), "> 0"),
+            ("repetition_penalty", all(p > 0 for p in self.repetition_penalty), "> 0"),
+            ("min_length", all(m >= 0 for m in self.min_length), ">= 0"),
+            ("beam_width", 1 <= self.beam_width <= 16, "in [1, 16]"),
+            ("return_cum_log_probs", self.return_cum_log_probs in (0, 1, 2), "0, 1 or 2"),
+        ]
+        for key, ok, rule in rules:
+            if not ok:
+                raise RuntimeError(f"option {key} must be {rule}, got {getattr(self, key)}")
+
+    @property
+    def penalties(self) -> bool:
+        return (any(p != 1.0 for p in self.repetition_penalty)
+                or any(p != 0.0 for p in self.presence_penalty)
+                or any(p != 0.0 for p in self.frequency_penalty))
+
+
+def _ends_with(seq: list[int], word: list[int]) -> bool:
+    return len(seq) >= len(word) and seq[len(seq) - len(word):] == word
+
+
+def _top_k_top_p(logits: torch.Tensor, k: int, p: float) -> torch.Tensor:
+    """Keep the ``k`` largest logits (0 = all) of ``logits`` ``[V]``, then the smallest set of
+    the most probable ones whose probability mass reaches ``p``; others become -inf."""
+    if 0 < k < logits.numel():
+        kth = torch.topk(logits, k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        mass_before = torch.cumsum(probs, dim=-1) - probs
+        drop = mass_before >= p
+        drop[0] = False
+        logits = logits.clone()
+        logits[order[drop]] = float("-inf")
+    return logits
+
+
+class ReferenceEngine:
+    """Plain-PyTorch twin of ``torch.classes.warpformer.GptModel`` (same methods and dicts).
+
+    Args:
+        model: the reference model (weights on the device and in the dtype to compute with).
+        max_batch: the largest batch a call may use.
+        max_seq_len: the largest prompt + output length.
+    """
+
+    def __init__(self, model: GptReference, max_batch: int, max_seq_len: int) -> None:
+        self.model = model
+        self.config = model.config
+        self._max_batch = max_batch
+        self._max_seq_len = max_seq_len
+        self._state: dict | None = None
+
+    def max_batch(self) -> int:
+        return self._max_batch
+
+    def max_seq_len(self) -> int:
+        return self._max_seq_len
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.w["wte"].device
+
+    # ------------------------------------------------------------------ checks
+    def _check(self, ids: torch.Tensor, lengths: torch.Tensor, output_len: int) -> None:
+        if ids.dim() != 2 or lengths.shape != (ids.shape[0],):
+            raise RuntimeError(f"input_ids must be [B, S] and input_lengths [B], got "
+                               f"{list(ids.shape)} and {list(lengths.shape)}")
+        B, S = ids.shape
+        if B > self._max_batch:
+            raise RuntimeError(f"batch size {B} exceeds max_batch ({self._max_batch})")
+        if output_len < 0:
+            raise RuntimeError("output_len must be >= 0")
+        if S + output_len > self._max_seq_len:
+            raise RuntimeError(f"input length {S} + output_len {output_len} exceeds max_seq_len "
+                               f"({self._max_seq_len})")
+
+    # ------------------------------------------------------------------ logits
+    @torch.no_grad()
+    def forward(self, input_ids: torch.Tensor, input_lengths: torch.Tensor) -> torch.Tensor:
+        """Logits ``[B, S, V]`` (fp32), zero past each row's length."""
+        self._check(input_ids, input_lengths, 0)
+        ids = input_ids.to(self.device).long()
+        lengths = input_lengths.to(self.device).long()
+        logits = self.model.forward(ids, lengths)
+        valid = torch.arange(ids.shape[1], device=ids.device)[None] < lengths[:, None]
+        return logits * valid[:, :, None]
+
+    def generate(self, input_ids: torch.Tensor, input_lengths: torch.Tensor, output_len: int,
+                 end_id: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
+        """Greedy: ``(output_ids int32 [B, 1, S + output_len], sequence_lengths int32 [B, 1])``."""
+        opts = {} if end_id < 0 else {"end_id": torch.tensor(end_id, dtype=torch.int32)}
+        out = self.decode(input_ids, input_lengths, output_len, opts)
+        return out["output_ids"], out["sequence_lengths"]
+
+    # ------------------------------------------------------------------ decoding
+    def decode(self, input_ids: torch.Tensor, input_lengths: torch.Tensor, output_len: int,
+               options: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        self.decode_start(input_ids, input_lengths, output_len, options)
+        self.decode_step(output_len)
+        return self.decode_finish()
+
+    @torch.no_grad()
+    def decode_start(self, input_ids: torch.Tensor, input_lengths: torch.Tensor, output_len: int,
+                     options: dict[str, torch.Tensor]) -> None:
+        """Validate, run the prompt (prefill) and prepare the per-row state."""
+        self._state = None
+        if output_len < 1:
+            raise RuntimeError("output_len must be >= 1")
+        self._check(input_ids, input_lengths, output_len)
+        dev = self.device
+        ids = input_ids.to(dev).long()
+        lengths = input_lengths.to(dev).long()
+        B, S = ids.shape
+        if bool((lengths < 1).any()) or bool((lengths > S).any()):
+            raise RuntimeError(f"input_lengths must be in [1, {S}], got {lengths.tolist()}")
+        o = _Options.parse(options, B, self.config.end_id)
+        W, N, c = o.beam_width, output_len, self.config
+        if 2 * W > c.vocab_size:
+            raise RuntimeError(f"beam_width {W} needs vocab_size >= {2 * W}")
+        total = S + N
+        dt = self.model.w["wte"].dtype
+        caches = [(torch.zeros(B, total, c.head_num, c.size_per_head, dtype=dt, device=dev),
+                   torch.zeros(B, total, c.head_num, c.size_per_head, dtype=dt, device=dev))
+                  for _ in range(c.num_layer)]
+        pos = torch.arange(S, device=dev).expand(B, S)
+        logits = self.model._run(ids, pos, caches)  # [B, S, V]
+        rows = torch.arange(B, device=dev)
+        last = logits[rows, lengths - 1]
+        ctx_lp = torch.zeros(B, device=dev)
+        if o.return_cum_log_probs == 2 and S > 1:
+            lp = torch.log_softmax(logits[:, :-1], -1).gather(2, ids[:, 1:, None])[..., 0]
+            valid = torch.arange(1, S, device=dev)[None] < lengths[:, None]
+            ctx_lp = (lp * valid).sum(1)
+        if W > 1:  # every beam starts from the same prompt
+            caches = [(k.repeat_interleave(W, 0), v.repeat_interleave(W, 0)) for k, v in caches]
+            last = last.repeat_interleave(W, 0)
+        tokens = torch.full((B, W, total), 0, dtype=torch.long, device=dev)
+        end = torch.tensor(o.end_id, dtype=torch.long, device=dev)
+        tokens[:] = end[:, None, None]
+        tokens[:, :, :S] = ids[:, None, :]
+        hist = [[ids[b, : int(lengths[b])].tolist() for _ in range(W)] for b in range(B)]
+        counts = None
+        if o.penalties:
+            counts = torch.zeros(B * W, c.vocab_size, device=dev)
+            for n in range(B * W):
+                counts[n].index_add_(0, ids[n // W, : int(lengths[n // W])],
+                                     torch.ones(int(lengths[n // W]), device=dev))
+        st = dict(opts=o, B=B, W=W, N=N, S=S, lengths=lengths, caches=caches, last=last,
+                  tokens=tokens, hist=hist, counts=counts, step=0, end=end, ctx_lp=ctx_lp,
+                  token_lp=torch.zeros(B, W, N, device=dev), running=torch.zeros(B, W, device=dev),
+                  done=torch.zeros(B, dtype=torch.bool, device=dev))
+        if W == 1:
+            st["gens"] = [torch.Generator(device=dev).manual_seed(int(s)) for s in o.seed]
+            st["gen_len"] = torch.zeros(B, dtype=torch.long, device=dev)
+        else:
+            st["running"][:, 1:] = _NEG
+            st["fin_tokens"] = tokens.clone()
+            st["fin_score"] = torch.full((B, W), _NEG, device=dev)
+            st["fin_cum"] = torch.zeros(B, W, device=dev)
+            st["fin_len"] = torch.zeros(B, W, dtype=torch.long, device=dev)
+            st["fin_lp"] = torch.zeros(B, W, N, device=dev)
+            st["fin_set"] = torch.zeros(B, W, dtype=torch.bool, device=dev)
+        self._state = st
+
+    def _process(self, st: dict, logits: torch.Tensor) -> torch.Tensor:
+        """Penalties, min_length, bad words and temperature on ``logits`` ``[B*W, V]``."""
+        o, W, dev = st["opts"], st["W"], logits.device
+        per_row = lambda xs: torch.tensor(xs, device=dev, dtype=torch.float32).repeat_interleave(W)  # noqa: E731
+        logits = logits.float().clone()
+        if st["counts"] is not None:
+            counts = st["counts"]
+            seen = counts > 0
+            rep = per_row(o.repetition_penalty)[:, None]
+            penalised = torch.where(logits < 0, logits * rep, logits / rep)
+            logits = torch.where(seen, penalised, logits)
+            logits = logits - per_row(o.presence_penalty)[:, None] * seen
+            logits = logits - per_row(o.frequency_penalty)[:, None] * counts
+        for n in range(logits.shape[0]):
+            b = n // W
+            if st["step"] < o.min_length[b]:
+                logits[n, o.end_id[b]] = float("-inf")
+            seq = st["hist"][b][n % W]
+            for word in o.bad_words[b]:
+                if _ends_with(seq, word[:-1]) and 0 <= word[-1] < logits.shape[1]:
+                    logits[n, word[-1]] = float("-inf")
+        return logits / per_row(o.temperature)[:, None]
+
+    def _stops(self, st: dict, b: int, seq: list[int], token: int) -> bool:
+        o = st["opts"]
+        return token == o.end_id[b] or any(_ends_with(seq, w) for w in o.stop_words[b])
+
+    def _advance(self, st: dict, tokens: torch.Tensor) -> None:
+        """Feed ``tokens`` ``[B*W]`` (the last chosen ones) through the model."""
+        pos = (st["lengths"].repeat_interleave(st["W"]) + st["step"] - 1)[:, None]
+        st["last"] = self.model._run(tokens[:, None], pos, st["caches"])[:, 0]
+
+    @torch.no_grad()
+    def _sample_step(self, st: dict) -> torch.Tensor:
+        o, B, step = st["opts"], st["B"], st["step"]
+        logits = self._process(st, st["last"])
+        logp = torch.log_softmax(logits, -1)
+        chosen = logits.argmax(-1)
+        for b in range(B):
+            if o.top_k[b] != 1 and not bool(st["done"][b]):
+                probs = torch.softmax(_top_k_top_p(logits[b], o.top_k[b], o.top_p[b]), -1)
+                chosen[b] = torch.multinomial(probs, 1, generator=st["gens"][b])[0]
+        emitted = torch.where(st["done"], st["end"], chosen)
+        for b in range(B):
+            if bool(st["done"][b]):
+                continue
+            tok = int(chosen[b])
+            at = int(st["lengths"][b]) + step
+            st["tokens"][b, 0, at] = tok
+            st["token_lp"][b, 0, step] = logp[b, tok]
+            st["gen_len"][b] += 1
+            seq = st["hist"][b][0]
+            seq.append(tok)
+            if st["counts"] is not None:
+                st["counts"][b, tok] += 1
+            if self._stops(st, b, seq, tok):
+                st["done"][b] = True
+        st["step"] += 1
+        if st["step"] < st["N"] and not bool(st["done"].all()):
+            self._advance(st, emitted)
+        return emitted[:, None]
+
+    @torch.no_grad()
+    def _beam_step(self, st: dict) -> torch.Tensor:
+        o, B, W, N, step = st["opts"], st["B"], st["W"], st["N"], st["step"]
+        dev = st["last"].device
+        K = 2 * W
+        logp = torch.log_softmax(self._process(st, st["last"]), -1).view(B, W, -1)
+        acc = logp + st["running"][:, :, None]
+        pv, pi = acc.topk(K, dim=-1)  # per parent: [B, W, K]
+        sel = pv - o.diversity_rate * torch.arange(K, device=dev, dtype=pv.dtype)
+        cand_sel, ci = sel.view(B, W * K).topk(K, dim=-1)  # sorted best first
+        parent = ci // K
+        tok = pi.view(B, W * K).gather(1, ci)
+        cand_acc = pv.view(B, W * K).gather(1, ci)
+        tok_lp = logp.gather(1, parent[:, :, None].expand(-1, -1, logp.shape[2])).gather(
+            2, tok[:, :, None])[..., 0]
+        finished = torch.zeros(B, K, dtype=torch.bool, device=dev)
+        cand_hist = []
+        for b in range(B):
+            row = []
+            for j in range(K):
+                seq = st["hist"][b][int(parent[b, j])] + [int(tok[b, j])]
+                row.append(seq)
+                finished[b, j] = step + 1 == N or self._stops(st, b, seq, int(tok[b, j]))
+            cand_hist.append(row)
+        at = st["lengths"] + step  # [B]
+        rows = torch.arange(B, device=dev)[:, None]
+        cand_tokens = st["tokens"][rows, parent]  # [B, K, T]
+        cand_tokens[rows, torch.arange(K, device=dev)[None], at[:, None]] = tok
+        cand_lp = st["token_lp"][rows, parent]  # [B, K, N]
+        cand_lp[:, :, step] = tok_lp
+
+        # finished hypotheses: only the top W candidates, only while improvement is possible
+        gen_len = step + 1
+        score = cand_acc / gen_len ** o.length_penalty
+        eligible = finished & (torch.arange(K, device=dev) < W)[None] & ~st["done"][:, None]
+        score = torch.where(eligible, score, torch.full_like(score, _NEG))
+        m_score = torch.cat([st["fin_score"], score], 1)
+        keep = m_score.topk(W, dim=1).indices
+        st["fin_score"] = m_score.gather(1, keep)
+        st["fin_tokens"] = torch.cat([st["fin_tokens"], cand_tokens], 1)[rows, keep]
+        st["fin_lp"] = torch.cat([st["fin_lp"], cand_lp], 1)[rows, keep]
+        st["fin_cum"] = torch.cat([st["fin_cum"], cand_acc], 1).gather(1, keep)
+        new_len = at[:, None].expand(B, K) + 1
+        st["fin_len"] = torch.cat([st["fin_len"], new_len], 1).gather(1, keep)
+        st["fin_set"] = torch.cat([st["fin_set"], eligible], 1).gather(1, keep)
+
+        # running beams: the best W candidates that did not finish
+        run = (cand_sel + finished.float() * _NEG).topk(W, dim=1).indices
+        parents = parent.gather(1, run)
+        st["running"] = cand_acc.gather(1, run) + finished.float().gather(1, run) * _NEG
+        st["tokens"] = cand_tokens[rows, run]
+        st["token_lp"] = cand_lp[rows, run]
+        st["hist"] = [[cand_hist[b][int(run[b, w])] for w in range(W)] for b in range(B)]
+        flat = (parents + torch.arange(B, device=dev)[:, None] * W).view(-1)
+        st["caches"] = [(k[flat], v[flat]) for k, v in st["caches"]]
+        if st["counts"] is not None:
+            st["counts"] = st["counts"][flat]
+            st["counts"][torch.arange(B * W, device=dev), tok.gather(1, run).view(-1)] += 1
+        emitted = tok.gather(1, run)
+
+        # HF's early_stopping=False heuristic: stop a row once no running beam can beat the
+        # worst finished hypothesis at the current length.
+        best = st["running"][:, 0] / gen_len ** o.length_penalty
+        worst = st["fin_score"].min(1).values
+        can_improve = ~st["fin_set"].all(1) | (best > worst)
+        st["done"] = st["done"] | ~can_improve
+        st["step"] += 1
+        if st["step"] < N and not bool(st["done"].all()):
+            self._advance(st, emitted.view(-1))
+        return emitted[:, :, None]
+
+    def decode_step(self, max_steps: int) -> torch.Tensor:
+        """Run up to ``max_steps`` steps; int32 ``[B, beam, k]`` tokens (k == 0 once ended)."""
+        st = self._state
+        if st is None:
+            raise RuntimeError("decode_step called without decode_start")
+        if max_steps < 1:
+            raise RuntimeError("max_steps must be >= 1")
+        out = []
+        for _ in range(max_steps):
+            if st["step"] >= st["N"] or bool(st["done"].all()):
+                break
+            out.append(self._sample_step(st) if st["W"] == 1 else self._beam_step(st))
+        if not out:
+            return torch.zeros(st["B"], st["W"], 0, dtype=torch.int32, device=self.device)
+        return torch.cat(out, -1).view(st["B"], st["W"], -1).to(torch.int32)
+
+    def decode_finish(self) -> dict[str, torch.Tensor]:
+        """The result dict of ``docs/GENERATION_API.md`` (releases the per-call state)."""
+        st, self._state = self._state, None
+        if st is None:
+            raise RuntimeError("decode_finish called without decode_start")
+        o, W = st["opts"], st["W"]
+        if W == 1:
+            ids, lp = st["tokens"], st["token_lp"]
+            seq_len = (st["lengths"] + st["gen_len"])[:, None]
+            cum = lp.sum(-1)
+        else:
+            ids, lp, seq_len, cum = self._finalize_beams(st)
+        out = {"output_ids": ids.to(torch.int32), "sequence_lengths": seq_len.to(torch.int32)}
+        if o.return_cum_log_probs or W > 1:
+            extra = st["ctx_lp"][:, None] if o.return_cum_log_probs == 2 else 0.0
+            out["cum_log_probs"] = (cum + extra).float()
+        if o.return_log_probs:
+            out["output_log_probs"] = lp.float()
+        return out
+
+    def _finalize_beams(self, st: dict):
+        """Fill empty hypothesis slots with running beams (length limit or early finish)."""
+        o, B, W = st["opts"], st["B"], st["W"]
+        dev = st["running"].device
+        steps = max(st["step"], 1)
+        run_score = st["running"] / steps ** o.length_penalty
+        run_len = (st["lengths"] + st["step"])[:, None].expand(B, W)
+        score = torch.cat([st["fin_score"], torch.where(st["fin_set"].all(1, keepdim=True),
+                                                        torch.full_like(run_score, 2 * _NEG),
+                                                        run_score)], 1)
+        keep = score.topk(W, dim=1).indices
+        rows = torch.arange(B, device=dev)[:, None]
+        ids = torch.cat([st["fin_tokens"], st["tokens"]], 1)[rows, keep]
+        lp = torch.cat([st["fin_lp"], st["token_lp"]], 1)[rows, keep]
+        seq_len = torch.cat([st["fin_len"], run_len], 1).gather(1, keep)
+        cum = torch.cat([st["fin_cum"], st["running"]], 1).gather(1, keep)
+        # end_id past each hypothesis' end, zero log probs past it
+        t = torch.arange(ids.shape[2], device=dev)
+        ids = torch.where(t[None, None] < seq_len[:, :, None], ids, st["end"][:, None, None])
+        gen = seq_len - st["lengths"][:, None]
+        lp = lp * (torch.arange(lp.shape[2], device=dev)[None, None] < gen[:, :, None])
+        return ids, lp, seq_len, cum
+

@@ -1,0 +1,286 @@
+"""CPU tests of the end-to-end benchmark scripts (benchmarks/common.py, bench_generate.py,
+bench_lambada.py): the model-shape table, the floor arithmetic, derived metrics and speedups,
+table formatting, argument parsing, the synthetic LAMBADA workload and the dry runs. Nothing here
+needs a GPU; the timed paths run on the device machine."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+common = importlib.import_module("common")
+bench_generate = importlib.import_module("bench_generate")
+bench_lambada = importlib.import_module("bench_lambada")
+
+SHAPES = common.SHAPES
+
+# Parameter counts of the real checkpoints (HF's count, tied weights once).
+KNOWN_PARAMS = {"gpt2-medium": 354_823_168, "bloom-560m": 559_214_592,
+                "opt-1.3b": 1_315_758_080, "gpt-j-6b": 6_050_882_784, "opt-6.7b": 6_658_473_984}
+
+
+# --------------------------------------------------------------------------- shapes
+@pytest.mark.parametrize("name", list(KNOWN_PARAMS))
+def test_param_counts_of_real_models(name):
+    assert SHAPES[name].param_count() == KNOWN_PARAMS[name]
+
+
+@pytest.mark.parametrize("name", list(SHAPES))
+@pytest.mark.parametrize("layers", [None, 2])
+def test_shapes_build_the_hf_model_they_describe(name, layers):
+    """hf_config(shape) instantiated on the meta device has exactly param_count() parameters."""
+    pytest.importorskip("transformers")
+    shape = SHAPES[name].with_layers(layers)
+    with torch.device("meta"):
+        model = common.hf_class(shape.family)(common.hf_config(shape))
+    assert sum(p.numel() for p in model.parameters()) == shape.param_count()
+    assert model.config.vocab_size == shape.vocab
+    head = model.get_output_embeddings().weight
+    assert (head is model.get_input_embeddings().weight) == shape.tied
+
+
+def test_with_layers_and_derived_counts():
+    gptj = SHAPES["gpt-j-6b"]
+    assert gptj.with_layers(None) is gptj and gptj.with_layers(4).layers == 4
+    h, i, v = gptj.hidden, gptj.inter, gptj.vocab
+    assert gptj.gemm_params() == 28 * (4 * h * h + 2 * h * i) + v * h
+    # untied head: wte is only gathered, lm_head is read in full
+    assert gptj.decode_read_params() == gptj.param_count() - v * h
+    gpt2 = SHAPES["gpt2-medium"]
+    assert gpt2.decode_read_params() == gpt2.param_count() - 1024 * 1024  # minus wpe
+    opt = SHAPES["opt-1.3b"]
+    assert opt.decode_read_params() == opt.param_count() - 2050 * 2048  # 2 offset rows
+    assert SHAPES["bloom-560m"].decode_read_params() == SHAPES["bloom-560m"].param_count()
+    assert gpt2.kv_bytes_per_token() == 2 * 24 * 1024 * 2
+
+
+def test_parse_models():
+    assert [s.name for s in common.parse_models("gpt-j-6b, bloom-560m")] == ["gpt-j-6b",
+                                                                            "bloom-560m"]
+    with pytest.raises(ValueError, match="unknown model.*gpt-3"):
+        common.parse_models("gpt-3")
+    with pytest.raises(ValueError):
+        common.parse_models(" , ")
+
+
+# --------------------------------------------------------------------------- floors
+def test_mean_decode_context():
+    # steps s = 1..out-1 attend in + s tokens
+    n_in, n_out = 128, 128
+    exact = sum(n_in + s for s in range(1, n_out)) / (n_out - 1)
+    assert common.mean_decode_context(n_in, n_out) == pytest.approx(exact)
+    assert common.mean_decode_context(512, 32) == 528
+
+
+def test_decode_floor_arithmetic():
+    s = common.ModelShape("toy", "bloom", 64, 4, 2, 256, 1000, 0)
+    bw, comp, floor = common.decode_floor_ms(s, batch=4, context=100, copy_gbps=1000.0)
+    nbytes = 2 * s.param_count() + 2 * 2 * 64 * 2 * 4 * 100
+    assert bw == pytest.approx(nbytes / 1e12 * 1e3)
+    assert comp == 0.0 and floor == bw
+    bw2, comp2, floor2 = common.decode_floor_ms(s, 4, 100, 1000.0, gemm_tflops=1e-6)
+    assert comp2 == pytest.approx(2 * s.gemm_params() * 4 / 1e6 * 1e3)
+    assert floor2 == comp2 > bw2  # a slow enough GEMM rate makes the step compute-bound
+
+
+@pytest.mark.parametrize("name,design_ms", [("gpt2-medium", 0.165), ("bloom-560m", 0.26),
+                                            ("opt-1.3b", 0.61), ("gpt-j-6b", 2.81)])
+def test_floor_agrees_with_design_table(name, design_ms):
+    """DESIGN.md's floors (weights / 4.3 TB/s, batch 1, 128/128) within 5%: ours also count
+    the KV cache and leave out tables that are only gathered."""
+    _, _, floor = common.decode_floor_ms(SHAPES[name], 1, common.mean_decode_context(128, 128),
+                                         4300.0)
+    assert floor == pytest.approx(design_ms, rel=0.05)
+
+
+def test_gemm_flops():
+    s = SHAPES["opt-6.7b"]
+    assert common.decode_gemm_flops(s, 64) == 2 * s.gemm_params() * 64
+    layers = 2 * 32 * s.layer_gemm_params() * 64 * 512
+    assert common.prefill_gemm_flops(s, 64, 512) == layers + 2 * s.vocab * s.hidden * 64
+
+
+# --------------------------------------------------------------------------- formatting, files
+def test_md_table():
+    text = common.md_table(["a", "b", "c"], [["x|y", 1, "m\nn"]], align="lrl")
+    assert text.splitlines() == ["| a | b | c |", "|---|---:|---|", "| x\\|y | 1 | m n |"]
+    assert common.md_table(["a", "b"], []).splitlines()[1] == "|---|---:|"
+    with pytest.raises(ValueError, match="align"):
+        common.md_table(["a", "b"], [], align="l")
+
+
+def test_number_cells():
+    assert common.fnum(None) == common.fnum(float("nan")) == common.fpct(None) == "—"
+    assert common.fnum(1.23456, 3) == "1.235" and common.fpct(84.6) == "85%"
+    assert common.fx(2.0) == "2.00x" and common.fx(math.inf) == "—"
+
+
+def test_result_names_and_files(tmp_path):
+    import datetime as dt
+
+    assert common.slug("NVIDIA H200") == "nvidia-h200"
+    assert common.slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
+    stem = common.result_stem("generate", "NVIDIA H200", dt.datetime(2026, 1, 5, 14, 32))
+    assert stem == "generate_nvidia-h200_20260105-1432"
+    j, m = common.write_results(tmp_path / "r", stem, {"x": 1, "p": Path("/a")}, "| t |")
+    assert json.loads(j.read_text()) == {"x": 1, "p": "/a"}
+    assert m.read_text() == "| t |\n" and not list((tmp_path / "r").glob("*.tmp"))
+
+
+def test_short_error_and_budget():
+    err = common.short_error(RuntimeError("CUDA out of memory. Tried\nmore"))
+    assert err == "RuntimeError: CUDA out of memory. Tried"
+    assert common.is_oom(RuntimeError("CUDA out of memory"))
+    assert len(common.short_error(ValueError("x" * 500))) == 160
+    assert common.Budget(0).allows(1e9) and not common.Budget(1).allows(10)
+
+
+# --------------------------------------------------------------------------- bench_generate
+def test_generate_args_defaults_and_quick():
+    a = bench_generate.parse_args([])
+    assert [s.name for s in a.shapes] == list(SHAPES)
+    assert [s.layers for s in a.shapes] == [24, 24, 24, 28, 32]
+    assert a.batches == [1, 8, 64] and a.lengths == [(128, 128), (512, 32)]
+    assert (a.repeats, a.hf_repeats, a.hf_compile, a.budget_s) == (5, 3, "target", 330.0)
+    q = bench_generate.parse_args(["--quick", "--batches", "2", "--models", "opt-6.7b"])
+    assert q.batches == [2] and q.layers == 4 and q.shapes[0].layers == 4
+    assert q.shapes[0].hidden == 4096 and q.budget_s == 100.0
+    assert bench_generate.parse_args(["--no-hf-compile"]).hf_compile == "none"
+    b = bench_generate.parse_args(["--lengths", "64x16,32:4", "--layers", "3", "--budget-s", "0"])
+    assert b.lengths == [(64, 16), (32, 4)] and b.shapes[-1].layers == 3 and b.budget_s == 0
+
+
+@pytest.mark.parametrize("argv", [["--models", "gpt-3"], ["--lengths", "128"],
+                                  ["--lengths", "128x1"], ["--batches", "0"],
+                                  ["--batches", "a"], ["--layers", "0"], ["--repeats", "0"]])
+def test_generate_args_rejected(argv):
+    with pytest.raises(SystemExit):
+        bench_generate.parse_args(argv)
+
+
+def test_configs_and_compiled_selection():
+    a = bench_generate.parse_args(["--batches", "1,64"])
+    assert bench_generate.configs(a) == [(1, 128, 128), (64, 128, 128), (1, 512, 32),
+                                         (64, 512, 32)]
+    assert [bench_generate.compiled_wanted(a, c) for c in bench_generate.configs(a)] == [
+        True, False, False, False]
+    a.hf_compile = "all"
+    assert bench_generate.compiled_wanted(a, (64, 512, 32))
+    assert bench_generate.compile_estimate_s(SHAPES["gpt2-medium"], []) > 0
+    assert bench_generate.compile_estimate_s(SHAPES["gpt2-medium"], [12.0, 30.0]) == 30.0
+    assert bench_generate.reserve_s([]) == 0
+
+
+def _row(engine, total, prefill, batch=1, n_in=128, n_out=128, model="gpt2-medium"):
+    return bench_generate.Row(model, engine, batch, n_in, n_out, prefill_ms=prefill,
+                              total_ms=total)
+
+
+def test_derive_and_speedups():
+    shape = SHAPES["gpt2-medium"]
+    wf, eager, comp = _row("warpformer", 35.4, 3.0), _row("hf-eager", 960.0, 22.0), _row(
+        "hf-compiled", 280.0, 20.0)
+    failed = _row("warpformer", None, None, batch=8)
+    failed.error = "OutOfMemoryError: CUDA out of memory"
+    wf.peak_gb, eager.peak_gb = 1.0, 2.0
+    rows = [wf, eager, comp, failed]
+    for r in rows:
+        bench_generate.derive(r, shape, copy_gbps=4300.0, gemm_rate=700.0)
+    bench_generate.speedups(rows)
+    assert wf.decode_ms == pytest.approx((35.4 - 3.0) / 127)
+    assert wf.tokens_per_s == pytest.approx(128 / 0.0354)
+    assert wf.pct_floor == pytest.approx(100 * wf.floor_ms / wf.decode_ms)
+    assert wf.floor_ms == wf.floor_bw_ms > wf.floor_compute_ms  # batch 1 is bandwidth-bound
+    assert wf.speedup_vs_hf_eager == pytest.approx(960 / 35.4)
+    assert wf.step_speedup_vs_hf_eager == pytest.approx(eager.decode_ms / wf.decode_ms)
+    assert wf.speedup_vs_hf_compiled == pytest.approx(280 / 35.4)
+    assert comp.speedup_vs_hf_eager == pytest.approx(960 / 280)
+    assert comp.speedup_vs_hf_compiled is None and eager.speedup_vs_hf_eager is None
+    assert wf.peak_vs_hf_eager == 0.5
+    assert wf.prefill_tflops == pytest.approx(
+        common.prefill_gemm_flops(shape, 1, 128) / 3e-3 / 1e12)
+    assert failed.decode_ms is None and failed.floor_ms is not None
+
+    doc, summary = bench_generate.report(rows, {shape.name: shape}, "## head")
+    assert "27.12x (" in doc and "OutOfMemoryError" in doc
+    lines = summary.splitlines()
+    assert lines[0].startswith("| model | B | in/out | decode ms/step")
+    assert "<= 0.26: met" in lines[2] and "| 1.00 (2.00) |" in lines[2]
+    assert "OutOfMemoryError" in lines[3]
+    # truncated models have no target verdict
+    short = {shape.name: shape.with_layers(4)}
+    assert "met" not in bench_generate.summary_table(rows, short)
+
+
+def test_gemm_table_lists_batch_64():
+    shape = SHAPES["gpt-j-6b"]
+    r = _row("warpformer", 400.0, 250.0, batch=64, n_in=512, n_out=32, model=shape.name)
+    bench_generate.derive(r, shape, 4300.0, 700.0)
+    assert 0 < r.decode_gemm_ceiling_pct < 100  # decode at batch 64 is still bandwidth-bound
+    assert r.prefill_pct_gemm == pytest.approx(100 * r.prefill_tflops / 700.0)
+    table = bench_generate.gemm_table([r, _row("warpformer", 10.0, 1.0)])
+    assert len(table.splitlines()) == 3 and "512/32" in table
+
+
+def test_agreement_of_tokens():
+    a = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]])
+    b = torch.tensor([[1, 2, 9, 4], [0, 6, 7, 8]])
+    first, prefix = bench_generate.agreement(a, b)
+    assert first == 50.0 and prefix == pytest.approx(100 * (2 / 4 + 0) / 2)
+
+
+def test_generate_dry_run(capsys):
+    assert bench_generate.main(["--dry-run", "--models", "gpt-j-6b", "--batches", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "| gpt-j-6b | 28 | 6051 | 11689 | 1 | 128/128 | 2.739 |" in out
+    assert "warpformer, hf-eager, hf-compiled" in out
+
+
+# --------------------------------------------------------------------------- bench_lambada
+def test_lambada_workload_shape():
+    samples = bench_lambada.make_samples(5153, 250880, seed=0)
+    batches = bench_lambada.make_batches(len(samples), 8)
+    stats = bench_lambada.workload_stats(samples, batches)
+    assert stats["samples"] == 5153 and stats["batches"] == 645 and len(batches[-1]) == 1
+    assert 78 <= stats["context_mean"] <= 82 and 20 <= stats["context_std"] <= 35
+    assert bench_lambada.CTX_MIN <= min(len(s.context) for s in samples)
+    assert max(len(s.context) for s in samples) <= bench_lambada.CTX_MAX
+    assert {s.target_len for s in samples} == {1, 2, 3}
+    assert 1.3 <= stats["target_mean"] <= 1.5
+    assert all(3 <= int(s.context.min()) and int(s.context.max()) < 250879 for s in samples)
+    again = bench_lambada.make_samples(5153, 250880, seed=0)
+    assert all((x.context == y.context).all() and x.target_len == y.target_len
+               for x, y in zip(samples, again, strict=True))
+
+
+def test_lambada_packing_and_agreement():
+    samples = bench_lambada.make_samples(3, 1000, seed=1)
+    idx = [0, 1, 2]
+    lens = [len(samples[i].context) for i in idx]
+    ids, lengths = bench_lambada.pack(samples, idx, left=False)
+    assert ids.dtype == torch.int32 and lengths.tolist() == lens
+    assert ids[0, : lens[0]].tolist() == samples[0].context.tolist()
+    lids, mask = bench_lambada.pack(samples, idx, left=True, pad=3)
+    S = max(lens)
+    assert lids[1, S - lens[1]:].tolist() == samples[1].context.tolist()
+    assert mask.sum(1).tolist() == lens and int(lids[1, 0]) in (3, int(samples[1].context[0]))
+    agree = bench_lambada.agreement([[1, 2], [3]], [[1, 5], [3]])
+    assert agree == {"token_pct": pytest.approx(200 / 3), "sample_exact_pct": 50.0,
+                     "first_token_pct": 100.0}
+
+
+def test_lambada_args_and_dry_run(capsys):
+    a = bench_lambada.parse_args([])
+    assert a.samples == 5153 and a.batch == 8 and a.shape.name == "bloom-560m"
+    assert bench_lambada.parse_args(["--quick"]).samples == 1000
+    with pytest.raises(SystemExit):
+        bench_lambada.parse_args(["--samples", "0"])
+    assert bench_lambada.main(["--dry-run", "--samples", "100"]) == 0
+    assert "| 100 | 13 |" in capsys.readouterr().out

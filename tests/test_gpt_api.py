@@ -1,0 +1,455 @@
+"""warpformer.GPT on CPU through the reference backend: argument validation, inputs, FT word lists,
+greedy / sampling / penalties / min_length / bad and stop words / beam search against independent
+implementations (a naive no-cache loop here, HF transformers' generate for beam search)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from _models import build
+
+import warpformer  # noqa: F401
+from warpformer.converters import convert
+from warpformer.gpt import GPT, words_to_ft
+from warpformer.reference import GptReference
+from warpformer.reference_generation import parse_ft_words
+
+VOCAB = 96  # tests/_models.py
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """(HF model, converted dir) of a tiny random GPT-2 (fp32)."""
+    root = tmp_path_factory.mktemp("gpt_api")
+    hf = build("gpt2", seed=3)
+    hf.save_pretrained(root / "hf")
+    convert(root / "hf", root / "wf", 1, "fp32")
+    return hf, root / "wf" / "1-gpu"
+
+
+@pytest.fixture(scope="module")
+def gpt(tiny):
+    return GPT.from_pretrained(tiny[1], dtype=torch.float32, max_batch=8, max_seq_len=32,
+                               backend="reference")
+
+
+@pytest.fixture(scope="module")
+def ref(tiny):
+    return GptReference.from_dir(tiny[1])
+
+
+PROMPTS = [[5, 17, 42, 9, 33], [7, 3], [60, 61, 62, 11, 12, 13, 14]]
+
+
+# ---------------------------------------------------------------------------- validation
+@pytest.mark.parametrize("kwargs, pattern", [
+    (dict(top_p=0.0, do_sample=True), r"top_p must be in \(0, 1\]"),
+    (dict(top_p=1.5, do_sample=True), r"top_p must be in \(0, 1\]"),
+    (dict(top_k=-1, do_sample=True), r"top_k must be in \[0, 1024\]"),
+    (dict(top_k=1025, do_sample=True), r"top_k must be in \[0, 1024\]"),
+    (dict(temperature=0.0), r"temperature must be > 0"),
+    (dict(num_beams=0), r"num_beams must be in \[1, 16\]"),
+    (dict(num_beams=17), r"num_beams must be in \[1, 16\]"),
+    (dict(num_beams=2, do_sample=True), r"num_beams > 1 with do_sample"),
+    (dict(repetition_penalty=0.0), r"repetition_penalty must be > 0"),
+    (dict(min_length=-1), r"min_length must be >= 0"),
+    (dict(temperature=[1.0, 2.0]), r"temperature has 2 per-row values for a batch of 3"),
+    (dict(end_id=VOCAB), r"end_id must be a token id in \[0, 96\)"),
+    (dict(seed=-3, do_sample=True), r"seed must be >= 0"),
+    (dict(stop_words="abc"), r"stop_words must be a list of token lists"),
+    (dict(stop_words=[1, 2]), r"stop_words must be a list of token lists"),
+    (dict(bad_words=[[]]), r"bad_words contains an empty word"),
+    (dict(bad_words=[[[1]], [[2]]]), r"bad_words has 2 per-row lists for a batch of 3"),
+    (dict(return_cum_log_probs=3), r"return_cum_log_probs must be 0, 1 or 2"),
+])
+def test_option_errors_name_the_argument(gpt, kwargs, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        gpt.generate(PROMPTS, 4, **kwargs)
+
+
+@pytest.mark.parametrize("ids, n, pattern", [
+    ([], 4, r"input_ids is an empty batch"),
+    ([[1, 2], []], 4, r"input_ids row 1 is empty"),
+    (torch.zeros(0, 3, dtype=torch.long), 4, r"empty batch"),
+    (torch.zeros(2, 0, dtype=torch.long), 4, r"empty rows"),
+    ([[1, 2]], 0, r"max_new_tokens must be an integer >= 1"),
+    ([[1, VOCAB]], 4, r"input_ids\[0, 1\] = 96 is outside the vocabulary \[0, 96\)"),
+    ([[1, -1]], 4, r"input_ids\[0, 1\] = -1 is outside the vocabulary"),
+    ([[1] * 30], 3, r"input length 30 \+ max_new_tokens 3 = 33 exceeds max_seq_len \(32\)"),
+    ([[1]] * 9, 2, r"batch size 9 exceeds max_batch \(8\)"),
+    (torch.ones(2, 3, dtype=torch.float32), 2, r"input_ids must hold integers"),
+    ([[1, 2.5]], 2, r"input_ids row 0 must hold ints"),
+])
+def test_input_errors(gpt, ids, n, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        gpt.generate(ids, n)
+
+
+def test_input_lengths_errors(gpt):
+    ids = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    with pytest.raises(ValueError, match=r"input_lengths must have 2 entries"):
+        gpt.generate(ids, 2, input_lengths=[3])
+    with pytest.raises(ValueError, match=r"input_lengths: row 1 is empty"):
+        gpt.generate(ids, 2, input_lengths=[3, 0])
+    with pytest.raises(ValueError, match=r"input_lengths must be <= S = 3"):
+        gpt.generate(ids, 2, input_lengths=[4, 1])
+    with pytest.raises(ValueError, match=r"input_lengths is only accepted with a tensor"):
+        gpt.generate([[1, 2]], 2, input_lengths=[2])
+
+
+def test_from_pretrained_errors(tiny):
+    with pytest.raises(ValueError, match=r"backend must be 'auto', 'cuda' or 'reference'"):
+        GPT.from_pretrained(tiny[1], backend="tpu")
+    with pytest.raises(ValueError, match=r"dtype must be torch.float32"):
+        GPT.from_pretrained(tiny[1], dtype=torch.int8, backend="reference")
+    with pytest.raises(ValueError, match=r"max_seq_len \(64\) exceeds the model's position table"):
+        GPT.from_pretrained(tiny[1], max_seq_len=64, backend="reference")
+    with pytest.raises(ValueError, match=r"need backend='cuda'"):
+        GPT.from_pretrained(tiny[1], tensor_para_size=2, backend="reference")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match=r"backend='cuda' needs a CUDA device"):
+            GPT.from_pretrained(tiny[1], backend="cuda")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU fallback")
+def test_auto_backend_warns_and_falls_back(tiny):
+    with pytest.warns(UserWarning, match=r"no CUDA device visible; using the plain-PyTorch"):
+        g = GPT.from_pretrained(tiny[1], max_seq_len=32)
+    assert g.backend == "reference" and g.dtype == torch.float32  # fp16 computed in fp32 on CPU
+
+
+# ---------------------------------------------------------------------------- FT word lists
+def test_words_to_ft_shared_and_per_row():
+    t = words_to_ft([[5, 6], [7]], batch_size=2)
+    assert t.dtype == torch.int32 and t.shape == (2, 2, 3)
+    assert t[0].tolist() == [[5, 6, 7], [2, 3, -1]] and torch.equal(t[0], t[1])
+    t = words_to_ft([[[5, 6]], [[7], [8, 9, 10]]], batch_size=2)
+    assert t.shape == (2, 2, 4)
+    assert t[0].tolist() == [[5, 6, -1, -1], [2, -1, -1, -1]]
+    assert t[1].tolist() == [[7, 8, 9, 10], [1, 4, -1, -1]]
+    assert words_to_ft([[1, 2, 3]]).tolist() == [[1, 2, 3], [3, -1, -1]]  # [2, L]
+    assert words_to_ft([], batch_size=1).tolist() == [[[-1], [-1]]]
+    assert parse_ft_words(words_to_ft([[[5, 6]], [[7], [8, 9]]], 2), 2, "x") == [
+        [[5, 6]], [[7], [8, 9]]]
+
+
+# ---------------------------------------------------------------------------- inputs, greedy
+def test_list_and_tensor_inputs_agree(gpt):
+    a = gpt.generate(PROMPTS, 6)
+    ids = torch.zeros(3, 7, dtype=torch.long)
+    for b, p in enumerate(PROMPTS):
+        ids[b, : len(p)] = torch.tensor(p)
+    b = gpt.generate(ids, 6, input_lengths=torch.tensor([5, 2, 7]))
+    assert torch.equal(a.sequences, b.sequences) and a.tokens == b.tokens
+    one = gpt.generate(torch.tensor(PROMPTS[0]), 6)  # a 1-D tensor is one row
+    assert one.tokens[0] == a.tokens[0]
+    assert a.sequences.shape == (3, 1, 7 + 6) and a.sequences.dtype == torch.long
+    assert a.sequence_lengths[:, 0].tolist() == [len(p) + len(t[0]) for p, t in
+                                                  zip(PROMPTS, a.tokens, strict=True)]
+
+
+def test_greedy_equals_generate_greedy(gpt, ref):
+    ids = torch.tensor([[5, 17, 42, 9, 33, 0, 0], [7, 3, 0, 0, 0, 0, 0],
+                        [60, 61, 62, 11, 12, 13, 14]])
+    lens = torch.tensor([5, 2, 7])
+    for end_id in (2, 40, NO_END):
+        want, want_len = ref.generate_greedy(ids, lens, 12, end_id=end_id)
+        got = gpt.generate(ids, 12, input_lengths=lens, end_id=end_id)
+        for b in range(3):
+            n = int(want_len[b])
+            assert got.sequences[b, 0, :n].tolist() == want[b, :n].tolist()
+            assert int(got.sequence_lengths[b, 0]) == n
+
+
+def test_logits_match_hf(gpt, tiny):
+    hf = tiny[0]
+    out = gpt.logits([[5, 17, 42, 9], [7, 3]])
+    with torch.no_grad():
+        want = hf(input_ids=torch.tensor([[5, 17, 42, 9]])).logits[0]
+    assert out.shape == (2, 4, VOCAB)
+    torch.testing.assert_close(out[0], want, rtol=1e-4, atol=1e-4)
+    assert float(out[1, 2:].abs().max()) == 0.0
+
+
+# ---------------------------------------------------------------------------- naive oracle
+def naive(ref, prompt, n, *, rep=1.0, pres=0.0, freq=0.0, min_len=0, bad=(), stop=(),
+          end_id=None, temperature=1.0):
+    """Greedy without a KV cache, applying every option by hand (the oracle)."""
+    seq, out, lps = list(prompt), [], []
+    for step in range(n):
+        logits = ref.forward(torch.tensor([seq]))[0, -1].clone()
+        for tok in set(seq):
+            count = seq.count(tok)
+            logits[tok] = logits[tok] * rep if logits[tok] < 0 else logits[tok] / rep
+            logits[tok] -= pres + freq * count
+        if end_id is not None and step < min_len:
+            logits[end_id] = float("-inf")
+        for word in bad:
+            if len(word) == 1 or seq[len(seq) - len(word) + 1:] == list(word[:-1]):
+                logits[word[-1]] = float("-inf")
+        logits = logits / temperature
+        tok = int(logits.argmax())
+        lps.append(float(torch.log_softmax(logits, -1)[tok]))
+        seq.append(tok)
+        out.append(tok)
+        if tok == end_id or any(seq[len(seq) - len(w):] == list(w) for w in stop):
+            break
+    return out, lps
+
+
+NO_END = 95  # a token the tiny model never picks first; used as end_id where ends would interfere
+
+
+def test_naive_oracle_equals_plain_greedy(gpt, ref):
+    for p in PROMPTS:
+        assert gpt.generate([p], 10, end_id=NO_END).tokens[0][0] == naive(ref, p, 10,
+                                                                          end_id=NO_END)[0]
+
+
+@pytest.mark.parametrize("opt, kw", [
+    (dict(repetition_penalty=3.0), dict(rep=3.0)),
+    (dict(repetition_penalty=0.5), dict(rep=0.5)),
+    (dict(presence_penalty=2.0), dict(pres=2.0)),
+    (dict(frequency_penalty=1.5), dict(freq=1.5)),
+    (dict(repetition_penalty=[1.0, 4.0, 2.0], presence_penalty=[0.5, 0.0, 1.0]), None),
+])
+def test_penalties(gpt, ref, opt, kw):
+    out = gpt.generate(PROMPTS, 12, end_id=NO_END, **opt)
+    plain = gpt.generate(PROMPTS, 12, end_id=NO_END)
+    assert out.tokens != plain.tokens, "the penalty changed nothing: test is vacuous"
+    for b, p in enumerate(PROMPTS):
+        if kw is None:  # per-row values
+            kw_b = dict(rep=opt["repetition_penalty"][b], pres=opt["presence_penalty"][b])
+        else:
+            kw_b = kw
+        assert out.tokens[b][0] == naive(ref, p, 12, end_id=NO_END, **kw_b)[0], f"row {b}"
+
+
+def test_min_length_and_per_row_end_id(gpt, ref):
+    plain = gpt.generate(PROMPTS, 8, end_id=NO_END)
+    # each row ends at its first greedy token that is new after position 0
+    cut = [next(i for i in range(1, 8) if t[0][i] not in t[0][:i]) for t in plain.tokens]
+    ends = [t[0][i] for t, i in zip(plain.tokens, cut, strict=True)]
+    stopped = gpt.generate(PROMPTS, 8, end_id=ends)
+    assert [len(t[0]) for t in stopped.tokens] == [i + 1 for i in cut]
+    assert [t[0][-1] for t in stopped.tokens] == ends
+    held = gpt.generate(PROMPTS, 8, end_id=ends, min_length=5)
+    for b, p in enumerate(PROMPTS):
+        got = held.tokens[b][0]
+        assert len(got) >= 5 and ends[b] not in got[:5] and got != plain.tokens[b][0]
+        assert got == naive(ref, p, 8, end_id=ends[b], min_len=5)[0]
+        tail = held.sequences[b, 0, int(held.sequence_lengths[b, 0]):]
+        assert bool((tail == ends[b]).all())  # end_id past the end
+
+
+def test_bad_words(gpt, ref):
+    plain = gpt.generate(PROMPTS, 10, end_id=NO_END)
+    t = plain.tokens[0][0]
+    bad = [[t[0]], [t[2], t[3]]]  # a single token and a two-token word of row 0's output
+    out = gpt.generate(PROMPTS, 10, end_id=NO_END, bad_words=bad)
+    got = out.tokens[0][0]
+    assert got != t and t[0] not in got
+    assert all(got[i:i + 2] != bad[1] for i in range(len(got) - 1))
+    for b, p in enumerate(PROMPTS):
+        assert out.tokens[b][0] == naive(ref, p, 10, end_id=NO_END, bad=bad)[0]
+
+
+def _until(tokens: list[int], word: list[int]) -> list[int]:
+    """``tokens`` cut after the first occurrence of ``word``."""
+    for i in range(len(tokens) - len(word) + 1):
+        if tokens[i:i + len(word)] == word:
+            return tokens[: i + len(word)]
+    return tokens
+
+
+def test_stop_words_per_row(gpt):
+    plain = gpt.generate(PROMPTS, 10, end_id=NO_END)
+    rows = [t[0] for t in plain.tokens]
+    stop = [[rows[0][2:4]], [rows[1][4:5]], [[NO_END - 1, NO_END - 2]]]
+    out = gpt.generate(PROMPTS, 10, end_id=NO_END, stop_words=stop)
+    assert out.tokens[0][0] == _until(rows[0], rows[0][2:4]) and len(out.tokens[0][0]) <= 4
+    assert out.tokens[1][0] == _until(rows[1], rows[1][4:5]) and len(out.tokens[1][0]) <= 5
+    assert out.tokens[2][0] == rows[2]  # its stop word never appears
+    shared = gpt.generate(PROMPTS, 10, end_id=NO_END, stop_words=[rows[0][2:4]])
+    assert shared.tokens[0][0] == out.tokens[0][0]
+    assert int(shared.sequence_lengths[0, 0]) == len(PROMPTS[0]) + len(out.tokens[0][0])
+
+
+def test_log_probs(gpt, ref):
+    out = gpt.generate(PROMPTS[:1], 6, end_id=NO_END, temperature=0.7, return_log_probs=True,
+                       return_cum_log_probs=1)
+    want_tokens, want_lp = naive(ref, PROMPTS[0], 6, end_id=NO_END, temperature=0.7)
+    assert out.tokens[0][0] == want_tokens
+    torch.testing.assert_close(out.log_probs[0, 0], torch.tensor(want_lp), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(out.cum_log_probs[0, 0], torch.tensor(sum(want_lp)), rtol=1e-4,
+                               atol=1e-4)
+    both = gpt.generate(PROMPTS[:1], 6, end_id=NO_END, temperature=0.7, return_cum_log_probs=2)
+    with torch.no_grad():
+        lp = torch.log_softmax(ref.forward(torch.tensor(PROMPTS[:1]))[0, :-1], -1)
+    ctx = float(lp.gather(1, torch.tensor(PROMPTS[0][1:])[:, None]).sum())
+    torch.testing.assert_close(both.cum_log_probs[0, 0], torch.tensor(sum(want_lp) + ctx),
+                               rtol=1e-4, atol=1e-4)
+    assert gpt.generate(PROMPTS[:1], 2).cum_log_probs is None
+
+
+# ---------------------------------------------------------------------------- sampling
+def test_sampling_seeds(gpt):
+    kw = dict(do_sample=True, top_k=0, temperature=1.5, end_id=NO_END)
+    a = gpt.generate(PROMPTS, 12, seed=7, **kw)
+    b = gpt.generate(PROMPTS, 12, seed=7, **kw)
+    c = gpt.generate(PROMPTS, 12, seed=8, **kw)
+    assert a.tokens == b.tokens
+    assert a.tokens != c.tokens
+    # a row's tokens depend on its seed only, not on the rest of the batch
+    alone = gpt.generate(PROMPTS[1:2], 12, seed=[7], **kw)
+    assert alone.tokens[0] == a.tokens[1]
+    mixed = gpt.generate(PROMPTS, 12, seed=[1, 7, 2], **kw)
+    assert mixed.tokens[1] == a.tokens[1]
+    torch.manual_seed(0)
+    d = gpt.generate(PROMPTS, 12, **kw)  # no seed: drawn from torch's generator
+    torch.manual_seed(0)
+    assert gpt.generate(PROMPTS, 12, **kw).tokens == d.tokens
+
+
+def test_top_k_top_p_filters(gpt, ref):
+    with torch.no_grad():
+        logits = ref.forward(torch.tensor([PROMPTS[0]]))[0, -1]
+    top3 = set(logits.topk(3).indices.tolist())
+    firsts = {gpt.generate(PROMPTS[:1], 1, do_sample=True, top_k=3, seed=s).tokens[0][0][0]
+              for s in range(60)}
+    assert firsts <= top3 and len(firsts) > 1
+    probs = torch.softmax(logits, -1)
+    order = probs.argsort(descending=True)
+    mass = float(probs[order[:2]].sum())  # top_p just above the top-2 mass keeps 3 tokens
+    nucleus = set(order[:3].tolist())
+    firsts = {gpt.generate(PROMPTS[:1], 1, do_sample=True, top_p=mass + 1e-4, seed=s
+                           ).tokens[0][0][0] for s in range(60)}
+    assert firsts <= nucleus and len(firsts) > 1
+    greedy = int(logits.argmax())
+    assert {gpt.generate(PROMPTS[:1], 1, do_sample=True, top_p=1e-6, seed=s).tokens[0][0][0]
+            for s in range(10)} == {greedy}
+
+
+def test_sampling_distribution_chi_square(gpt, ref):
+    """2,000 draws of the first token with top_k=6, temperature 0.8: chi-square against the
+    filtered softmax (df 5, critical value 20.5 at p = 0.001)."""
+    with torch.no_grad():
+        logits = ref.forward(torch.tensor([PROMPTS[2]]))[0, -1] / 0.8
+    top = logits.topk(6)
+    expect = torch.softmax(top.values, -1) * 2000
+    counts = dict.fromkeys(top.indices.tolist(), 0)
+    for s in range(0, 2000, 8):
+        out = gpt.generate([PROMPTS[2]] * 8, 1, do_sample=True, top_k=6, temperature=0.8,
+                           seed=list(range(s, s + 8)))
+        for row in out.tokens:
+            counts[row[0][0]] += 1
+    observed = torch.tensor([counts[i] for i in top.indices.tolist()], dtype=torch.float32)
+    chi2 = float(((observed - expect) ** 2 / expect).sum())
+    assert chi2 < 20.5, f"chi-square {chi2:.1f}: {observed.tolist()} vs {expect.tolist()}"
+
+
+def test_greedy_flags_warn(gpt):
+    with pytest.warns(UserWarning, match=r"top_k/top_p are ignored without do_sample=True"):
+        gpt.generate(PROMPTS, 2, top_k=5)
+
+
+# ---------------------------------------------------------------------------- streaming
+def test_generate_stream_equals_generate(gpt):
+    kw = dict(do_sample=True, top_p=0.9, seed=[3, 4, 5], end_id=[NO_END, 2, NO_END])
+    full = gpt.generate(PROMPTS, 10, **kw)
+    stream = gpt.generate_stream(PROMPTS, 10, **kw)
+    steps = []
+    while True:
+        try:
+            steps.append(next(stream))
+        except StopIteration as stop:
+            final = stop.value
+            break
+    assert all(s.shape == (3, 1) for s in steps) and len(steps) <= 10
+    seen = torch.cat(steps, 1)
+    for b in range(3):
+        n = len(full.tokens[b][0])
+        assert seen[b, :n].tolist() == full.tokens[b][0]
+    assert final.tokens == full.tokens and torch.equal(final.sequences, full.sequences)
+    chunks = list(gpt.generate_stream(PROMPTS, 10, chunk_size=4, **kw))
+    assert [c.shape[1] for c in chunks][0] == 4
+    assert torch.equal(torch.cat(chunks, 1), seen)
+
+
+def test_generate_stream_errors_and_early_close(gpt):
+    with pytest.raises(ValueError, match=r"num_beams must be 1 for generate_stream"):
+        gpt.generate_stream(PROMPTS, 4, num_beams=2)
+    with pytest.raises(ValueError, match=r"top_p must be in"):
+        gpt.generate_stream(PROMPTS, 4, do_sample=True, top_p=2.0)
+    s = gpt.generate_stream(PROMPTS, 8)
+    next(s)
+    s.close()  # releases the call
+    assert gpt.generate(PROMPTS, 3).sequences.shape == (3, 1, 10)
+
+
+# ---------------------------------------------------------------------------- beam search
+def _hf_beam(hf, prompt, n, beams, lp, eos):
+    with torch.no_grad():
+        return hf.generate(torch.tensor([prompt]), num_beams=beams, num_return_sequences=beams,
+                           max_new_tokens=n, do_sample=False, length_penalty=lp,
+                           eos_token_id=eos, pad_token_id=eos, output_scores=True,
+                           return_dict_in_generate=True)
+
+
+@pytest.mark.parametrize("lp", [1.0, 0.3])
+def test_beam_search_matches_hf(tmp_path, lp):
+    hf = build("gpt2", seed=5)
+    eos = 2
+    with torch.no_grad():  # make end_id likely so that hypotheses finish at different lengths
+        hf.lm_head.weight[eos] += 0.6 * hf.lm_head.weight[eos].sign()  # (tied to wte)
+    hf.save_pretrained(tmp_path / "hf")
+    convert(tmp_path / "hf", tmp_path / "wf", 1, "fp32")
+    g = GPT.from_pretrained(tmp_path / "wf", dtype=torch.float32, max_batch=4, max_seq_len=32,
+                            backend="reference")
+    out = g.generate(PROMPTS, 14, num_beams=4, length_penalty=lp, end_id=eos)
+    assert out.sequences.shape == (3, 4, 7 + 14)
+    ended = 0
+    for b, p in enumerate(PROMPTS):
+        want = _hf_beam(hf, p, 14, 4, lp, eos)
+        for k in range(4):
+            hs = want.sequences[k, len(p):].tolist()
+            hs = hs[: hs.index(eos) + 1] if eos in hs else hs
+            assert out.tokens[b][k] == hs, f"row {b} beam {k}"
+            ended += hs[-1] == eos
+        gen = (out.sequence_lengths[b] - len(p)).float()
+        torch.testing.assert_close(out.cum_log_probs[b] / gen ** lp, want.sequences_scores,
+                                   rtol=1e-4, atol=1e-4)
+    assert ended > 0, "no hypothesis ended with end_id: the test does not cover finishing"
+
+
+def test_beam_search_width_one_is_greedy_and_diversity_changes_beams(gpt):
+    greedy = gpt.generate(PROMPTS, 8)
+    assert gpt.generate(PROMPTS, 8, num_beams=1).tokens == greedy.tokens
+    plain = gpt.generate(PROMPTS, 8, num_beams=4, end_id=NO_END)
+    diverse = gpt.generate(PROMPTS, 8, num_beams=4, end_id=NO_END, diversity_rate=5.0)
+    assert plain.tokens != diverse.tokens
+    # with a large diversity rate, the 4 beams descend from 4 different first tokens more often
+    firsts = lambda o: sum(len({t[0] for t in row}) for row in o.tokens)  # noqa: E731
+    assert firsts(diverse) >= firsts(plain)
+
+
+def test_examples_generate_runs_on_reference(tiny, capsys, tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "generate.py"
+    spec = importlib.util.spec_from_file_location("example_generate", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        (tmp_path / "ids.csv").write_text("5,17,42\n7,3\n")
+        rc = mod.main(["--ckpt_path", str(tiny[1]), "--output_len", "5", "--data_type", "fp32",
+                       "--sample_input_file", str(tmp_path / "ids.csv"),
+                       "--top_k", "4", "--random_seed", "1", "--return_cum_log_probs", "1",
+                       "--backend", "reference", "--max_seq_len", "32"])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "output ids" in text and "cum_log_probs" in text
