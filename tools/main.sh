@@ -17,7 +17,7 @@ TORCH_SPEC="${WARPFORMER_TORCH:-torch==2.15.0}"   # PyPI's default CUDA build (c
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 PY="$VENV/bin/python"
 # Same dependency set and stamp as tools/run_tests.sh, so the two scripts share one venv.
-stamp="$VENV/.deps-$(echo "$TORCH_SPEC" | tr -c 'a-zA-Z0-9.' '_')-3"
+stamp="$VENV/.deps-$(echo "$TORCH_SPEC" | tr -c 'a-zA-Z0-9.' '_')-4"
 if [ ! -f "$stamp" ]; then
   echo "main: installing dependencies into $VENV"
   "$PY" -m pip install -q --upgrade pip setuptools wheel

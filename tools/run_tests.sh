@@ -18,18 +18,27 @@ if ! command -v nvcc >/dev/null && [ ! -x /usr/local/cuda/bin/nvcc ]; then
   exit 2
 fi
 export PATH="$PATH:/usr/local/cuda/bin"
-if ! command -v cmake >/dev/null || ! command -v g++ >/dev/null; then
-  echo "run_tests: installing build tools from Debian (cmake, g++)"
-  apt-get update -qq && apt-get install -y -qq cmake g++ >/dev/null
+need_apt=()
+command -v cmake >/dev/null || need_apt+=(cmake)
+command -v g++ >/dev/null || need_apt+=(g++)
+command -v mpirun >/dev/null || need_apt+=(openmpi-bin libopenmpi-dev)   # the mpirun tests
+if [ ${#need_apt[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ]; then
+    echo "run_tests: installing from Debian: ${need_apt[*]}"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+  else
+    echo "run_tests: missing ${need_apt[*]} (not root: not installing; dependent tests skip)" >&2
+  fi
 fi
 
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 PY="$VENV/bin/python"
-stamp="$VENV/.deps-$(echo "$TORCH_SPEC" | tr -c 'a-zA-Z0-9.' '_')-3"
+stamp="$VENV/.deps-$(echo "$TORCH_SPEC" | tr -c 'a-zA-Z0-9.' '_')-4"
 if [ ! -f "$stamp" ]; then
   "$PY" -m pip install -q --upgrade pip setuptools wheel
   "$PY" -m pip install -q "$TORCH_SPEC" numpy "pytest>=7" ninja "cmake>=3.24" \
       "transformers>=4.40" "safetensors>=0.4" tqdm ruff
+  if command -v mpicc >/dev/null; then "$PY" -m pip install -q mpi4py || true; fi
   touch "$stamp"
 fi
 

@@ -254,8 +254,7 @@ at::Tensor GptModelHolder::forward(const at::Tensor& input_ids, const at::Tensor
   const char* op = "GptModel.forward";
   TORCH_CHECK(!model_->decode_active(), op,
               ": a generation session is running (it owns the KV cache); call decode_finish()");
-  TORCH_CHECK(model_->config().last_stage() && model_->config().pipeline_para_size == 1, op,
-              ": pipeline-parallel models are driven through warpformer.distributed");
+  check_parallel_ready(op);
   const std::vector<int32_t> lengths = check_inputs(op, input_ids, input_lengths, 0);
   const c10::cuda::CUDAGuard guard(device_);
   model_->context().set_stream(c10::cuda::getCurrentCUDAStream(device_).stream());
@@ -276,8 +275,7 @@ std::tuple<at::Tensor, at::Tensor> GptModelHolder::generate(const at::Tensor& in
   const int64_t vocab = model_->config().vocab_size;
   TORCH_CHECK(end_id < vocab, op, ": end_id ", end_id, " is outside the vocabulary [0, ", vocab,
               ")");
-  TORCH_CHECK(model_->config().pipeline_para_size == 1, op,
-              ": pipeline-parallel models are driven through warpformer.distributed");
+  check_parallel_ready(op);
   const std::vector<int32_t> lengths = check_inputs(op, input_ids, input_lengths, output_len);
   const c10::cuda::CUDAGuard guard(device_);
   model_->context().set_stream(c10::cuda::getCurrentCUDAStream(device_).stream());
@@ -295,6 +293,23 @@ std::tuple<at::Tensor, at::Tensor> GptModelHolder::generate(const at::Tensor& in
                           end_ids.data_ptr<int32_t>(), out.data_ptr<int32_t>(),
                           seq_lengths.data_ptr<int32_t>());
   return {out.view({batch, 1, total}), seq_lengths.view({batch, 1})};
+}
+
+void GptModelHolder::check_parallel_ready(const char* op) const {
+  const auto& c = model_->config();
+  TORCH_CHECK(c.tensor_para_size == 1 || tp_comm_, op, ": tensor_para_size is ",
+              c.tensor_para_size, " but no tensor-parallel communicator is attached (load the "
+              "model with warpformer.distributed.load_gpt_model or warpformer.GPT)");
+  TORCH_CHECK(c.pipeline_para_size == 1 || pp_comm_, op, ": pipeline_para_size is ",
+              c.pipeline_para_size, " but no pipeline-parallel communicator is attached (load the "
+              "model with warpformer.distributed.load_gpt_model or warpformer.GPT)");
+}
+
+void GptModelHolder::attach_pipeline_parallel(const c10::intrusive_ptr<NcclCommHolder>& comm) {
+  TORCH_CHECK(comm->device() == device_, "GptModel.attach_pipeline_parallel: the communicator is "
+              "on cuda:", comm->device(), " but the model is on cuda:", device_);
+  model_->set_pipeline_parallel(comm->get());
+  pp_comm_ = comm;
 }
 
 void GptModelHolder::attach_tensor_parallel(const c10::intrusive_ptr<NcclCommHolder>& comm) {

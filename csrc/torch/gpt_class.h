@@ -55,6 +55,7 @@ class GptModelHolder : public torch::CustomClassHolder {
   // The tensor-parallel group (warpformer.distributed creates it); needed before any call when
   // tensor_para_size > 1.
   void attach_tensor_parallel(const c10::intrusive_ptr<NcclCommHolder>& comm);
+  void attach_pipeline_parallel(const c10::intrusive_ptr<NcclCommHolder>& comm);
 
   std::string config() const { return config_json_; }
   std::string dtype() const { return dtype_name(model_->dtype()); }
@@ -96,6 +97,8 @@ class GptModelHolder : public torch::CustomClassHolder {
   };
   Session session_;
   c10::intrusive_ptr<NcclCommHolder> tp_comm_;
+  c10::intrusive_ptr<NcclCommHolder> pp_comm_;
+  void check_parallel_ready(const char* op) const;
   std::unique_ptr<gpt::GptModel> model_;
 };
 

@@ -118,8 +118,7 @@ void GptModelHolder::decode_start(const at::Tensor& input_ids, const at::Tensor&
                 "'; known options: ", known_list());
   }
   TORCH_CHECK(output_len >= 1, kOp, ": output_len must be >= 1, got ", output_len);
-  TORCH_CHECK(model_->config().pipeline_para_size == 1, kOp,
-              ": pipeline-parallel models are driven through warpformer.distributed");
+  check_parallel_ready(kOp);
   const int64_t V = model_->config().vocab_size;
   const int64_t beam = static_cast<int64_t>(scalar_option(options, "beam_width", 1));
   TORCH_CHECK(beam >= 1 && beam <= kernels::kMaxBeamWidth, kOp,

@@ -175,6 +175,7 @@ TORCH_LIBRARY(warpformer, m) {
       .def("decode_step", &GptModelHolder::decode_step, "", {torch::arg("max_steps")})
       .def("decode_finish", &GptModelHolder::decode_finish)
       .def("attach_tensor_parallel", &GptModelHolder::attach_tensor_parallel)
+      .def("attach_pipeline_parallel", &GptModelHolder::attach_pipeline_parallel)
       .def("config", &GptModelHolder::config)
       .def("dtype", &GptModelHolder::dtype)
       .def("max_batch", &GptModelHolder::max_batch)

@@ -54,6 +54,30 @@ struct Carve {
 
 }  // namespace
 
+void GptModel::enter_decode_stream() {
+  if (decode_stream_ == nullptr) {
+    int prev = 0;
+    WF_CUDA_CHECK(cudaGetDevice(&prev));
+    WF_CUDA_CHECK(cudaSetDevice(ctx_->device()));
+    WF_CUDA_CHECK(cudaStreamCreateWithFlags(&decode_stream_, cudaStreamNonBlocking));
+    WF_CUDA_CHECK(cudaEventCreateWithFlags(&order_event_, cudaEventDisableTiming));
+    WF_CUDA_CHECK(cudaSetDevice(prev));
+  }
+  caller_stream_ = ctx_->stream();
+  WF_CUDA_CHECK(cudaEventRecord(order_event_, caller_stream_));
+  WF_CUDA_CHECK(cudaStreamWaitEvent(decode_stream_, order_event_, 0));
+  ctx_->set_stream(decode_stream_);
+}
+
+// Never throws (it runs from destructors during unwinding); a failure here would also have
+// failed the work before it, which reports the error.
+void GptModel::leave_decode_stream() {
+  if (cudaEventRecord(order_event_, decode_stream_) == cudaSuccess) {
+    cudaStreamWaitEvent(caller_stream_, order_event_, 0);
+  }
+  ctx_->set_stream(caller_stream_);
+}
+
 // Lays the session's device state out in `base` (or only measures it when base is null).
 size_t GptModel::session_layout(char* base) {
   Session& s = session_;
@@ -127,10 +151,17 @@ void GptModel::decode_start(const int32_t* ids, const std::vector<int32_t>& leng
               opt.beam_width);
   TORCH_CHECK(output_len >= 1, "GptModel.decode: output_len must be >= 1, got ", output_len);
   TORCH_CHECK(!lengths.empty(), "GptModel.decode: empty batch");
+  TORCH_CHECK(opt.beam_width == 1 || cfg_.pipeline_para_size == 1,
+              "GptModel.decode: beam search with pipeline parallelism is not supported");
   if (session_.graph != nullptr) {
     cudaGraphExecDestroy(session_.graph);
     session_.graph = nullptr;
   }
+  enter_decode_stream();
+  struct Leave {
+    GptModel* m;
+    ~Leave() { m->leave_decode_stream(); }
+  } leave{this};
   Session& s = session_;
   s = Session{};
   s.batch = static_cast<int64_t>(lengths.size());
@@ -324,7 +355,11 @@ void GptModel::decode_step_body() {
   const kernels::BeamSearchState& bs = s.beam_state;
   int32_t* tokens = beam ? bs.tokens : s.next_tok;
   int32_t* pos = beam ? bs.cur_pos : s.cur_pos;
-  embed(tokens, pos, s.rows, 1);
+  if (cfg_.first_stage()) {
+    embed(tokens, pos, s.rows, 1);
+  } else {
+    stage_recv(s.rows);
+  }
   layers::AttentionInputs ai{};
   ai.num_slots = static_cast<int>(kv_slots_);
   ai.max_seq = static_cast<int>(kv_seq_);
@@ -338,20 +373,36 @@ void GptModel::decode_step_body() {
   ai.workspace = s.split;
   ai.workspace_bytes = s.split_bytes;
   run_layers(s.rows, ai);
-  logits(buffers().n, s.rows, scratch().last_logits);
-  select_tokens();
+  if (!cfg_.last_stage()) {
+    stage_send(s.rows);
+  } else {
+    logits(buffers().n, s.rows, scratch().last_logits);
+    select_tokens();
+  }
+  share_state();
+}
+
+// Pipeline parallelism: the last stage chose the tokens; every stage needs the new state
+// (next_tok, cur_pos, attn_len, finished are contiguous).
+void GptModel::share_state() {
+  broadcast_from_last_stage(session_.next_tok, 4 * session_.rows * sizeof(int32_t));
 }
 
 int64_t GptModel::decode_step(int64_t max_steps) {
   Session& s = session_;
   TORCH_CHECK(s.active, "GptModel.decode_step: no generation session (call decode_start)");
+  enter_decode_stream();
+  struct Leave {
+    GptModel* m;
+    ~Leave() { m->leave_decode_stream(); }
+  } leave{this};
   cudaStream_t stream = ctx_->stream();
   int64_t n = 0;
   while (n < max_steps && s.steps_done < s.output_len && !s.stop) {
     // The flag copied kPoll steps ago. With tensor parallelism every rank must stop at the same
     // step, so the decision waits for that copy (the host is then at most kPoll steps ahead);
     // alone, it only looks if the copy has landed.
-    const bool lockstep = comm_ != nullptr && comm_->size() > 1;
+    const bool lockstep = (comm_ != nullptr && comm_->size() > 1) || pp_comm_ != nullptr;
     if (s.flag_pending && s.steps_done % kPoll == 0 &&
         (lockstep ? cudaEventSynchronize(flag_event_) == cudaSuccess
                   : cudaEventQuery(flag_event_) == cudaSuccess)) {
@@ -363,13 +414,17 @@ int64_t GptModel::decode_step(int64_t max_steps) {
     }
     if (s.steps_done == 0) {
       // First token of every row: logits of its last prompt token (prefill output).
-      WF_CUDA_CHECK(kernels::launch_gather_rows(scratch().last_rows, buffers().n, s.first_rows,
-                                                s.rows, cfg_.hidden() * dtype_size(dtype_),
-                                                stream));
-      logits(scratch().last_rows, s.rows, scratch().last_logits);
-      select_tokens();
+      if (cfg_.last_stage()) {
+        WF_CUDA_CHECK(kernels::launch_gather_rows(scratch().last_rows, buffers().n,
+                                                  s.first_rows, s.rows,
+                                                  cfg_.hidden() * dtype_size(dtype_), stream));
+        logits(scratch().last_rows, s.rows, scratch().last_logits);
+        select_tokens();
+      }
+      share_state();
     } else if (s.steps_done == 1 || s.graph_failed || !graphs_enabled() ||
-               s.graph_generation != buffer_generation_ || comm_ != nullptr) {
+               s.graph_generation != buffer_generation_ || comm_ != nullptr ||
+               pp_comm_ != nullptr) {
       // (With a communicator the step runs eagerly: NCCL calls are not captured.)
       decode_step_body();  // the second step runs eagerly: it plans the GEMMs before capture
     } else {
@@ -400,7 +455,14 @@ void GptModel::capture_step() {
   Session& s = session_;
   cudaStream_t stream = ctx_->stream();
   cudaGraph_t graph = nullptr;
-  WF_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  const cudaError_t begin = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+  if (begin != cudaSuccess) {
+    (void)cudaGetLastError();
+    s.graph_failed = true;
+    TORCH_WARN_ONCE("warpformer: cannot capture the decode step in a CUDA graph (",
+                    cudaGetErrorString(begin), "); running it without graphs");
+    return;
+  }
   try {
     decode_step_body();
   } catch (...) {
@@ -429,6 +491,11 @@ void GptModel::capture_step() {
 void GptModel::decode_finish() {
   Session& s = session_;
   TORCH_CHECK(s.active, "GptModel.decode_finish: no generation session (call decode_start)");
+  enter_decode_stream();
+  struct Leave {
+    GptModel* m;
+    ~Leave() { m->leave_decode_stream(); }
+  } leave{this};
   if (s.beam > 1) {
     kernels::BeamFinalizeParams fp{};
     fp.s = s.beam_state;
@@ -439,6 +506,17 @@ void GptModel::decode_finish() {
     fp.cum_log_probs = s.out.cum_log_probs;
     fp.output_log_probs = s.out.output_log_probs;
     WF_CUDA_CHECK(kernels::launch_beam_finalize(fp, ctx_->stream()));
+  }
+  if (pp_comm_ != nullptr) {  // every stage returns the last stage's results
+    const int64_t rows = s.rows;
+    broadcast_from_last_stage(s.out.output_ids, rows * s.total * sizeof(int32_t));
+    broadcast_from_last_stage(s.out.sequence_lengths, rows * sizeof(int32_t));
+    if (s.out.cum_log_probs != nullptr) {
+      broadcast_from_last_stage(s.out.cum_log_probs, rows * sizeof(float));
+    }
+    if (s.out.output_log_probs != nullptr) {
+      broadcast_from_last_stage(s.out.output_log_probs, rows * s.output_len * sizeof(float));
+    }
   }
   // The pinned flag may still be the target of a pending copy.
   if (s.flag_pending) WF_CUDA_CHECK(cudaEventSynchronize(flag_event_));
@@ -451,6 +529,7 @@ void GptModel::decode_finish() {
 
 void GptModel::decode_abort() {
   Session& s = session_;
+  if (decode_stream_ != nullptr) cudaStreamSynchronize(decode_stream_);
   cudaStreamSynchronize(ctx_->stream());
   (void)cudaGetLastError();
   if (s.graph != nullptr) {

@@ -345,9 +345,13 @@ void GptModel::prefill(const int32_t* ids, const std::vector<int32_t>& lengths, 
   tokens_ = tokens;
   batch_ = batch;
 
-  WF_CUDA_CHECK(kernels::launch_gather_rows(d_ids_, ids, d_gather_, tokens, sizeof(int32_t),
-                                            ctx_->stream()));
-  embed(d_ids_, d_pos_, tokens, seq);
+  if (cfg_.first_stage()) {
+    WF_CUDA_CHECK(kernels::launch_gather_rows(d_ids_, ids, d_gather_, tokens, sizeof(int32_t),
+                                              ctx_->stream()));
+    embed(d_ids_, d_pos_, tokens, seq);
+  } else {
+    stage_recv(tokens);
+  }
   layers::AttentionInputs ai{};
   ai.num_slots = static_cast<int>(kv_slots_);
   ai.max_seq = static_cast<int>(kv_seq_);
@@ -360,6 +364,40 @@ void GptModel::prefill(const int32_t* ids, const std::vector<int32_t>& lengths, 
   ai.batch = static_cast<int>(batch);
   ai.max_seqlen = max_len;
   run_layers(tokens, ai);
+  if (!cfg_.last_stage()) stage_send(tokens);
+}
+
+void GptModel::stage_recv(int64_t tokens) {
+  TORCH_CHECK(pp_comm_ != nullptr, "GptModel: pipeline_para_size is ", cfg_.pipeline_para_size,
+              " but no pipeline-parallel communicator is attached (warpformer.distributed "
+              "attaches it)");
+  pp_comm_->recv(buffers().x, tokens * cfg_.hidden() * dtype_size(dtype_),
+                 static_cast<int>(cfg_.pipeline_para_rank - 1), ctx_->stream());
+}
+
+void GptModel::stage_send(int64_t tokens) {
+  TORCH_CHECK(pp_comm_ != nullptr, "GptModel: pipeline_para_size is ", cfg_.pipeline_para_size,
+              " but no pipeline-parallel communicator is attached (warpformer.distributed "
+              "attaches it)");
+  pp_comm_->send(buffers().x, tokens * cfg_.hidden() * dtype_size(dtype_),
+                 static_cast<int>(cfg_.pipeline_para_rank + 1), ctx_->stream());
+}
+
+void GptModel::set_pipeline_parallel(Communicator* comm) {
+  TORCH_CHECK(!session_.active, "GptModel: cannot attach a communicator during generation");
+  TORCH_CHECK(comm != nullptr && comm->size() == cfg_.pipeline_para_size &&
+                  comm->rank() == cfg_.pipeline_para_rank,
+              "GptModel: the pipeline-parallel communicator must have size pipeline_para_size (",
+              cfg_.pipeline_para_size, ") and this rank's pipeline_para_rank (",
+              cfg_.pipeline_para_rank, "); got size ", comm ? comm->size() : 0, ", rank ",
+              comm ? comm->rank() : -1);
+  pp_comm_ = comm;
+}
+
+void GptModel::broadcast_from_last_stage(void* data, int64_t bytes) {
+  if (pp_comm_ == nullptr || pp_comm_->size() == 1 || bytes == 0) return;
+  pp_comm_->broadcast(data, bytes, static_cast<int>(cfg_.pipeline_para_size - 1),
+                      ctx_->stream());
 }
 
 void GptModel::forward(const int32_t* ids, const std::vector<int32_t>& lengths, int64_t seq,
@@ -371,6 +409,10 @@ void GptModel::forward(const int32_t* ids, const std::vector<int32_t>& lengths, 
   ensure_activations(tokens, batch);
   prefill(ids, lengths, seq);
   const int64_t v = cfg_.vocab_size, vp = cfg_.vocab_padded();
+  if (!cfg_.last_stage()) {  // the last stage computes the logits and shares them
+    broadcast_from_last_stage(logits_out, batch * seq * v * dtype_size(dtype_));
+    return;
+  }
   const size_t es = dtype_size(dtype_);
   const size_t row_bytes = v * es;
   DeviceBuffer packed(ctx_->allocator(), tokens * vp * es, ctx_->stream());
@@ -384,10 +426,16 @@ void GptModel::forward(const int32_t* ids, const std::vector<int32_t>& lengths, 
   WF_CUDA_CHECK(cudaMemsetAsync(logits_out, 0, batch * seq * row_bytes, ctx_->stream()));
   WF_CUDA_CHECK(kernels::launch_scatter_rows(logits_out, packed.data(), d_gather_, tokens,
                                              row_bytes, ctx_->stream()));
+  broadcast_from_last_stage(logits_out, batch * seq * row_bytes);
 }
 
 GptModel::~GptModel() {
   if (session_.graph != nullptr) cudaGraphExecDestroy(session_.graph);
+  if (decode_stream_ != nullptr) {
+    cudaStreamSynchronize(decode_stream_);
+    cudaStreamDestroy(decode_stream_);
+  }
+  if (order_event_ != nullptr) cudaEventDestroy(order_event_);
   if (flag_event_ != nullptr) {
     cudaEventSynchronize(flag_event_);
     cudaEventDestroy(flag_event_);

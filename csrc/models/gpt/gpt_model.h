@@ -86,6 +86,10 @@ class GptModel {
   // Attach the tensor-parallel group (size tensor_para_size, rank tensor_para_rank); required
   // before any call when tensor_para_size > 1. Not owned.
   void set_tensor_parallel(Communicator* comm);
+  // Attach the pipeline-parallel group (size pipeline_para_size, rank pipeline_para_rank): stages
+  // pass hidden states with send/recv; the last stage computes logits and selects tokens and
+  // broadcasts the generation state (and the final outputs) to the other stages. Not owned.
+  void set_pipeline_parallel(Communicator* comm);
   Gemm& gemm() { return *gemm_; }
   int64_t max_batch() const { return max_batch_; }
   int64_t max_seq_len() const { return max_seq_len_; }
@@ -144,6 +148,9 @@ class GptModel {
                int64_t slot_stride = 1);
   void embed(const int32_t* token_ids, const int32_t* positions, int64_t tokens, int64_t seq_len);
   void run_layers(int64_t tokens, const layers::AttentionInputs& base);
+  void stage_recv(int64_t tokens);  // hidden states [tokens, h] from the previous stage into x
+  void stage_send(int64_t tokens);  // x to the next stage
+  void broadcast_from_last_stage(void* data, int64_t bytes);
   // logits [rows, V] of the normed hidden rows `hidden` [rows, h].
   void logits(const void* hidden, int64_t rows, void* out);
 
@@ -153,6 +160,7 @@ class GptModel {
   std::shared_ptr<CudaContext> ctx_;
   std::unique_ptr<Gemm> gemm_;
   Communicator* comm_;
+  Communicator* pp_comm_ = nullptr;
   int64_t max_batch_;
   int64_t max_seq_len_;
   DeviceBuffer alibi_;  // [local_heads] float
@@ -178,6 +186,14 @@ class GptModel {
   std::vector<int32_t> last_host_;  // packed index of each sequence's last prompt token
   int32_t* host_flag_ = nullptr;     // pinned: the all-finished flag polled during generation
   cudaEvent_t flag_event_ = nullptr;
+  // Generation runs on a stream of its own (PyTorch's default current stream is the legacy
+  // default stream, which cannot be captured into a CUDA graph), ordered after the caller's
+  // stream on entry and before it on exit of every decode_* call.
+  cudaStream_t decode_stream_ = nullptr;
+  cudaEvent_t order_event_ = nullptr;
+  cudaStream_t caller_stream_ = nullptr;
+  void enter_decode_stream();
+  void leave_decode_stream();
 
   // The generation session (gpt_decode.cpp).
   struct Session {
@@ -217,6 +233,7 @@ class GptModel {
   void decode_step_body();            // one step's launches (captured into a graph when possible)
   void select_tokens();               // greedy / sampling / beam selection + state update
   void capture_step();                // capture decode_step_body into session_.graph
+  void share_state();                 // pipeline parallel: state from the last stage
   Session session_;
   size_t buffer_generation_ = 0;    // bumped whenever a buffer a graph may bake is reallocated
 };

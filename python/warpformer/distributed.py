@@ -1,0 +1,720 @@
+"""Multi-GPU launch, rendezvous and failure handling: one process per GPU, NCCL between them.
+
+warpformer runs tensor parallelism (TP) and pipeline parallelism (PP) with one process per GPU and
+``rank = pp_rank * tensor_para_size + tp_rank``. This module finds each process's rank and GPU,
+makes every rank agree that its checkpoint loaded before any NCCL call, exchanges the NCCL unique
+ids and creates the communicators (``torch.classes.warpformer.NcclComm``). It needs a stock
+PyTorch wheel: no MPI-enabled PyTorch build and no ``torch.distributed`` process group.
+
+Launching::
+
+    mpirun -n 2 python examples/generate.py --tensor_para_size 2 ...        # OpenMPI / MPICH
+    torchrun --nproc-per-node 2 examples/generate.py --tensor_para_size 2 ...
+    srun -n 4 --gpus-per-task 1 python examples/generate.py --tensor_para_size 4 ...
+
+In a script::
+
+    ctx = warpformer.distributed.init(tensor_para_size=2)   # or setup(), load, check, connect()
+    ctx.tp_comm.all_reduce_(t)
+    warpformer.distributed.print0("only rank 0 prints this")
+    ctx.shutdown()
+
+``GPT.from_pretrained(..., tensor_para_size=2)`` calls :func:`load_gpt_model`, which does it all.
+
+Environment read (explicit arguments win over all of it; the first launcher found is used):
+
+- torchrun (when ``TORCHELASTIC_RUN_ID`` is set, it is the innermost launcher): ``RANK``,
+  ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``; ``MASTER_ADDR``/``MASTER_PORT``, the
+  agent's store (``TORCHELASTIC_USE_AGENT_STORE``) and ``TORCHELASTIC_RESTART_COUNT``.
+- OpenMPI: ``OMPI_COMM_WORLD_RANK``, ``OMPI_COMM_WORLD_SIZE``, ``OMPI_COMM_WORLD_LOCAL_RANK``,
+  ``OMPI_COMM_WORLD_LOCAL_SIZE``.
+- MPICH / Intel MPI / Hydra (PMI): ``PMI_RANK``, ``PMI_SIZE``, ``MPI_LOCALRANKID``,
+  ``MPI_LOCALNRANKS``.
+- Slurm ``srun``: ``SLURM_PROCID``, ``SLURM_STEP_NUM_TASKS`` (else ``SLURM_NTASKS``),
+  ``SLURM_LOCALID``.
+- ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` without torchrun (hand-made launches).
+- ``WARPFORMER_RENDEZVOUS``: ``auto`` (default), ``mpi`` or ``store`` forces the id transport.
+- ``WARPFORMER_MPI_ABORT_ON_ERROR``: ``1`` (default) makes an uncaught exception under MPI call
+  ``MPI_Abort``, so a failed rank ends the whole job instead of leaving peers in ``MPI_Finalize``.
+
+Rendezvous (how the ranks talk before NCCL exists), first that applies: an explicit
+``init_method="tcp://host:port"`` (rank 0 hosts a ``TCPStore`` there); mpi4py point-to-point
+messages on ``MPI.COMM_WORLD`` when launched by MPI and ``mpi4py`` imports (``pip install mpi4py``;
+any MPI library, PyTorch itself needs none); a ``torch.distributed.TCPStore`` at
+``MASTER_ADDR:MASTER_PORT`` (torchrun's agent hosts it, else rank 0 does). Every wait polls with
+a deadline: nothing blocks forever.
+
+GPU choice: ``local_rank`` indexes the visible GPUs; a process that sees exactly one GPU (Slurm
+``--gpus-per-task 1``, a wrapper setting ``CUDA_VISIBLE_DEVICES``) uses it.
+
+Failure behaviour (every rank raises, within the stated time, and never enters NCCL):
+
+- world size != tp * pp, tp or pp < 1, an inconsistent rank: ``ValueError`` from
+  :func:`discover`, identical on every rank, immediately.
+- a rank without a GPU, more ranks on a host than GPUs, two ranks on one GPU, ranks asking for
+  different tp/pp: ``ValueError`` on every rank naming the rank(s) and host(s), from the preflight
+  check in :func:`setup` (as soon as all ranks have started; ``timeout_s`` at most).
+- a rank fails while loading weights, or loaded a checkpoint converted for another
+  ``tensor_para_size`` or another model: ``RuntimeError`` on every rank naming the rank(s) and
+  their messages, from :func:`checkpoint_barrier`, as soon as every rank has reported.
+- a rank that never reports (crashed, hung): ``RuntimeError`` naming it after ``timeout_s``.
+- NCCL initialisation that does not complete: the C++ ``NcclComm`` aborts it after ``timeout_s``
+  and raises ``RuntimeError`` naming the rank and group size.
+
+A rank that raises ends its process; ``torchrun`` and ``mpirun`` then stop the remaining ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from . import _rendezvous as _rdv
+from ._rendezvous import Rendezvous
+
+__all__ = [
+    "RankInfo",
+    "DistContext",
+    "Rendezvous",
+    "discover",
+    "rendezvous",
+    "exchange_id",
+    "checkpoint_barrier",
+    "describe_checkpoint",
+    "setup",
+    "init",
+    "get_context",
+    "load_gpt_model",
+    "print0",
+]
+
+# ---------------------------------------------------------------------------------- discovery
+@dataclass(frozen=True)
+class RankInfo:
+    """Where this process sits in the TP x PP grid (``rank = pp_rank * tp + tp_rank``)."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    tensor_para_size: int
+    pipeline_para_size: int
+    tp_rank: int
+    pp_rank: int
+    device: int
+    """Local CUDA device index this rank uses (-1 before a device is chosen)."""
+    launcher: str
+    """``"mpirun"`` (OpenMPI, MPICH/PMI), ``"torchrun"``, ``"slurm"`` (srun), ``"env"``
+    (``RANK``/``WORLD_SIZE`` set by hand), ``"explicit"`` (arguments) or ``"single"``."""
+    local_world_size: int | None = None
+    host: str = field(default_factory=socket.gethostname)
+
+    @property
+    def tp_group(self) -> list[int]:
+        """Global ranks of this rank's TP group (same ``pp_rank``), in ``tp_rank`` order."""
+        tp = self.tensor_para_size
+        return [self.pp_rank * tp + t for t in range(tp)]
+
+    @property
+    def pp_group(self) -> list[int]:
+        """Global ranks of this rank's PP group (same ``tp_rank``), in ``pp_rank`` order."""
+        tp = self.tensor_para_size
+        return [p * tp + self.tp_rank for p in range(self.pipeline_para_size)]
+
+    @property
+    def is_output_rank(self) -> bool:
+        return self.rank == 0
+
+    def where(self) -> str:
+        return (f"rank {self.rank} of {self.world_size} (host {self.host}, tp_rank "
+                f"{self.tp_rank}, pp_rank {self.pp_rank})")
+
+
+def _env_int(name: str) -> int | None:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name} must be an integer, got {raw!r}") from None
+
+
+# (launcher, rank var, size var, local rank var, local size var); tried in this order.
+_ENV_LAUNCHERS = (
+    ("torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"),
+    ("mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+     "OMPI_COMM_WORLD_LOCAL_SIZE"),
+    ("mpirun", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
+    ("slurm", "SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID", None),
+    ("slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", None),
+    ("env", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"),
+)
+
+
+def _from_env() -> tuple[str, int, int, int | None, int | None, str] | None:
+    """(launcher, rank, world size, local rank, local world size, variables) from the first
+    launcher whose variables are set, or None."""
+    for launcher, rank_var, size_var, local_var, local_size_var in _ENV_LAUNCHERS:
+        if launcher == "torchrun" and "TORCHELASTIC_RUN_ID" not in os.environ:
+            continue
+        rank, size = _env_int(rank_var), _env_int(size_var)
+        if rank is None or size is None:
+            continue
+        local = _env_int(local_var)
+        local_size = _env_int(local_size_var) if local_size_var else None
+        return launcher, rank, size, local, local_size, f"{rank_var}/{size_var}"
+    return None
+
+
+def _cuda_device_count() -> int:
+    return torch.cuda.device_count()
+
+
+def _device_uuid(device: int) -> str:
+    props = torch.cuda.get_device_properties(device)
+    return str(getattr(props, "uuid", f"{props.name}#{device}"))
+
+
+def _check_grid(tp: Any, pp: Any) -> None:
+    for name, value in (("tensor_para_size", tp), ("pipeline_para_size", pp)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+def _locate(tp: int, pp: int, rank: int | None, world_size: int | None,
+            local_rank: int | None) -> RankInfo:
+    """RankInfo without a device (``device = -1``); errors depend only on values all ranks share
+    (the grid and world size), so every rank raises the same one."""
+    _check_grid(tp, pp)
+    local_size = None
+    if rank is not None or world_size is not None:
+        if rank is None or world_size is None:
+            raise ValueError("explicit rank and world_size go together: got "
+                             f"rank={rank!r}, world_size={world_size!r}")
+        launcher, source = "explicit", "rank=/world_size= arguments"
+        local = rank if local_rank is None else local_rank
+    else:
+        found = _from_env()
+        if found is None:
+            launcher, rank, world_size, local, source = "single", 0, 1, 0, "no launcher found"
+        else:
+            launcher, rank, world_size, local, local_size, source = found
+            if local_rank is not None:
+                local = local_rank
+            if local is None:  # hand-made launch on one host
+                local = rank
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"rank ({rank}) must be in [0, world_size ({world_size})) "
+                         f"(from {source})")
+    if local < 0:
+        raise ValueError(f"local_rank must be >= 0, got {local} (from {source})")
+    if world_size != tp * pp:
+        hint = ("start the script with a launcher (mpirun -n N / torchrun --nproc-per-node N)"
+                if launcher == "single" else "start exactly tp * pp processes, one per GPU")
+        raise ValueError(
+            f"world size {world_size} (from {source}) must equal tensor_para_size {tp} x "
+            f"pipeline_para_size {pp} = {tp * pp}: {hint}")
+    return RankInfo(rank=rank, world_size=world_size, local_rank=local, tensor_para_size=tp,
+                    pipeline_para_size=pp, tp_rank=rank % tp, pp_rank=rank // tp, device=-1,
+                    launcher=launcher, local_world_size=local_size)
+
+
+def _pick_device(info: RankInfo) -> int:
+    """This rank's CUDA index; ValueError naming the rank and host when it has none."""
+    device, problem = _device_or_problem(info)
+    if problem is not None:
+        raise ValueError(f"{info.where()}: {problem}")
+    return device
+
+
+def _device_or_problem(info: RankInfo) -> tuple[int, str | None]:
+    """(CUDA index, None) or (-1, why this rank cannot have one).
+
+    ``local_rank`` indexes the visible GPUs. One visible GPU per process (Slurm
+    ``--gpus-per-task``, a wrapper setting ``CUDA_VISIBLE_DEVICES``) means device 0; two ranks
+    landing on one GPU that way are caught by the preflight check, which compares GPU UUIDs.
+    """
+    count = _cuda_device_count()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if count == 0:
+        return -1, (f"no CUDA device visible (torch.cuda.device_count() == 0, "
+                    f"CUDA_VISIBLE_DEVICES={visible!r}); every rank needs one GPU")
+    if count == 1:
+        return 0, None
+    if info.local_rank >= count:
+        ranks = (f"{info.local_world_size} local ranks" if info.local_world_size
+                 else f"local rank {info.local_rank}")
+        return -1, (f"more local ranks than GPUs on host {info.host}: {ranks} but {count} "
+                    f"visible GPUs (CUDA_VISIBLE_DEVICES={visible!r}); start at most {count} "
+                    "ranks per host")
+    return info.local_rank, None
+
+
+def discover(tensor_para_size: int = 1, pipeline_para_size: int = 1, *, rank: int | None = None,
+             world_size: int | None = None, local_rank: int | None = None) -> RankInfo:
+    """This process's place in the TP x PP grid and its GPU, from the launcher's environment or
+    the explicit ``rank``/``world_size``/``local_rank`` (which win over the environment).
+
+    Raises ValueError naming the values and the rule when ``world_size != tp * pp``, tp or pp is
+    below 1, the rank is outside the world, no CUDA device is visible to this rank, or this host
+    has more local ranks than GPUs. Nothing here talks to other ranks or to NCCL.
+    """
+    info = _locate(tensor_para_size, pipeline_para_size, rank, world_size, local_rank)
+    return _with_device(info, _pick_device(info))
+
+
+def _with_device(info: RankInfo, device: int) -> RankInfo:
+    fields = {k: getattr(info, k) for k in info.__dataclass_fields__}
+    fields["device"] = device
+    return RankInfo(**fields)
+
+
+# ---------------------------------------------------------------------------------- rendezvous
+_generation = 0
+
+
+def rendezvous(info: RankInfo, *, init_method: str | None = None,
+               timeout_s: float = 300.0) -> Rendezvous:
+    """Open the pre-NCCL transport for ``info``'s world (every rank calls this once per
+    :func:`setup`; the n-th call on each rank meets the n-th call on the others).
+
+    ``init_method``: ``"tcp://host:port"`` (rank 0 hosts a TCPStore there), ``"env://"``
+    (``MASTER_ADDR``/``MASTER_PORT``), ``"mpi"`` (mpi4py) or None (automatic: mpi4py when
+    launched by MPI and it imports, else ``MASTER_ADDR``/``MASTER_PORT``).
+    """
+    global _generation
+    _generation += 1
+    prefix = f"warpformer/{_generation}"
+    if info.world_size == 1:
+        return _rdv.LocalRendezvous()
+    forced = os.environ.get("WARPFORMER_RENDEZVOUS", "auto").strip().lower()
+    if forced not in ("auto", "mpi", "store"):
+        raise ValueError(f"WARPFORMER_RENDEZVOUS must be auto, mpi or store, got {forced!r}")
+    if init_method is not None and init_method not in ("env://", "mpi"):
+        if not init_method.startswith("tcp://"):
+            raise ValueError(f"init_method must be 'tcp://host:port', 'env://' or 'mpi', "
+                             f"got {init_method!r}")
+        host, _, port = init_method[len("tcp://"):].rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"init_method must be 'tcp://host:port', got {init_method!r}")
+        return _rdv.StoreRendezvous(info.rank, info.world_size, host.strip("[]"), int(port),
+                                    timeout_s, prefix=prefix)
+    want_mpi = init_method == "mpi" or forced == "mpi" or (
+        init_method is None and forced == "auto" and _rdv.mpi_launched())
+    mpi_error = None
+    if want_mpi:
+        try:
+            return _rdv.MpiRendezvous(info.rank, info.world_size)
+        except (ImportError, RuntimeError) as exc:
+            if init_method == "mpi" or forced == "mpi":
+                raise RuntimeError(f"rank {info.rank}: MPI rendezvous unavailable: {exc}") from exc
+            mpi_error = exc
+    store = _rdv.store_from_env(info.rank, info.world_size, info.launcher, timeout_s, prefix)
+    if store is not None:
+        return store
+    why = f" (mpi4py: {mpi_error})" if mpi_error else ""
+    raise ValueError(
+        f"rank {info.rank} of {info.world_size} (launcher {info.launcher}) has no rendezvous"
+        f"{why}: install mpi4py when launching with mpirun, use torchrun, or set MASTER_ADDR and "
+        "MASTER_PORT (or pass init_method='tcp://host:port') on every rank")
+
+
+# ---------------------------------------------------------------------------------- agreement
+def _default_rendezvous(info: RankInfo, given: Rendezvous | None) -> Rendezvous:
+    if given is not None:
+        return given
+    ctx = _CURRENT
+    if ctx is not None and ctx.info.rank == info.rank and ctx.info.world_size == info.world_size:
+        return ctx.rendezvous
+    if info.world_size == 1:
+        return _rdv.LocalRendezvous()
+    raise RuntimeError("no rendezvous: call warpformer.distributed.setup()/init() first or pass "
+                       "rendezvous=warpformer.distributed.rendezvous(info)")
+
+
+def exchange_id(info: RankInfo, group_ranks: Sequence[int], key: str,
+                make_id: Callable[[], bytes | torch.Tensor], *,
+                rendezvous: Rendezvous | None = None, timeout_s: float = 300.0) -> bytes:
+    """The group's first rank calls ``make_id()``; every member gets its bytes.
+
+    Args:
+        info: this rank (must be in ``group_ranks``).
+        group_ranks: global ranks of the group; ``group_ranks[0]`` makes the id.
+        key: a name unique per exchange (e.g. ``"nccl/tp/0"``).
+        make_id: returns ``bytes`` or a uint8 CPU tensor (``nccl_unique_id()``: [128]).
+    Raises RuntimeError if the id does not arrive within ``timeout_s``.
+    """
+    ranks = [int(r) for r in group_ranks]
+    if info.rank not in ranks:
+        raise ValueError(f"rank {info.rank} is not in group_ranks {ranks}")
+    root = ranks[0]
+    if info.rank == root:
+        value = make_id()
+        if isinstance(value, torch.Tensor):
+            value = value.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()
+        value = bytes(value)
+        if len(ranks) > 1:
+            _default_rendezvous(info, rendezvous).put(key, value, ranks[1:])
+        return value
+    transport = _default_rendezvous(info, rendezvous)
+    got = transport.wait_all(key, [root], time.monotonic() + timeout_s)
+    if root not in got:
+        raise RuntimeError(
+            f"rank {info.rank}: no id for group {ranks} ({key!r}) from rank {root} within "
+            f"{timeout_s:g} s over the {transport.description}; rank {root} crashed, hung or "
+            "failed earlier: see its log")
+    return got[root]
+
+
+@dataclass
+class _Report:
+    ok: bool
+    message: str
+    host: str
+    extra: dict[str, Any] | None
+
+
+def _agree(info: RankInfo, transport: Rendezvous, key: str, ok: bool, message: str,
+           extra: dict[str, Any] | None, timeout_s: float) -> dict[int, _Report]:
+    """Every rank publishes (ok, message, extra) and reads everyone's, until ``timeout_s``."""
+    payload = {"ok": bool(ok), "message": str(message), "host": info.host, "extra": extra}
+    everyone = list(range(info.world_size))
+    transport.put(key, json.dumps(payload).encode(), everyone)
+    deadline = time.monotonic() + timeout_s
+    raw = transport.wait_all(key, everyone, deadline)
+    reports = {r: _Report(**json.loads(v)) for r, v in raw.items()}
+    # The host waits for those who reported to finish reading; the rest have already left.
+    grace = min(timeout_s, _rdv.LINGER_MAX_S / 3)
+    transport.linger(key, len(reports), max(deadline, time.monotonic() + grace))
+    return reports
+
+
+def _group_lines(failures: dict[int, tuple[str | None, str]]) -> list[str]:
+    """``{rank: (host, message)}`` -> lines, ranks with the same message merged."""
+    by_message: dict[str, list[tuple[int, str | None]]] = {}
+    for rank, (host, message) in sorted(failures.items()):
+        by_message.setdefault(message, []).append((rank, host))
+    lines = []
+    for message, members in by_message.items():
+        ranks = [r for r, _ in members]
+        hosts = sorted({h for _, h in members if h})
+        label = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {_ranges(ranks)}"
+        if hosts:
+            label += f" (host{'s' if len(hosts) > 1 else ''} {', '.join(hosts)})"
+        lines.append(f"  {label}: {message}")
+    return lines
+
+
+def _ranges(ranks: list[int]) -> str:
+    parts, start = [], ranks[0]
+    for prev, cur in zip(ranks, ranks[1:] + [None], strict=True):
+        if cur != prev + 1:
+            parts.append(str(start) if start == prev else f"{start}-{prev}")
+            start = cur
+    return ",".join(parts)
+
+
+def _failures(info: RankInfo, reports: dict[int, _Report],
+              timeout_s: float) -> dict[int, tuple[str | None, str]]:
+    out: dict[int, tuple[str | None, str]] = {
+        r: (rep.host, rep.message) for r, rep in reports.items() if not rep.ok}
+    for r in range(info.world_size):
+        if r not in reports:
+            out[r] = (None, f"did not report within {timeout_s:g} s (crashed, hung, or still "
+                            "busy; see its log)")
+    return out
+
+
+_CHECKPOINT_KEYS = ("model_name", "model_variant", "num_layer", "head_num", "size_per_head",
+                    "inter_size", "vocab_size", "weight_data_type")
+
+
+def describe_checkpoint(config: Any, path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """What :func:`checkpoint_barrier` compares across ranks: the converted dir's
+    ``tensor_para_size``, model name and shape (from a ``GptConfig``), and its path."""
+    out = {k: getattr(config, k) for k in ("tensor_para_size", *_CHECKPOINT_KEYS)}
+    out["path"] = str(path) if path is not None else None
+    return out
+
+
+def _checkpoint_problems(info: RankInfo, reports: dict[int, _Report]) -> list[str]:
+    seen = {r: rep.extra for r, rep in sorted(reports.items()) if rep.ok and rep.extra}
+    tp = info.tensor_para_size
+    wrong = {r: (None, f"loaded {c.get('path')}, converted for tensor_para_size "
+                       f"{c.get('tensor_para_size')}, but tensor_para_size {tp} was requested: "
+                       f"use the {tp}-gpu directory (convert with --tensor_para_size {tp})")
+             for r, c in seen.items() if c.get("tensor_para_size") != tp}
+    problems = _group_lines(wrong)
+    differ = [k for k in _CHECKPOINT_KEYS if len({str(c.get(k)) for c in seen.values()}) > 1]
+    if differ:
+        problems.append(f"  ranks loaded different models ({', '.join(differ)} differ):")
+        models = {r: (None, ", ".join(f"{k}={c.get(k)}" for k in differ)
+                      + f" from {c.get('path')}") for r, c in seen.items()}
+        problems.extend("  " + line for line in _group_lines(models))
+    return problems
+
+
+def checkpoint_barrier(info: RankInfo, status_ok: bool, message: str = "",
+                       timeout_s: float = 300.0, *, checkpoint: dict[str, Any] | None = None,
+                       rendezvous: Rendezvous | None = None, what: str = "loading weights"
+                       ) -> None:
+    """Every rank reports whether loading its weights succeeded (and, optionally, which
+    checkpoint it loaded, see :func:`describe_checkpoint`); returns only if all ranks succeeded
+    and loaded the same model converted for ``info.tensor_para_size``.
+
+    Otherwise every rank raises the same RuntimeError naming the failed ranks and their
+    messages, ranks that did not report within ``timeout_s``, and checkpoint mismatches. Call
+    it between weight loading and NCCL initialisation. Returns as soon as all ranks have
+    reported; waits ``timeout_s`` at most for missing ones. ``what`` names the phase in the
+    message (``"loading weights"``).
+    """
+    transport = _default_rendezvous(info, rendezvous)
+    key = f"barrier/{_next_seq(transport)}/{what}"
+    reports = _agree(info, transport, key, status_ok, message, checkpoint, timeout_s)
+    failures = _failures(info, reports, timeout_s)
+    lines = []
+    if failures:
+        lines.append(f"{len(failures)} of {info.world_size} ranks failed while {what}:")
+        lines.extend(_group_lines(failures))
+    mismatch = _checkpoint_problems(info, reports)
+    if mismatch:
+        lines.append("checkpoint mismatch:")
+        lines.extend(mismatch)
+    if lines:
+        when = "before NCCL starts" if what == "loading weights" else "with this error"
+        raise RuntimeError(f"warpformer.distributed, {info.where()}: " + "\n".join(lines)
+                           + f"\nEvery rank stops here, {when}.")
+
+
+def _next_seq(transport: Rendezvous) -> int:
+    seq = getattr(transport, "_wf_seq", 0) + 1
+    transport._wf_seq = seq  # type: ignore[attr-defined]
+    return seq
+
+
+def _preflight(info: RankInfo, transport: Rendezvous, device_error: str | None,
+               timeout_s: float) -> None:
+    """All ranks compare their view of the grid and their GPUs; ValueError on every rank."""
+    extra = {"tp": info.tensor_para_size, "pp": info.pipeline_para_size, "device": info.device,
+             "uuid": _device_uuid(info.device) if device_error is None else None}
+    reports = _agree(info, transport, "preflight", device_error is None, device_error or "",
+                     extra, timeout_s)
+    failures = _failures(info, reports, timeout_s)
+    grids = {r: (rep.extra["tp"], rep.extra["pp"]) for r, rep in reports.items() if rep.extra}
+    if len(set(grids.values())) > 1:
+        for r, (tp, pp) in grids.items():
+            failures.setdefault(r, (reports[r].host, f"asked for tensor_para_size {tp}, "
+                                                     f"pipeline_para_size {pp}"))
+    users: dict[tuple[str, str], list[int]] = {}
+    for r, rep in sorted(reports.items()):
+        if rep.ok and rep.extra and rep.extra.get("uuid"):
+            users.setdefault((rep.host, rep.extra["uuid"]), []).append(r)
+    for (host, uuid), ranks in users.items():
+        if len(ranks) > 1:
+            for r in ranks:
+                failures.setdefault(
+                    r, (host, f"shares GPU {uuid} with ranks {_ranges(ranks)}: more local ranks "
+                              "than GPUs (one GPU per rank)"))
+    if failures:
+        raise ValueError(
+            f"warpformer.distributed, {info.where()}: {len(failures)} of {info.world_size} "
+            "ranks cannot start:\n" + "\n".join(_group_lines(failures))
+            + "\nEvery rank stops here, before NCCL starts.")
+
+
+# ---------------------------------------------------------------------------------- context
+def _nccl_unique_id() -> torch.Tensor:
+    return torch.ops.warpformer.nccl_unique_id()
+
+
+def _new_comm(unique_id: torch.Tensor, size: int, rank: int, device: int,
+              timeout_s: float) -> Any:
+    return torch.classes.warpformer.NcclComm(unique_id, size, rank, device, timeout_s)
+
+
+@dataclass
+class DistContext:
+    """This rank's distributed state: where it sits, the pre-NCCL rendezvous and the NCCL
+    communicators (``tp_comm``/``pp_comm``; None for groups of size 1 or before
+    :meth:`connect`)."""
+
+    info: RankInfo
+    rendezvous: Rendezvous
+    timeout_s: float = 300.0
+    tp_comm: Any = None
+    pp_comm: Any = None
+    connected: bool = False
+
+    @property
+    def is_output_rank(self) -> bool:
+        """Rank 0: the one that prints and writes results."""
+        return self.info.rank == 0
+
+    def check(self, status_ok: bool, message: str = "", *,
+              checkpoint: dict[str, Any] | None = None, what: str = "loading weights") -> None:
+        """:func:`checkpoint_barrier` over this context's rendezvous."""
+        checkpoint_barrier(self.info, status_ok, message, self.timeout_s, checkpoint=checkpoint,
+                           rendezvous=self.rendezvous, what=what)
+
+    def barrier(self, timeout_s: float | None = None) -> None:
+        """Wait for every rank (over the rendezvous, not NCCL); RuntimeError naming the ranks
+        that did not arrive within ``timeout_s`` (default: the context's)."""
+        checkpoint_barrier(self.info, True, "", self.timeout_s if timeout_s is None else timeout_s,
+                           rendezvous=self.rendezvous, what="waiting at a barrier")
+
+    def connect(self) -> DistContext:
+        """Exchange NCCL unique ids (TP group, then PP group) and create the communicators."""
+        if self.connected:
+            return self
+        info, comms = self.info, {}
+        try:
+            for name, ranks, group_rank in (("tp", info.tp_group, info.tp_rank),
+                                            ("pp", info.pp_group, info.pp_rank)):
+                if len(ranks) == 1:
+                    continue
+                uid = exchange_id(info, ranks, f"nccl/{name}/{ranks[0]}", _nccl_unique_id,
+                                  rendezvous=self.rendezvous, timeout_s=self.timeout_s)
+                tensor = torch.frombuffer(bytearray(uid), dtype=torch.uint8).clone()
+                comms[name] = _new_comm(tensor, len(ranks), group_rank, info.device,
+                                        self.timeout_s)
+        except BaseException:
+            for comm in comms.values():
+                comm.abort()
+            raise
+        self.tp_comm, self.pp_comm = comms.get("tp"), comms.get("pp")
+        self.connected = True
+        return self
+
+    def shutdown(self) -> None:
+        """Abort the communicators (engines using them cannot run afterwards) and close the
+        rendezvous. Safe to call twice."""
+        global _CURRENT
+        for comm in (self.tp_comm, self.pp_comm):
+            if comm is not None:
+                comm.abort()
+        self.tp_comm = self.pp_comm = None
+        self.connected = False
+        self.rendezvous.close()
+        if _CURRENT is self:
+            _CURRENT = None
+
+    def __enter__(self) -> DistContext:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+
+_CURRENT: DistContext | None = None
+
+
+def get_context() -> DistContext | None:
+    """The context made by the last :func:`setup`/:func:`init` of this process, if any."""
+    return _CURRENT
+
+
+def setup(tensor_para_size: int = 1, pipeline_para_size: int = 1, *, timeout_s: float = 300.0,
+          rank: int | None = None, world_size: int | None = None, local_rank: int | None = None,
+          init_method: str | None = None) -> DistContext:
+    """Discover the rank, pick and set its GPU, open the rendezvous and run the preflight
+    check (every rank has a GPU of its own and asks for the same grid) — no NCCL yet.
+
+    Load the weights next, report with :meth:`DistContext.check`, then :meth:`DistContext.connect`.
+    """
+    global _CURRENT
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+    info = _locate(tensor_para_size, pipeline_para_size, rank, world_size, local_rank)
+    device, device_error = _device_or_problem(info)
+    if device_error is not None and info.world_size == 1:
+        raise ValueError(f"{info.where()}: {device_error}")
+    info = _with_device(info, device)
+    transport = rendezvous(info, init_method=init_method, timeout_s=timeout_s)
+    try:
+        if info.world_size > 1:
+            _preflight(info, transport, device_error, timeout_s)
+        torch.cuda.set_device(info.device)
+    except BaseException:
+        transport.close()
+        raise
+    _CURRENT = DistContext(info, transport, timeout_s)
+    return _CURRENT
+
+
+def init(tensor_para_size: int = 1, pipeline_para_size: int = 1, *, timeout_s: float = 300.0,
+         rank: int | None = None, world_size: int | None = None, local_rank: int | None = None,
+         init_method: str | None = None) -> DistContext:
+    """:func:`setup` then :meth:`DistContext.connect`: the rank's context with its NCCL
+    communicators ready (``tp_comm`` among ranks with the same ``pp_rank``, ``pp_comm`` among
+    ranks with the same ``tp_rank``)."""
+    ctx = setup(tensor_para_size, pipeline_para_size, timeout_s=timeout_s, rank=rank,
+                world_size=world_size, local_rank=local_rank, init_method=init_method)
+    try:
+        return ctx.connect()
+    except BaseException:
+        ctx.shutdown()
+        raise
+
+
+def print0(*args: Any, **kwargs: Any) -> None:
+    """``print`` on rank 0 only (flushes by default)."""
+    if _CURRENT is not None:
+        rank = _CURRENT.info.rank
+    else:
+        found = _from_env()
+        rank = found[1] if found else 0
+    if rank == 0:
+        kwargs.setdefault("flush", True)
+        print(*args, **kwargs)
+
+
+def load_gpt_model(model_dir: str | os.PathLike[str], *, dtype: torch.dtype = torch.float16,
+                   tensor_para_size: int = 1, pipeline_para_size: int = 1, max_batch: int = 8,
+                   max_seq_len: int | None = None, gemm_config: str = "",
+                   timeout_s: float = 300.0, init_method: str | None = None) -> Any:
+    """Load this rank's shards of a converted directory into ``GptModel`` with NCCL attached.
+
+    Order: :func:`setup` (reusing the current context if it has the same grid), read
+    ``config.ini``, load this rank's weights and build the engine, :func:`checkpoint_barrier`
+    (any rank's failure or a checkpoint converted for another tp stops every rank here), then
+    :meth:`DistContext.connect` and ``attach_tensor_parallel`` / ``attach_pipeline_parallel``.
+    """
+    from .models.gpt import build_gpt_model
+    from .weights import load_weights, read_config, resolve_model_dir
+
+    ctx = _CURRENT
+    if ctx is None or (ctx.info.tensor_para_size, ctx.info.pipeline_para_size) != (
+            tensor_para_size, pipeline_para_size):
+        ctx = setup(tensor_para_size, pipeline_para_size, timeout_s=timeout_s,
+                    init_method=init_method)
+    info = ctx.info
+    engine, summary, ok, message = None, None, True, ""
+    try:
+        path = resolve_model_dir(model_dir)
+        config = read_config(path)
+        summary = describe_checkpoint(config, path)
+        if config.tensor_para_size == tensor_para_size:  # else the barrier reports the mismatch
+            weights = load_weights(path, tp_rank=info.tp_rank, pp_rank=info.pp_rank,
+                                   pipeline_para_size=pipeline_para_size, dtype=dtype,
+                                   device=f"cuda:{info.device}")
+            engine = build_gpt_model(config, weights, dtype=dtype, max_batch=max_batch,
+                                     max_seq_len=max_seq_len, tensor_para_rank=info.tp_rank,
+                                     pipeline_para_size=pipeline_para_size,
+                                     pipeline_para_rank=info.pp_rank, gemm_config=gemm_config)
+            del weights
+    except Exception as exc:  # noqa: BLE001 - reported to every rank by the barrier
+        ok, message = False, f"{type(exc).__name__}: {exc}"
+    ctx.check(ok, message, checkpoint=summary)
+    ctx.connect()
+    if ctx.tp_comm is not None:
+        engine.attach_tensor_parallel(ctx.tp_comm)
+    if ctx.pp_comm is not None:
+        engine.attach_pipeline_parallel(ctx.pp_comm)
+    return engine

@@ -1,0 +1,50 @@
+"""One rank of a tensor/pipeline-parallel generation run (started by torchrun or mpirun from
+tests/gpu/test_parallel_engine.py): loads its shards through warpformer.GPT, runs greedy, beam
+and seeded sampling on fixed prompts, and rank 0 saves the results."""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+import warpformer
+from warpformer import distributed
+
+
+def run(model_dir: str, tp: int, pp: int, dtype: torch.dtype, out: str, steps: int) -> None:
+    model = warpformer.GPT.from_pretrained(model_dir, dtype=dtype, tensor_para_size=tp,
+                                           pipeline_para_size=pp, max_batch=8, max_seq_len=256,
+                                           backend="cuda")
+    prompts = torch.load(out + ".prompts")
+    res = {}
+    g = model.generate(prompts["ids"], steps, input_lengths=prompts["lengths"], end_id=999)
+    res["greedy"] = g.sequences.cpu()
+    if pp == 1:
+        b = model.generate(prompts["ids"][:2], steps // 2, input_lengths=prompts["lengths"][:2],
+                           num_beams=4, end_id=999)
+        res["beam"] = b.sequences.cpu()
+    s = model.generate(prompts["ids"], steps, input_lengths=prompts["lengths"], do_sample=True,
+                       top_k=40, top_p=0.9, seed=[5, 6, 7, 8], end_id=999)
+    res["sample"] = s.sequences.cpu()
+    res["logits"] = model.logits(prompts["ids"], prompts["lengths"]).float().cpu()
+    ctx = distributed.get_context()
+    if ctx is None or ctx.info.rank == 0:
+        torch.save(res, out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model-dir", required=True)
+    ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--pp", type=int, default=1)
+    ap.add_argument("--dtype", default="fp32")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--steps", type=int, default=32)
+    a = ap.parse_args()
+    dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[a.dtype]
+    run(a.model_dir, a.tp, a.pp, dtype, a.out, a.steps)
+
+
+if __name__ == "__main__":
+    main()
