@@ -201,8 +201,8 @@ GptModelHolder::GptModelHolder(const std::string& config, c10::Dict<std::string,
     if (env != nullptr) tuning = env;
   }
   if (!tuning.empty()) {
-    std::string note;
-    if (!model_->gemm().load_tuning(tuning, &note)) TORCH_WARN(note);
+    // The Python loader turns a note about an unused file into a warning (gemm_tuning_note()).
+    if (!model_->gemm().load_tuning(tuning, &gemm_note_)) TORCH_WARN(gemm_note_);
   }
 }
 

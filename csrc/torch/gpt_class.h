@@ -66,6 +66,8 @@ class GptModelHolder : public torch::CustomClassHolder {
   // Bytes held for the KV cache and the workspace (grow-only; flat across equal calls).
   // Shapes whose cuBLASLt algorithm comes from the GEMM tuning file (0: heuristics only).
   int64_t gemm_tuned_shapes() const { return static_cast<int64_t>(model_->gemm().tuned_shapes()); }
+  // One line about the GEMM tuning file: shapes loaded, or why it was not used ("" without one).
+  std::string gemm_tuning_note() const { return gemm_note_; }
   int64_t memory_bytes() const {
     return static_cast<int64_t>(model_->kv_cache_bytes() + model_->workspace_bytes());
   }
@@ -83,6 +85,7 @@ class GptModelHolder : public torch::CustomClassHolder {
   c10::Dict<std::string, at::Tensor> given_;  // as passed in, for pickling
   std::string dtype_arg_;
   std::string gemm_config_;
+  std::string gemm_note_;
   int64_t tp_rank_, pp_size_, pp_rank_;
   int64_t device_;
   std::unordered_map<std::string, at::Tensor> owned_;  // converted weights + derived tensors

@@ -124,8 +124,6 @@ void GptModelHolder::decode_start(const at::Tensor& input_ids, const at::Tensor&
   TORCH_CHECK(beam >= 1 && beam <= kernels::kMaxBeamWidth, kOp,
               ": option 'beam_width' must be in [1, ", kernels::kMaxBeamWidth, "], got ", beam);
   const int64_t batch = input_ids.dim() == 2 ? input_ids.size(0) : 0;
-  TORCH_CHECK(batch * beam <= model_->max_batch(), kOp, ": batch ", batch, " x beam_width ", beam,
-              " exceeds max_batch (", model_->max_batch(), ") of this model instance");
   const std::vector<int32_t> lengths = check_inputs(kOp, input_ids, input_lengths, output_len);
 
   Session s;
@@ -199,13 +197,14 @@ void GptModelHolder::decode_start(const at::Tensor& input_ids, const at::Tensor&
   // Outputs: prompt then end ids (per beam); lengths = prompt lengths.
   const at::Tensor ids = input_ids.contiguous();
   const int64_t total = s.seq + output_len;
-  const at::Tensor lens_dev = input_lengths.to(ids.device()).to(at::kInt);
+  // A copy: the session writes sequence lengths, never into the caller's input_lengths.
+  const at::Tensor lens_dev = input_lengths.to(ids.device()).to(at::kInt).clone();
   const at::Tensor mask = at::arange(s.seq, ids.options()).unsqueeze(0) < lens_dev.unsqueeze(1);
   const at::Tensor eid = end_ids.to(ids.device()).unsqueeze(1);
   at::Tensor out = eid.expand({batch, total}).clone();
   out.narrow(1, 0, s.seq).copy_(at::where(mask, ids, eid.expand({batch, s.seq})));
   s.output_ids = per_beam(out, beam).view({batch, beam, total}).contiguous();
-  s.seq_lengths = per_beam(lens_dev, beam).view({batch, beam}).contiguous();
+  s.seq_lengths = per_beam(lens_dev, beam).view({batch, beam}).clone();
   if (s.cum_mode > 0 || beam > 1) s.cum_log_probs = at::zeros({batch, beam}, dev.dtype(f32));
   if (s.return_log_probs) s.output_log_probs = at::zeros({batch, beam, output_len}, dev.dtype(f32));
   if (s.cum_mode == 2) {

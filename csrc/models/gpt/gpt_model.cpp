@@ -38,7 +38,7 @@ class Carver {
 // calls creep upwards), at most the limit.
 int64_t grown(int64_t need, int64_t have, int64_t limit) {
   if (need <= have) return have;
-  return std::min(limit, std::max(need, have + have / 2));
+  return std::max(need, std::min(limit, have + have / 2));
 }
 
 }  // namespace
@@ -73,12 +73,13 @@ GptModel::GptModel(GptConfig cfg, GptWeights weights, DType dtype,
 }
 
 void GptModel::ensure_kv(int64_t slots, int64_t seq_total) {
-  TORCH_CHECK(slots <= max_batch_, "GptModel: batch size ", slots, " exceeds max_batch (",
-              max_batch_, ") given at construction");
+  // Beam search needs batch * beam rows; max_batch bounds the batch (checked by the caller).
+  TORCH_CHECK(slots <= max_batch_ * kernels::kMaxBeamWidth, "GptModel: ", slots,
+              " sequences exceed max_batch (", max_batch_, ") x the largest beam width");
   TORCH_CHECK(seq_total <= max_seq_len_, "GptModel: input length + output length = ", seq_total,
               " exceeds max_seq_len (", max_seq_len_, ") given at construction");
   if (slots <= kv_slots_ && seq_total <= kv_seq_) return;
-  const int64_t new_slots = grown(slots, kv_slots_, max_batch_);
+  const int64_t new_slots = grown(slots, kv_slots_, max_batch_ * kernels::kMaxBeamWidth);
   const int64_t new_seq = grown(seq_total, kv_seq_, max_seq_len_);
   const int64_t layers = cfg_.end_layer() - cfg_.first_layer();
   const size_t bytes = static_cast<size_t>(layers) * 2 * new_slots * cfg_.local_heads() * new_seq *
@@ -93,7 +94,7 @@ void GptModel::ensure_kv(int64_t slots, int64_t seq_total) {
 void GptModel::ensure_activations(int64_t tokens, int64_t batch) {
   if (tokens <= act_tokens_ && batch <= act_batch_) return;
   const int64_t t = grown(tokens, act_tokens_, std::max<int64_t>(tokens, max_batch_ * max_seq_len_));
-  const int64_t b = grown(batch, act_batch_, max_batch_);
+  const int64_t b = grown(batch, act_batch_, max_batch_ * kernels::kMaxBeamWidth);
   const int64_t h = cfg_.hidden(), lh = cfg_.local_hidden(), li = cfg_.local_inter();
   const int64_t e = cfg_.embed_dim();
   const size_t es = dtype_size(dtype_);

@@ -9,6 +9,7 @@ loop. The class can be stored on a ``torch.jit.script``-ed module and pickled wi
 from __future__ import annotations
 
 import os
+import warnings
 
 import torch
 
@@ -49,10 +50,14 @@ def build_gpt_model(config: GptConfig, weights: dict[str, torch.Tensor], *,
         gemm_config: tuning file from ``warpformer gemm-tune`` ("" = $WARPFORMER_GEMM_CONFIG or
             cuBLASLt's heuristics).
     """
-    return torch.classes.warpformer.GptModel(
+    model = torch.classes.warpformer.GptModel(
         config.to_json(), weights, max_batch,
         max_seq_len if max_seq_len is not None else default_max_seq_len(config),
         dtype_name(dtype), tensor_para_rank, pipeline_para_size, pipeline_para_rank, gemm_config)
+    note = model.gemm_tuning_note()
+    if note and model.gemm_tuned_shapes() == 0:
+        warnings.warn(note, stacklevel=2)
+    return model
 
 
 def load_gpt_model(model_dir: str | os.PathLike[str], *, dtype: torch.dtype = torch.float16,
