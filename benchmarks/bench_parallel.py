@@ -1,0 +1,143 @@
+"""Multi-GPU scaling: decode ms/step and prefill ms of a random-init model (gpt-j-6b shape by
+default) at tensor/pipeline-parallel sizes, each configuration run under torchrun.
+
+    python benchmarks/bench_parallel.py --grids 1x1,2x1,1x2 --batches 1,64 --out-dir OUT
+
+The parent builds the model once on the GPU (benchmarks/common.py), converts it for every tensor-
+parallel size needed, then launches `torchrun --nproc-per-node tp*pp` of this script in worker
+mode per grid; rank 0 of each run times greedy generation (warm-up, CUDA events, median) and
+writes JSON; the parent prints the table (and writes JSON + markdown).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
+_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+        "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def worker(args: argparse.Namespace) -> None:
+    """One rank: load the shards, time generation, rank 0 writes the result JSON."""
+    from warpformer import distributed
+
+    model = distributed.load_gpt_model(args.model_dir, dtype=torch.float16,
+                                       tensor_para_size=args.tp, pipeline_para_size=args.pp,
+                                       max_batch=max(args.batches),
+                                       max_seq_len=args.input_len + args.output_len)
+    ctx = distributed.get_context()
+    rows = []
+    for b in args.batches:
+        ids = torch.randint(3, 50000, (b, args.input_len), dtype=torch.int32, device="cuda",
+                            generator=torch.Generator(device="cuda").manual_seed(b))
+        lens = torch.full((b,), args.input_len, dtype=torch.int32, device="cuda")
+        end = 50399  # outside the random prompts; a long run is needed, not an early stop
+
+        def run(n: int, ids=ids, lens=lens, end=end) -> None:
+            model.generate(ids, lens, n, end)
+
+        t_prefill = common.median(common.time_cuda(lambda: run(1), warmup=1, reps=3))
+        t_full = common.median(common.time_cuda(lambda: run(args.output_len), warmup=1,
+                                                reps=3))
+        rows.append({"batch": b, "prefill_ms": t_prefill,
+                     "decode_ms_per_step": (t_full - t_prefill) / (args.output_len - 1),
+                     "total_ms": t_full})
+    if ctx is None or ctx.info.rank == 0:
+        Path(args.result).write_text(json.dumps({"tp": args.tp, "pp": args.pp, "rows": rows}))
+    if ctx is not None:
+        ctx.shutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="gpt-j-6b", help="a shape of benchmarks/common.py")
+    ap.add_argument("--grids", default="1x1,2x1,1x2", help="TPxPP list")
+    ap.add_argument("--batches", default="1,64")
+    ap.add_argument("--input-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--cache-dir", type=Path, default=Path("~/.cache/warpformer-bench"))
+    ap.add_argument("--out-dir", type=Path, default=Path("benchmarks/results"))
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--model-dir", help=argparse.SUPPRESS)
+    ap.add_argument("--tp", type=int, default=1, help=argparse.SUPPRESS)
+    ap.add_argument("--pp", type=int, default=1, help=argparse.SUPPRESS)
+    ap.add_argument("--result", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    args.batches = [int(x) for x in str(args.batches).split(",")]
+    if args.worker:
+        worker(args)
+        return 0
+
+    grids = [tuple(int(v) for v in g.split("x")) for g in args.grids.split(",")]
+    ngpu = torch.cuda.device_count()
+    grids = [g for g in grids if g[0] * g[1] <= ngpu]
+    shape = common.parse_models(args.model)[0]
+    root = args.cache_dir.expanduser() / f"parallel-{shape.name}"
+    hf_dir = root / "hf"
+    t0 = time.monotonic()
+    if not (hf_dir / "config.json").is_file():
+        hf = common.build_hf_model(shape, seed=0)
+        hf.save_pretrained(hf_dir)
+        del hf
+        common.free_gpu()
+    from warpformer.converters import convert
+
+    for tp in sorted({g[0] for g in grids}):
+        if not (root / f"{tp}-gpu" / "config.ini").is_file():
+            convert(hf_dir, root, tensor_para_size=tp, data_type="fp16", processes=8,
+                    force=True)
+    common.log(f"prepared {shape.name} in {time.monotonic() - t0:.0f} s")
+    results = []
+    for tp, pp in grids:
+        result = args.out_dir / f"parallel_{tp}x{pp}.json"
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc-per-node={tp * pp}", __file__, "--worker", "--model-dir",
+               str(root / f"{tp}-gpu"), "--tp", str(tp), "--pp", str(pp), "--batches",
+               ",".join(map(str, args.batches)), "--input-len", str(args.input_len),
+               "--output-len", str(args.output_len), "--result", str(result)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400,
+                              env=dict(os.environ, **_ENV))
+        if proc.returncode != 0:
+            results.append({"tp": tp, "pp": pp, "error": proc.stderr[-800:]})
+            common.log(f"{tp}x{pp} failed: {proc.stderr[-800:]}")
+            continue
+        results.append(json.loads(result.read_text()))
+        result.unlink()
+    base = {r["batch"]: r["decode_ms_per_step"] for r in results[0].get("rows", [])}
+    lines = ["| model | TP | PP | batch | prefill ms | decode ms/step | vs TP=1 |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for res in results:
+        for r in res.get("rows", []):
+            ratio = r["decode_ms_per_step"] / base[r["batch"]] if r["batch"] in base else None
+            lines.append(f"| {shape.name} | {res['tp']} | {res['pp']} | {r['batch']} | "
+                         f"{r['prefill_ms']:.2f} | {r['decode_ms_per_step']:.3f} | "
+                         f"{common.fnum(ratio)}x |")
+        if "error" in res:
+            lines.append(f"| {shape.name} | {res['tp']} | {res['pp']} | — | error | — | — |")
+    table = "\n".join(lines)
+    print(f"\n## Multi-GPU scaling on {ngpu}x {common.gpu_name()} (fp16, in {args.input_len}, "
+          f"out {args.output_len})\n\n{table}")
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    stem = common.result_stem("parallel", common.gpu_name())
+    (args.out_dir / f"{stem}.json").write_text(json.dumps({"gpus": ngpu, "results": results},
+                                                          indent=2))
+    (args.out_dir / f"{stem}.md").write_text(table + "\n")
+    if os.environ.get("WARPFORMER_BENCH_KEEP_CACHE", "1") == "0":
+        shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
