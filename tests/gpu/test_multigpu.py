@@ -39,6 +39,8 @@ def _clean_env(**extra: str) -> dict[str, str]:
 
 
 def _lines(text: str, tag: str) -> list[dict]:
+    # Ranks print concurrently: two results can share a line, so split on the tag itself.
+    text = text.replace(tag + " ", "\n" + tag + " ")
     return [json.loads(line[len(tag) + 1:]) for line in text.splitlines()
             if line.startswith(tag + " ")]
 
