@@ -1,0 +1,82 @@
+"""Where a decode step's time goes: kernels per step, their share of GPU time, and the launch
+gaps (wall time the GPU spends idle between kernels), for a random-init model.
+
+    python tools/profile_decode.py --model gpt2-medium --batch 1 --steps 32
+
+Runs greedy generation eagerly (WARPFORMER_CUDA_GRAPHS=0, so each kernel is visible to the
+profiler) and with CUDA graphs (timed only), and prints a per-kernel table for one step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import common  # noqa: E402
+
+from warpformer.models.gpt import load_gpt_model  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="gpt2-medium")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--input-len", type=int, default=128)
+    ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--cache-dir", type=Path, default=Path("~/.cache/warpformer-bench"))
+    args = ap.parse_args(argv)
+    shape = common.parse_models(args.model)[0]
+    prep = common.prepare_model(shape, args.cache_dir, seed=0, need_hf=False)
+    model = load_gpt_model(prep.model_dir, dtype=torch.float16, max_batch=args.batch,
+                           max_seq_len=args.input_len + args.steps)
+    ids = torch.randint(3, shape.vocab - 1, (args.batch, args.input_len), dtype=torch.int32,
+                        device="cuda")
+    lens = torch.full((args.batch,), args.input_len, dtype=torch.int32, device="cuda")
+    end = shape.vocab - 1
+
+    def step_ms(graphs: bool) -> float:
+        os.environ["WARPFORMER_CUDA_GRAPHS"] = "1" if graphs else "0"
+        full = common.median(common.time_cuda(lambda: model.generate(ids, lens, args.steps, end),
+                                              warmup=2, reps=5))
+        one = common.median(common.time_cuda(lambda: model.generate(ids, lens, 1, end),
+                                             warmup=2, reps=5))
+        return (full - one) / (args.steps - 1)
+
+    with_graphs, eager = step_ms(True), step_ms(False)
+    os.environ["WARPFORMER_CUDA_GRAPHS"] = "0"
+    model.generate(ids, lens, args.steps, end)
+    torch.cuda.synchronize()
+    acts = [torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=acts) as prof:
+        model.generate(ids, lens, args.steps, end)
+        torch.cuda.synchronize()
+    per = defaultdict(lambda: [0, 0.0])
+    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    busy = 0.0
+    for e in events:
+        name = e.name.split("(")[0].split("<")[0][:60]
+        per[name][0] += 1
+        per[name][1] += e.device_time_total / 1000.0
+        busy += e.device_time_total / 1000.0
+    steps = args.steps
+    print(f"\n## Decode step profile: {shape.name}, batch {args.batch}, context "
+          f"{args.input_len}, {common.gpu_name()}\n")
+    print(f"step with CUDA graphs: {with_graphs:.3f} ms; eager: {eager:.3f} ms; "
+          f"GPU busy per step (eager): {busy / steps:.3f} ms; launch gaps (eager): "
+          f"{max(eager - busy / steps, 0):.3f} ms/step; kernels per step: "
+          f"{len(events) / steps:.1f} ({len(events) / steps / shape.layers:.1f} per layer)\n")
+    print("| kernel | launches/step | ms/step | share of GPU time |")
+    print("|---|---:|---:|---:|")
+    for name, (n, t) in sorted(per.items(), key=lambda kv: -kv[1][1])[:14]:
+        print(f"| {name} | {n / steps:.1f} | {t / steps:.4f} | {100 * t / busy:.1f}% |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
