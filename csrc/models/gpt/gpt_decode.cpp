@@ -157,11 +157,7 @@ void GptModel::decode_start(const int32_t* ids, const std::vector<int32_t>& leng
     cudaGraphExecDestroy(session_.graph);
     session_.graph = nullptr;
   }
-  enter_decode_stream();
-  struct Leave {
-    GptModel* m;
-    ~Leave() { m->leave_decode_stream(); }
-  } leave{this};
+  const StreamScope scope(this);
   Session& s = session_;
   s = Session{};
   s.batch = static_cast<int64_t>(lengths.size());
@@ -391,11 +387,7 @@ void GptModel::share_state() {
 int64_t GptModel::decode_step(int64_t max_steps) {
   Session& s = session_;
   TORCH_CHECK(s.active, "GptModel.decode_step: no generation session (call decode_start)");
-  enter_decode_stream();
-  struct Leave {
-    GptModel* m;
-    ~Leave() { m->leave_decode_stream(); }
-  } leave{this};
+  const StreamScope scope(this);
   cudaStream_t stream = ctx_->stream();
   int64_t n = 0;
   while (n < max_steps && s.steps_done < s.output_len && !s.stop) {
@@ -491,11 +483,7 @@ void GptModel::capture_step() {
 void GptModel::decode_finish() {
   Session& s = session_;
   TORCH_CHECK(s.active, "GptModel.decode_finish: no generation session (call decode_start)");
-  enter_decode_stream();
-  struct Leave {
-    GptModel* m;
-    ~Leave() { m->leave_decode_stream(); }
-  } leave{this};
+  const StreamScope scope(this);
   if (s.beam > 1) {
     kernels::BeamFinalizeParams fp{};
     fp.s = s.beam_state;

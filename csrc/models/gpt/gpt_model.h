@@ -194,6 +194,14 @@ class GptModel {
   cudaStream_t caller_stream_ = nullptr;
   void enter_decode_stream();
   void leave_decode_stream();
+  // Runs the enclosing decode_* call on decode_stream_ (entered here, left on scope exit).
+  struct StreamScope {
+    GptModel* m;
+    explicit StreamScope(GptModel* model) : m(model) { m->enter_decode_stream(); }
+    ~StreamScope() { m->leave_decode_stream(); }
+    StreamScope(const StreamScope&) = delete;
+    StreamScope& operator=(const StreamScope&) = delete;
+  };
 
   // The generation session (gpt_decode.cpp).
   struct Session {
