@@ -8,6 +8,7 @@ mpi4py point-to-point messages on ``MPI.COMM_WORLD`` (under mpirun), and a ``tor
 
 from __future__ import annotations
 
+import abc
 import os
 import sys
 import time
@@ -20,7 +21,7 @@ LINGER_MAX_S = 30.0
 _MPI_TAG = 0x5746  # "WF"; MPI guarantees tags up to 32767
 
 
-class Rendezvous:
+class Rendezvous(abc.ABC):
     """Pre-NCCL messaging between ranks: write-once values, read by polling with deadlines.
 
     ``put(key, value, readers)`` publishes ``value`` under ``(this rank, key)`` for ``readers``;
@@ -33,17 +34,19 @@ class Rendezvous:
     def __init__(self, rank: int, world_size: int) -> None:
         self.rank, self.world_size = rank, world_size
 
+    @abc.abstractmethod
     def put(self, key: str, value: bytes, readers: Sequence[int]) -> None:
-        raise NotImplementedError
+        """Publish ``value`` under ``(this rank, key)`` for ``readers``."""
 
+    @abc.abstractmethod
     def try_get(self, key: str, writer: int) -> bytes | None:
-        raise NotImplementedError
+        """``writer``'s value for ``key``, or None if it has not arrived yet."""
 
-    def linger(self, key: str, count: int, deadline: float) -> None:
+    def linger(self, key: str, count: int, deadline: float) -> None:  # noqa: B027 (optional hook)
         """Announce that this rank is done with ``key``; the rank keeping the transport alive
         waits (until ``deadline``) for ``count`` ranks to say so before it may leave."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (optional hook: nothing to release by default)
         """Release the transport (the host waits briefly so that peers finish first)."""
 
     def wait_all(self, key: str, writers: Sequence[int], deadline: float) -> dict[int, bytes]:

@@ -18,10 +18,6 @@ from tests.tolerances import DTYPES, TOLERANCES
 
 pytestmark = pytest.mark.gpu
 ops = torch.ops.warpformer
-if not hasattr(ops, "beam_search_step"):
-    pytest.skip("warpformer._C was built without the beam ops (csrc/torch/ops_beam.cpp)",
-                allow_module_level=True)
-import warpformer._ops_beam  # noqa: E402,F401
 
 I32, F32 = torch.int32, torch.float32
 STATE = ["output_ids", "cache_indir", "cum_log_probs", "cur_pos", "attn_len", "gen_len", "done",
