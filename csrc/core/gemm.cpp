@@ -178,6 +178,10 @@ bool Gemm::load_tuning(const std::string& path, std::string* note) {
     if (!(is >> dtype >> k.m >> k.n >> k.k >> transposed >> epi >> accumulate >> index)) {
       return fail("line " + std::to_string(lineno) + " is malformed");
     }
+    if (index < 0 || index > 1023) {
+      return fail("line " + std::to_string(lineno) + " has algorithm index " +
+                  std::to_string(index) + " (must be in [0, 1024))");
+    }
     k.dtype = parse_dtype(dtype, "GEMM tuning file: dtype");
     k.transposed = transposed != 0;
     k.accumulate = accumulate != 0;

@@ -48,7 +48,7 @@ class GptModelHolder : public torch::CustomClassHolder {
   void decode_start(const at::Tensor& input_ids, const at::Tensor& input_lengths,
                     int64_t output_len, const c10::Dict<std::string, at::Tensor>& options);
   // Runs up to max_steps steps; returns their tokens int32 [B, beam, k] (k = steps run; beam
-  // search returns an empty [B, beam, k] tensor: its tokens are final only after decode_finish).
+  // search returns -1s: its tokens are final only after decode_finish).
   at::Tensor decode_step(int64_t max_steps);
   c10::Dict<std::string, at::Tensor> decode_finish();
 

@@ -271,8 +271,9 @@ at::Tensor GptModelHolder::decode_step(int64_t max_steps) {
   }
   Session& s = session_;
   if (n == 0 || s.beam > 1) {
-    // Beam search reorders beams until the end: its tokens are final only after decode_finish.
-    return at::empty({s.batch, s.beam, n}, s.output_ids.options());
+    // Beam search reorders beams until the end: its tokens are final only after decode_finish,
+    // so its steps return -1 placeholders.
+    return at::full({s.batch, s.beam, n}, -1, s.output_ids.options());
   }
   const int64_t total = s.seq + s.output_len;
   const at::Tensor pos = (s.input_lengths.unsqueeze(1) + before +

@@ -175,6 +175,7 @@ void GptModel::decode_start(const int32_t* ids, const std::vector<int32_t>& leng
   const size_t need = session_layout(nullptr);
   if (need > state_need_) {
     state_.reset();
+    state_need_ = 0;  // a failed allocation below must not leave a stale size behind
     state_ = DeviceBuffer(ctx_->allocator(), need, ctx_->stream());
     state_need_ = need;
     ++buffer_generation_;
@@ -391,9 +392,10 @@ int64_t GptModel::decode_step(int64_t max_steps) {
   cudaStream_t stream = ctx_->stream();
   int64_t n = 0;
   while (n < max_steps && s.steps_done < s.output_len && !s.stop) {
-    // The flag copied kPoll steps ago. With tensor parallelism every rank must stop at the same
-    // step, so the decision waits for that copy (the host is then at most kPoll steps ahead);
-    // alone, it only looks if the copy has landed.
+    // The all-finished flag copied at the end of the previous multiple of kPoll steps. With
+    // tensor/pipeline parallelism every rank must stop at the same step, so the decision waits
+    // for that copy (a host wait once every kPoll steps); alone, it only looks if the copy has
+    // landed (else the flag is read at a later multiple of kPoll).
     const bool lockstep = (comm_ != nullptr && comm_->size() > 1) || pp_comm_ != nullptr;
     if (s.flag_pending && s.steps_done % kPoll == 0 &&
         (lockstep ? cudaEventSynchronize(flag_event_) == cudaSuccess
@@ -439,6 +441,11 @@ int64_t GptModel::decode_step(int64_t max_steps) {
       WF_CUDA_CHECK(cudaEventRecord(flag_event_, stream));
       s.flag_pending = true;
     }
+  }
+  // Pipeline parallelism: the tokens live on the last stage; streaming callers on every stage
+  // read them after each call.
+  if (pp_comm_ != nullptr && n > 0) {
+    broadcast_from_last_stage(s.out.output_ids, s.rows * s.total * sizeof(int32_t));
   }
   return n;
 }

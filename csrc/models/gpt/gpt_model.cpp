@@ -85,8 +85,9 @@ void GptModel::ensure_kv(int64_t slots, int64_t seq_total) {
   const size_t bytes = static_cast<size_t>(layers) * 2 * new_slots * cfg_.local_heads() * new_seq *
                        cfg_.size_per_head * dtype_size(dtype_);
   kv_.reset();  // free first so the allocator can reuse the block
-  kv_ = DeviceBuffer(ctx_->allocator(), bytes, ctx_->stream());
+  kv_slots_ = kv_seq_ = 0;  // a failed allocation below must not leave stale sizes behind
   ++buffer_generation_;
+  kv_ = DeviceBuffer(ctx_->allocator(), bytes, ctx_->stream());
   kv_slots_ = new_slots;
   kv_seq_ = new_seq;
 }
@@ -113,8 +114,9 @@ void GptModel::ensure_activations(int64_t tokens, int64_t batch) {
     c.take(b * cfg_.vocab_padded() * es);   // all-gathered slices
   }
   act_.reset();
-  act_ = DeviceBuffer(ctx_->allocator(), c.used(), ctx_->stream());
+  act_tokens_ = act_batch_ = 0;  // a failed allocation below must not leave stale sizes behind
   ++buffer_generation_;
+  act_ = DeviceBuffer(ctx_->allocator(), c.used(), ctx_->stream());
   act_tokens_ = t;
   act_batch_ = b;
 }
@@ -330,6 +332,7 @@ void GptModel::prefill(const int32_t* ids, const std::vector<int32_t>& lengths, 
   const int64_t ints = static_cast<int64_t>(host.size());
   if (ints > meta_ints_) {
     meta_.reset();
+    meta_ints_ = 0;
     meta_ = DeviceBuffer(ctx_->allocator(), ints * sizeof(int32_t), ctx_->stream());
     meta_ints_ = ints;
   }
