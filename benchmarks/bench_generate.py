@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -65,7 +66,10 @@ from common import (
     write_results,
 )
 
-ENGINES = ("warpformer", "hf-eager", "hf-compiled")
+# Extra warpformer rows (--wf-variants): GEMV off (cuBLASLt for every product) and a gemm-tune
+# file made for the configuration.
+VARIANTS = ("gemv-off", "tuned")
+ENGINES = ("warpformer", *(f"warpformer-{v}" for v in VARIANTS), "hf-eager", "hf-compiled")
 # Issue 6 targets: decode ms/step at batch 1, 128 in / 128 out, real layer counts.
 TARGETS_MS = {"gpt2-medium": 0.26, "bloom-560m": 0.40, "gpt-j-6b": 3.3}
 TARGET_CONFIG = (1, 128, 128)
@@ -144,6 +148,14 @@ def _lengths(text: str) -> list[tuple[int, int]]:
     return out
 
 
+def _variants(text: str) -> list[str]:
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [n for n in names if n not in VARIANTS]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown variant(s) {bad}; choose from {VARIANTS}")
+    return names
+
+
 def _models(text: str) -> list[ModelShape]:
     try:
         return parse_models(text)
@@ -163,6 +175,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--repeats", type=int, default=None, help="timed warpformer calls (5; quick 3)")
     ap.add_argument("--hf-repeats", type=int, default=None, help="timed HF calls (3; quick 2)")
     ap.add_argument("--skip-hf", action="store_true", help="warpformer only")
+    ap.add_argument("--wf-variants", type=_variants, default=[],
+                    help="extra warpformer rows: gemv-off (WARPFORMER_GEMV=0, cuBLASLt for "
+                         "every GEMM), tuned (a gemm-tune file made for the configuration)")
     ap.add_argument("--hf-compile", choices=("none", "target", "all"), default="target",
                     help="HF static cache + compiled forward on: none, the target configuration "
                          "(batch 1, 128/128; default) or every configuration (slow)")
@@ -266,13 +281,43 @@ def run_hf(hf, row: Row, prompts: torch.Tensor, reps: int, compiled: bool) -> to
     return out[:, n_in:].cpu()
 
 
+def tuning_file(config, cfg: tuple[int, int, int], out_dir: Path) -> tuple[str, int]:
+    """A `warpformer gemm-tune` file for this model and configuration (fp16, beam 1); returns
+    (path, number of shapes where a non-default algorithm measured faster)."""
+    from warpformer.gemm_tune import ModelDims, gemm_shapes, tune, write_tuning_file
+
+    B, n_in, _ = cfg
+    dims = ModelDims(config.hidden_size, config.inter_size, config.vocab_size, 1,
+                     config.word_embed_proj_dim, config.parallel_residual,
+                     config.activation_type == "relu", config.has_lm_head_bias)
+    results = tune(gemm_shapes(dims, B, 1, n_in), torch.float16, max_algos=16, reps=10)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"gemm_tuning_{config.hidden_size}x{config.num_layer}_B{B}_in{n_in}.tsv"
+    write_tuning_file(str(path), "fp16", results)
+    return str(path), sum(1 for _, i, _, _ in results if i != 0)
+
+
 def run_warpformer(weights, config, shape: ModelShape, row: Row,
-                   prompts: torch.Tensor, reps: int) -> torch.Tensor:
+                   prompts: torch.Tensor, reps: int, variant: str = "",
+                   out_dir: Path = DEFAULT_RESULTS_DIR) -> torch.Tensor:
     from warpformer.models.gpt import build_gpt_model
 
     B, n_in, n_out = row.config
-    engine = build_gpt_model(config, weights, dtype=torch.float16, max_batch=B,
-                             max_seq_len=n_in + n_out)
+    gemm_config = ""
+    if variant == "tuned":
+        gemm_config, changed = tuning_file(config, row.config, out_dir)
+        row.note = f"tuned: {changed} shapes off the heuristic's first choice"
+    saved = os.environ.get("WARPFORMER_GEMV")
+    if variant == "gemv-off":
+        os.environ["WARPFORMER_GEMV"] = "0"  # read when the model's Gemm is created
+    try:
+        engine = build_gpt_model(config, weights, dtype=torch.float16, max_batch=B,
+                                 max_seq_len=n_in + n_out, gemm_config=gemm_config)
+    finally:
+        if saved is None:
+            os.environ.pop("WARPFORMER_GEMV", None)
+        else:
+            os.environ["WARPFORMER_GEMV"] = saved
     ids = prompts.to("cuda")
     lens = torch.full((B,), n_in, dtype=torch.int32, device="cuda")
     end_id = shape.vocab - 1  # its logit is pinned low: never generated
@@ -400,12 +445,33 @@ def summary_table(rows: list[Row], shapes: dict[str, ModelShape]) -> str:
     return md_table(headers, body, align="lrrrrrrrrrl")
 
 
+def variants_table(rows: list[Row]) -> str:
+    """Decode ms/step and prefill ms of each warpformer variant next to the default build."""
+    names = [e for e in ENGINES if e.startswith("warpformer")]
+    present = [e for e in names if any(r.engine == e for r in rows)]
+    headers = ["model", "B", "in/out"] + [f"{e}: step (prefill) ms" for e in present]
+    body = []
+    for r in rows:
+        if r.engine != "warpformer":
+            continue
+        cells = []
+        for e in present:
+            v = next((x for x in rows if x.engine == e and x.model == r.model
+                      and x.config == r.config), None)
+            cells.append("—" if v is None or v.decode_ms is None
+                         else f"{v.decode_ms:.3f} ({v.prefill_ms:.2f})")
+        body.append([r.model, r.batch, f"{r.input_len}/{r.output_len}", *cells])
+    return md_table(headers, body, align="lrr" + "r" * len(present))
+
+
 def report(rows: list[Row], shapes: dict[str, ModelShape], head: str) -> tuple[str, str]:
     """(full markdown document, summary table)."""
     summary = summary_table(rows, shapes)
-    doc = "\n\n".join([head, "### All configurations", main_table(rows),
-                       "### Batch 64: GEMM efficiency (2 x GEMM params x tokens / time)",
-                       gemm_table(rows), "### Summary (warpformer)", summary])
+    parts = [head, "### All configurations", main_table(rows),
+             "### Batch 64: GEMM efficiency (2 x GEMM params x tokens / time)", gemm_table(rows)]
+    if any(r.engine.startswith("warpformer-") for r in rows):
+        parts += ["### warpformer variants", variants_table(rows)]
+    doc = "\n\n".join(parts + ["### Summary (warpformer)", summary])
     return doc, summary
 
 
@@ -572,6 +638,11 @@ def bench_model(args: argparse.Namespace, shape: ModelShape, cfgs: list[tuple[in
             row.agree_first_token_pct, row.agree_prefix_pct = agreement(toks, ref)
             if row.agree_first_token_pct < 90:
                 row.note = f"first tokens agree with HF on {row.agree_first_token_pct:.0f}% of rows"
+    for variant in args.wf_variants:
+        for cfg in cfgs:
+            row = new_row(f"warpformer-{variant}", cfg)
+            _guard(row, run_warpformer, weights, config, shape, row,
+                   _prompts(shape, cfg, args.seed), args.repeats, variant, args.out_dir)
     del weights
     free_gpu()
     return rows

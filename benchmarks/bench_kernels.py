@@ -1,6 +1,7 @@
 """Kernel benchmark: achieved bandwidth of each warpformer element-wise kernel against the
 device-to-device copy bandwidth measured in the same run, and its time against the PyTorch
-composition it replaces.
+composition it replaces; and the decode-sized GEMV (1 and 8 rows) against cuBLASLt and
+torch.matmul on the weight shapes of gpt2-medium and gpt-j-6b.
 
 Method: inputs are rotated among several copies whose total exceeds 4x the L2 cache, so the
 numbers are DRAM numbers; each case is warmed up, then timed with CUDA events per call; the
@@ -13,6 +14,7 @@ each output written once).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -81,6 +83,68 @@ def bench_case(name: str, dtype: torch.dtype, shape: str, nbytes: int,
     gbps = nbytes / (wf_us * 1e-6) / 1e9
     return Row(name, str(dtype).replace("torch.", ""), shape, nbytes / 1e6, wf_us, gbps,
                100 * gbps / copy_gbps, torch_us, torch_us / wf_us)
+
+
+@dataclass
+class GemvRow:
+    matrix: str
+    dtype: str
+    m: int
+    mbytes: float
+    gemv_us: float
+    gbps: float
+    pct_copy: float
+    cublaslt_us: float
+    torch_us: float
+    speedup_vs_cublaslt: float
+
+
+# (label, n, k, transposed): [k, n] weights as the engine stores them; lm_head is [vocab, hidden].
+GEMV_SHAPES = [
+    ("gpt2-medium qkv", 3072, 1024, False),
+    ("gpt2-medium attn out", 1024, 1024, False),
+    ("gpt2-medium fc1", 4096, 1024, False),
+    ("gpt2-medium fc2", 1024, 4096, False),
+    ("gpt2-medium lm_head", 50257, 1024, True),
+    ("gpt-j-6b qkv", 12288, 4096, False),
+    ("gpt-j-6b attn out", 4096, 4096, False),
+    ("gpt-j-6b fc1", 16384, 4096, False),
+    ("gpt-j-6b fc2", 4096, 16384, False),
+]
+
+
+def _gemm_calls(x: torch.Tensor, weights: list[torch.Tensor], transposed: bool,
+                backend: str) -> list[Callable[[], object]]:
+    """One call per weight copy: warpformer's gemm op with `backend`, or torch.matmul."""
+    if backend == "torch":
+        return [functools.partial(torch.matmul, x, w.t() if transposed else w) for w in weights]
+    return [functools.partial(ops.gemm, x, w, None, transposed, "none", backend)
+            for w in weights]
+
+
+def gemv_rows(dtype: torch.dtype, quick: bool, copy_gbps: float) -> list[GemvRow]:
+    """Times out = in[m, k] @ W for m in (1, 8): GEMV backend, cuBLASLt backend, torch.matmul."""
+    es = torch.tensor([], dtype=dtype).element_size()
+    out = []
+    shapes = GEMV_SHAPES[:5] + GEMV_SHAPES[7:8] if quick else GEMV_SHAPES
+    for label, n, k, transposed in shapes:
+        wbytes = n * k * es
+        sets = []
+        for _ in range(copies_needed(wbytes)):
+            w = torch.randn((n, k) if transposed else (k, n), device="cuda", dtype=dtype)
+            sets.append(w / k ** 0.5)
+        for m in (1, 8):
+            x = torch.randn(m, k, device="cuda", dtype=dtype)
+            gemv_us = time_calls(_gemm_calls(x, sets, transposed, "gemv"))
+            lt_us = time_calls(_gemm_calls(x, sets, transposed, "cublaslt"))
+            torch_us = time_calls(_gemm_calls(x, sets, transposed, "torch"))
+            nbytes = wbytes + (m * k + m * n) * es
+            gbps = nbytes / (gemv_us * 1e-6) / 1e9
+            out.append(GemvRow(label, str(dtype).replace("torch.", ""), m, nbytes / 1e6, gemv_us,
+                               gbps, 100 * gbps / copy_gbps, lt_us, torch_us, lt_us / gemv_us))
+        del sets
+        torch.cuda.empty_cache()
+    return out
 
 
 def cases(dtype: torch.dtype, quick: bool) -> list[tuple]:
@@ -170,10 +234,23 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(f"| {r.kernel} | {r.dtype} | {r.shape} | {r.mbytes:.0f} | {r.wf_us:.1f} | "
               f"{r.gbps:.0f} | {r.pct_copy:.0f}% | {r.torch_us:.1f} | {r.speedup:.2f}x |")
+    gemv: list[GemvRow] = []
+    for dtype in (torch.float16, torch.bfloat16):
+        gemv += gemv_rows(dtype, args.quick, copy_gbps)
+    print(f"\n## Decode-sized GEMV on {gpu} (weights streamed from DRAM; bytes = weight + "
+          "input + output)\n")
+    print("| matrix | dtype | m | MB | GEMV us | GB/s | % of copy | cuBLASLt us | torch us | "
+          "GEMV vs cuBLASLt |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for g in gemv:
+        print(f"| {g.matrix} | {g.dtype} | {g.m} | {g.mbytes:.1f} | {g.gemv_us:.1f} | "
+              f"{g.gbps:.0f} | {g.pct_copy:.0f}% | {g.cublaslt_us:.1f} | {g.torch_us:.1f} | "
+              f"{g.speedup_vs_cublaslt:.2f}x |")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"gpu": gpu, "copy_gbps": copy_gbps,
-                                         "rows": [asdict(r) for r in rows]}, indent=2))
+                                         "rows": [asdict(r) for r in rows],
+                                         "gemv": [asdict(g) for g in gemv]}, indent=2))
     return 0
 
 

@@ -4,35 +4,19 @@
 // y limit). Each thread moves one 16-byte vector per row when cols and the pointers allow it.
 // (Four rows per thread was tried: it lowered gated_act from 83% to 51% of copy bandwidth.)
 #include "kernels/activations.h"
+#include "kernels/activation_math.cuh"
 #include "kernels/common.cuh"
 
 namespace warpformer {
 namespace kernels {
 namespace {
 
-template <Activation ACT>
-__device__ __forceinline__ float activate(float x) {
-  if constexpr (ACT == Activation::kGeluErf) {
-    return 0.5f * x * (1.f + erff(x * 0.70710678118654752f));
-  } else if constexpr (ACT == Activation::kGeluTanh) {
-    // 0.5 x (1 + tanh(u)) == x * sigmoid(2u): one fast exp instead of tanhf, which made the
-    // fp16 kernel instruction-bound (~71% of copy bandwidth on H200 with tanhf).
-    const float u2 = 1.5957691216057308f * (x + 0.044715f * x * x * x);
-    return __fdividef(x, 1.f + __expf(-u2));
-  } else if constexpr (ACT == Activation::kRelu) {
-    return fmaxf(x, 0.f);
-  } else if constexpr (ACT == Activation::kSilu) {
-    return x / (1.f + __expf(-x));
-  } else {
-    return x;
-  }
-}
-
 template <typename T, int VEC, Activation ACT, bool GATED>
 __global__ void act_kernel(T* out,                    // [rows, cols]
                            const T* in,               // [rows, cols] or [rows, 2 * cols]
                            const T* __restrict__ bias,  // [cols] or [2 * cols] or null
                            int64_t rows, int cols) {
+  wait_for_prior_kernels();
   const int col = (blockIdx.x * blockDim.x + threadIdx.x) * VEC;
   if (col >= cols) return;
   const int64_t in_cols = GATED ? 2 * static_cast<int64_t>(cols) : cols;
@@ -64,12 +48,12 @@ cudaError_t launch_vec(T* out, const T* in, const T* bias, int64_t rows, int col
                        cudaStream_t stream) {
   const int nvec = cols / VEC;
   const int threads = nvec >= 256 ? 256 : ceil_div(nvec, 32) * 32;
-  const dim3 grid(ceil_div(nvec, threads), static_cast<unsigned>(rows < 65535 ? rows : 65535));
+  LaunchShape shape;
+  shape.grid = dim3(ceil_div(nvec, threads), static_cast<unsigned>(rows < 65535 ? rows : 65535));
+  shape.block = dim3(threads);
   switch (act) {
-#define WF_ACT_CASE(A)                                                                         \
-  case A:                                                                                      \
-    act_kernel<T, VEC, A, GATED><<<grid, threads, 0, stream>>>(out, in, bias, rows, cols); \
-    break;
+#define WF_ACT_CASE(A) \
+  case A: return launch_kernel(shape, stream, act_kernel<T, VEC, A, GATED>, out, in, bias, rows, cols);
     WF_ACT_CASE(Activation::kIdentity)
     WF_ACT_CASE(Activation::kGeluErf)
     WF_ACT_CASE(Activation::kGeluTanh)
@@ -78,7 +62,6 @@ cudaError_t launch_vec(T* out, const T* in, const T* bias, int64_t rows, int col
 #undef WF_ACT_CASE
     default: return cudaErrorInvalidValue;
   }
-  return cudaGetLastError();
 }
 
 template <typename T, bool GATED>

@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <utility>
 
 namespace warpformer {
 namespace kernels {
@@ -90,6 +91,59 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
 }
 
 __host__ __device__ constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+// ---- launches -----------------------------------------------------------------------------------
+// Programmatic dependent launch (sm_90): a kernel started with launch_kernel() may be scheduled
+// while the kernel before it on the stream is still finishing, which hides most of the launch
+// gap between the short kernels of a decode step. Such a kernel must call
+// wait_for_prior_kernels() before its first global memory access (read or write); the wait
+// returns once the previous kernel has completed and its writes are visible. Without a
+// programmatic launch, or before sm_90, the wait is a no-op.
+__device__ __forceinline__ void wait_for_prior_kernels() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// True when launch_kernel() asks for programmatic dependent launch: the current device is sm_90
+// or newer and WARPFORMER_PDL is not "0" (kernels/launch.cu).
+bool pdl_enabled();
+
+struct LaunchShape {
+  dim3 grid;
+  dim3 block;
+  size_t smem = 0;
+  unsigned cluster_y = 1;  // thread-block cluster of (1, cluster_y, 1) blocks when > 1
+};
+
+// Launches `kernel` (which must begin with wait_for_prior_kernels()) with the shape's grid,
+// block, dynamic shared memory and cluster, programmatically dependent when pdl_enabled().
+template <typename... Params, typename... Args>
+cudaError_t launch_kernel(const LaunchShape& shape, cudaStream_t stream, void (*kernel)(Params...),
+                          Args&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = shape.grid;
+  cfg.blockDim = shape.block;
+  cfg.dynamicSmemBytes = shape.smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attrs[2];
+  unsigned n = 0;
+  if (shape.cluster_y > 1) {
+    attrs[n].id = cudaLaunchAttributeClusterDimension;
+    attrs[n].val.clusterDim.x = 1;
+    attrs[n].val.clusterDim.y = shape.cluster_y;
+    attrs[n].val.clusterDim.z = 1;
+    ++n;
+  }
+  if (pdl_enabled()) {
+    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  cfg.attrs = attrs;
+  cfg.numAttrs = n;
+  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
 
 }  // namespace kernels
 }  // namespace warpformer

@@ -61,6 +61,7 @@ __device__ __forceinline__ void store_normed(const NormParams<T>& p, int64_t row
 // ITEMS > 0: each thread keeps ITEMS vectors of the row in registers. ITEMS == 0: re-read.
 template <typename T, int VEC, int ITEMS>
 __global__ void __launch_bounds__(kMaxThreads) norm_kernel(const NormParams<T> p) {
+  wait_for_prior_kernels();
   __shared__ float scratch[32];
   const int64_t row_off = static_cast<int64_t>(blockIdx.x) * p.hidden;
   const int nvec = p.hidden / VEC;
@@ -162,15 +163,16 @@ cudaError_t launch_with_vec(const NormParams<T>& p, cudaStream_t stream) {
   if (items > 8) items = 0;
   const int threads =
       items == 0 ? kMaxThreads : ceil_div(ceil_div(nvec, items), 32) * 32;
-  const dim3 grid(static_cast<unsigned>(p.rows));
+  LaunchShape shape;
+  shape.grid = dim3(static_cast<unsigned>(p.rows));
+  shape.block = dim3(static_cast<unsigned>(threads));
   switch (items) {
-    case 1: norm_kernel<T, VEC, 1><<<grid, threads, 0, stream>>>(p); break;
-    case 2: norm_kernel<T, VEC, 2><<<grid, threads, 0, stream>>>(p); break;
-    case 4: norm_kernel<T, VEC, 4><<<grid, threads, 0, stream>>>(p); break;
-    case 8: norm_kernel<T, VEC, 8><<<grid, threads, 0, stream>>>(p); break;
-    default: norm_kernel<T, VEC, 0><<<grid, threads, 0, stream>>>(p); break;
+    case 1: return launch_kernel(shape, stream, norm_kernel<T, VEC, 1>, p);
+    case 2: return launch_kernel(shape, stream, norm_kernel<T, VEC, 2>, p);
+    case 4: return launch_kernel(shape, stream, norm_kernel<T, VEC, 4>, p);
+    case 8: return launch_kernel(shape, stream, norm_kernel<T, VEC, 8>, p);
+    default: return launch_kernel(shape, stream, norm_kernel<T, VEC, 0>, p);
   }
-  return cudaGetLastError();
 }
 
 }  // namespace

@@ -5,7 +5,11 @@
 #
 #   bash tools/gpu_check.sh            # everything
 #   GPU_CHECK_SKIP_BENCH=1 bash tools/gpu_check.sh
-#   GPU_CHECK_PYTEST_ARGS="tests/gpu -x" bash tools/gpu_check.sh
+#   GPU_CHECK_PYTEST_ARGS="tests/gpu -x" bash tools/gpu_check.sh      # one pytest group
+#   GPU_CHECK_GROUPS="tests/gpu/test_gemm.py tests/gpu/test_decode.py" bash tools/gpu_check.sh
+#   GPU_CHECK_SKIP_TESTS=1 GPU_CHECK_BENCH="generate" bash tools/gpu_check.sh
+# GPU_CHECK_BENCH: comma list of kernels, generate, generate-nopdl, lambada (default
+# kernels,generate); GPU_CHECK_GENERATE_ARGS replaces bench_generate's default arguments.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/gpu_check_out}"
@@ -33,7 +37,9 @@ fi
 if [ $status -eq 0 ]; then
   step "tests"
   # One pytest process per group, so that a crash in one group does not hide the others' results.
-  if [ -n "${GPU_CHECK_PYTEST_ARGS:-}" ]; then groups=("${GPU_CHECK_PYTEST_ARGS}")
+  if [ -n "${GPU_CHECK_SKIP_TESTS:-}" ]; then groups=()
+  elif [ -n "${GPU_CHECK_PYTEST_ARGS:-}" ]; then groups=("${GPU_CHECK_PYTEST_ARGS}")
+  elif [ -n "${GPU_CHECK_GROUPS:-}" ]; then read -r -a groups <<<"${GPU_CHECK_GROUPS}"
   else groups=("tests --ignore=tests/gpu" $(ls tests/gpu/test_*.py)); fi
   : >"$OUT/pytest.log"
   for g in "${groups[@]}"; do
@@ -49,7 +55,8 @@ if [ $status -eq 0 ]; then
     [ $rc -ne 0 ] && status=1
   done
 
-  if [ -z "${GPU_CHECK_SKIP_SANITIZER:-}" ] && command -v compute-sanitizer >/dev/null; then
+  if [ -z "${GPU_CHECK_SKIP_SANITIZER:-}${GPU_CHECK_SKIP_TESTS:-}" ] &&
+     command -v compute-sanitizer >/dev/null; then
     step "compute-sanitizer memcheck"
     compute-sanitizer --tool memcheck --error-exitcode 9 \
         $PY -m pytest tests/gpu/test_elementwise.py tests/gpu/test_gpt_engine.py -q -p no:cacheprovider \
@@ -60,11 +67,28 @@ if [ $status -eq 0 ]; then
     [ $rc -ne 0 ] && { tail -30 "$OUT/memcheck.log"; status=1; }
   fi
 
-  if [ -z "${GPU_CHECK_SKIP_BENCH:-}" ]; then
-    step "benchmarks"
-    $PY benchmarks/bench_kernels.py --json "$OUT/bench_kernels.json" 2>&1 | tee "$OUT/bench_kernels.md"
-    [ ${PIPESTATUS[0]} -ne 0 ] && { summary+=("bench_kernels|FAILED|"); status=1; } \
-                               || summary+=("bench_kernels|ok|bench_kernels.md")
+  benches=",${GPU_CHECK_BENCH:-kernels,generate},"
+  [ -n "${GPU_CHECK_SKIP_BENCH:-}" ] && benches=","
+  gen_args=${GPU_CHECK_GENERATE_ARGS:-"--models gpt2-medium,bloom-560m,opt-1.3b,gpt-j-6b --batches 1,64 --lengths 128x128 --wf-variants gemv-off"}
+  bench() {  # name, log file, command...
+    local name=$1 log=$2; shift 2
+    step "benchmark $name"
+    "$@" 2>&1 | tee "$OUT/$log"
+    if [ ${PIPESTATUS[0]} -ne 0 ]; then summary+=("$name|FAILED|$log"); status=1
+    else summary+=("$name|ok|$log"); fi
+  }
+  if [[ $benches == *,kernels,* ]]; then
+    bench bench_kernels bench_kernels.md $PY benchmarks/bench_kernels.py --json "$OUT/bench_kernels.json"
+  fi
+  if [[ $benches == *,generate,* ]]; then
+    bench bench_generate bench_generate.md $PY benchmarks/bench_generate.py $gen_args --out-dir "$OUT"
+  fi
+  if [[ $benches == *,generate-nopdl,* ]]; then
+    bench "bench_generate (WARPFORMER_PDL=0)" bench_generate_nopdl.md env WARPFORMER_PDL=0 \
+        $PY benchmarks/bench_generate.py $gen_args --skip-hf --out-dir "$OUT/nopdl"
+  fi
+  if [[ $benches == *,lambada,* ]]; then
+    bench bench_lambada bench_lambada.md $PY benchmarks/bench_lambada.py --out-dir "$OUT"
   fi
 fi
 
@@ -74,5 +98,9 @@ for s in "${summary[@]}"; do echo "| ${s//|/ | } |"; done
 if [ -f "$OUT/bench_kernels.md" ]; then
   grep -E "^\| (kernel|---|layer_norm|rms_norm|add_layer_norm|bias_act|gated_act|embedding) " \
       "$OUT/bench_kernels.md" | grep -E "kernel|---|float16" | head -9
+  grep -E "^\| (matrix|gpt)" "$OUT/bench_kernels.md" | grep -E "matrix|float16 \| 1 " | head -10
 fi
+for f in "$OUT/bench_generate.md" "$OUT/bench_generate_nopdl.md"; do
+  [ -f "$f" ] && { echo; echo "${f##*/}:"; sed -n '/### \(warpformer variants\|Summary (warpformer)\)/,$p' "$f" | grep -v "^results:" | head -30; }
+done
 exit $status

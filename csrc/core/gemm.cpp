@@ -3,8 +3,12 @@
 #include <c10/util/Exception.h>
 
 #include "csrc/core/check.h"
+#include "kernels/gemv.h"
 
 #include <algorithm>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -39,7 +43,16 @@ Gemm::Plan::~Plan() {
   if (desc) cublasLtMatmulDescDestroy(desc);
 }
 
+Gemm::Gemm(const CudaContext* ctx) : ctx_(ctx), gemv_max_rows_(kernels::kGemvMaxRows) {
+  const char* env = std::getenv("WARPFORMER_GEMV");
+  if (env != nullptr && std::strcmp(env, "0") == 0) gemv_max_rows_ = 0;
+}
+
 Gemm::~Gemm() = default;
+
+void Gemm::set_gemv_max_rows(int rows) {
+  gemv_max_rows_ = std::max(0, std::min(rows, kernels::kGemvMaxRows));
+}
 
 size_t Gemm::cached_plans() const {
   std::lock_guard<std::mutex> lock(mu_);
@@ -204,19 +217,87 @@ bool Gemm::load_tuning(const std::string& path, std::string* note) {
   return true;
 }
 
+namespace {
+
+kernels::Activation epilogue_activation(GemmEpilogue e) {
+  switch (e) {
+    case GemmEpilogue::kBiasGeluTanh: return kernels::Activation::kGeluTanh;
+    case GemmEpilogue::kBiasRelu: return kernels::Activation::kRelu;
+    default: return kernels::Activation::kIdentity;
+  }
+}
+
+}  // namespace
+
+bool Gemm::try_gemv(DType dtype, const void* in, const void* weight, const void* bias, void* out,
+                    int64_t m, int64_t n, int64_t k, bool transposed, kernels::Activation act,
+                    float beta) {
+  if (m > gemv_max_rows_ || n > INT_MAX || k > INT_MAX) return false;
+  return WF_DISPATCH_FLOATING(dtype, "Gemm (GEMV path)", [&] {
+    kernels::GemvParams<scalar_t> p;
+    p.out = static_cast<scalar_t*>(out);
+    p.in = static_cast<const scalar_t*>(in);
+    p.weight = static_cast<const scalar_t*>(weight);
+    p.bias = static_cast<const scalar_t*>(bias);
+    p.m = static_cast<int>(m);
+    p.n = static_cast<int>(n);
+    p.k = static_cast<int>(k);
+    p.transposed = transposed;
+    p.act = act;
+    p.beta = beta;
+    if (!kernels::gemv_supported(p)) return false;
+    WF_CUDA_CHECK(kernels::launch_gemv(p, ctx_->device(), ctx_->stream()));
+    return true;
+  });
+}
+
 void Gemm::run(DType dtype, const void* in, const void* weight, const void* bias, void* out,
                int64_t m, int64_t n, int64_t k, GemmEpilogue epilogue, float beta) {
   TORCH_CHECK(m >= 0 && n > 0 && k > 0, "Gemm: bad sizes m=", m, " n=", n, " k=", k);
   if (m == 0) return;
   TORCH_CHECK(epilogue == GemmEpilogue::kNone || bias != nullptr,
               "Gemm: the bias epilogue needs a bias pointer");
+  if (try_gemv(dtype, in, weight, bias, out, m, n, k, false, epilogue_activation(epilogue),
+               beta)) {
+    return;
+  }
   launch(GemmKey{m, n, k, dtype, epilogue, beta != 0.f, false}, in, weight, bias, out, beta);
+}
+
+void Gemm::run_act(DType dtype, const void* in, const void* weight, const void* bias, void* out,
+                   int64_t m, int64_t n, int64_t k, kernels::Activation act, float beta) {
+  TORCH_CHECK(m >= 0 && n > 0 && k > 0, "Gemm: bad sizes m=", m, " n=", n, " k=", k);
+  if (m == 0) return;
+  if (try_gemv(dtype, in, weight, bias, out, m, n, k, false, act, beta)) return;
+  if (act == kernels::Activation::kRelu && bias != nullptr && beta == 0.f) {
+    launch(GemmKey{m, n, k, dtype, GemmEpilogue::kBiasRelu, false, false}, in, weight, bias, out,
+           0.f);
+    return;
+  }
+  if (act == kernels::Activation::kIdentity) {
+    const GemmEpilogue epi = bias != nullptr ? GemmEpilogue::kBias : GemmEpilogue::kNone;
+    launch(GemmKey{m, n, k, dtype, epi, beta != 0.f, false}, in, weight, bias, out, beta);
+    return;
+  }
+  TORCH_CHECK(beta == 0.f, "Gemm::run_act: an activation with beta != 0 needs the GEMV path");
+  launch(GemmKey{m, n, k, dtype, GemmEpilogue::kNone, false, false}, in, weight, nullptr, out,
+         0.f);
+  WF_DISPATCH_FLOATING(dtype, "Gemm::run_act", [&] {
+    WF_CUDA_CHECK(kernels::launch_bias_act(static_cast<scalar_t*>(out),
+                                           static_cast<const scalar_t*>(out),
+                                           static_cast<const scalar_t*>(bias), m,
+                                           static_cast<int>(n), act, ctx_->stream()));
+  });
 }
 
 void Gemm::run_transposed(DType dtype, const void* in, const void* weight, const void* bias,
                           void* out, int64_t m, int64_t n, int64_t k) {
   TORCH_CHECK(m >= 0 && n > 0 && k > 0, "Gemm: bad sizes m=", m, " n=", n, " k=", k);
   if (m == 0) return;
+  if (try_gemv(dtype, in, weight, bias, out, m, n, k, true, kernels::Activation::kIdentity,
+               0.f)) {
+    return;
+  }
   const GemmEpilogue epi = bias != nullptr ? GemmEpilogue::kBias : GemmEpilogue::kNone;
   launch(GemmKey{m, n, k, dtype, epi, false, true}, in, weight, bias, out, 0.f);
 }

@@ -1,6 +1,11 @@
-// Gemm: row-major matrix products through cuBLASLt with fp32 accumulation.
+// Gemm: row-major matrix products with fp32 accumulation.
 //
 //   out[m, n] = in[m, k] @ weight[k, n] (+ bias[n]) (+ beta * out)
+//
+// Decode-sized products (m <= kernels::kGemvMaxRows, when the shape allows 16-byte access) run
+// on warpformer's weight-streaming GEMV (kernels/gemv.h), which reads each weight byte once in a
+// single kernel; everything else goes to cuBLASLt. WARPFORMER_GEMV=0 sends all shapes to
+// cuBLASLt (for comparisons).
 //
 // Weights are stored [in, out] (the on-disk layout), so no transposes are needed: in cuBLASLt's
 // column-major view this is out^T[n, m] = weight^T[n, k] @ in^T[k, m]. Matmul descriptors and the
@@ -19,6 +24,7 @@
 
 #include "csrc/core/cuda_context.h"
 #include "csrc/core/dispatch.h"
+#include "kernels/activations.h"
 
 namespace warpformer {
 
@@ -49,7 +55,7 @@ struct GemmKeyHash {
 
 class Gemm {
  public:
-  explicit Gemm(const CudaContext* ctx) : ctx_(ctx) {}
+  explicit Gemm(const CudaContext* ctx);
   ~Gemm();
   Gemm(const Gemm&) = delete;
   Gemm& operator=(const Gemm&) = delete;
@@ -59,10 +65,22 @@ class Gemm {
   void run(DType dtype, const void* in, const void* weight, const void* bias, void* out, int64_t m,
            int64_t n, int64_t k, GemmEpilogue epilogue = GemmEpilogue::kNone, float beta = 0.f);
 
+  // out[m, n] = act(in[m, k] @ weight[k, n] + bias[n]) (+ beta * out). One fused kernel on the
+  // GEMV path; on cuBLASLt, ReLU rides on its bias epilogue and the other activations run as
+  // warpformer's bias/activation kernel after a plain GEMM (so both paths compute the same
+  // activation function). bias may be null.
+  void run_act(DType dtype, const void* in, const void* weight, const void* bias, void* out,
+               int64_t m, int64_t n, int64_t k, kernels::Activation act, float beta = 0.f);
+
   // out[m, n] = in[m, k] @ weight[n, k]^T (+ bias[n]): for weights stored [out, in], such as the
   // lm_head [V, e], which the on-disk format never transposes.
   void run_transposed(DType dtype, const void* in, const void* weight, const void* bias, void* out,
                       int64_t m, int64_t n, int64_t k);
+
+  // Largest m sent to the GEMV kernel (0: never; default kernels::kGemvMaxRows, or 0 when the
+  // environment sets WARPFORMER_GEMV=0). Values above kGemvMaxRows are clamped.
+  void set_gemv_max_rows(int rows);
+  int gemv_max_rows() const { return gemv_max_rows_; }
 
   // Number of distinct shapes planned so far (for tests and the tuner).
   size_t cached_plans() const;
@@ -95,10 +113,15 @@ class Gemm {
   Plan& plan_for(const GemmKey& key);
   void create_descriptors(const GemmKey& key, Plan* plan) const;
   std::vector<cublasLtMatmulHeuristicResult_t> heuristics(const Plan& plan, int count) const;
+  // Runs the GEMV kernel when m and the shape allow it; false means "use cuBLASLt".
+  bool try_gemv(DType dtype, const void* in, const void* weight, const void* bias, void* out,
+                int64_t m, int64_t n, int64_t k, bool transposed, kernels::Activation act,
+                float beta);
   void launch(const GemmKey& key, const void* in, const void* weight, const void* bias, void* out,
               float beta);
 
   const CudaContext* ctx_;
+  int gemv_max_rows_;
   mutable std::mutex mu_;
   std::unordered_map<GemmKey, std::unique_ptr<Plan>, GemmKeyHash> plans_;
   std::unordered_map<GemmKey, int, GemmKeyHash> tuned_;  // heuristic index per shape

@@ -16,7 +16,6 @@
 #include <cmath>
 
 #include "csrc/core/check.h"
-#include "kernels/activations.h"
 #include "kernels/attention/attention.h"
 
 namespace warpformer {
@@ -108,22 +107,14 @@ void attention(const LayerContext& lc, const LayerWeights& w, const LayerBuffers
   }
 }
 
-// f = act(in @ W1 + b1); out = f @ W2 (+ beta * out). ReLU rides on the GEMM epilogue; the GELU
-// and SiLU forms use warpformer's kernel so the arithmetic matches the reference exactly.
-template <typename T>
+// f = act(in @ W1 + b1); out = f @ W2 (+ beta * out). Gemm::run_act fuses the bias and the
+// activation into the product where it can (GEMV path, cuBLASLt's ReLU epilogue) and otherwise
+// runs warpformer's bias/activation kernel, whose arithmetic matches the reference exactly.
 void mlp(const LayerContext& lc, const LayerWeights& w, const void* in, void* f, void* out,
          int64_t tokens, float beta) {
   const gpt::GptConfig& c = *lc.cfg;
   const int64_t h = c.hidden(), li = c.local_inter();
-  if (c.activation == kernels::Activation::kRelu && w.fc1_b != nullptr) {
-    lc.gemm->run(lc.dtype, in, w.fc1_w, w.fc1_b, f, tokens, li, h, GemmEpilogue::kBiasRelu);
-  } else {
-    lc.gemm->run(lc.dtype, in, w.fc1_w, nullptr, f, tokens, li, h);
-    WF_CUDA_CHECK(kernels::launch_bias_act(static_cast<T*>(f), static_cast<const T*>(f),
-                                           static_cast<const T*>(w.fc1_b), tokens,
-                                           static_cast<int>(li), c.activation,
-                                           lc.ctx->stream()));
-  }
+  lc.gemm->run_act(lc.dtype, in, w.fc1_w, w.fc1_b, f, tokens, li, h, c.activation);
   lc.gemm->run(lc.dtype, f, w.fc2_w, nullptr, out, tokens, h, li, GemmEpilogue::kNone, beta);
 }
 
@@ -144,7 +135,7 @@ void layer_forward(const LayerContext& lc, const LayerWeights& w, const LayerBuf
   if (!c.pre_layernorm) {  // post-norm: y = ln1(x + p + bo); x = ln2(y + mlp(y) + b2)
     all_reduce_if_parallel(lc.comm, b.p, tokens * h, lc.dtype, lc.ctx->stream());
     run_norm<T>(lc, ln, w.ln1_w, w.ln1_b, b.p, b.x, b.x, w.dense_b, b.y, tokens, h);
-    mlp<T>(lc, w, b.y, b.f, b.o, tokens, 0.f);
+    mlp(lc, w, b.y, b.f, b.o, tokens, 0.f);
     all_reduce_if_parallel(lc.comm, b.o, tokens * h, lc.dtype, lc.ctx->stream());
     run_norm<T>(lc, ln, w.ln2_w, w.ln2_b, b.o, b.y, b.y, w.fc2_b, b.x, tokens, h);
     if (next.kind != NormKind::kAddOnly) {
@@ -160,7 +151,7 @@ void layer_forward(const LayerContext& lc, const LayerWeights& w, const LayerBuf
       run_norm<T>(lc, ln, w.ln2_w, w.ln2_b, b.x, nullptr, nullptr, nullptr, b.y, tokens, h);
       mlp_in = b.y;
     }
-    mlp<T>(lc, w, mlp_in, b.f, b.p, tokens, 1.f);  // p += mlp(.)
+    mlp(lc, w, mlp_in, b.f, b.p, tokens, 1.f);  // p += mlp(.)
     all_reduce_if_parallel(lc.comm, b.p, tokens * h, lc.dtype, lc.ctx->stream());
     run_norm<T>(lc, next.kind, next.gamma, next.beta, b.p, b.x, b.x, w.residual_b,
                 next.kind == NormKind::kAddOnly ? b.x : b.n, tokens, h);
@@ -170,7 +161,7 @@ void layer_forward(const LayerContext& lc, const LayerWeights& w, const LayerBuf
   // pre-norm, sequential
   all_reduce_if_parallel(lc.comm, b.p, tokens * h, lc.dtype, lc.ctx->stream());
   run_norm<T>(lc, ln, w.ln2_w, w.ln2_b, b.p, b.x, b.x, w.dense_b, b.y, tokens, h);
-  mlp<T>(lc, w, b.y, b.f, b.o, tokens, 0.f);
+  mlp(lc, w, b.y, b.f, b.o, tokens, 0.f);
   all_reduce_if_parallel(lc.comm, b.o, tokens * h, lc.dtype, lc.ctx->stream());
   run_norm<T>(lc, next.kind, next.gamma, next.beta, b.o, b.x, b.x, w.fc2_b,
               next.kind == NormKind::kAddOnly ? b.x : b.n, tokens, h);

@@ -29,7 +29,8 @@ at::Tensor embedding(const at::Tensor& input_ids, const at::Tensor& wte, const O
 
 // out[m, n] = input[m, k] @ weight[k, n] (weight [n, k] when transposed) through cuBLASLt.
 at::Tensor gemm(const at::Tensor& input, const at::Tensor& weight, const OptTensor& bias,
-                bool transposed, const std::string& epilogue);
+                bool transposed, const std::string& epilogue, const std::string& backend,
+                const OptTensor& residual);
 // Median microseconds of each of cuBLASLt's first max_algos heuristic candidates for the shape.
 at::Tensor gemm_benchmark(const at::Tensor& input, const at::Tensor& weight, const OptTensor& bias,
                           bool transposed, const std::string& epilogue, bool accumulate,

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "csrc/core/gemm.h"
+#include "kernels/gemv.h"
 #include "csrc/torch/ops.h"
 #include "csrc/torch/tensor_utils.h"
 
@@ -68,22 +69,63 @@ std::shared_ptr<CudaContext> context_for(const at::Tensor& t) {
 }  // namespace
 
 at::Tensor gemm(const at::Tensor& input, const at::Tensor& weight, const OptTensor& bias,
-                bool transposed, const std::string& epilogue) {
+                bool transposed, const std::string& epilogue, const std::string& backend,
+                const OptTensor& residual) {
   const char* op = "warpformer.gemm";
-  GemmArgs a = check_gemm(op, input, weight, bias, transposed, epilogue, false);
+  // The activation epilogues beyond cuBLASLt's own (bias_gelu_erf, bias_silu) go through
+  // Gemm::run_act like the engine's MLP; the tuner's shapes use the cuBLASLt set only.
+  kernels::Activation act = kernels::Activation::kIdentity;
+  std::string lt_epilogue = epilogue;
+  if (epilogue == "bias_gelu_erf") act = kernels::Activation::kGeluErf;
+  if (epilogue == "bias_silu") act = kernels::Activation::kSilu;
+  if (epilogue == "bias_gelu_tanh") act = kernels::Activation::kGeluTanh;
+  if (epilogue == "bias_relu") act = kernels::Activation::kRelu;
+  if (act != kernels::Activation::kIdentity) lt_epilogue = "bias";
+  TORCH_CHECK(lt_epilogue == "none" || lt_epilogue == "bias", op,
+              ": epilogue must be one of none, bias, bias_gelu_tanh, bias_gelu_erf, bias_relu, "
+              "bias_silu; got '", epilogue, "'");
+  TORCH_CHECK(backend == "auto" || backend == "gemv" || backend == "cublaslt", op,
+              ": backend must be one of auto, gemv, cublaslt; got '", backend, "'");
+  TORCH_CHECK(epilogue != "none" || !bias.has_value(), op,
+              ": a bias was given with epilogue 'none'; use epilogue 'bias' to add it");
+  GemmArgs a = check_gemm(op, input, weight, bias, transposed, lt_epilogue, false);
+  TORCH_CHECK(!transposed || act == kernels::Activation::kIdentity, op,
+              ": transposed weights support the none and bias epilogues only");
   const c10::cuda::CUDAGuard guard(input.device());
   auto ctx = context_for(a.in);
   Gemm g(ctx.get());
-  at::Tensor out = at::empty({a.key.m, a.key.n}, a.in.options());
+  if (backend == "cublaslt") g.set_gemv_max_rows(0);
+  if (backend == "gemv") {
+    const int64_t vec = 16 / static_cast<int64_t>(dtype_size(a.key.dtype));
+    TORCH_CHECK(a.key.m <= kernels::kGemvMaxRows, op, ": backend 'gemv' needs input.shape[0] <= ",
+                kernels::kGemvMaxRows, ", got ", a.key.m);
+    TORCH_CHECK(a.key.k % vec == 0 && (transposed || a.key.n % vec == 0), op,
+                ": backend 'gemv' needs k", transposed ? "" : " and n", " to be multiples of ",
+                vec, " (16 bytes of ", dtype_name(a.key.dtype), "), got k=", a.key.k,
+                ", n=", a.key.n);
+    g.set_gemv_max_rows(kernels::kGemvMaxRows);
+  }
+  at::Tensor out;
+  if (residual.has_value()) {
+    TORCH_CHECK(!transposed, op, ": residual is supported with [k, n] weights only");
+    check_dtype(*residual, input.scalar_type(), op, "residual", "the dtype of input");
+    check_cuda(*residual, op, "residual", input, "input");
+    TORCH_CHECK(residual->dim() == 2 && residual->size(0) == a.key.m &&
+                    residual->size(1) == a.key.n,
+                op, ": residual must have shape [", a.key.m, ", ", a.key.n, "], got ",
+                residual->sizes());
+    out = residual->clone(at::MemoryFormat::Contiguous);
+  } else {
+    out = at::empty({a.key.m, a.key.n}, a.in.options());
+  }
+  const float beta = residual.has_value() ? 1.f : 0.f;
   const void* bp = a.bias.defined() ? a.bias.data_ptr() : nullptr;
   if (transposed) {
-    TORCH_CHECK(a.key.epilogue == GemmEpilogue::kNone || a.key.epilogue == GemmEpilogue::kBias, op,
-                ": transposed weights support the none and bias epilogues only");
     g.run_transposed(a.key.dtype, a.in.data_ptr(), a.w.data_ptr(), bp, out.data_ptr(), a.key.m,
                      a.key.n, a.key.k);
   } else {
-    g.run(a.key.dtype, a.in.data_ptr(), a.w.data_ptr(), bp, out.data_ptr(), a.key.m, a.key.n,
-          a.key.k, a.key.epilogue);
+    g.run_act(a.key.dtype, a.in.data_ptr(), a.w.data_ptr(), bp, out.data_ptr(), a.key.m,
+              a.key.n, a.key.k, act, beta);
   }
   return out;
 }

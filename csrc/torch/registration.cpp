@@ -41,10 +41,12 @@ TORCH_LIBRARY(warpformer, m) {
       "float scale=1.0) -> Tensor");
 
   // ---- GEMM (csrc/core/gemm) ----
-  // out = input @ weight (weight [k, n], or [n, k] when transposed) (+ bias, epilogue) via cuBLASLt.
+  // out = act(input @ weight + bias) (weight [k, n], or [n, k] when transposed). backend: auto
+  // (GEMV kernel for <= 8 rows where the shape allows, else cuBLASLt), gemv, or cublaslt.
+  // residual [m, n] is added to the result (the engine's accumulate into the residual stream).
   m.def(
       "gemm(Tensor input, Tensor weight, Tensor? bias=None, bool transposed=False, "
-      "str epilogue='none') -> Tensor");
+      "str epilogue='none', str backend='auto', Tensor? residual=None) -> Tensor");
   // Median us of each of cuBLASLt's first max_algos candidates for this shape (gemm-tune).
   m.def(
       "gemm_benchmark(Tensor input, Tensor weight, Tensor? bias, bool transposed, str epilogue, "

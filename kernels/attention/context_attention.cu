@@ -32,6 +32,7 @@ template <typename T, int D>
 __global__ void __launch_bounds__(kThreads) context_attention_kernel(
     const ContextAttentionParams<T> p) {
   static_assert(D % kColGroups == 0, "head_dim must be a multiple of 16");
+  wait_for_prior_kernels();
   constexpr int VEC = 16 / sizeof(T);
   constexpr int NV = D / VEC;           // vectors per head row
   constexpr int DC = D / kColGroups;    // accumulator columns per thread
@@ -197,9 +198,11 @@ cudaError_t launch_for_dim(const ContextAttentionParams<T>& p, cudaStream_t stre
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (err != cudaSuccess) return err;
   }
-  const dim3 grid(ceil_div(p.max_seqlen, kBQ), p.heads, p.batch);
-  kernel<<<grid, kThreads, smem, stream>>>(p);
-  return cudaGetLastError();
+  LaunchShape shape;
+  shape.grid = dim3(ceil_div(p.max_seqlen, kBQ), p.heads, p.batch);
+  shape.block = dim3(kThreads);
+  shape.smem = smem;
+  return launch_kernel(shape, stream, kernel, p);
 }
 
 }  // namespace

@@ -54,6 +54,7 @@ struct DecodeShape {
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const DecodeAttentionParams<T> p,
                                                                     int splits, int chunk) {
+  wait_for_prior_kernels();
   using S = DecodeShape<T, D>;
   constexpr int VEC = S::VEC, NVEC = S::NVEC, TPK = S::TPK, NV = S::NV, NGROUPS = S::NGROUPS;
   extern __shared__ float smem[];
@@ -231,6 +232,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const Dec
 // One block per (row, head), one thread per output dim.
 template <typename T>
 __global__ void decode_combine_kernel(const DecodeAttentionParams<T> p, int splits, int chunk) {
+  wait_for_prior_kernels();
   const int rh = blockIdx.x;  // row * heads + head
   const int row = rh / p.heads;
   const int d = threadIdx.x;
@@ -266,12 +268,16 @@ cudaError_t launch_for_dim(const DecodeAttentionParams<T>& p, int splits, cudaSt
                              static_cast<int>(smem));
     if (err != cudaSuccess) return err;
   }
-  const dim3 grid(p.heads, p.rows, splits);
-  kernel<<<grid, kThreads, smem, stream>>>(p, splits, chunk);
-  cudaError_t err = cudaGetLastError();
+  LaunchShape shape;
+  shape.grid = dim3(p.heads, p.rows, splits);
+  shape.block = dim3(kThreads);
+  shape.smem = smem;
+  const cudaError_t err = launch_kernel(shape, stream, kernel, p, splits, chunk);
   if (err != cudaSuccess || splits == 1) return err;
-  decode_combine_kernel<T><<<p.rows * p.heads, D, 0, stream>>>(p, splits, chunk);
-  return cudaGetLastError();
+  LaunchShape combine;
+  combine.grid = dim3(p.rows * p.heads);
+  combine.block = dim3(D);
+  return launch_kernel(combine, stream, decode_combine_kernel<T>, p, splits, chunk);
 }
 
 }  // namespace

@@ -24,6 +24,7 @@ __device__ __forceinline__ float load_biased(const T* __restrict__ x, const T* _
 
 template <typename T, int VEC>
 __global__ void __launch_bounds__(kPrepThreads) qkv_prep_kernel(const QkvPrepParams<T> p) {
+  wait_for_prior_kernels();
   __shared__ float cos_s[kMaxHalfRotary];
   __shared__ float sin_s[kMaxHalfRotary];
   const int t = blockIdx.x;
@@ -130,12 +131,11 @@ cudaError_t launch_qkv_prep(const QkvPrepParams<T>& p, cudaStream_t stream) {
   constexpr int kVec = 16 / sizeof(T);
   const bool vec_ok = aligned_to(p.qkv, 16) && aligned_to(p.bias, 16) &&
                       aligned_to(p.v_cache, 16);  // head_dim is a multiple of 16 elements
-  if (vec_ok) {
-    qkv_prep_kernel<T, kVec><<<p.tokens, kPrepThreads, 0, stream>>>(p);
-  } else {
-    qkv_prep_kernel<T, 1><<<p.tokens, kPrepThreads, 0, stream>>>(p);
-  }
-  return cudaGetLastError();
+  LaunchShape shape;
+  shape.grid = dim3(static_cast<unsigned>(p.tokens));
+  shape.block = dim3(kPrepThreads);
+  return vec_ok ? launch_kernel(shape, stream, qkv_prep_kernel<T, kVec>, p)
+                : launch_kernel(shape, stream, qkv_prep_kernel<T, 1>, p);
 }
 
 template cudaError_t launch_qkv_prep<float>(const QkvPrepParams<float>&, cudaStream_t);

@@ -35,6 +35,103 @@ def test_gemm_matches_matmul(dtype, m, n, k, transposed):
         assert err <= TOL[dtype]
 
 
+ACTS = {
+    "bias": lambda x: x,
+    "bias_relu": lambda x: x.clamp_min(0),
+    "bias_gelu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
+    "bias_gelu_erf": torch.nn.functional.gelu,
+    "bias_silu": torch.nn.functional.silu,
+}
+
+
+def _gemv_case(dtype, m, n, k, transposed, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(m, k, generator=g).cuda().to(dtype)
+    w = (torch.randn(n, k, generator=g) if transposed else torch.randn(k, n, generator=g))
+    w = (w / k ** 0.5).cuda().to(dtype)
+    b = torch.randn(n, generator=g).cuda().to(dtype)
+    ref = a.double() @ (w.double().t() if transposed else w.double()) + b.double()
+    return a, w, b, ref
+
+
+def _rel_err(out, ref):
+    return float((out.double() - ref).abs().max() / ref.abs().max())
+
+
+def _tol(dtype, k):
+    # fp32 results are not rounded, so the fp32 sum order shows: allow it to grow like sqrt(k).
+    return TOL[dtype] * (max(1.0, (k / 1024) ** 0.5) if dtype == torch.float32 else 1.0)
+
+
+# (n, k): a partial column tile (1000), the k-split over a thread-block cluster (1024 x 4096 and
+# GPT-J's 4096 x 16384), few k per split (96), the QKV and MLP shapes of gpt2-medium.
+@pytest.mark.parametrize("dtype", list(TOL))
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("n,k", [(1000, 96), (1024, 4096), (3072, 1024), (4096, 16384),
+                                 (8, 64)])
+def test_gemv_matches_matmul(dtype, m, n, k):
+    a, w, b, ref = _gemv_case(dtype, m, n, k, False)
+    out = ops.gemm(a, w, b, False, "bias", "gemv")
+    err = _rel_err(out, ref)
+    assert err <= _tol(dtype, k), f"relative error {err:.2e}"
+    again = ops.gemm(a, w, b, False, "bias", "gemv")
+    assert torch.equal(out, again), "the GEMV must be deterministic"
+
+
+@pytest.mark.parametrize("dtype", list(TOL))
+@pytest.mark.parametrize("m", [1, 4, 7, 8])
+@pytest.mark.parametrize("n,k", [(50257, 1024), (3, 4096), (1000, 200)])
+def test_gemv_transposed_matches_matmul(dtype, m, n, k):
+    a, w, b, ref = _gemv_case(dtype, m, n, k, True)
+    out = ops.gemm(a, w, b, True, "bias", "gemv")
+    err = _rel_err(out, ref)
+    assert err <= _tol(dtype, k), f"relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("dtype", list(TOL))
+@pytest.mark.parametrize("epilogue", list(ACTS))
+@pytest.mark.parametrize("backend", ["gemv", "cublaslt"])
+def test_fused_epilogues_and_residual(dtype, epilogue, backend):
+    m, n, k = 4, 2048, 1024
+    a, w, b, ref = _gemv_case(dtype, m, n, k, False, seed=1)
+    want = ACTS[epilogue](ref)
+    out = ops.gemm(a, w, b, False, epilogue, backend)
+    err = float((out.double() - want).abs().max() / want.abs().max())
+    assert err <= 2 * TOL[dtype], f"{epilogue}: relative error {err:.2e}"
+    if epilogue == "bias" or backend == "gemv":  # cuBLASLt accumulates without an activation
+        res = torch.randn(m, n, device="cuda").to(dtype)
+        out = ops.gemm(a, w, b, False, epilogue, backend, res)
+        want2 = want + res.double()
+        err = float((out.double() - want2).abs().max() / want2.abs().max())
+        assert err <= 2 * TOL[dtype], f"{epilogue} + residual: relative error {err:.2e}"
+
+
+def test_auto_backend_uses_gemv_for_small_m_only():
+    # Same bits as the explicit GEMV for m <= 8; cuBLASLt's bits above.
+    a, w, b, _ = _gemv_case(torch.float16, 8, 4096, 4096, False)
+    assert torch.equal(ops.gemm(a, w, b, False, "bias"), ops.gemm(a, w, b, False, "bias", "gemv"))
+    a9, _, _, _ = _gemv_case(torch.float16, 9, 4096, 4096, False)
+    assert torch.equal(ops.gemm(a9, w, b, False, "bias"),
+                       ops.gemm(a9, w, b, False, "bias", "cublaslt"))
+
+
+def test_gemv_backend_rejects_what_it_cannot_run():
+    w = torch.randn(64, 64, device="cuda", dtype=torch.float16)
+    with pytest.raises(RuntimeError, match=r"backend 'gemv' needs input.shape\[0\] <= 8"):
+        ops.gemm(torch.randn(9, 64, device="cuda", dtype=torch.float16), w, None, False, "none",
+                 "gemv")
+    with pytest.raises(RuntimeError, match="multiples of 8"):
+        ops.gemm(torch.randn(2, 60, device="cuda", dtype=torch.float16),
+                 torch.randn(60, 64, device="cuda", dtype=torch.float16), None, False, "none",
+                 "gemv")
+    with pytest.raises(RuntimeError, match="backend must be one of auto, gemv, cublaslt"):
+        ops.gemm(torch.randn(2, 64, device="cuda", dtype=torch.float16), w, None, False, "none",
+                 "fast")
+    with pytest.raises(RuntimeError, match="residual must have shape"):
+        ops.gemm(torch.randn(2, 64, device="cuda", dtype=torch.float16), w, None, False, "none",
+                 "auto", torch.zeros(3, 64, device="cuda", dtype=torch.float16))
+
+
 def test_tuning_file_round_trip(tmp_path):
     dims = ModelDims(hidden=1024, inter=4096, vocab=50257)
     shapes = gemm_shapes(dims, batch=4, beam=1, max_input_len=32)

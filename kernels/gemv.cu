@@ -1,0 +1,290 @@
+// Weight-streaming GEMV for decode-sized batches — see gemv.h.
+//
+// [k, n] weights: a block owns a tile of 8 column vectors (8 x 16 B = 128 contiguous bytes of
+// every weight row) and a range of k. Its 256 threads are 32 k-slices x 8 column vectors; a thread
+// streams V rows x 16 B per step (V = elements per 16 B) and multiplies them by the V matching
+// input elements of each of the M rows, so the input is read as 16-byte vectors too. Partial sums
+// are reduced across a warp's 4 slices with shuffles, across the block's 8 warps in shared memory,
+// and — when the tiles alone cannot fill the GPU (n small, k large: the attention output and the
+// second MLP matrix) — across up to 8 blocks of a thread-block cluster (sm_90) through
+// distributed shared memory, in a fixed order. One kernel, no workspace, no atomics.
+//
+// [n, k] weights (lm_head): each warp owns two output columns and reads their weight rows as
+// 512-byte coalesced runs; a warp-sum gives the dot products.
+#include <cooperative_groups.h>
+
+#include <algorithm>
+#include <mutex>
+
+#include "kernels/activation_math.cuh"
+#include "kernels/common.cuh"
+#include "kernels/gemv.h"
+
+namespace warpformer {
+namespace kernels {
+namespace {
+
+namespace cg = cooperative_groups;
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kColVecs = 8;                    // column vectors per [k, n] tile
+constexpr int kSlices = kThreads / kColVecs;   // k-slices per block
+constexpr int kMaxSplit = 8;                   // portable cluster size
+constexpr int kRowsPerWarp = 2;                // output columns per warp, [n, k] weights
+
+// Weights are read exactly once per call: stream them past L1 (evict-first) so they do not push
+// the activations and the KV cache out.
+__device__ __forceinline__ int4 load_stream(const void* p) {
+  return __ldcs(reinterpret_cast<const int4*>(p));
+}
+
+template <typename T>
+__device__ __forceinline__ float finish(float v, const GemvParams<T>& p, int64_t idx, int col) {
+  if (p.bias != nullptr) v += to_float(p.bias[col]);
+  switch (p.act) {
+    case Activation::kGeluErf: v = activate<Activation::kGeluErf>(v); break;
+    case Activation::kGeluTanh: v = activate<Activation::kGeluTanh>(v); break;
+    case Activation::kRelu: v = activate<Activation::kRelu>(v); break;
+    case Activation::kSilu: v = activate<Activation::kSilu>(v); break;
+    default: break;
+  }
+  if (p.beta != 0.f) v += p.beta * to_float(p.out[idx]);
+  return v;
+}
+
+template <typename T, int M>
+__global__ void __launch_bounds__(kThreads)
+    gemv_kn_kernel(const GemvParams<T> p, int ksplit, int kchunk) {
+  constexpr int V = 16 / sizeof(T);
+  constexpr int kTileCols = kColVecs * V;
+  constexpr int kOut = M * kTileCols;  // a block's outputs, [M][kTileCols]
+  wait_for_prior_kernels();
+  __shared__ float red[kWarps][kOut];
+  __shared__ float part[kOut];
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int c = threadIdx.x % kColVecs, s = threadIdx.x / kColVecs;
+  const int col0 = blockIdx.x * kTileCols;
+  const int col = col0 + c * V;
+  const int kbeg = blockIdx.y * kchunk;
+  const int kend = min(p.k, kbeg + kchunk);
+
+  float acc[M][V];
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+#pragma unroll
+    for (int e = 0; e < V; ++e) acc[m][e] = 0.f;
+  }
+  if (col < p.n) {
+    const T* w = p.weight + col;
+    // kbeg, kchunk and k are multiples of V, so a step never crosses kend.
+#pragma unroll(M <= 4 ? 2 : 1)
+    for (int k0 = kbeg + s * V; k0 < kend; k0 += kSlices * V) {
+      int4 wv[V];
+#pragma unroll
+      for (int j = 0; j < V; ++j) wv[j] = load_stream(w + static_cast<int64_t>(k0 + j) * p.n);
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        float x[V];
+        load_vec<T, V>(p.in + static_cast<int64_t>(m) * p.k + k0, x);
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          const T* wr = reinterpret_cast<const T*>(&wv[j]);
+#pragma unroll
+          for (int e = 0; e < V; ++e) acc[m][e] = fmaf(x[j], to_float(wr[e]), acc[m][e]);
+        }
+      }
+    }
+  }
+
+  // Lanes l, l + 8, l + 16, l + 24 share a column vector: fold them into lane l (< 8).
+#pragma unroll
+  for (int off = 16; off >= kColVecs; off >>= 1) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+#pragma unroll
+      for (int e = 0; e < V; ++e) acc[m][e] += __shfl_xor_sync(0xffffffffu, acc[m][e], off);
+    }
+  }
+  if (lane < kColVecs) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+#pragma unroll
+      for (int e = 0; e < V; ++e) red[warp][m * kTileCols + lane * V + e] = acc[m][e];
+    }
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < kOut; i += kThreads) {
+    float v = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) v += red[w][i];
+    part[i] = v;
+  }
+
+  auto store = [&](int i, float v) {
+    const int m = i / kTileCols, cc = col0 + i % kTileCols;
+    if (m < p.m && cc < p.n) {
+      const int64_t idx = static_cast<int64_t>(m) * p.n + cc;
+      p.out[idx] = from_float<T>(finish(v, p, idx, cc));
+    }
+  };
+  if (ksplit > 1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // The launcher sets a (1, ksplit, 1) cluster: rank 0 adds the k-ranges in rank order.
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();
+    if (cluster.block_rank() == 0) {
+      for (int i = threadIdx.x; i < kOut; i += kThreads) {
+        float v = 0.f;
+        for (int r = 0; r < ksplit; ++r) v += cluster.map_shared_rank(part, r)[i];
+        store(i, v);
+      }
+    }
+    cluster.sync();  // the other blocks' shared memory must outlive rank 0's reads
+#else
+    __trap();  // the launcher never splits k without sm_90 code
+#endif
+  } else {
+    __syncthreads();
+    for (int i = threadIdx.x; i < kOut; i += kThreads) store(i, part[i]);
+  }
+}
+
+template <typename T, int M>
+__global__ void __launch_bounds__(kThreads) gemv_nk_kernel(const GemvParams<T> p) {
+  constexpr int V = 16 / sizeof(T);
+  wait_for_prior_kernels();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int row0 = (blockIdx.x * kWarps + warp) * kRowsPerWarp;
+  if (row0 >= p.n) return;  // warp-uniform
+
+  const T* w[kRowsPerWarp];
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    // A row past the end re-reads the first one; its result is never stored.
+    w[r] = p.weight + static_cast<int64_t>(row0 + r < p.n ? row0 + r : row0) * p.k;
+  }
+  float acc[kRowsPerWarp][M];
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
+  }
+#pragma unroll 4
+  for (int k0 = lane * V; k0 < p.k; k0 += 32 * V) {
+    int4 wv[kRowsPerWarp];
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) wv[r] = load_stream(w[r] + k0);
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      float x[V];
+      load_vec<T, V>(p.in + static_cast<int64_t>(m) * p.k + k0, x);
+#pragma unroll
+      for (int r = 0; r < kRowsPerWarp; ++r) {
+        const T* wr = reinterpret_cast<const T*>(&wv[r]);
+        float d = 0.f;
+#pragma unroll
+        for (int e = 0; e < V; ++e) d = fmaf(x[e], to_float(wr[e]), d);
+        acc[r][m] += d;
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const float v = warp_sum(acc[r][m]);
+      if (lane == r * M + m && row0 + r < p.n) {
+        const int64_t idx = static_cast<int64_t>(m) * p.n + row0 + r;
+        p.out[idx] = from_float<T>(finish(v, p, idx, row0 + r));
+      }
+    }
+  }
+}
+
+struct DeviceInfo {
+  int sms = 0;
+  bool clusters = false;  // sm_90 hardware and sm_90 code loaded for the kernels
+};
+
+DeviceInfo device_info(int device) {
+  static std::mutex mu;
+  static DeviceInfo cache[64];
+  static bool known[64] = {};
+  std::lock_guard<std::mutex> lock(mu);
+  if (device < 0 || device >= 64) return DeviceInfo{};
+  if (!known[device]) {
+    DeviceInfo d;
+    int major = 0;
+    cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, device);
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    cudaFuncAttributes attr{};
+    const bool ok = cudaFuncGetAttributes(&attr, gemv_kn_kernel<float, 1>) == cudaSuccess;
+    d.clusters = ok && major >= 9 && attr.binaryVersion >= 90;
+    cudaGetLastError();  // a failed query above must not surface in a later launch's check
+    cache[device] = d;
+    known[device] = true;
+  }
+  return cache[device];
+}
+
+template <typename T, int M>
+cudaError_t launch_rows(const GemvParams<T>& p, const DeviceInfo& d, cudaStream_t stream) {
+  constexpr int V = 16 / sizeof(T);
+  LaunchShape shape;
+  shape.block = dim3(kThreads);
+  if (p.transposed) {
+    shape.grid = dim3(static_cast<unsigned>(ceil_div(p.n, kWarps * kRowsPerWarp)));
+    return launch_kernel(shape, stream, gemv_nk_kernel<T, M>, p);
+  }
+  const int tiles = ceil_div(p.n, kColVecs * V);
+  int ksplit = 1;
+  if (d.clusters) {
+    // Enough blocks for two per SM, but at least 8 vectors of k per split.
+    ksplit = std::min({kMaxSplit, ceil_div(2 * d.sms, tiles), std::max(1, p.k / (8 * V))});
+    ksplit = std::max(ksplit, 1);
+  }
+  const int kchunk = ceil_div(p.k / V, ksplit) * V;
+  ksplit = ceil_div(p.k, kchunk);  // no empty splits
+  shape.grid = dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(ksplit), 1);
+  shape.cluster_y = static_cast<unsigned>(ksplit);
+  return launch_kernel(shape, stream, gemv_kn_kernel<T, M>, p, ksplit, kchunk);
+}
+
+}  // namespace
+
+template <typename T>
+bool gemv_supported(const GemvParams<T>& p) {
+  constexpr int V = 16 / sizeof(T);
+  return p.m >= 1 && p.m <= kGemvMaxRows && p.n > 0 && p.k > 0 && p.k % V == 0 &&
+         (p.transposed || p.n % V == 0) && aligned_to(p.in, 16) && aligned_to(p.weight, 16) &&
+         p.out != nullptr;
+}
+
+template <typename T>
+cudaError_t launch_gemv(const GemvParams<T>& p, int device, cudaStream_t stream) {
+  if (!gemv_supported(p)) return cudaErrorInvalidValue;
+  const DeviceInfo d = device_info(device);
+  switch (p.m) {
+    case 1: return launch_rows<T, 1>(p, d, stream);
+    case 2: return launch_rows<T, 2>(p, d, stream);
+    case 3: return launch_rows<T, 3>(p, d, stream);
+    case 4: return launch_rows<T, 4>(p, d, stream);
+    case 5: return launch_rows<T, 5>(p, d, stream);
+    case 6: return launch_rows<T, 6>(p, d, stream);
+    case 7: return launch_rows<T, 7>(p, d, stream);
+    default: return launch_rows<T, 8>(p, d, stream);
+  }
+}
+
+#define WF_GEMV_INSTANTIATE(T)                                              \
+  template bool gemv_supported<T>(const GemvParams<T>&);                    \
+  template cudaError_t launch_gemv<T>(const GemvParams<T>&, int, cudaStream_t);
+WF_GEMV_INSTANTIATE(float)
+WF_GEMV_INSTANTIATE(__half)
+WF_GEMV_INSTANTIATE(__nv_bfloat16)
+#undef WF_GEMV_INSTANTIATE
+
+}  // namespace kernels
+}  // namespace warpformer

@@ -1,0 +1,46 @@
+// Weight-streaming matrix-vector products for decode-sized batches (1 to 8 rows), where a GEMM
+// library spends its time in tiles built for large M and in split-K reduction kernels:
+//
+//   out[m, n] = act(in[m, :] . W[:, n] + bias[n]) + beta * out[m, n]
+//
+// with W stored [k, n] (the engine's [in, out] layout) or [n, k] ("transposed": the lm_head
+// [vocab, hidden]). Every weight byte is read once, 16 bytes per load, with fp32 accumulation
+// in a fixed order (results are deterministic run to run). Bias, activation and the residual
+// accumulate are applied once per output element, so a fused call replaces GEMM + bias/act.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kernels/activations.h"
+
+namespace warpformer {
+namespace kernels {
+
+constexpr int kGemvMaxRows = 8;
+
+template <typename T>
+struct GemvParams {
+  T* out;                 // [m, n]
+  const T* in;            // [m, k]
+  const T* weight;        // [k, n], or [n, k] when transposed
+  const T* bias;          // [n] or null
+  int m = 0, n = 0, k = 0;
+  bool transposed = false;
+  Activation act = Activation::kIdentity;  // applied to (in . W + bias)
+  float beta = 0.f;       // 0: out is write-only
+};
+
+// True when launch_gemv can run these parameters: 1 <= m <= kGemvMaxRows, k (and n when not
+// transposed) a multiple of 16 bytes' worth of elements, in/weight 16-byte aligned.
+template <typename T>
+bool gemv_supported(const GemvParams<T>& p);
+
+// `device` selects the SM count and whether thread-block clusters (sm_90+) may split k across
+// blocks. Returns cudaErrorInvalidValue for parameters gemv_supported rejects.
+template <typename T>
+cudaError_t launch_gemv(const GemvParams<T>& p, int device, cudaStream_t stream);
+
+}  // namespace kernels
+}  // namespace warpformer
