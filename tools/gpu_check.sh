@@ -8,8 +8,10 @@
 #   GPU_CHECK_PYTEST_ARGS="tests/gpu -x" bash tools/gpu_check.sh      # one pytest group
 #   GPU_CHECK_GROUPS="tests/gpu/test_gemm.py tests/gpu/test_decode.py" bash tools/gpu_check.sh
 #   GPU_CHECK_SKIP_TESTS=1 GPU_CHECK_BENCH="generate" bash tools/gpu_check.sh
-# GPU_CHECK_BENCH: comma list of kernels, generate, generate-nopdl, lambada (default
-# kernels,generate); GPU_CHECK_GENERATE_ARGS replaces bench_generate's default arguments.
+# GPU_CHECK_BENCH: comma list of kernels, generate, generate-nopdl, gemv, parallel, lambada
+# (default kernels,generate); GPU_CHECK_GENERATE_ARGS replaces bench_generate's default arguments,
+# GPU_CHECK_PARALLEL_MODELS / GPU_CHECK_PARALLEL_ARGS bench_parallel's, GPU_CHECK_GEMV_ROWS the
+# GEMV table's row counts.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/gpu_check_out}"
@@ -87,6 +89,17 @@ if [ $status -eq 0 ]; then
     bench "bench_generate (WARPFORMER_PDL=0)" bench_generate_nopdl.md env WARPFORMER_PDL=0 \
         $PY benchmarks/bench_generate.py $gen_args --skip-hf --out-dir "$OUT/nopdl"
   fi
+  if [[ $benches == *,gemv,* ]]; then
+    bench "GEMV rows" bench_gemv.md $PY benchmarks/bench_kernels.py --gemv-only \
+        --gemv-rows "${GPU_CHECK_GEMV_ROWS:-1,2,3,4,8}" --json "$OUT/bench_gemv.json"
+  fi
+  if [[ $benches == *,parallel,* ]]; then
+    for model in ${GPU_CHECK_PARALLEL_MODELS:-gpt-j-6b}; do
+      bench "bench_parallel $model" "bench_parallel_$model.md" $PY benchmarks/bench_parallel.py \
+          --model "$model" ${GPU_CHECK_PARALLEL_ARGS:---grids 1x1,2x1,4x1,1x2 --batches 1,64} \
+          --out-dir "$OUT"
+    done
+  fi
   if [[ $benches == *,lambada,* ]]; then
     bench bench_lambada bench_lambada.md $PY benchmarks/bench_lambada.py --out-dir "$OUT"
   fi
@@ -99,6 +112,12 @@ if [ -f "$OUT/bench_kernels.md" ]; then
   grep -E "^\| (kernel|---|layer_norm|rms_norm|add_layer_norm|bias_act|gated_act|embedding) " \
       "$OUT/bench_kernels.md" | grep -E "kernel|---|float16" | head -9
   grep -E "^\| (matrix|gpt)" "$OUT/bench_kernels.md" | grep -E "matrix|float16 \| 1 " | head -10
+fi
+for f in "$OUT"/bench_parallel_*.md; do
+  [ -f "$f" ] && { echo; grep -E "^\|" "$f" | head -14; }
+done
+if [ -f "$OUT/bench_gemv.md" ]; then
+  echo; grep -E "^\| (matrix|gpt)" "$OUT/bench_gemv.md" | grep -E "matrix|float16" | head -50
 fi
 for f in "$OUT/bench_generate.md" "$OUT/bench_generate_nopdl.md"; do
   [ -f "$f" ] && { echo; echo "${f##*/}:"; sed -n '/### \(warpformer variants\|Summary (warpformer)\)/,$p' "$f" | grep -v "^results:" | head -30; }

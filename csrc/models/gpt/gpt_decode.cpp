@@ -417,9 +417,10 @@ int64_t GptModel::decode_step(int64_t max_steps) {
       }
       share_state();
     } else if (s.steps_done == 1 || s.graph_failed || !graphs_enabled() ||
-               s.graph_generation != buffer_generation_ || comm_ != nullptr ||
-               pp_comm_ != nullptr) {
-      // (With a communicator the step runs eagerly: NCCL calls are not captured.)
+               s.graph_generation != buffer_generation_ || pp_comm_ != nullptr) {
+      // Tensor parallelism is captured too (NCCL collectives are graph-capturable, and every
+      // rank captures the same step); pipeline stages run eagerly, their send/recv pairs
+      // ordered by the host.
       decode_step_body();  // the second step runs eagerly: it plans the GEMMs before capture
     } else {
       if (s.graph == nullptr) capture_step();
