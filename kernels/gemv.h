@@ -19,6 +19,11 @@ namespace warpformer {
 namespace kernels {
 
 constexpr int kGemvMaxRows = 8;
+// Where the GEMV measured faster than cuBLASLt on H200 (benchmarks/bench_kernels.py, fp16 and
+// bf16, gpt2-medium and gpt-j-6b shapes): [k, n] weights up to 2 rows (at 3-4 rows its CUDA-core
+// FMAs, not the weight stream, set the pace); [n, k] weights (lm_head) up to 8 rows.
+constexpr int kGemvPreferredRowsKN = 2;
+constexpr int kGemvPreferredRowsNK = 8;
 
 template <typename T>
 struct GemvParams {

@@ -2,10 +2,11 @@
 //
 //   out[m, n] = in[m, k] @ weight[k, n] (+ bias[n]) (+ beta * out)
 //
-// Decode-sized products (m <= kernels::kGemvMaxRows, when the shape allows 16-byte access) run
-// on warpformer's weight-streaming GEMV (kernels/gemv.h), which reads each weight byte once in a
-// single kernel; everything else goes to cuBLASLt. WARPFORMER_GEMV=0 sends all shapes to
-// cuBLASLt (for comparisons).
+// Decode-sized products run on warpformer's weight-streaming GEMV (kernels/gemv.h), which reads
+// each weight byte once in a single kernel, where it measured faster than cuBLASLt: up to
+// kernels::kGemvPreferredRowsKN rows for [k, n] weights, kGemvPreferredRowsNK for the [n, k]
+// lm_head (and when the shape allows 16-byte access); everything else goes to cuBLASLt.
+// WARPFORMER_GEMV=0 sends all shapes to cuBLASLt (for comparisons).
 //
 // Weights are stored [in, out] (the on-disk layout), so no transposes are needed: in cuBLASLt's
 // column-major view this is out^T[n, m] = weight^T[n, k] @ in^T[k, m]. Matmul descriptors and the
@@ -77,9 +78,11 @@ class Gemm {
   void run_transposed(DType dtype, const void* in, const void* weight, const void* bias, void* out,
                       int64_t m, int64_t n, int64_t k);
 
-  // Largest m sent to the GEMV kernel (0: never; default kernels::kGemvMaxRows, or 0 when the
-  // environment sets WARPFORMER_GEMV=0). Values above kGemvMaxRows are clamped.
-  void set_gemv_max_rows(int rows);
+  // Largest m sent to the GEMV kernel, on top of the per-layout preference above (0: never;
+  // default kernels::kGemvMaxRows, or 0 when the environment sets WARPFORMER_GEMV=0). Values
+  // above kGemvMaxRows are clamped. The `warpformer.gemm` op's backend='gemv' sets it to
+  // kGemvMaxRows and bypasses the preference.
+  void set_gemv_max_rows(int rows, bool ignore_preference = false);
   int gemv_max_rows() const { return gemv_max_rows_; }
 
   // Number of distinct shapes planned so far (for tests and the tuner).
@@ -122,6 +125,7 @@ class Gemm {
 
   const CudaContext* ctx_;
   int gemv_max_rows_;
+  bool gemv_ignore_preference_ = false;
   mutable std::mutex mu_;
   std::unordered_map<GemmKey, std::unique_ptr<Plan>, GemmKeyHash> plans_;
   std::unordered_map<GemmKey, int, GemmKeyHash> tuned_;  // heuristic index per shape

@@ -103,7 +103,7 @@ at::Tensor gemm(const at::Tensor& input, const at::Tensor& weight, const OptTens
                 ": backend 'gemv' needs k", transposed ? "" : " and n", " to be multiples of ",
                 vec, " (16 bytes of ", dtype_name(a.key.dtype), "), got k=", a.key.k,
                 ", n=", a.key.n);
-    g.set_gemv_max_rows(kernels::kGemvMaxRows);
+    g.set_gemv_max_rows(kernels::kGemvMaxRows, /*ignore_preference=*/true);
   }
   at::Tensor out;
   if (residual.has_value()) {

@@ -106,13 +106,19 @@ def test_fused_epilogues_and_residual(dtype, epilogue, backend):
         assert err <= 2 * TOL[dtype], f"{epilogue} + residual: relative error {err:.2e}"
 
 
-def test_auto_backend_uses_gemv_for_small_m_only():
-    # Same bits as the explicit GEMV for m <= 8; cuBLASLt's bits above.
-    a, w, b, _ = _gemv_case(torch.float16, 8, 4096, 4096, False)
+def test_auto_backend_uses_gemv_where_it_measured_faster():
+    # [k, n] weights: the GEMV's bits up to 2 rows, cuBLASLt's from 3; [n, k]: GEMV up to 8 rows.
+    a, w, b, _ = _gemv_case(torch.float16, 2, 4096, 4096, False)
     assert torch.equal(ops.gemm(a, w, b, False, "bias"), ops.gemm(a, w, b, False, "bias", "gemv"))
-    a9, _, _, _ = _gemv_case(torch.float16, 9, 4096, 4096, False)
-    assert torch.equal(ops.gemm(a9, w, b, False, "bias"),
-                       ops.gemm(a9, w, b, False, "bias", "cublaslt"))
+    a3, _, _, _ = _gemv_case(torch.float16, 3, 4096, 4096, False)
+    assert torch.equal(ops.gemm(a3, w, b, False, "bias"),
+                       ops.gemm(a3, w, b, False, "bias", "cublaslt"))
+    a8, wt, bt, _ = _gemv_case(torch.float16, 8, 5000, 1024, True)
+    assert torch.equal(ops.gemm(a8, wt, bt, True, "bias"),
+                       ops.gemm(a8, wt, bt, True, "bias", "gemv"))
+    a9, _, _, _ = _gemv_case(torch.float16, 9, 5000, 1024, True)
+    assert torch.equal(ops.gemm(a9, wt, bt, True, "bias"),
+                       ops.gemm(a9, wt, bt, True, "bias", "cublaslt"))
 
 
 def test_gemv_backend_rejects_what_it_cannot_run():
