@@ -76,6 +76,92 @@ T* mp(const at::Tensor& t) {
   return reinterpret_cast<T*>(t.data_ptr());
 }
 
+// The beam state that beam_search_step and beam_search_finalize both read: running sequences and
+// their log probs, lengths, and the finished-hypotheses store.
+struct BeamStateArgs {
+  const at::Tensor& input_lengths;
+  const at::Tensor& end_ids;
+  const at::Tensor& output_ids;
+  const at::Tensor& run_log_probs;
+  const at::Tensor& cum_log_probs;
+  const at::Tensor& gen_len;
+  const at::Tensor& done;
+  const at::Tensor& hyp_count;
+  const at::Tensor& hyp_score;
+  const at::Tensor& hyp_cum;
+  const at::Tensor& hyp_len;
+  const at::Tensor& hyp_ids;
+  const at::Tensor& hyp_log_probs;
+  int64_t B = 0, W = 0, stride = 0, max_out = 0;
+
+  // dtype/shape/contiguity of every tensor; sets B, W, ids stride and output length.
+  void check(const char* op) {
+    B = batch_of(input_lengths, op);
+    check_dtype(cum_log_probs, at::kFloat, op, "cum_log_probs");
+    check_dim(cum_log_probs, 2, op, "cum_log_probs");
+    W = cum_log_probs.size(1);
+    check_beam(W, op, "cum_log_probs.shape[1] (the beam width)");
+    expect(cum_log_probs, at::kFloat, {B, W}, op, "cum_log_probs", "[B, W]");
+    expect(end_ids, at::kInt, {B}, op, "end_ids", "[B]");
+    check_dtype(output_ids, at::kInt, op, "output_ids");
+    check_dim(output_ids, 2, op, "output_ids");
+    stride = output_ids.size(1);
+    expect(output_ids, at::kInt, {B * W, stride}, op, "output_ids", "[B * W, ids_stride]");
+    check_dtype(run_log_probs, at::kFloat, op, "run_log_probs");
+    check_dim(run_log_probs, 2, op, "run_log_probs");
+    max_out = run_log_probs.size(1);
+    expect(run_log_probs, at::kFloat, {B * W, max_out}, op, "run_log_probs",
+           "[B * W, output_len]");
+    TORCH_CHECK(stride >= 1 && stride <= INT32_MAX && max_out >= 1 && max_out <= INT32_MAX, op,
+                ": output_ids and run_log_probs must have between 1 and 2^31-1 columns");
+    expect(gen_len, at::kInt, {B}, op, "gen_len", "[B]");
+    expect(done, at::kInt, {B}, op, "done", "[B]");
+    expect(hyp_count, at::kInt, {B}, op, "hyp_count", "[B]");
+    expect(hyp_score, at::kFloat, {B, W}, op, "hyp_score", "[B, W]");
+    expect(hyp_cum, at::kFloat, {B, W}, op, "hyp_cum", "[B, W]");
+    expect(hyp_len, at::kInt, {B, W}, op, "hyp_len", "[B, W]");
+    expect(hyp_ids, at::kInt, {B, W, stride}, op, "hyp_ids", "[B, W, ids_stride]");
+    expect(hyp_log_probs, at::kFloat, {B, W, max_out}, op, "hyp_log_probs",
+           "[B, W, output_len]");
+  }
+
+  // Every tensor on one GPU; `first` (checked first) may name an op-specific input.
+  void check_devices_with(const char* op, const at::Tensor* first, const char* first_name) {
+    std::vector<std::pair<const at::Tensor*, const char*>> ts;
+    if (first != nullptr) ts.emplace_back(first, first_name);
+    ts.insert(ts.end(), {{&input_lengths, "input_lengths"}, {&end_ids, "end_ids"},
+                         {&output_ids, "output_ids"}, {&run_log_probs, "run_log_probs"},
+                         {&cum_log_probs, "cum_log_probs"}, {&gen_len, "gen_len"},
+                         {&done, "done"}, {&hyp_count, "hyp_count"},
+                         {&hyp_score, "hyp_score"}, {&hyp_cum, "hyp_cum"},
+                         {&hyp_len, "hyp_len"}, {&hyp_ids, "hyp_ids"},
+                         {&hyp_log_probs, "hyp_log_probs"}});
+    check_devices(op, ts);
+  }
+
+  // The kernels' view of this state (indir_stride unused by step and finalize).
+  void fill(kernels::BeamSearchState* s) const {
+    s->batch = static_cast<int>(B);
+    s->beam = static_cast<int>(W);
+    s->ids_stride = static_cast<int>(stride);
+    s->indir_stride = 1;
+    s->max_out = static_cast<int>(max_out);
+    s->cum_log_probs = mp<float>(cum_log_probs);
+    s->output_ids = mp<int32_t>(output_ids);
+    s->run_log_probs = mp<float>(run_log_probs);
+    s->gen_len = mp<int32_t>(gen_len);
+    s->input_lengths = input_lengths.data_ptr<int32_t>();
+    s->end_ids = end_ids.data_ptr<int32_t>();
+    s->done = mp<int32_t>(done);
+    s->hyp_count = mp<int32_t>(hyp_count);
+    s->hyp_score = mp<float>(hyp_score);
+    s->hyp_cum = mp<float>(hyp_cum);
+    s->hyp_len = mp<int32_t>(hyp_len);
+    s->hyp_ids = mp<int32_t>(hyp_ids);
+    s->hyp_log_probs = mp<float>(hyp_log_probs);
+  }
+};
+
 }  // namespace
 
 at::Tensor beam_log_softmax(const at::Tensor& logits) {
@@ -176,12 +262,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> beam_search_step(
     at::Tensor& hyp_cum, at::Tensor& hyp_len, at::Tensor& hyp_ids, at::Tensor& hyp_log_probs,
     double length_penalty, double diversity_rate) {
   const char* op = "warpformer.beam_search_step";
-  const int64_t B = batch_of(input_lengths, op);
-  check_dtype(cum_log_probs, at::kFloat, op, "cum_log_probs");
-  check_dim(cum_log_probs, 2, op, "cum_log_probs");
-  const int64_t W = cum_log_probs.size(1);
-  check_beam(W, op, "cum_log_probs.shape[1] (the beam width)");
-  expect(cum_log_probs, at::kFloat, {B, W}, op, "cum_log_probs", "[B, W]");
+  BeamStateArgs st{input_lengths, end_ids, output_ids, run_log_probs, cum_log_probs, gen_len,
+                   done,          hyp_count, hyp_score, hyp_cum,     hyp_len,       hyp_ids,
+                   hyp_log_probs};
+  st.check(op);
+  const int64_t B = st.B, W = st.W;
   check_dtype(log_probs, at::kFloat, op, "log_probs", "log-softmax in float32");
   check_dim(log_probs, 2, op, "log_probs");
   const int64_t V = log_probs.size(1);
@@ -195,32 +280,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> beam_search_step(
               length_penalty);
   TORCH_CHECK(std::isfinite(diversity_rate), op, ": diversity_rate must be finite, got ",
               diversity_rate);
-  expect(end_ids, at::kInt, {B}, op, "end_ids", "[B]");
-  check_dtype(output_ids, at::kInt, op, "output_ids");
-  check_dim(output_ids, 2, op, "output_ids");
-  const int64_t stride = output_ids.size(1);
-  expect(output_ids, at::kInt, {B * W, stride}, op, "output_ids", "[B * W, ids_stride]");
-  check_dtype(run_log_probs, at::kFloat, op, "run_log_probs");
-  check_dim(run_log_probs, 2, op, "run_log_probs");
-  const int64_t max_out = run_log_probs.size(1);
-  expect(run_log_probs, at::kFloat, {B * W, max_out}, op, "run_log_probs", "[B * W, output_len]");
-  TORCH_CHECK(stride >= 1 && stride <= INT32_MAX && max_out >= 1 && max_out <= INT32_MAX, op,
-              ": output_ids and run_log_probs must have between 1 and 2^31-1 columns");
-  expect(gen_len, at::kInt, {B}, op, "gen_len", "[B]");
-  expect(done, at::kInt, {B}, op, "done", "[B]");
-  expect(hyp_count, at::kInt, {B}, op, "hyp_count", "[B]");
-  expect(hyp_score, at::kFloat, {B, W}, op, "hyp_score", "[B, W]");
-  expect(hyp_cum, at::kFloat, {B, W}, op, "hyp_cum", "[B, W]");
-  expect(hyp_len, at::kInt, {B, W}, op, "hyp_len", "[B, W]");
-  expect(hyp_ids, at::kInt, {B, W, stride}, op, "hyp_ids", "[B, W, ids_stride]");
-  expect(hyp_log_probs, at::kFloat, {B, W, max_out}, op, "hyp_log_probs", "[B, W, output_len]");
-  check_devices(op, {{&log_probs, "log_probs"}, {&input_lengths, "input_lengths"},
-                     {&end_ids, "end_ids"}, {&output_ids, "output_ids"},
-                     {&run_log_probs, "run_log_probs"}, {&gen_len, "gen_len"},
-                     {&cum_log_probs, "cum_log_probs"}, {&done, "done"},
-                     {&hyp_count, "hyp_count"}, {&hyp_score, "hyp_score"},
-                     {&hyp_cum, "hyp_cum"}, {&hyp_len, "hyp_len"}, {&hyp_ids, "hyp_ids"},
-                     {&hyp_log_probs, "hyp_log_probs"}});
+  st.check_devices_with(op, &log_probs, "log_probs");
 
   const c10::cuda::CUDAGuard guard(log_probs.device());
   const at::Tensor lp = log_probs.contiguous();
@@ -232,28 +292,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> beam_search_step(
   at::Tensor ws = at::empty({static_cast<int64_t>(ws_bytes)}, lp.options().dtype(at::kByte));
 
   kernels::BeamStepParams p{};
-  kernels::BeamSearchState& s = p.s;
-  s.batch = static_cast<int>(B);
-  s.beam = static_cast<int>(W);
-  s.ids_stride = static_cast<int>(stride);
-  s.indir_stride = 1;  // unused by the step
-  s.max_out = static_cast<int>(max_out);
-  s.cum_log_probs = mp<float>(cum_log_probs);
-  s.output_ids = mp<int32_t>(output_ids);
-  s.run_log_probs = mp<float>(run_log_probs);
-  s.gen_len = mp<int32_t>(gen_len);
-  s.input_lengths = input_lengths.data_ptr<int32_t>();
-  s.end_ids = end_ids.data_ptr<int32_t>();
-  s.parents = mp<int32_t>(parents);
-  s.tokens = mp<int32_t>(tokens);
-  s.token_log_probs = mp<float>(token_lp);
-  s.done = mp<int32_t>(done);
-  s.hyp_count = mp<int32_t>(hyp_count);
-  s.hyp_score = mp<float>(hyp_score);
-  s.hyp_cum = mp<float>(hyp_cum);
-  s.hyp_len = mp<int32_t>(hyp_len);
-  s.hyp_ids = mp<int32_t>(hyp_ids);
-  s.hyp_log_probs = mp<float>(hyp_log_probs);
+  st.fill(&p.s);
+  p.s.parents = mp<int32_t>(parents);
+  p.s.tokens = mp<int32_t>(tokens);
+  p.s.token_log_probs = mp<float>(token_lp);
   p.log_probs = lp.data_ptr<float>();
   p.log_probs_stride = V;
   p.shared_rows = lp.size(0) != B * W;
@@ -337,70 +379,27 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> beam_sear
     const at::Tensor& hyp_cum, const at::Tensor& hyp_len, const at::Tensor& hyp_ids,
     const at::Tensor& hyp_log_probs, double length_penalty, int64_t out_stride) {
   const char* op = "warpformer.beam_search_finalize";
-  const int64_t B = batch_of(input_lengths, op);
-  check_dtype(cum_log_probs, at::kFloat, op, "cum_log_probs");
-  check_dim(cum_log_probs, 2, op, "cum_log_probs");
-  const int64_t W = cum_log_probs.size(1);
-  check_beam(W, op, "cum_log_probs.shape[1] (the beam width)");
-  expect(cum_log_probs, at::kFloat, {B, W}, op, "cum_log_probs", "[B, W]");
-  expect(end_ids, at::kInt, {B}, op, "end_ids", "[B]");
-  check_dtype(output_ids, at::kInt, op, "output_ids");
-  check_dim(output_ids, 2, op, "output_ids");
-  const int64_t stride = output_ids.size(1);
-  expect(output_ids, at::kInt, {B * W, stride}, op, "output_ids", "[B * W, ids_stride]");
-  check_dtype(run_log_probs, at::kFloat, op, "run_log_probs");
-  check_dim(run_log_probs, 2, op, "run_log_probs");
-  const int64_t max_out = run_log_probs.size(1);
-  expect(run_log_probs, at::kFloat, {B * W, max_out}, op, "run_log_probs", "[B * W, output_len]");
-  TORCH_CHECK(stride >= 1 && stride <= INT32_MAX && max_out >= 1 && max_out <= INT32_MAX, op,
-              ": output_ids and run_log_probs must have between 1 and 2^31-1 columns");
-  expect(gen_len, at::kInt, {B}, op, "gen_len", "[B]");
-  expect(done, at::kInt, {B}, op, "done", "[B]");
-  expect(hyp_count, at::kInt, {B}, op, "hyp_count", "[B]");
-  expect(hyp_score, at::kFloat, {B, W}, op, "hyp_score", "[B, W]");
-  expect(hyp_cum, at::kFloat, {B, W}, op, "hyp_cum", "[B, W]");
-  expect(hyp_len, at::kInt, {B, W}, op, "hyp_len", "[B, W]");
-  expect(hyp_ids, at::kInt, {B, W, stride}, op, "hyp_ids", "[B, W, ids_stride]");
-  expect(hyp_log_probs, at::kFloat, {B, W, max_out}, op, "hyp_log_probs", "[B, W, output_len]");
+  BeamStateArgs st{input_lengths, end_ids, output_ids, run_log_probs, cum_log_probs, gen_len,
+                   done,          hyp_count, hyp_score, hyp_cum,     hyp_len,       hyp_ids,
+                   hyp_log_probs};
+  st.check(op);
+  const int64_t B = st.B, W = st.W;
   TORCH_CHECK(std::isfinite(length_penalty), op, ": length_penalty must be finite, got ",
               length_penalty);
-  const int64_t out_cols = out_stride < 0 ? stride : out_stride;
+  const int64_t out_cols = out_stride < 0 ? st.stride : out_stride;
   TORCH_CHECK(out_cols >= 1 && out_cols <= INT32_MAX, op,
               ": out_stride must be -1 (output_ids.shape[1]) or in [1, 2^31), got ", out_stride);
-  check_devices(op, {{&input_lengths, "input_lengths"}, {&end_ids, "end_ids"},
-                     {&output_ids, "output_ids"}, {&run_log_probs, "run_log_probs"},
-                     {&cum_log_probs, "cum_log_probs"}, {&gen_len, "gen_len"}, {&done, "done"},
-                     {&hyp_count, "hyp_count"}, {&hyp_score, "hyp_score"},
-                     {&hyp_cum, "hyp_cum"}, {&hyp_len, "hyp_len"}, {&hyp_ids, "hyp_ids"},
-                     {&hyp_log_probs, "hyp_log_probs"}});
+  st.check_devices_with(op, nullptr, nullptr);
   const c10::cuda::CUDAGuard guard(output_ids.device());
   const auto i32 = output_ids.options();
   const auto f32 = output_ids.options().dtype(at::kFloat);
   at::Tensor out_ids = at::empty({B, W, out_cols}, i32);
   at::Tensor seq_len = at::empty({B, W}, i32);
   at::Tensor out_cum = at::empty({B, W}, f32), scores = at::empty({B, W}, f32);
-  at::Tensor out_lp = at::empty({B, W, max_out}, f32);
+  at::Tensor out_lp = at::empty({B, W, st.max_out}, f32);
 
   kernels::BeamFinalizeParams p{};
-  kernels::BeamSearchState& s = p.s;
-  s.batch = static_cast<int>(B);
-  s.beam = static_cast<int>(W);
-  s.ids_stride = static_cast<int>(stride);
-  s.indir_stride = 1;  // unused
-  s.max_out = static_cast<int>(max_out);
-  s.cum_log_probs = mp<float>(cum_log_probs);
-  s.output_ids = mp<int32_t>(output_ids);
-  s.run_log_probs = mp<float>(run_log_probs);
-  s.gen_len = mp<int32_t>(gen_len);
-  s.input_lengths = input_lengths.data_ptr<int32_t>();
-  s.end_ids = end_ids.data_ptr<int32_t>();
-  s.done = mp<int32_t>(done);
-  s.hyp_count = mp<int32_t>(hyp_count);
-  s.hyp_score = mp<float>(hyp_score);
-  s.hyp_cum = mp<float>(hyp_cum);
-  s.hyp_len = mp<int32_t>(hyp_len);
-  s.hyp_ids = mp<int32_t>(hyp_ids);
-  s.hyp_log_probs = mp<float>(hyp_log_probs);
+  st.fill(&p.s);
   p.length_penalty = length_penalty;
   p.output_ids = mp<int32_t>(out_ids);
   p.out_stride = static_cast<int>(out_cols);
