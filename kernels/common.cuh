@@ -105,6 +105,14 @@ __device__ __forceinline__ void wait_for_prior_kernels() {
 #endif
 }
 
+// SM count and compute capability major of a device, queried once per process (kernels/launch.cu);
+// zeros for a device that cannot be queried.
+struct DeviceCaps {
+  int sms = 0;
+  int major = 0;
+};
+DeviceCaps device_caps(int device);
+
 // True when launch_kernel() asks for programmatic dependent launch: the current device is sm_90
 // or newer and WARPFORMER_PDL is not "0" (kernels/launch.cu).
 bool pdl_enabled();

@@ -14,7 +14,6 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
-#include <mutex>
 
 #include "kernels/activation_math.cuh"
 #include "kernels/common.cuh"
@@ -209,24 +208,16 @@ struct DeviceInfo {
 };
 
 DeviceInfo device_info(int device) {
-  static std::mutex mu;
-  static DeviceInfo cache[64];
-  static bool known[64] = {};
-  std::lock_guard<std::mutex> lock(mu);
-  if (device < 0 || device >= 64) return DeviceInfo{};
-  if (!known[device]) {
-    DeviceInfo d;
-    int major = 0;
-    cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, device);
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  // Whether sm_90 code was loaded, asked once (for the current device). On a machine mixing
+  // architectures this can only switch clusters off where they would work, never on where not.
+  static const bool sm90_code = [] {
     cudaFuncAttributes attr{};
     const bool ok = cudaFuncGetAttributes(&attr, gemv_kn_kernel<float, 1>) == cudaSuccess;
-    d.clusters = ok && major >= 9 && attr.binaryVersion >= 90;
-    cudaGetLastError();  // a failed query above must not surface in a later launch's check
-    cache[device] = d;
-    known[device] = true;
-  }
-  return cache[device];
+    cudaGetLastError();  // a failed query must not surface in a later launch's check
+    return ok && attr.binaryVersion >= 90;
+  }();
+  const DeviceCaps caps = device_caps(device);
+  return DeviceInfo{caps.sms, sm90_code && caps.major >= 9};
 }
 
 template <typename T, int M>

@@ -8,29 +8,36 @@
 namespace warpformer {
 namespace kernels {
 
+DeviceCaps device_caps(int device) {
+  constexpr int kMaxDevices = 64;
+  static std::once_flag once[kMaxDevices];
+  static DeviceCaps caps[kMaxDevices];
+  if (device < 0 || device >= kMaxDevices) return DeviceCaps{};
+  std::call_once(once[device], [device] {
+    DeviceCaps c;
+    if (cudaDeviceGetAttribute(&c.sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&c.major, cudaDevAttrComputeCapabilityMajor, device) !=
+            cudaSuccess) {
+      cudaGetLastError();  // a failed query must not surface in a later launch's check
+      c = DeviceCaps{};
+    }
+    caps[device] = c;
+  });
+  return caps[device];
+}
+
 bool pdl_enabled() {
   static const bool allowed = [] {
     const char* env = std::getenv("WARPFORMER_PDL");
     return env == nullptr || std::strcmp(env, "0") != 0;
   }();
   if (!allowed) return false;
-  constexpr int kMaxDevices = 64;
-  static std::mutex mu;
-  static int major[kMaxDevices] = {};  // 0: not asked yet
   int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) {
+  if (cudaGetDevice(&device) != cudaSuccess) {
     cudaGetLastError();
     return false;
   }
-  std::lock_guard<std::mutex> lock(mu);
-  if (major[device] == 0) {
-    if (cudaDeviceGetAttribute(&major[device], cudaDevAttrComputeCapabilityMajor, device) !=
-        cudaSuccess) {
-      cudaGetLastError();
-      major[device] = -1;
-    }
-  }
-  return major[device] >= 9;
+  return device_caps(device).major >= 9;
 }
 
 }  // namespace kernels
