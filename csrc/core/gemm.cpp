@@ -43,17 +43,13 @@ Gemm::Plan::~Plan() {
   if (desc) cublasLtMatmulDescDestroy(desc);
 }
 
-Gemm::Gemm(const CudaContext* ctx) : ctx_(ctx), gemv_max_rows_(kernels::kGemvMaxRows) {
+Gemm::Gemm(const CudaContext* ctx) : ctx_(ctx) {
   const char* env = std::getenv("WARPFORMER_GEMV");
-  if (env != nullptr && std::strcmp(env, "0") == 0) gemv_max_rows_ = 0;
+  if (env != nullptr && std::strcmp(env, "0") == 0) gemv_policy_ = GemvPolicy::kNever;
 }
 
 Gemm::~Gemm() = default;
 
-void Gemm::set_gemv_max_rows(int rows, bool ignore_preference) {
-  gemv_max_rows_ = std::max(0, std::min(rows, kernels::kGemvMaxRows));
-  gemv_ignore_preference_ = ignore_preference;
-}
 
 size_t Gemm::cached_plans() const {
   std::lock_guard<std::mutex> lock(mu_);
@@ -233,12 +229,11 @@ kernels::Activation epilogue_activation(GemmEpilogue e) {
 bool Gemm::try_gemv(DType dtype, const void* in, const void* weight, const void* bias, void* out,
                     int64_t m, int64_t n, int64_t k, bool transposed, kernels::Activation act,
                     float beta) {
-  const int preferred =
-      transposed ? kernels::kGemvPreferredRowsNK : kernels::kGemvPreferredRowsKN;
-  if (m > gemv_max_rows_ || (!gemv_ignore_preference_ && m > preferred) || n > INT_MAX ||
-      k > INT_MAX) {
-    return false;
-  }
+  const int max_rows = gemv_policy_ == GemvPolicy::kNever    ? 0
+                       : gemv_policy_ == GemvPolicy::kAlways ? kernels::kGemvMaxRows
+                       : transposed                          ? kernels::kGemvPreferredRowsNK
+                                                             : kernels::kGemvPreferredRowsKN;
+  if (m > max_rows || n > INT_MAX || k > INT_MAX) return false;
   return WF_DISPATCH_FLOATING(dtype, "Gemm (GEMV path)", [&] {
     kernels::GemvParams<scalar_t> p;
     p.out = static_cast<scalar_t*>(out);

@@ -78,12 +78,11 @@ class Gemm {
   void run_transposed(DType dtype, const void* in, const void* weight, const void* bias, void* out,
                       int64_t m, int64_t n, int64_t k);
 
-  // Largest m sent to the GEMV kernel, on top of the per-layout preference above (0: never;
-  // default kernels::kGemvMaxRows, or 0 when the environment sets WARPFORMER_GEMV=0). Values
-  // above kGemvMaxRows are clamped. The `warpformer.gemm` op's backend='gemv' sets it to
-  // kGemvMaxRows and bypasses the preference.
-  void set_gemv_max_rows(int rows, bool ignore_preference = false);
-  int gemv_max_rows() const { return gemv_max_rows_; }
+  // Which products go to the GEMV kernel: never (all cuBLASLt; the default when the environment
+  // sets WARPFORMER_GEMV=0), where it measured faster (the default), or whenever the kernel can
+  // run the shape (the `warpformer.gemm` op's backend='gemv').
+  enum class GemvPolicy { kNever, kPreferred, kAlways };
+  void set_gemv_policy(GemvPolicy policy) { gemv_policy_ = policy; }
 
   // Number of distinct shapes planned so far (for tests and the tuner).
   size_t cached_plans() const;
@@ -124,8 +123,7 @@ class Gemm {
               float beta);
 
   const CudaContext* ctx_;
-  int gemv_max_rows_;
-  bool gemv_ignore_preference_ = false;
+  GemvPolicy gemv_policy_ = GemvPolicy::kPreferred;
   mutable std::mutex mu_;
   std::unordered_map<GemmKey, std::unique_ptr<Plan>, GemmKeyHash> plans_;
   std::unordered_map<GemmKey, int, GemmKeyHash> tuned_;  // heuristic index per shape

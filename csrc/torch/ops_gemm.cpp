@@ -72,18 +72,27 @@ at::Tensor gemm(const at::Tensor& input, const at::Tensor& weight, const OptTens
                 bool transposed, const std::string& epilogue, const std::string& backend,
                 const OptTensor& residual) {
   const char* op = "warpformer.gemm";
-  // The activation epilogues beyond cuBLASLt's own (bias_gelu_erf, bias_silu) go through
-  // Gemm::run_act like the engine's MLP; the tuner's shapes use the cuBLASLt set only.
-  kernels::Activation act = kernels::Activation::kIdentity;
-  std::string lt_epilogue = epilogue;
-  if (epilogue == "bias_gelu_erf") act = kernels::Activation::kGeluErf;
-  if (epilogue == "bias_silu") act = kernels::Activation::kSilu;
-  if (epilogue == "bias_gelu_tanh") act = kernels::Activation::kGeluTanh;
-  if (epilogue == "bias_relu") act = kernels::Activation::kRelu;
-  if (act != kernels::Activation::kIdentity) lt_epilogue = "bias";
-  TORCH_CHECK(lt_epilogue == "none" || lt_epilogue == "bias", op,
+  // Every epilogue runs through Gemm::run_act like the engine's MLP: the activation after the
+  // bias. (The tuner's gemm_benchmark keeps cuBLASLt's own epilogue set.)
+  struct OpEpilogue {
+    const char* name;
+    kernels::Activation act;
+    bool bias;
+  };
+  using A = kernels::Activation;
+  static constexpr OpEpilogue kEpilogues[] = {
+      {"none", A::kIdentity, false},       {"bias", A::kIdentity, true},
+      {"bias_gelu_tanh", A::kGeluTanh, true}, {"bias_gelu_erf", A::kGeluErf, true},
+      {"bias_relu", A::kRelu, true},       {"bias_silu", A::kSilu, true}};
+  const OpEpilogue* epi = nullptr;
+  for (const OpEpilogue& e : kEpilogues) {
+    if (epilogue == e.name) epi = &e;
+  }
+  TORCH_CHECK(epi != nullptr, op,
               ": epilogue must be one of none, bias, bias_gelu_tanh, bias_gelu_erf, bias_relu, "
               "bias_silu; got '", epilogue, "'");
+  const kernels::Activation act = epi->act;
+  const std::string lt_epilogue = epi->bias ? "bias" : "none";
   TORCH_CHECK(backend == "auto" || backend == "gemv" || backend == "cublaslt", op,
               ": backend must be one of auto, gemv, cublaslt; got '", backend, "'");
   TORCH_CHECK(epilogue != "none" || !bias.has_value(), op,
@@ -94,7 +103,7 @@ at::Tensor gemm(const at::Tensor& input, const at::Tensor& weight, const OptTens
   const c10::cuda::CUDAGuard guard(input.device());
   auto ctx = context_for(a.in);
   Gemm g(ctx.get());
-  if (backend == "cublaslt") g.set_gemv_max_rows(0);
+  if (backend == "cublaslt") g.set_gemv_policy(Gemm::GemvPolicy::kNever);
   if (backend == "gemv") {
     const int64_t vec = 16 / static_cast<int64_t>(dtype_size(a.key.dtype));
     TORCH_CHECK(a.key.m <= kernels::kGemvMaxRows, op, ": backend 'gemv' needs input.shape[0] <= ",
@@ -103,7 +112,7 @@ at::Tensor gemm(const at::Tensor& input, const at::Tensor& weight, const OptTens
                 ": backend 'gemv' needs k", transposed ? "" : " and n", " to be multiples of ",
                 vec, " (16 bytes of ", dtype_name(a.key.dtype), "), got k=", a.key.k,
                 ", n=", a.key.n);
-    g.set_gemv_max_rows(kernels::kGemvMaxRows, /*ignore_preference=*/true);
+    g.set_gemv_policy(Gemm::GemvPolicy::kAlways);
   }
   at::Tensor out;
   if (residual.has_value()) {
