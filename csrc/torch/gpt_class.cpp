@@ -118,11 +118,12 @@ GptModelHolder::GptModelHolder(const std::string& config, c10::Dict<std::string,
   }
   const std::string& ref_name = chosen.front().first;
   const at::Tensor& ref = chosen.front().second;
+  // Arguments before devices: a bad dtype string is reported wherever the weights live.
+  const DType dt = dtype.empty() ? to_dtype(ref.scalar_type(), kOp, ref_name.c_str())
+                                 : parse_dtype(dtype, "GptModel: dtype");
   TORCH_CHECK(ref.is_cuda(), kOp, ": weight '", ref_name, "' must be a CUDA tensor, got device ",
               ref.device(), " (load weights with device='cuda')");
   device_ = ref.device().index();
-  const DType dt = dtype.empty() ? to_dtype(ref.scalar_type(), kOp, ref_name.c_str())
-                                 : parse_dtype(dtype, "GptModel: dtype");
   const c10::ScalarType st = to_scalar_type(dt);
   for (const auto& [name, t] : chosen) {
     TORCH_CHECK(t.is_cuda() && t.device().index() == device_, kOp, ": weight '", name, "' is on ",
