@@ -28,6 +28,12 @@ def run(model_dir: str, tp: int, pp: int, dtype: torch.dtype, out: str, steps: i
                        top_k=40, top_p=0.9, seed=[5, 6, 7, 8], end_id=999)
     res["sample"] = s.sequences.cpu()
     res["logits"] = model.logits(prompts["ids"], prompts["lengths"]).float().cpu()
+    # Teacher-forced logits (fp16 diagnostics) over given sequences, or over this run's greedy
+    # ones ("tf_self").
+    if "tf_ids" in prompts or prompts.get("tf_self"):
+        tf_ids = prompts["tf_ids"] if "tf_ids" in prompts else g.sequences[:, 0].to(torch.int32)
+        tf_lengths = prompts["lengths"] + steps
+        res["tf_logits"] = model.logits(tf_ids, tf_lengths).float().cpu()
     ctx = distributed.get_context()
     if ctx is None or ctx.info.rank == 0:
         torch.save(res, out)
