@@ -1,7 +1,10 @@
 """Multi-GPU scaling: decode ms/step and prefill ms of a random-init model (gpt-j-6b shape by
 default) at tensor/pipeline-parallel sizes, each configuration run under torchrun.
 
-    python benchmarks/bench_parallel.py --grids 1x1,2x1,1x2 --batches 1,64 --out-dir OUT
+    python benchmarks/bench_parallel.py --grids 1x1,2x1,2x1-nccl,1x2 --batches 1,64 --out-dir OUT
+
+A grid with the suffix "-nccl" runs with WARPFORMER_PEER_ALLREDUCE=0: every all-reduce through
+NCCL instead of the one-shot peer all-reduce, to show what the latter is worth.
 
 The parent builds the model once on the GPU (benchmarks/common.py), converts it for every tensor-
 parallel size needed, then launches `torchrun --nproc-per-node tp*pp` of this script in worker
@@ -64,7 +67,8 @@ def worker(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="gpt-j-6b", help="a shape of benchmarks/common.py")
-    ap.add_argument("--grids", default="1x1,2x1,1x2", help="TPxPP list")
+    ap.add_argument("--grids", default="1x1,2x1,1x2",
+                    help="TPxPP list; suffix -nccl: all-reduces through NCCL only")
     ap.add_argument("--batches", default="1,64")
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=64)
@@ -82,7 +86,11 @@ def main(argv: list[str] | None = None) -> int:
         worker(args)
         return 0
 
-    grids = [tuple(int(v) for v in g.split("x")) for g in args.grids.split(",")]
+    grids = []
+    for g in args.grids.split(","):
+        dims, _, variant = g.partition("-")
+        tp, pp = (int(v) for v in dims.split("x"))
+        grids.append((tp, pp, variant or "auto"))
     ngpu = torch.cuda.device_count()
     grids = [g for g in grids if g[0] * g[1] <= ngpu]
     shape = common.parse_models(args.model)[0]
@@ -102,8 +110,11 @@ def main(argv: list[str] | None = None) -> int:
                     processes=min(16, os.cpu_count() or 1), force=True)
     common.log(f"prepared {shape.name} in {time.monotonic() - t0:.0f} s")
     results = []
-    for tp, pp in grids:
+    for tp, pp, variant in grids:
         result = args.out_dir / f"parallel_{tp}x{pp}.json"
+        env = dict(os.environ, **_ENV)
+        if variant == "nccl":
+            env["WARPFORMER_PEER_ALLREDUCE"] = "0"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                f"--nproc-per-node={tp * pp}", __file__, "--worker", "--model-dir",
                str(root / f"{tp}-gpu"), "--tp", str(tp), "--pp", str(pp), "--batches",
@@ -111,25 +122,27 @@ def main(argv: list[str] | None = None) -> int:
                "--output-len", str(args.output_len), "--result", str(result),
                # bench models zero the last output-embedding row: that token never wins
                "--end-id", str(shape.vocab - 1)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400,
-                              env=dict(os.environ, **_ENV))
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env)
         if proc.returncode != 0:
-            results.append({"tp": tp, "pp": pp, "error": proc.stderr[-800:]})
+            results.append({"tp": tp, "pp": pp, "all_reduce": variant,
+                            "error": proc.stderr[-800:]})
             common.log(f"{tp}x{pp} failed: {proc.stderr[-800:]}")
             continue
-        results.append(json.loads(result.read_text()))
+        results.append(dict(json.loads(result.read_text()), all_reduce=variant))
         result.unlink()
     base = {r["batch"]: r["decode_ms_per_step"] for r in results[0].get("rows", [])}
-    lines = ["| model | TP | PP | batch | prefill ms | decode ms/step | vs TP=1 | tokens/s |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| model | TP | PP | all-reduce | batch | prefill ms | decode ms/step | vs TP=1 "
+             "| tokens/s |", "|---|---:|---:|---|---:|---:|---:|---:|---:|"]
     for res in results:
+        how = "—" if res["tp"] == 1 else {"auto": "peer", "nccl": "NCCL"}[res["all_reduce"]]
         for r in res.get("rows", []):
             ratio = r["decode_ms_per_step"] / base[r["batch"]] if r["batch"] in base else None
-            lines.append(f"| {shape.name} | {res['tp']} | {res['pp']} | {r['batch']} | "
+            lines.append(f"| {shape.name} | {res['tp']} | {res['pp']} | {how} | {r['batch']} | "
                          f"{r['prefill_ms']:.2f} | {r['decode_ms_per_step']:.3f} | "
                          f"{common.fnum(ratio)}x | {r.get('tokens_per_s', 0):.0f} |")
         if "error" in res:
-            lines.append(f"| {shape.name} | {res['tp']} | {res['pp']} | — | error | — | — | — |")
+            lines.append(f"| {shape.name} | {res['tp']} | {res['pp']} | {how} | — | error | — "
+                         "| — | — |")
     table = "\n".join(lines)
     print(f"\n## Multi-GPU scaling on {ngpu}x {common.gpu_name()} (fp16, in {args.input_len}, "
           f"out {args.output_len})\n\n{table}")

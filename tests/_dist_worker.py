@@ -65,7 +65,84 @@ def describe(comm) -> dict | None:
 
 
 SCENARIOS = ("ok", "init", "fail", "hang", "ckpt_tp", "ckpt_model", "no_gpu", "same_gpu",
-             "exit_before_nccl")
+             "exit_before_nccl", "allreduce", "peer_dead")
+
+# Element counts for the all-reduce checks: partial vectors, one block, several blocks, the
+# largest peer message in fp16 (1 MiB) and one NCCL takes over (2 MiB in fp32).
+ALLREDUCE_COUNTS = (1, 7, 8, 1000, 4096, 65536 + 3, 262144, 524288)
+ALLREDUCE_ATOL = {torch.float32: 1e-5, torch.float16: 2e-2, torch.bfloat16: 1e-1}
+
+
+def _rank_data(count: int, dtype: torch.dtype, rank: int, salt: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(count * 131 + rank * 7 + salt * 1009)
+    return torch.randn(count, generator=g).to(dtype)
+
+
+def _rank_order_sum(count: int, dtype: torch.dtype, ranks: int, salt: int = 0) -> torch.Tensor:
+    """What the peer all-reduce computes: fp32 sum in rank order, rounded once."""
+    acc = torch.zeros(count)
+    for r in range(ranks):
+        acc += _rank_data(count, dtype, r, salt).float()
+    return acc.to(dtype)
+
+
+def check_all_reduce(comm) -> dict:
+    """Sums over ``comm`` of several sizes and dtypes by every path, eager, back to back without
+    host syncs, and replayed from a CUDA graph, against the fp32 rank-order sum (bit-exact on
+    the peer path, within NCCL's rounding otherwise). Returns what failed and a digest of the
+    results (equal on every rank when all ranks computed the same bits)."""
+    me, n = comm.rank(), comm.size()
+    peer = comm.peer_all_reduce()
+    bad: list[str] = []
+    digest = 0
+
+    def check(got: torch.Tensor, want: torch.Tensor, exact: bool, what: str) -> None:
+        nonlocal digest
+        got = got.cpu()
+        digest = (digest * 31 + int(got.float().sum().double().item() * 1e6)) % (1 << 61)
+        if exact and not torch.equal(got, want):
+            bad.append(f"{what}: not bit-equal, max diff "
+                       f"{float((got.float() - want.float()).abs().max()):.3g}")
+        elif not torch.allclose(got.float(), want.float(), rtol=0,
+                                atol=ALLREDUCE_ATOL[want.dtype] * n):
+            bad.append(f"{what}: max diff {float((got.float() - want.float()).abs().max()):.3g}")
+
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        for count in ALLREDUCE_COUNTS:
+            fits = count * torch.finfo(dtype).bits // 8 <= 1 << 20
+            for path in ("auto", "nccl") + (("peer",) if peer and fits else ()):
+                x = _rank_data(count, dtype, me).cuda()
+                comm.all_reduce_(x, path)
+                exact = path == "peer" or (path == "auto" and peer and fits)
+                check(x, _rank_order_sum(count, dtype, n), exact, f"{dtype} {count} {path}")
+    if peer:  # a message that does not fit is refused by the explicit peer path
+        try:
+            comm.all_reduce_(torch.zeros(600000, device="cuda"), "peer")
+            bad.append("a 2.4 MB message was accepted by path 'peer'")
+        except RuntimeError as e:
+            if "at most" not in str(e):
+                bad.append(f"unexpected error for an oversized peer message: {e}")
+
+    # Back to back: no host synchronisation, alternating sizes, so fast ranks run ahead.
+    counts = [4096, 262144, 1000] * 20
+    xs = [_rank_data(c, torch.float16, me, salt=i).cuda() for i, c in enumerate(counts)]
+    for x in xs:
+        comm.all_reduce_(x)
+    for i, (c, x) in enumerate(zip(counts, xs, strict=True)):
+        check(x, _rank_order_sum(c, torch.float16, n, salt=i), peer, f"back-to-back call {i}")
+
+    # Captured once, replayed with new data: the call counter advances inside the graph.
+    x = torch.zeros(3000, dtype=torch.float16, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        comm.all_reduce_(x)
+    for i in range(20):
+        x.copy_(_rank_data(3000, torch.float16, me, salt=100 + i).cuda())
+        graph.replay()
+        check(x, _rank_order_sum(3000, torch.float16, n, salt=100 + i), peer, f"replay {i}")
+    torch.cuda.synchronize()
+    return {"peer": peer, "reason": comm.peer_all_reduce_reason(), "bad": bad,
+            "digest": str(digest)}
 
 
 def run(scenario: str = "ok", tp: int = 1, pp: int = 1, timeout: float = 30.0,
@@ -78,6 +155,18 @@ def run(scenario: str = "ok", tp: int = 1, pp: int = 1, timeout: float = 30.0,
     if mock:
         mock_gpu(rank, bad_rank if scenario == "no_gpu" else -1, scenario == "same_gpu")
     bad = rank == bad_rank
+    if scenario in ("allreduce", "peer_dead"):
+        ctx = dist.init(tp, pp, timeout_s=timeout, init_method=init_method)
+        if scenario == "allreduce":
+            result = {"rank": rank, **check_all_reduce(ctx.tp_comm)}
+            ctx.shutdown()
+            return result
+        if bad:
+            os._exit(0)  # gone without a word, after the group was set up
+        x = torch.ones(1024, device="cuda")
+        ctx.tp_comm.all_reduce_(x, "peer")  # waits for the dead rank, then traps
+        torch.cuda.synchronize()
+        return {"rank": rank, "unexpected": "the all-reduce completed"}
     if scenario == "init":
         ctx = dist.init(tp, pp, timeout_s=timeout, init_method=init_method)
         result = {"rank": rank, "tp": describe(ctx.tp_comm), "pp": describe(ctx.pp_comm)}

@@ -8,10 +8,11 @@
 #   GPU_CHECK_PYTEST_ARGS="tests/gpu -x" bash tools/gpu_check.sh      # one pytest group
 #   GPU_CHECK_GROUPS="tests/gpu/test_gemm.py tests/gpu/test_decode.py" bash tools/gpu_check.sh
 #   GPU_CHECK_SKIP_TESTS=1 GPU_CHECK_BENCH="generate" bash tools/gpu_check.sh
-# GPU_CHECK_BENCH: comma list of kernels, generate, generate-nopdl, gemv, parallel, lambada
+# GPU_CHECK_BENCH: comma list of kernels, generate, generate-nopdl, gemv, allreduce, parallel,
+# lambada
 # (default kernels,generate); GPU_CHECK_GENERATE_ARGS replaces bench_generate's default arguments,
 # GPU_CHECK_PARALLEL_MODELS / GPU_CHECK_PARALLEL_ARGS bench_parallel's, GPU_CHECK_GEMV_ROWS the
-# GEMV table's row counts.
+# GEMV table's row counts, GPU_CHECK_ALLREDUCE_RANKS bench_allreduce's group sizes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/gpu_check_out}"
@@ -93,6 +94,10 @@ if [ $status -eq 0 ]; then
     bench "GEMV rows" bench_gemv.md $PY benchmarks/bench_kernels.py --gemv-only \
         --gemv-rows "${GPU_CHECK_GEMV_ROWS:-1,2,3,4,8}" --json "$OUT/bench_gemv.json"
   fi
+  if [[ $benches == *,allreduce,* ]]; then
+    bench "bench_allreduce" bench_allreduce.md $PY benchmarks/bench_allreduce.py \
+        --ranks "${GPU_CHECK_ALLREDUCE_RANKS:-2,4}" --out-dir "$OUT"
+  fi
   if [[ $benches == *,parallel,* ]]; then
     for model in ${GPU_CHECK_PARALLEL_MODELS:-gpt-j-6b}; do
       bench "bench_parallel $model" "bench_parallel_$model.md" $PY benchmarks/bench_parallel.py \
@@ -113,8 +118,8 @@ if [ -f "$OUT/bench_kernels.md" ]; then
       "$OUT/bench_kernels.md" | grep -E "kernel|---|float16" | head -9
   grep -E "^\| (matrix|gpt)" "$OUT/bench_kernels.md" | grep -E "matrix|float16 \| 1 " | head -10
 fi
-for f in "$OUT"/bench_parallel_*.md; do
-  [ -f "$f" ] && { echo; grep -E "^\|" "$f" | head -14; }
+for f in "$OUT"/bench_parallel_*.md "$OUT/bench_allreduce.md"; do
+  [ -f "$f" ] && { echo; grep -E "^\|" "$f" | head -20; }
 done
 if [ -f "$OUT/bench_gemv.md" ]; then
   echo; grep -E "^\| (matrix|gpt)" "$OUT/bench_gemv.md" | grep -E "matrix|float16" | head -50

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "csrc/core/check.h"
+#include "kernels/peer_allreduce.h"
 
 namespace warpformer {
 namespace {
@@ -79,9 +80,20 @@ NcclCommunicator::NcclCommunicator(const std::array<char, sizeof(ncclUniqueId)>&
     comm_ = nullptr;
     WF_NCCL_CHECK(state);
   }
+  if (world_size > 1) {
+    try {
+      peer_ = PeerAllReduce::create(*this, device, timeout_s, &peer_reason_);
+    } catch (...) {
+      abort();
+      throw;
+    }
+  } else {
+    peer_reason_ = "a group of one rank needs no all-reduce";
+  }
 }
 
 NcclCommunicator::~NcclCommunicator() {
+  peer_.reset();
   if (comm_ != nullptr) {
     // Finalize is a collective; destruction must not block on absent peers, so abort instead.
     ncclCommAbort(comm_);
@@ -113,8 +125,18 @@ void NcclCommunicator::finish_call(int result, const char* what) {
 }
 
 void NcclCommunicator::all_reduce_sum(void* data, int64_t count, DType dtype,
-                                      cudaStream_t stream) {
+                                      cudaStream_t stream, AllReducePath path) {
   TORCH_CHECK(comm_ != nullptr, "NcclComm: the communicator was aborted");
+  if (path == AllReducePath::kPeer) {
+    TORCH_CHECK(peer_ != nullptr, "NcclComm: all_reduce path 'peer' is not available in this "
+                "group (", peer_reason_, ")");
+    TORCH_CHECK(peer_->supports(data, count, dtype), "NcclComm: all_reduce path 'peer' takes "
+                "16-byte aligned messages of at most ", kernels::kPeerMaxBytes, " bytes; got ",
+                count, " elements of ", dtype_name(dtype));
+  }
+  if (path != AllReducePath::kNccl && peer_ != nullptr && peer_->run(data, count, dtype, stream)) {
+    return;
+  }
   finish_call(ncclAllReduce(data, data, static_cast<size_t>(count), nccl_type(dtype), ncclSum,
                             comm_, stream),
               "all_reduce");

@@ -2,7 +2,8 @@
 // group. The group is joined with NCCL's non-blocking initialisation, polled up to a timeout and
 // aborted when a peer never arrives, so a missing rank is an error rather than a hang. The unique
 // id is exchanged by the caller (warpformer.distributed: mpi4py or a torch.distributed store), so
-// no MPI-enabled PyTorch is needed.
+// no MPI-enabled PyTorch is needed. Groups whose GPUs can map each other's memory also get the
+// one-shot peer all-reduce (csrc/core/peer_allreduce.h) for messages up to 1 MiB.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -10,10 +11,17 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
+#include <string>
 
 #include "csrc/core/communicator.h"
+#include "csrc/core/peer_allreduce.h"
 
 namespace warpformer {
+
+// Which implementation an all-reduce uses: kAuto takes the peer path when the group has it and
+// the message fits, NCCL otherwise.
+enum class AllReducePath { kAuto, kNccl, kPeer };
 
 class NcclCommunicator final : public Communicator {
  public:
@@ -30,7 +38,15 @@ class NcclCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   int device() const { return device_; }
-  void all_reduce_sum(void* data, int64_t count, DType dtype, cudaStream_t stream) override;
+  void all_reduce_sum(void* data, int64_t count, DType dtype, cudaStream_t stream) override {
+    all_reduce_sum(data, count, dtype, stream, AllReducePath::kAuto);
+  }
+  // kPeer throws when the group has no peer path or the message does not fit it.
+  void all_reduce_sum(void* data, int64_t count, DType dtype, cudaStream_t stream,
+                      AllReducePath path);
+  // Whether the group set up the peer all-reduce, and if not, why.
+  bool has_peer_all_reduce() const { return peer_ != nullptr; }
+  const std::string& peer_all_reduce_reason() const { return peer_reason_; }
   // recv = [rank 0's send | rank 1's send | ...], count elements from each rank.
   void all_gather(const void* send, void* recv, int64_t count, DType dtype,
                   cudaStream_t stream) override;
@@ -49,6 +65,8 @@ class NcclCommunicator final : public Communicator {
   ncclComm_t comm_ = nullptr;
   int rank_, size_, device_;
   double timeout_s_;
+  std::unique_ptr<PeerAllReduce> peer_;
+  std::string peer_reason_;
 };
 
 }  // namespace warpformer

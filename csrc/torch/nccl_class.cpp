@@ -30,8 +30,16 @@ NcclCommHolder::NcclCommHolder(const at::Tensor& unique_id, int64_t world_size, 
                                              timeout_s);
 }
 
-at::Tensor NcclCommHolder::all_reduce_(at::Tensor t) {
+at::Tensor NcclCommHolder::all_reduce_(at::Tensor t, const std::string& path) {
   const char* op = "NcclComm.all_reduce_";
+  AllReducePath how = AllReducePath::kAuto;
+  if (path == "nccl") {
+    how = AllReducePath::kNccl;
+  } else if (path == "peer") {
+    how = AllReducePath::kPeer;
+  } else {
+    TORCH_CHECK(path == "auto", op, ": path must be 'auto', 'nccl' or 'peer', got '", path, "'");
+  }
   check_floating(t, op, "t");
   check_contiguous(t, op, "t");
   check_cuda(t, op, "t");
@@ -39,14 +47,14 @@ at::Tensor NcclCommHolder::all_reduce_(at::Tensor t) {
               " but the communicator is on cuda:", comm_->device());
   const c10::cuda::CUDAGuard guard(t.device());
   comm_->all_reduce_sum(t.data_ptr(), t.numel(), to_dtype(t.scalar_type(), op, "t"),
-                        current_stream(t));
+                        current_stream(t), how);
   return t;
 }
 
 void NcclCommHolder::barrier() {
   const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(comm_->device()));
   at::Tensor one = at::ones({1}, at::TensorOptions().device(at::kCUDA, comm_->device()));
-  all_reduce_(one);
+  all_reduce_(one, "auto");
   c10::cuda::getCurrentCUDAStream(comm_->device()).synchronize();
 }
 

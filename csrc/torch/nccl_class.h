@@ -6,6 +6,7 @@
 #include <torch/custom_class.h>
 
 #include <memory>
+#include <string>
 
 #include "csrc/core/nccl_comm.h"
 
@@ -19,8 +20,12 @@ class NcclCommHolder : public torch::CustomClassHolder {
   int64_t rank() const { return comm_->rank(); }
   int64_t size() const { return comm_->size(); }
   int64_t device() const { return comm_->device(); }
-  // In-place sum over the group on the current stream (for tests and users).
-  at::Tensor all_reduce_(at::Tensor t);
+  // In-place sum over the group on the current stream (for tests and users). path: "auto" (the
+  // peer all-reduce when the group has it and t fits, else NCCL), "nccl" or "peer".
+  at::Tensor all_reduce_(at::Tensor t, const std::string& path);
+  // Whether the group set up the one-shot peer all-reduce; the reason when it did not.
+  bool peer_all_reduce() const { return comm_->has_peer_all_reduce(); }
+  std::string peer_all_reduce_reason() const { return comm_->peer_all_reduce_reason(); }
   // Returns once every rank has called it (an all-reduce of one value, then a stream sync).
   void barrier();
   void abort() { comm_->abort(); }

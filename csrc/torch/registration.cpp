@@ -150,7 +150,10 @@ TORCH_LIBRARY(warpformer, m) {
       .def("rank", &warpformer::NcclCommHolder::rank)
       .def("size", &warpformer::NcclCommHolder::size)
       .def("device", &warpformer::NcclCommHolder::device)
-      .def("all_reduce_", &warpformer::NcclCommHolder::all_reduce_)
+      .def("all_reduce_", &warpformer::NcclCommHolder::all_reduce_, "",
+           {torch::arg("t"), torch::arg("path") = std::string("auto")})
+      .def("peer_all_reduce", &warpformer::NcclCommHolder::peer_all_reduce)
+      .def("peer_all_reduce_reason", &warpformer::NcclCommHolder::peer_all_reduce_reason)
       .def("barrier", &warpformer::NcclCommHolder::barrier)
       .def("abort", &warpformer::NcclCommHolder::abort);
 

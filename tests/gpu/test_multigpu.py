@@ -1,6 +1,7 @@
 """warpformer.distributed on real GPUs (2 or more; run on nvidia-h200-x2 / -x4): ``init()`` under
-torchrun, NCCL all-reduce sums over the TP and PP groups, and the failure scenarios ending every
-process in bounded time. Independent of the engine (its TP/PP parity tests live elsewhere).
+torchrun, NCCL all-reduce sums over the TP and PP groups, the one-shot peer (NVLink) all-reduce
+against the rank-order sum, and the failure scenarios ending every process in bounded time.
+Independent of the engine (its TP/PP parity tests live elsewhere).
 
 Each test starts tests/_dist_worker.py (one process per GPU) with torchrun, or by hand with
 RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT when one rank needs its own environment.
@@ -160,3 +161,37 @@ def test_rank_dying_before_nccl_init_times_out():
     code, text = out[0]
     assert code != 0, text[-4000:]
     assert "ERROR" in text and seconds < 100
+
+
+@pytest.mark.parametrize("tp", [2] + ([4] if NGPU >= 4 else []))
+def test_peer_all_reduce_matches_rank_order_sum(tp):
+    proc, _ = _torchrun(tp, "--scenario", "allreduce", "--tp", str(tp), "--timeout", "120")
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    results = _lines(proc.stdout, "RESULT")
+    assert sorted(r["rank"] for r in results) == list(range(tp))
+    for r in results:
+        assert r["peer"], f"rank {r['rank']}: no peer all-reduce: {r['reason']}"
+        assert not r["bad"], f"rank {r['rank']}: {r['bad'][:10]}"
+    assert len({r["digest"] for r in results}) == 1, "ranks computed different sums"
+
+
+def test_peer_all_reduce_off_on_one_rank_is_off_everywhere():
+    # The ranks decide together: one rank opting out gives NCCL on all, with correct sums.
+    out, _ = _by_hand(2, ["--scenario", "allreduce", "--tp", "2", "--timeout", "60"],
+                      per_rank_env={1: {"WARPFORMER_PEER_ALLREDUCE": "0"}}, wait_s=180)
+    for rank, (code, text) in out.items():
+        assert code == 0, f"rank {rank}: {text[-4000:]}"
+        (res,) = _lines(text, "RESULT")
+        assert not res["peer"] and not res["bad"], res
+        assert "WARPFORMER_PEER_ALLREDUCE=0" in res["reason"] or "rank 1" in res["reason"], res
+
+
+def test_peer_all_reduce_with_dead_peer_ends_in_bounded_time():
+    # rank 1 exits after set-up; rank 0's kernel waits timeout_s for its signal, then traps, and
+    # the process fails instead of spinning forever.
+    out, seconds = _by_hand(2, ["--scenario", "peer_dead", "--tp", "2", "--bad-rank", "1",
+                                "--timeout", "5"], wait_s=90)
+    code, text = out[0]
+    assert code != 0 and "the all-reduce completed" not in text, text[-4000:]
+    assert "ERROR" in text and seconds < 90, text[-4000:]
+    print(text[-2000:])
