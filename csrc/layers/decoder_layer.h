@@ -43,6 +43,8 @@ struct NextNorm {
 };
 
 // Activation buffers for `tokens` rows, all of the model dtype.
+// The layer writes f only after its last read of qkv, q and a, and o only after its last read of
+// p, so the model may overlap those buffers (GptModel::layout does).
 struct LayerBuffers {
   void* x;    // [tokens, h]   residual stream (in: layer input; out: updated stream)
   void* n;    // [tokens, h]   normed input of the attention (in) / next layer's normed input (out)
@@ -51,8 +53,8 @@ struct LayerBuffers {
   void* q;    // [tokens, lh]
   void* a;    // [tokens, lh]  attention output
   void* p;    // [tokens, h]   attention projection (+ MLP output in the parallel form)
-  void* f;    // [tokens, li]  MLP hidden
-  void* o;    // [tokens, h]   MLP output
+  void* f;    // [tokens, li]  MLP hidden (may share memory with qkv, q and a)
+  void* o;    // [tokens, h]   MLP output (may be the same buffer as p)
 };
 
 // Where the attention reads and writes: the layer's KV cache and the token -> (slot, position)

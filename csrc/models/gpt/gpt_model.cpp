@@ -94,69 +94,65 @@ void GptModel::ensure_kv(int64_t slots, int64_t seq_total) {
 
 void GptModel::ensure_activations(int64_t tokens, int64_t batch) {
   if (tokens <= act_tokens_ && batch <= act_batch_) return;
-  const int64_t t = grown(tokens, act_tokens_, std::max<int64_t>(tokens, max_batch_ * max_seq_len_));
+  const int64_t t =
+      grown(tokens, act_tokens_, std::max<int64_t>(tokens, max_batch_ * max_seq_len_));
   const int64_t b = grown(batch, act_batch_, max_batch_ * kernels::kMaxBeamWidth);
-  const int64_t h = cfg_.hidden(), lh = cfg_.local_hidden(), li = cfg_.local_inter();
-  const int64_t e = cfg_.embed_dim();
-  const size_t es = dtype_size(dtype_);
-  Carver c(nullptr);
-  for (int i = 0; i < 5; ++i) c.take(t * h * es);  // x n y p o
-  c.take(t * 3 * lh * es);
-  c.take(t * lh * es);
-  c.take(t * lh * es);
-  c.take(t * li * es);
-  if (cfg_.word_embed_proj_dim > 0) c.take(t * e * es);
-  c.take(b * std::max(h, e) * es);          // gathered last rows
-  c.take(b * std::max(h, e) * es);          // projected last rows
-  c.take(b * cfg_.vocab_padded() * es);     // logits of the last rows
-  if (cfg_.tensor_para_size > 1) {
-    c.take(b * cfg_.local_vocab() * es);    // this rank's logits slice
-    c.take(b * cfg_.vocab_padded() * es);   // all-gathered slices
-  }
+  const size_t bytes = layout(nullptr, t, b, nullptr, nullptr);
   act_.reset();
   act_tokens_ = act_batch_ = 0;  // a failed allocation below must not leave stale sizes behind
   ++buffer_generation_;
-  act_ = DeviceBuffer(ctx_->allocator(), c.used(), ctx_->stream());
+  act_ = DeviceBuffer(ctx_->allocator(), bytes, ctx_->stream());
   act_tokens_ = t;
   act_batch_ = b;
 }
 
-layers::LayerBuffers GptModel::buffers() const {
-  const int64_t t = act_tokens_;
+size_t GptModel::layout(void* base, int64_t t, int64_t rows, layers::LayerBuffers* layer,
+                        Scratch* scratch) const {
   const int64_t h = cfg_.hidden(), lh = cfg_.local_hidden(), li = cfg_.local_inter();
+  const int64_t e = cfg_.embed_dim();
   const size_t es = dtype_size(dtype_);
-  Carver c(act_.data());
+  Carver c(base);
   layers::LayerBuffers b{};
   b.x = c.take(t * h * es);
   b.n = c.take(t * h * es);
   b.y = c.take(t * h * es);
   b.p = c.take(t * h * es);
-  b.o = c.take(t * h * es);
-  b.qkv = c.take(t * 3 * lh * es);
-  b.q = c.take(t * lh * es);
-  b.a = c.take(t * lh * es);
-  b.f = c.take(t * li * es);
+  // The MLP output is written after the attention projection was consumed (added into the
+  // residual, or accumulated into in the parallel form), so they share one buffer.
+  b.o = b.p;
+  // qkv, q and the attention output are dead once the attention projection ran, before the
+  // MLP hidden is written: one region serves both.
+  char* region = static_cast<char*>(c.take(0));
+  const size_t attn_bytes = align_up(t * 3 * lh * es) + 2 * align_up(t * lh * es);
+  const size_t region_bytes = std::max(attn_bytes, align_up(t * li * es));
+  c.take(region_bytes);
+  if (region != nullptr) {
+    b.qkv = region;
+    b.q = region + align_up(t * 3 * lh * es);
+    b.a = region + align_up(t * 3 * lh * es) + align_up(t * lh * es);
+    b.f = region;
+  }
+  Scratch sc{};
+  sc.emb = cfg_.word_embed_proj_dim > 0 ? c.take(t * e * es) : nullptr;
+  sc.last_rows = c.take(rows * std::max(h, e) * es);
+  sc.proj = c.take(rows * std::max(h, e) * es);
+  sc.last_logits = c.take(rows * cfg_.vocab_padded() * es);
+  sc.tp_local = cfg_.tensor_para_size > 1 ? c.take(rows * cfg_.local_vocab() * es) : nullptr;
+  sc.tp_gathered = cfg_.tensor_para_size > 1 ? c.take(rows * cfg_.vocab_padded() * es) : nullptr;
+  if (layer != nullptr) *layer = b;
+  if (scratch != nullptr) *scratch = sc;
+  return c.used();
+}
+
+layers::LayerBuffers GptModel::buffers() const {
+  layers::LayerBuffers b{};
+  layout(act_.data(), act_tokens_, act_batch_, &b, nullptr);
   return b;
 }
 
 GptModel::Scratch GptModel::scratch() const {
-  const int64_t t = act_tokens_, bt = act_batch_;
-  const int64_t h = cfg_.hidden(), lh = cfg_.local_hidden(), li = cfg_.local_inter();
-  const int64_t e = cfg_.embed_dim();
-  const size_t es = dtype_size(dtype_);
-  Carver c(act_.data());
-  for (int i = 0; i < 5; ++i) c.take(t * h * es);
-  c.take(t * 3 * lh * es);
-  c.take(t * lh * es);
-  c.take(t * lh * es);
-  c.take(t * li * es);
   Scratch s{};
-  s.emb = cfg_.word_embed_proj_dim > 0 ? c.take(t * e * es) : nullptr;
-  s.last_rows = c.take(bt * std::max(h, e) * es);
-  s.proj = c.take(bt * std::max(h, e) * es);
-  s.last_logits = c.take(bt * cfg_.vocab_padded() * es);
-  s.tp_local = cfg_.tensor_para_size > 1 ? c.take(bt * cfg_.local_vocab() * es) : nullptr;
-  s.tp_gathered = cfg_.tensor_para_size > 1 ? c.take(bt * cfg_.vocab_padded() * es) : nullptr;
+  layout(act_.data(), act_tokens_, act_batch_, nullptr, &s);
   return s;
 }
 

@@ -139,6 +139,10 @@ class GptModel {
     void* tp_gathered;  // [tp, rows, local_vocab] all-gathered slices or null
   };
   Scratch scratch() const;
+  // The one carve-up of the activation buffer (base null: sizes only) for `tokens` packed tokens
+  // and `rows` logit rows; returns the bytes it spans.
+  size_t layout(void* base, int64_t tokens, int64_t rows, layers::LayerBuffers* layer,
+                Scratch* scratch) const;
   layers::LayerContext layer_context();
   // Packs ids, embeds them and runs this stage's layers; leaves final-normed hidden states of
   // all packed tokens in the `n` buffer. Returns the device packing metadata.
