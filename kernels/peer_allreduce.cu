@@ -107,18 +107,22 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-int element_bytes(PeerDType t) { return t == PeerDType::kFloat32 ? 4 : 2; }
-
-// Blocks and elements per block for a message, or false when it does not fit the slots.
-bool plan(const PeerAllReduceParams& p, int* blocks, int64_t* per_block) {
-  const int64_t esize = element_bytes(p.dtype), vec = 16 / esize;
-  const int64_t bytes = p.count * esize;
+// Validates the parameters and splits the message over the blocks: false when they cannot run
+// (bad ranks, unaligned data, or more than the slots hold).
+template <typename T>
+bool plan(const PeerAllReduceParams<T>& p, int* blocks, int64_t* per_block) {
+  if (p.ranks < 2 || p.ranks > kPeerMaxRanks || p.rank < 0 || p.rank >= p.ranks ||
+      p.sequence == nullptr || !aligned_to(p.data, 16)) {
+    return false;
+  }
+  constexpr int64_t vec = 16 / sizeof(T);
+  const int64_t bytes = p.count * static_cast<int64_t>(sizeof(T));
   if (p.count <= 0 || bytes > kPeerMaxBytes) return false;
   const int64_t g =
       std::min<int64_t>(kPeerMaxBlocks, (bytes + kBytesPerBlock - 1) / kBytesPerBlock);
   int64_t per = (p.count + g - 1) / g;
   per = (per + vec - 1) / vec * vec;
-  if (per * esize > kPeerSlotBytes) return false;
+  if (per * static_cast<int64_t>(sizeof(T)) > kPeerSlotBytes) return false;
   *blocks = static_cast<int>((p.count + per - 1) / per);
   *per_block = per;
   return true;
@@ -126,17 +130,18 @@ bool plan(const PeerAllReduceParams& p, int* blocks, int64_t* per_block) {
 
 }  // namespace
 
-bool peer_allreduce_supported(const PeerAllReduceParams& p) {
+template <typename T>
+bool peer_allreduce_supported(const PeerAllReduceParams<T>& p) {
   int blocks = 0;
   int64_t per = 0;
-  return p.ranks >= 2 && p.ranks <= kPeerMaxRanks && p.rank >= 0 && p.rank < p.ranks &&
-         p.sequence != nullptr && aligned_to(p.data, 16) && plan(p, &blocks, &per);
+  return plan(p, &blocks, &per);
 }
 
-cudaError_t launch_peer_allreduce(const PeerAllReduceParams& p, cudaStream_t stream) {
+template <typename T>
+cudaError_t launch_peer_allreduce(const PeerAllReduceParams<T>& p, cudaStream_t stream) {
   int blocks = 0;
   int64_t per = 0;
-  if (!peer_allreduce_supported(p) || !plan(p, &blocks, &per)) return cudaErrorInvalidValue;
+  if (!plan(p, &blocks, &per)) return cudaErrorInvalidValue;
   PeerBuffers bufs{};
   for (int r = 0; r < p.ranks; ++r) {
     if (p.buffers[r] == nullptr) return cudaErrorInvalidValue;
@@ -145,22 +150,17 @@ cudaError_t launch_peer_allreduce(const PeerAllReduceParams& p, cudaStream_t str
   LaunchShape shape;
   shape.grid = dim3(blocks);
   shape.block = dim3(kThreads);
-  switch (p.dtype) {
-    case PeerDType::kFloat32:
-      return launch_kernel(shape, stream, peer_allreduce_kernel<float>,
-                           static_cast<float*>(p.data), p.count, per, bufs, p.sequence, p.rank,
-                           p.ranks, p.timeout_ns);
-    case PeerDType::kFloat16:
-      return launch_kernel(shape, stream, peer_allreduce_kernel<__half>,
-                           static_cast<__half*>(p.data), p.count, per, bufs, p.sequence, p.rank,
-                           p.ranks, p.timeout_ns);
-    case PeerDType::kBFloat16:
-      return launch_kernel(shape, stream, peer_allreduce_kernel<__nv_bfloat16>,
-                           static_cast<__nv_bfloat16*>(p.data), p.count, per, bufs, p.sequence,
-                           p.rank, p.ranks, p.timeout_ns);
-  }
-  return cudaErrorInvalidValue;
+  return launch_kernel(shape, stream, peer_allreduce_kernel<T>, p.data, p.count, per, bufs,
+                       p.sequence, p.rank, p.ranks, p.timeout_ns);
 }
+
+#define WF_PEER_INSTANTIATE(T)                                                   \
+  template bool peer_allreduce_supported<T>(const PeerAllReduceParams<T>&);      \
+  template cudaError_t launch_peer_allreduce<T>(const PeerAllReduceParams<T>&, cudaStream_t);
+WF_PEER_INSTANTIATE(float)
+WF_PEER_INSTANTIATE(__half)
+WF_PEER_INSTANTIATE(__nv_bfloat16)
+#undef WF_PEER_INSTANTIATE
 
 }  // namespace kernels
 }  // namespace warpformer

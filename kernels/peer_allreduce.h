@@ -36,12 +36,11 @@ constexpr int64_t kPeerDataOffset = 4096;
 constexpr int64_t kPeerBufferBytes = kPeerDataOffset + 2 * kPeerMaxBytes;
 static_assert(kPeerFlagBytes <= kPeerDataOffset, "flags overlap the data slots");
 
-enum class PeerDType { kFloat32, kFloat16, kBFloat16 };
-
+// T: float, __half or __nv_bfloat16.
+template <typename T>
 struct PeerAllReduceParams {
-  void* data = nullptr;         // [count] elements, 16-byte aligned; summed in place
+  T* data = nullptr;            // [count] elements, 16-byte aligned; summed in place
   int64_t count = 0;
-  PeerDType dtype = PeerDType::kFloat32;
   char* buffers[kPeerMaxRanks] = {};  // every rank's exchange buffer, as mapped here
   uint32_t* sequence = nullptr;  // [kPeerMaxBlocks] this rank's call counters (device memory)
   int rank = 0, ranks = 0;
@@ -49,11 +48,13 @@ struct PeerAllReduceParams {
 };
 
 // True when one call can carry the message: 16-byte aligned data, at most kPeerMaxBytes.
-bool peer_allreduce_supported(const PeerAllReduceParams& p);
+template <typename T>
+bool peer_allreduce_supported(const PeerAllReduceParams<T>& p);
 
 // Launches the call on `stream` (every rank must make the same sequence of calls with the same
 // counts). cudaErrorInvalidValue when peer_allreduce_supported() is false.
-cudaError_t launch_peer_allreduce(const PeerAllReduceParams& p, cudaStream_t stream);
+template <typename T>
+cudaError_t launch_peer_allreduce(const PeerAllReduceParams<T>& p, cudaStream_t stream);
 
 }  // namespace kernels
 }  // namespace warpformer

@@ -7,6 +7,13 @@
 
 namespace warpformer {
 
+DeviceScope::DeviceScope(int device) {
+  WF_CUDA_CHECK(cudaGetDevice(&prev_));
+  WF_CUDA_CHECK(cudaSetDevice(device));
+}
+
+DeviceScope::~DeviceScope() { cudaSetDevice(prev_); }
+
 DeviceBuffer::DeviceBuffer(DeviceAllocator* alloc, size_t bytes, cudaStream_t stream)
     : alloc_(alloc), bytes_(bytes) {
   TORCH_INTERNAL_ASSERT(alloc != nullptr, "DeviceBuffer needs an allocator");
@@ -38,13 +45,11 @@ cublasLtHandle_t cublaslt_handle(int device) {
   std::lock_guard<std::mutex> lock(mu);
   auto it = handles.find(device);
   if (it != handles.end()) return it->second;
-  int prev = 0;
-  WF_CUDA_CHECK(cudaGetDevice(&prev));
-  WF_CUDA_CHECK(cudaSetDevice(device));
   cublasLtHandle_t h = nullptr;
-  const cublasStatus_t st = cublasLtCreate(&h);
-  WF_CUDA_CHECK(cudaSetDevice(prev));
-  WF_CUBLAS_CHECK(st);
+  {
+    const DeviceScope scope(device);
+    WF_CUBLAS_CHECK(cublasLtCreate(&h));
+  }
   handles.emplace(device, h);
   return h;
 }

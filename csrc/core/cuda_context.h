@@ -13,6 +13,19 @@
 
 namespace warpformer {
 
+// Makes `device` current for the enclosing scope and restores the caller's device when it ends
+// (also when an exception leaves it). Throws if either device cannot be queried or set.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device);
+  ~DeviceScope();
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int prev_ = 0;
+};
+
 class DeviceAllocator {
  public:
   virtual ~DeviceAllocator() = default;

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "csrc/core/check.h"
+#include "csrc/core/cuda_context.h"
 #include "kernels/peer_allreduce.h"
 
 namespace warpformer {
@@ -20,16 +21,6 @@ ncclDataType_t nccl_type(DType t) {
   }
   TORCH_INTERNAL_ASSERT(false, "bad DType");
 }
-
-// Restores the calling thread's current device on scope exit.
-struct DeviceScope {
-  int prev = 0;
-  explicit DeviceScope(int device) {
-    WF_CUDA_CHECK(cudaGetDevice(&prev));
-    WF_CUDA_CHECK(cudaSetDevice(device));
-  }
-  ~DeviceScope() { cudaSetDevice(prev); }
-};
 
 }  // namespace
 

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "csrc/core/check.h"
+#include "csrc/core/cuda_context.h"
 #include "kernels/peer_allreduce.h"
 
 namespace warpformer {
@@ -20,31 +21,12 @@ struct alignas(16) Record {
 };
 static_assert(sizeof(Record) == 128, "Record is exchanged as 32 floats");
 
-// Restores the calling thread's current device on scope exit.
-struct DeviceScope {
-  int prev = 0;
-  explicit DeviceScope(int device) {
-    WF_CUDA_CHECK(cudaGetDevice(&prev));
-    WF_CUDA_CHECK(cudaSetDevice(device));
-  }
-  ~DeviceScope() { cudaSetDevice(prev); }
-};
-
 // A CUDA call whose failure only disqualifies the path: the error is cleared and described.
 bool soft(cudaError_t e, const char* what, std::string* why) {
   if (e == cudaSuccess) return true;
   (void)cudaGetLastError();
   if (why->empty()) *why = std::string(what) + ": " + cudaGetErrorString(e);
   return false;
-}
-
-kernels::PeerDType peer_dtype(DType t) {
-  switch (t) {
-    case DType::kFloat32: return kernels::PeerDType::kFloat32;
-    case DType::kFloat16: return kernels::PeerDType::kFloat16;
-    case DType::kBFloat16: return kernels::PeerDType::kBFloat16;
-  }
-  TORCH_INTERNAL_ASSERT(false, "bad DType");
 }
 
 }  // namespace
@@ -168,35 +150,33 @@ PeerAllReduce::~PeerAllReduce() {
   cudaSetDevice(prev);
 }
 
-namespace {
-kernels::PeerAllReduceParams params_for(void* data, int64_t count, DType dtype, int rank,
-                                        int ranks, const std::vector<char*>& buffers,
-                                        uint32_t* sequence, uint64_t timeout_ns) {
-  kernels::PeerAllReduceParams p;
-  p.data = data;
+template <typename T>
+kernels::PeerAllReduceParams<T> PeerAllReduce::params(void* data, int64_t count) const {
+  kernels::PeerAllReduceParams<T> p;
+  p.data = static_cast<T*>(data);
   p.count = count;
-  p.dtype = peer_dtype(dtype);
-  for (int r = 0; r < ranks; ++r) p.buffers[r] = buffers[r];
-  p.sequence = sequence;
-  p.rank = rank;
-  p.ranks = ranks;
-  p.timeout_ns = timeout_ns;
+  for (int r = 0; r < ranks_; ++r) p.buffers[r] = buffers_[r];
+  p.sequence = sequence_;
+  p.rank = rank_;
+  p.ranks = ranks_;
+  p.timeout_ns = timeout_ns_;
   return p;
 }
-}  // namespace
 
 bool PeerAllReduce::supports(const void* data, int64_t count, DType dtype) const {
-  return kernels::peer_allreduce_supported(params_for(const_cast<void*>(data), count, dtype,
-                                                      rank_, ranks_, buffers_, sequence_,
-                                                      timeout_ns_));
+  return WF_DISPATCH_FLOATING(dtype, "PeerAllReduce", [&] {
+    return kernels::peer_allreduce_supported(
+        params<scalar_t>(const_cast<void*>(data), count));
+  });
 }
 
 bool PeerAllReduce::run(void* data, int64_t count, DType dtype, cudaStream_t stream) {
-  const kernels::PeerAllReduceParams p =
-      params_for(data, count, dtype, rank_, ranks_, buffers_, sequence_, timeout_ns_);
-  if (!kernels::peer_allreduce_supported(p)) return false;
-  WF_CUDA_CHECK(kernels::launch_peer_allreduce(p, stream));
-  return true;
+  return WF_DISPATCH_FLOATING(dtype, "PeerAllReduce", [&] {
+    const kernels::PeerAllReduceParams<scalar_t> p = params<scalar_t>(data, count);
+    if (!kernels::peer_allreduce_supported(p)) return false;
+    WF_CUDA_CHECK(kernels::launch_peer_allreduce(p, stream));
+    return true;
+  });
 }
 
 }  // namespace warpformer

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "csrc/core/communicator.h"
+#include "kernels/peer_allreduce.h"
 
 namespace warpformer {
 
@@ -35,6 +36,8 @@ class PeerAllReduce {
 
  private:
   PeerAllReduce() = default;
+  template <typename T>
+  kernels::PeerAllReduceParams<T> params(void* data, int64_t count) const;
 
   int rank_ = 0, ranks_ = 0, device_ = 0;
   uint64_t timeout_ns_ = 0;

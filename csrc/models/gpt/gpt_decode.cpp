@@ -56,12 +56,9 @@ struct Carve {
 
 void GptModel::enter_decode_stream() {
   if (decode_stream_ == nullptr) {
-    int prev = 0;
-    WF_CUDA_CHECK(cudaGetDevice(&prev));
-    WF_CUDA_CHECK(cudaSetDevice(ctx_->device()));
+    const DeviceScope scope(ctx_->device());
     WF_CUDA_CHECK(cudaStreamCreateWithFlags(&decode_stream_, cudaStreamNonBlocking));
     WF_CUDA_CHECK(cudaEventCreateWithFlags(&order_event_, cudaEventDisableTiming));
-    WF_CUDA_CHECK(cudaSetDevice(prev));
   }
   caller_stream_ = ctx_->stream();
   WF_CUDA_CHECK(cudaEventRecord(order_event_, caller_stream_));

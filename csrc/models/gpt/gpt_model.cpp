@@ -122,10 +122,8 @@ size_t GptModel::layout(void* base, int64_t t, int64_t rows, layers::LayerBuffer
   b.o = b.p;
   // qkv, q and the attention output are dead once the attention projection ran, before the
   // MLP hidden is written: one region serves both.
-  char* region = static_cast<char*>(c.take(0));
   const size_t attn_bytes = align_up(t * 3 * lh * es) + 2 * align_up(t * lh * es);
-  const size_t region_bytes = std::max(attn_bytes, align_up(t * li * es));
-  c.take(region_bytes);
+  char* region = static_cast<char*>(c.take(std::max(attn_bytes, align_up(t * li * es))));
   if (region != nullptr) {
     b.qkv = region;
     b.q = region + align_up(t * 3 * lh * es);
