@@ -215,3 +215,34 @@ def megatron_from_gpt2(model: transformers.GPT2LMHeadModel, root: Path, tp: int,
             torch.save(state, it_dir / name / "model_optim_rng.pt")
     (root / "latest_checkpointed_iteration.txt").write_text("10")
     return root
+
+
+# HF class of each config type, for the GPU tests that build models at their own sizes.
+ARCH_CLASSES = {
+    transformers.GPT2Config: transformers.GPT2LMHeadModel,
+    transformers.OPTConfig: transformers.OPTForCausalLM,
+    transformers.BloomConfig: transformers.BloomForCausalLM,
+    transformers.GPTJConfig: transformers.GPTJForCausalLM,
+    transformers.GPTNeoXConfig: transformers.GPTNeoXForCausalLM,
+}
+
+
+def make_hf(cfg: transformers.PretrainedConfig, seed: int,
+            peak: float = 1.0) -> transformers.PreTrainedModel:
+    """A random HF model on the GPU in fp32 (eager attention), norms and biases drawn at random
+    too. ``peak`` > 1 scales the output embedding so that top-1 margins exceed numerical noise
+    (greedy comparisons)."""
+    torch.manual_seed(seed)
+    cfg._attn_implementation = "eager"
+    with torch.device("cuda"):
+        model = ARCH_CLASSES[type(cfg)](cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or "ln_" in name:
+                p.copy_(1.0 + 0.1 * torch.randn_like(p) if name.endswith("weight")
+                        else 0.1 * torch.randn_like(p))
+            elif name.endswith("bias"):
+                p.normal_(0, 0.05)
+        if peak != 1.0:
+            model.get_output_embeddings().weight.mul_(peak)
+    return model.eval()

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from _models import make_hf
 
 import warpformer  # noqa: F401
 from warpformer import lambada
@@ -37,27 +38,6 @@ SHAPES = {  # head sizes 64
                                             rotary_dim=32, n_positions=512, bos_token_id=1,
                                             eos_token_id=2),
 }
-CLASSES = {transformers.GPT2Config: transformers.GPT2LMHeadModel,
-           transformers.BloomConfig: transformers.BloomForCausalLM,
-           transformers.GPTJConfig: transformers.GPTJForCausalLM}
-
-
-def make_hf(cfg, seed: int, peak: float) -> transformers.PreTrainedModel:
-    """Random HF model on the GPU (fp32, eager); the output embedding is scaled by ``peak`` so
-    top-1 margins exceed numerical noise."""
-    torch.manual_seed(seed)
-    cfg._attn_implementation = "eager"
-    with torch.device("cuda"):
-        model = CLASSES[type(cfg)](cfg)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name or "ln_" in name:
-                p.copy_(1.0 + 0.1 * torch.randn_like(p) if name.endswith("weight")
-                        else 0.1 * torch.randn_like(p))
-            elif name.endswith("bias"):
-                p.normal_(0, 0.05)
-        model.get_output_embeddings().weight.mul_(peak)
-    return model.eval()
 
 
 _cache: dict = {}

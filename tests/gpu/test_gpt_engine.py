@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from _models import make_hf
 
 import warpformer  # noqa: F401
 from warpformer.converters import convert
@@ -65,33 +66,6 @@ REAL = {
         vocab_size=50304, hidden_size=2560, num_attention_heads=32, num_hidden_layers=2,
         intermediate_size=10240, rotary_pct=0.25, use_parallel_residual=True),
 }
-
-ARCH_CLASSES = {
-    transformers.GPT2Config: transformers.GPT2LMHeadModel,
-    transformers.OPTConfig: transformers.OPTForCausalLM,
-    transformers.BloomConfig: transformers.BloomForCausalLM,
-    transformers.GPTJConfig: transformers.GPTJForCausalLM,
-    transformers.GPTNeoXConfig: transformers.GPTNeoXForCausalLM,
-}
-
-
-def make_hf(cfg: transformers.PretrainedConfig, seed: int, peak: float = 1.0):
-    """A random HF model on the GPU in fp32 (eager attention). `peak` > 1 scales the output
-    embedding so that top-1 margins exceed numerical noise (greedy comparisons)."""
-    torch.manual_seed(seed)
-    cfg._attn_implementation = "eager"
-    with torch.device("cuda"):
-        model = ARCH_CLASSES[type(cfg)](cfg)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name or "ln_" in name:
-                p.copy_(1.0 + 0.1 * torch.randn_like(p) if name.endswith("weight")
-                        else 0.1 * torch.randn_like(p))
-            elif name.endswith("bias"):
-                p.normal_(0, 0.05)
-        if peak != 1.0:
-            model.get_output_embeddings().weight.mul_(peak)
-    return model.eval()
 
 
 @pytest.fixture(scope="module")

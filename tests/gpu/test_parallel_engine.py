@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from _models import ARCH_CLASSES
 
 import warpformer
 from warpformer.converters import convert
@@ -33,9 +34,6 @@ SHAPES = {
                                             rotary_dim=32, n_positions=512, bos_token_id=1,
                                             eos_token_id=2),
 }
-CLASSES = {transformers.GPT2Config: transformers.GPT2LMHeadModel,
-           transformers.BloomConfig: transformers.BloomForCausalLM,
-           transformers.GPTJConfig: transformers.GPTJForCausalLM}
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +44,7 @@ def checkpoints(tmp_path_factory):
     for i, (name, make) in enumerate(SHAPES.items()):
         torch.manual_seed(i)
         cfg = make()
-        model = CLASSES[type(cfg)](cfg)
+        model = ARCH_CLASSES[type(cfg)](cfg)
         with torch.no_grad():
             # Peaked: a strong token signal in the residual stream (input embeddings scaled up;
             # BLOOM normalises it away) read out by the output embeddings (GPT-2 and BLOOM tie
