@@ -31,11 +31,17 @@ constexpr int kColVecs = 8;                    // column vectors per [k, n] tile
 constexpr int kSlices = kThreads / kColVecs;   // k-slices per block
 constexpr int kMaxSplit = 8;                   // portable cluster size
 constexpr int kRowsPerWarp = 2;                // output columns per warp, [n, k] weights
+static_assert(kEarlyStartRows == kGemvPreferredRowsKN,
+              "the kernels ahead of a GEMV start it early exactly when it runs");
 
 // Weights are read exactly once per call: stream them past L1 (evict-first) so they do not push
 // the activations and the KV cache out.
 __device__ __forceinline__ int4 load_stream(const void* p) {
   return __ldcs(reinterpret_cast<const int4*>(p));
+}
+
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
 template <typename T>
@@ -58,7 +64,6 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int V = 16 / sizeof(T);
   constexpr int kTileCols = kColVecs * V;
   constexpr int kOut = M * kTileCols;  // a block's outputs, [M][kTileCols]
-  wait_for_prior_kernels();
   __shared__ float red[kWarps][kOut];
   __shared__ float part[kOut];
 
@@ -75,25 +80,50 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int e = 0; e < V; ++e) acc[m][e] = 0.f;
   }
-  if (col < p.n) {
-    const T* w = p.weight + col;
-    // kbeg, kchunk and k are multiples of V, so a step never crosses kend.
-#pragma unroll(M <= 4 ? 2 : 1)
-    for (int k0 = kbeg + s * V; k0 < kend; k0 += kSlices * V) {
-      int4 wv[V];
+  // kbeg, kchunk and k are multiples of V, so a step never crosses kend. When the weight is
+  // static, the first step's weights are loaded before waiting for the previous kernel, so they
+  // stream while it finishes; a block with at most two steps also asks L2 for its second one.
+  constexpr int kStep = kSlices * V;
+  const T* w = p.weight + col;
+  auto load_step = [&](int k0, int4 (&wv)[V]) {
 #pragma unroll
-      for (int j = 0; j < V; ++j) wv[j] = load_stream(w + static_cast<int64_t>(k0 + j) * p.n);
+    for (int j = 0; j < V; ++j) wv[j] = load_stream(w + static_cast<int64_t>(k0 + j) * p.n);
+  };
+  auto fma_step = [&](int k0, const int4 (&wv)[V]) {
 #pragma unroll
-      for (int m = 0; m < M; ++m) {
-        float x[V];
-        load_vec<T, V>(p.in + static_cast<int64_t>(m) * p.k + k0, x);
+    for (int m = 0; m < M; ++m) {
+      float x[V];
+      load_vec<T, V>(p.in + static_cast<int64_t>(m) * p.k + k0, x);
 #pragma unroll
-        for (int j = 0; j < V; ++j) {
-          const T* wr = reinterpret_cast<const T*>(&wv[j]);
+      for (int j = 0; j < V; ++j) {
+        const T* wr = reinterpret_cast<const T*>(&wv[j]);
 #pragma unroll
-          for (int e = 0; e < V; ++e) acc[m][e] = fmaf(x[j], to_float(wr[e]), acc[m][e]);
-        }
+        for (int e = 0; e < V; ++e) acc[m][e] = fmaf(x[j], to_float(wr[e]), acc[m][e]);
       }
+    }
+  };
+  int k0 = kbeg + s * V;
+  const bool early = p.prefetch_weight && col < p.n && k0 < kend;
+  int4 first[V];
+  if (early) {
+    load_step(k0, first);
+    if (kend - kbeg <= 2 * kStep && k0 + kStep < kend) {
+#pragma unroll
+      for (int j = 0; j < V; ++j) prefetch_l2(w + static_cast<int64_t>(k0 + kStep + j) * p.n);
+    }
+  }
+  wait_for_prior_kernels();
+  start_next_kernel();
+  if (col < p.n) {
+    if (early) {
+      fma_step(k0, first);
+      k0 += kStep;
+    }
+#pragma unroll(M <= 4 ? 2 : 1)
+    for (; k0 < kend; k0 += kStep) {
+      int4 wv[V];
+      load_step(k0, wv);
+      fma_step(k0, wv);
     }
   }
 
@@ -154,6 +184,7 @@ template <typename T, int M>
 __global__ void __launch_bounds__(kThreads) gemv_nk_kernel(const GemvParams<T> p) {
   constexpr int V = 16 / sizeof(T);
   wait_for_prior_kernels();
+  start_next_kernel();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int row0 = (blockIdx.x * kWarps + warp) * kRowsPerWarp;
   if (row0 >= p.n) return;  // warp-uniform

@@ -35,6 +35,11 @@ struct GemvParams {
   bool transposed = false;
   Activation act = Activation::kIdentity;  // applied to (in . W + bias)
   float beta = 0.f;       // 0: out is write-only
+  // The weight is not written by the kernel just before this one on the stream (model weights,
+  // written once at load time): a [k, n] product then starts streaming it before waiting for
+  // that kernel (programmatic dependent launch, kernels/common.cuh), so the first loads overlap
+  // the previous kernel instead of following it.
+  bool prefetch_weight = false;
 };
 
 // True when launch_gemv can run these parameters: 1 <= m <= kGemvMaxRows, k (and n when not

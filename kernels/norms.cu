@@ -62,6 +62,7 @@ __device__ __forceinline__ void store_normed(const NormParams<T>& p, int64_t row
 template <typename T, int VEC, int ITEMS>
 __global__ void __launch_bounds__(kMaxThreads) norm_kernel(const NormParams<T> p) {
   wait_for_prior_kernels();
+  if (p.rows <= kEarlyStartRows) start_next_kernel();  // decode-sized: a GEMV follows
   __shared__ float scratch[32];
   const int64_t row_off = static_cast<int64_t>(blockIdx.x) * p.hidden;
   const int nvec = p.hidden / VEC;

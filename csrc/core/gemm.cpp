@@ -246,6 +246,7 @@ bool Gemm::try_gemv(DType dtype, const void* in, const void* weight, const void*
     p.transposed = transposed;
     p.act = act;
     p.beta = beta;
+    p.prefetch_weight = static_weights_;
     if (!kernels::gemv_supported(p)) return false;
     WF_CUDA_CHECK(kernels::launch_gemv(p, ctx_->device(), ctx_->stream()));
     return true;

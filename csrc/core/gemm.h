@@ -84,6 +84,12 @@ class Gemm {
   enum class GemvPolicy { kNever, kPreferred, kAlways };
   void set_gemv_policy(GemvPolicy policy) { gemv_policy_ = policy; }
 
+  // Promise that no weight passed to this Gemm is written by the kernel just before the product
+  // on the stream (true of model weights, written once at load time). The GEMV then starts
+  // streaming the weight while that kernel is still running (kernels::GemvParams::
+  // prefetch_weight). Off by default: the `warpformer.gemm` op cannot promise it.
+  void set_static_weights(bool on) { static_weights_ = on; }
+
   // Number of distinct shapes planned so far (for tests and the tuner).
   size_t cached_plans() const;
 
@@ -124,6 +130,7 @@ class Gemm {
 
   const CudaContext* ctx_;
   GemvPolicy gemv_policy_ = GemvPolicy::kPreferred;
+  bool static_weights_ = false;
   mutable std::mutex mu_;
   std::unordered_map<GemmKey, std::unique_ptr<Plan>, GemmKeyHash> plans_;
   std::unordered_map<GemmKey, int, GemmKeyHash> tuned_;  // heuristic index per shape

@@ -55,6 +55,7 @@ template <typename T, int D>
 __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const DecodeAttentionParams<T> p,
                                                                     int splits, int chunk) {
   wait_for_prior_kernels();
+  if (gridDim.y <= kEarlyStartRows) start_next_kernel();  // batch-1..8 decode: a GEMV follows
   using S = DecodeShape<T, D>;
   constexpr int VEC = S::VEC, NVEC = S::NVEC, TPK = S::TPK, NV = S::NV, NGROUPS = S::NGROUPS;
   extern __shared__ float smem[];
@@ -233,6 +234,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const Dec
 template <typename T>
 __global__ void decode_combine_kernel(const DecodeAttentionParams<T> p, int splits, int chunk) {
   wait_for_prior_kernels();
+  if (gridDim.x <= kEarlyStartRows * p.heads) start_next_kernel();
   const int rh = blockIdx.x;  // row * heads + head
   const int row = rh / p.heads;
   const int d = threadIdx.x;

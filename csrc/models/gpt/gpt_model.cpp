@@ -55,6 +55,10 @@ GptModel::GptModel(GptConfig cfg, GptWeights weights, DType dtype,
       max_batch_(max_batch),
       max_seq_len_(max_seq_len) {
   TORCH_CHECK(max_batch_ > 0, "GptModel: max_batch must be positive, got ", max_batch_);
+  // The weights are written only before the model is built; every forward starts with the
+  // embedding (or a pipeline receive), never with a product, so no product's weight is written
+  // by the kernel just before it.
+  gemm_->set_static_weights(true);
   TORCH_CHECK(max_seq_len_ > 0, "GptModel: max_seq_len must be positive, got ", max_seq_len_);
   if (cfg_.has_positional_encoding) {
     TORCH_CHECK(max_seq_len_ <= cfg_.max_pos_seq_len, "GptModel: max_seq_len (", max_seq_len_,
