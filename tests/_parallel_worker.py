@@ -14,7 +14,7 @@ from warpformer import distributed
 
 def run(model_dir: str, tp: int, pp: int, dtype: torch.dtype, out: str, steps: int) -> None:
     model = warpformer.GPT.from_pretrained(model_dir, dtype=dtype, tensor_para_size=tp,
-                                           pipeline_para_size=pp, max_batch=8, max_seq_len=256,
+                                           pipeline_para_size=pp, max_batch=8, max_seq_len=320,
                                            backend="cuda")
     prompts = torch.load(out + ".prompts")
     res = {}
@@ -34,6 +34,15 @@ def run(model_dir: str, tp: int, pp: int, dtype: torch.dtype, out: str, steps: i
         tf_ids = prompts["tf_ids"] if "tf_ids" in prompts else g.sequences[:, 0].to(torch.int32)
         tf_lengths = prompts["lengths"] + steps
         res["tf_logits"] = model.logits(tf_ids, tf_lengths).float().cpu()
+    if dtype == torch.float32:
+        # 2,350 prompt tokens: several prefill groups (the test sets 1,024 tokens per group),
+        # so with pipeline parallelism the stages pass the groups along as micro-batches.
+        g2 = torch.Generator().manual_seed(7)
+        ids = torch.randint(3, 1000, (8, 300), generator=g2, dtype=torch.int32)
+        lengths = torch.tensor([300, 260, 300, 10, 300, 300, 280, 300], dtype=torch.int32)
+        res["grouped_greedy"] = model.generate(ids, 8, input_lengths=lengths,
+                                               end_id=999).sequences.cpu()
+        res["grouped_logits"] = model.logits(ids, lengths).float().cpu()
     ctx = distributed.get_context()
     if ctx is None or ctx.info.rank == 0:
         torch.save(res, out)

@@ -63,11 +63,11 @@ class GptModelHolder : public torch::CustomClassHolder {
   int64_t max_seq_len() const { return model_->max_seq_len(); }
   int64_t vocab_size() const { return model_->config().vocab_size; }
   int64_t device() const { return device_; }
-  // Bytes held for the KV cache and the workspace (grow-only; flat across equal calls).
   // Shapes whose cuBLASLt algorithm comes from the GEMM tuning file (0: heuristics only).
   int64_t gemm_tuned_shapes() const { return static_cast<int64_t>(model_->gemm().tuned_shapes()); }
   // One line about the GEMM tuning file: shapes loaded, or why it was not used ("" without one).
   std::string gemm_tuning_note() const { return gemm_note_; }
+  // Bytes held for the KV cache and the workspace (grow-only; flat across equal calls).
   int64_t memory_bytes() const {
     return static_cast<int64_t>(model_->kv_cache_bytes() + model_->workspace_bytes());
   }

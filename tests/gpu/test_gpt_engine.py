@@ -233,6 +233,61 @@ def test_ragged_batch_equals_single_rows(name, workdir):
         assert int(seq[b, 0]) == int(one_len[0, 0])
 
 
+# Prompts run through the layers in groups of whole sequences (GptModel's prefill groups; the
+# tests set the group size to 1,024 tokens with WARPFORMER_PREFILL_TOKENS, the tiny models' default
+# being far larger). Lengths chosen so that groups end before and after sequences of every size;
+# bloom (no position table) also gets sequences longer than a group.
+GROUP_LENGTHS = {
+    "short": [500, 3, 480, 500, 1, 500, 497, 250, 500],  # 3,231 tokens: 7 groups
+    "long": [1023, 2, 2500, 1, 900, 1200],               # [1023] [2] [2500] [1, 900] [1200]
+}
+
+
+@pytest.mark.parametrize("name", ["gpt2", "bloom", "gptj", "opt-350m-style"])
+def test_prefill_in_groups_matches_hf_and_single_rows(name, workdir, monkeypatch):
+    monkeypatch.setenv("WARPFORMER_PREFILL_TOKENS", "1024")
+    hf, path = converted(name, TINY, workdir, peak=4.0)
+    lengths = GROUP_LENGTHS["long" if name == "bloom" else "short"]
+    model = load_gpt_model(path, dtype=torch.float32, max_batch=len(lengths),
+                           max_seq_len=max(lengths) + 8)
+    ids, lens = random_batch(hf.config.vocab_size, lengths, seed=21)
+    ref = hf_logits_padded(hf, ids, lens)
+    ours = model.forward(ids, lens)
+    span = float(ref.max() - ref.min())
+    err = masked_err(ours, ref, lens)
+    assert err <= 1e-4 * span, f"{name}: grouped prefill logits err {err:.3e} vs range {span:.3f}"
+    mask = torch.arange(ids.shape[1], device="cuda")[None] >= lens[:, None]
+    assert float(ours[mask].abs().max()) == 0.0, "padded positions must stay zero"
+    out, seq = model.generate(ids, lens, 8)
+    for b, n in enumerate(lengths):
+        one, one_len = model.generate(ids[b:b + 1, :n].contiguous(), lens[b:b + 1], 8)
+        assert out[b, 0, : n + 8].tolist() == one[0, 0].tolist(), f"{name} row {b}"
+        assert int(seq[b, 0]) == int(one_len[0, 0])
+
+
+def test_prefill_activations_sized_for_one_group(workdir, monkeypatch):
+    """64 x 128 prompt tokens: the workspace holds one group's activations, not all 8,192."""
+    monkeypatch.setenv("WARPFORMER_PREFILL_TOKENS", "2048")
+    hf, path = converted("gpt2", TINY, workdir)
+    cfg = hf.config
+    model = load_gpt_model(path, dtype=torch.float16, max_batch=64, max_seq_len=136)
+    ids, lens = random_batch(cfg.vocab_size, [128] * 64, seed=2)
+    model.generate(ids, lens, 8)
+    kv = cfg.n_layer * 2 * 64 * 136 * cfg.n_embd * 2
+    all_tokens = 64 * 128 * 9 * cfg.n_embd * 2  # x, n, y, p and the qkv/q/attention region
+    workspace = model.memory_bytes() - kv
+    print(f"\nworkspace {workspace} bytes; activations of all prompt tokens {all_tokens} bytes")
+    assert workspace < all_tokens / 2
+
+
+def test_prefill_group_size_variable_checked(workdir, monkeypatch):
+    hf, path = converted("gpt2", TINY, workdir)
+    for bad in ("0", "-5", "12x"):
+        monkeypatch.setenv("WARPFORMER_PREFILL_TOKENS", bad)
+        with pytest.raises(RuntimeError, match="WARPFORMER_PREFILL_TOKENS must be a positive"):
+            load_gpt_model(path, dtype=torch.float16, max_batch=1, max_seq_len=64)
+
+
 def test_memory_flat_over_1000_calls(workdir):
     hf, path = converted("gpt2", TINY, workdir)
     model = load_gpt_model(path, dtype=torch.float16, max_batch=8, max_seq_len=128)

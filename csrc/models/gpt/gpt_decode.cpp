@@ -165,10 +165,8 @@ void GptModel::decode_start(const int32_t* ids, const std::vector<int32_t>& leng
   s.total = seq + output_len;
   s.opt = opt;
   s.out = out;
-  int64_t tokens = 0;
-  for (int32_t l : lengths) tokens += l;
   ensure_kv(s.rows, s.total);
-  ensure_activations(std::max(tokens, s.rows), s.rows);
+  ensure_activations(std::max(plan_prefill(lengths), s.rows), s.rows);
   const size_t need = session_layout(nullptr);
   if (need > state_need_) {
     state_.reset();
@@ -181,15 +179,21 @@ void GptModel::decode_start(const int32_t* ids, const std::vector<int32_t>& leng
 
   cudaStream_t stream = ctx_->stream();
   const int64_t rows = s.rows, batch = s.batch;
-  // The prompt is prefilled once per batch entry, into the KV slot of its beam 0.
-  prefill(ids, lengths, seq, s.beam);
+  // The prompt is prefilled once per batch entry, into the KV slot of its beam 0. Each group's
+  // last-token hidden states are kept (in proj, [batch, h]) for the first step's logits.
+  prefill(ids, lengths, seq, s.beam, [&](const PrefillGroup& g) {
+    const size_t row_bytes = cfg_.hidden() * dtype_size(dtype_);
+    WF_CUDA_CHECK(kernels::launch_gather_rows(static_cast<char*>(scratch().proj) + g.b0 * row_bytes,
+                                              buffers().n, d_last_ + g.b0, g.b1 - g.b0,
+                                              row_bytes, ctx_->stream()));
+  });
   std::vector<int32_t> host(8 * rows + 3 * batch + 1, 0);
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t b = r / s.beam;
     host[rows + r] = lengths[b] - 1;               // cur_pos: the newest prompt token
     host[2 * rows + r] = lengths[b];               // attn_len
     host[4 * rows + r] = static_cast<int32_t>(r);  // iota
-    host[6 * rows + r] = last_host_[b];            // first_rows
+    host[6 * rows + r] = static_cast<int32_t>(b);  // first_rows: the prompt's row in proj
     host[7 * rows + r] = lengths[b];               // in_len_rows
   }
   for (int64_t b = 0; b < batch; ++b) {
@@ -404,9 +408,9 @@ int64_t GptModel::decode_step(int64_t max_steps) {
       }
     }
     if (s.steps_done == 0) {
-      // First token of every row: logits of its last prompt token (prefill output).
+      // First token of every row: logits of its last prompt token (kept by decode_start).
       if (cfg_.last_stage()) {
-        WF_CUDA_CHECK(kernels::launch_gather_rows(scratch().last_rows, buffers().n,
+        WF_CUDA_CHECK(kernels::launch_gather_rows(scratch().last_rows, scratch().proj,
                                                   s.first_rows, s.rows,
                                                   cfg_.hidden() * dtype_size(dtype_), stream));
         logits(scratch().last_rows, s.rows, scratch().last_logits);

@@ -5,6 +5,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "csrc/core/check.h"
 #include "kernels/attention/attention.h"
@@ -55,6 +56,18 @@ GptModel::GptModel(GptConfig cfg, GptWeights weights, DType dtype,
       max_batch_(max_batch),
       max_seq_len_(max_seq_len) {
   TORCH_CHECK(max_batch_ > 0, "GptModel: max_batch must be positive, got ", max_batch_);
+  const char* group_env = std::getenv("WARPFORMER_PREFILL_TOKENS");
+  if (group_env != nullptr && *group_env != '\0') {
+    char* end = nullptr;
+    const long long v = std::strtoll(group_env, &end, 10);
+    TORCH_CHECK(*end == '\0' && v > 0, "GptModel: WARPFORMER_PREFILL_TOKENS must be a positive "
+                "number of tokens, got '", group_env, "'");
+    prefill_group_tokens_ = v;
+  } else {
+    const size_t per_token = layout(nullptr, 1024, 0, nullptr, nullptr) / 1024 + 1;
+    prefill_group_tokens_ = std::max<int64_t>(
+        kMinPrefillGroupTokens, static_cast<int64_t>(kPrefillGroupBytes / per_token));
+  }
   // The weights are written only before the model is built; every forward starts with the
   // embedding (or a pipeline receive), never with a product, so no product's weight is written
   // by the kernel just before it.
@@ -297,36 +310,60 @@ void GptModel::set_tensor_parallel(Communicator* comm) {
   comm_ = comm;
 }
 
-void GptModel::prefill(const int32_t* ids, const std::vector<int32_t>& lengths, int64_t seq,
-                       int64_t slot_stride) {
+int64_t GptModel::plan_prefill(const std::vector<int32_t>& lengths) {
+  int64_t total = 0;
+  for (int32_t l : lengths) total += l;
+  // As many groups as the budget needs, then about total / groups tokens each.
+  const int64_t n = (total + prefill_group_tokens_ - 1) / prefill_group_tokens_;
+  const int64_t target = (total + n - 1) / n;
+  groups_.clear();
+  PrefillGroup g;
+  int64_t t = 0, most = 0;
   const int64_t batch = static_cast<int64_t>(lengths.size());
-  int64_t tokens = 0;
-  int32_t max_len = 0;
-  for (int32_t l : lengths) {
-    tokens += l;
-    max_len = std::max(max_len, l);
-  }
-  // Host-side index arrays, uploaded in one copy.
-  std::vector<int32_t> host;
-  host.reserve(4 * tokens + 3 * batch + 1);
-  const size_t o_gather = 0, o_slot = tokens, o_pos = 2 * tokens, o_ids = 3 * tokens;
-  const size_t o_cu = 4 * tokens, o_iota = o_cu + batch + 1, o_last = o_iota + batch;
-  host.resize(o_last + batch);
-  int64_t t = 0;
-  last_host_.resize(batch);
   for (int64_t b = 0; b < batch; ++b) {
-    const auto slot = static_cast<int32_t>(b * slot_stride);
-    host[o_cu + b] = static_cast<int32_t>(t);
-    host[o_iota + b] = slot;  // seq_slot of the context attention
-    for (int32_t i = 0; i < lengths[b]; ++i, ++t) {
-      host[o_gather + t] = static_cast<int32_t>(b * seq + i);
-      host[o_slot + t] = slot;
-      host[o_pos + t] = i;
+    if (g.b1 > g.b0 && t + lengths[b] - g.t0 > target) {
+      g.t1 = t;
+      most = std::max(most, g.tokens());
+      groups_.push_back(g);
+      g = PrefillGroup{b, b, t, t, 0};
     }
-    host[o_last + b] = static_cast<int32_t>(t - 1);
-    last_host_[b] = static_cast<int32_t>(t - 1);
+    g.b1 = b + 1;
+    g.max_len = std::max(g.max_len, lengths[b]);
+    t += lengths[b];
   }
-  host[o_cu + batch] = static_cast<int32_t>(t);
+  g.t1 = t;
+  most = std::max(most, g.tokens());
+  groups_.push_back(g);
+  return most;
+}
+
+void GptModel::prefill(const int32_t* ids, const std::vector<int32_t>& lengths, int64_t seq,
+                       int64_t slot_stride,
+                       const std::function<void(const PrefillGroup&)>& done) {
+  const int64_t batch = static_cast<int64_t>(lengths.size());
+  const int64_t tokens = groups_.back().t1;
+  const int64_t n_groups = static_cast<int64_t>(groups_.size());
+  // Host-side index arrays, uploaded in one copy.
+  const size_t o_gather = 0, o_slot = tokens, o_pos = 2 * tokens, o_ids = 3 * tokens;
+  const size_t o_cu = 4 * tokens, o_iota = o_cu + batch + n_groups, o_last = o_iota + batch;
+  std::vector<int32_t> host(o_last + batch);
+  int64_t t = 0;
+  for (int64_t gi = 0; gi < n_groups; ++gi) {
+    const PrefillGroup& g = groups_[gi];
+    int32_t* cu = host.data() + o_cu + g.b0 + gi;  // the group's b1 - b0 + 1 entries
+    for (int64_t b = g.b0; b < g.b1; ++b) {
+      const auto slot = static_cast<int32_t>(b * slot_stride);
+      cu[b - g.b0] = static_cast<int32_t>(t - g.t0);
+      host[o_iota + b] = slot;  // seq_slot of the context attention
+      for (int32_t i = 0; i < lengths[b]; ++i, ++t) {
+        host[o_gather + t] = static_cast<int32_t>(b * seq + i);
+        host[o_slot + t] = slot;
+        host[o_pos + t] = i;
+      }
+      host[o_last + b] = static_cast<int32_t>(t - 1 - g.t0);
+    }
+    cu[g.b1 - g.b0] = static_cast<int32_t>(t - g.t0);
+  }
   const int64_t ints = static_cast<int64_t>(host.size());
   if (ints > meta_ints_) {
     meta_.reset();
@@ -344,29 +381,36 @@ void GptModel::prefill(const int32_t* ids, const std::vector<int32_t>& lengths, 
   d_cu_ = base + o_cu;
   d_iota_ = base + o_iota;
   d_last_ = base + o_last;
-  tokens_ = tokens;
-  batch_ = batch;
 
   if (cfg_.first_stage()) {
     WF_CUDA_CHECK(kernels::launch_gather_rows(d_ids_, ids, d_gather_, tokens, sizeof(int32_t),
                                               ctx_->stream()));
-    embed(d_ids_, d_pos_, tokens, seq);
-  } else {
-    stage_recv(tokens);
   }
-  layers::AttentionInputs ai{};
-  ai.num_slots = static_cast<int>(kv_slots_);
-  ai.max_seq = static_cast<int>(kv_seq_);
-  ai.token_slot = d_slot_;
-  ai.token_pos = d_pos_;
-  ai.alibi_slopes = alibi_.as<float>();
-  ai.decode = false;
-  ai.cu_seqlens = d_cu_;
-  ai.seq_slot = d_iota_;
-  ai.batch = static_cast<int>(batch);
-  ai.max_seqlen = max_len;
-  run_layers(tokens, ai);
-  if (!cfg_.last_stage()) stage_send(tokens);
+  for (int64_t gi = 0; gi < n_groups; ++gi) {
+    const PrefillGroup& g = groups_[gi];
+    if (cfg_.first_stage()) {
+      embed(d_ids_ + g.t0, d_pos_ + g.t0, g.tokens(), seq);
+    } else {
+      stage_recv(g.tokens());
+    }
+    layers::AttentionInputs ai{};
+    ai.num_slots = static_cast<int>(kv_slots_);
+    ai.max_seq = static_cast<int>(kv_seq_);
+    ai.token_slot = d_slot_ + g.t0;
+    ai.token_pos = d_pos_ + g.t0;
+    ai.alibi_slopes = alibi_.as<float>();
+    ai.decode = false;
+    ai.cu_seqlens = d_cu_ + g.b0 + gi;
+    ai.seq_slot = d_iota_ + g.b0;
+    ai.batch = static_cast<int>(g.b1 - g.b0);
+    ai.max_seqlen = g.max_len;
+    run_layers(g.tokens(), ai);
+    if (cfg_.last_stage()) {
+      done(g);
+    } else {
+      stage_send(g.tokens());
+    }
+  }
 }
 
 void GptModel::stage_recv(int64_t tokens) {
@@ -405,29 +449,32 @@ void GptModel::broadcast_from_last_stage(void* data, int64_t bytes) {
 void GptModel::forward(const int32_t* ids, const std::vector<int32_t>& lengths, int64_t seq,
                        void* logits_out) {
   const int64_t batch = static_cast<int64_t>(lengths.size());
-  int64_t tokens = 0;
-  for (int32_t l : lengths) tokens += l;
   ensure_kv(batch, seq);
-  ensure_activations(tokens, batch);
-  prefill(ids, lengths, seq);
+  const int64_t group_tokens = plan_prefill(lengths);
+  ensure_activations(group_tokens, batch);
   const int64_t v = cfg_.vocab_size, vp = cfg_.vocab_padded();
-  if (!cfg_.last_stage()) {  // the last stage computes the logits and shares them
-    broadcast_from_last_stage(logits_out, batch * seq * v * dtype_size(dtype_));
-    return;
-  }
   const size_t es = dtype_size(dtype_);
   const size_t row_bytes = v * es;
-  DeviceBuffer packed(ctx_->allocator(), tokens * vp * es, ctx_->stream());
-  logits(buffers().n, tokens, packed.data());
-  if (vp != v) {  // drop the vocab padding: [T, vp] -> [T, v] in place (rows move down)
-    DeviceBuffer compact(ctx_->allocator(), tokens * row_bytes, ctx_->stream());
-    WF_CUDA_CHECK(cudaMemcpy2DAsync(compact.data(), row_bytes, packed.data(), vp * es, row_bytes,
-                                    tokens, cudaMemcpyDeviceToDevice, ctx_->stream()));
-    packed = std::move(compact);
+  DeviceBuffer packed, compact;
+  if (cfg_.last_stage()) {
+    // One group's logits at a time: [tokens, vp], then without the vocab padding [tokens, v].
+    packed = DeviceBuffer(ctx_->allocator(), group_tokens * vp * es, ctx_->stream());
+    if (vp != v) compact = DeviceBuffer(ctx_->allocator(), group_tokens * row_bytes, ctx_->stream());
+    WF_CUDA_CHECK(cudaMemsetAsync(logits_out, 0, batch * seq * row_bytes, ctx_->stream()));
   }
-  WF_CUDA_CHECK(cudaMemsetAsync(logits_out, 0, batch * seq * row_bytes, ctx_->stream()));
-  WF_CUDA_CHECK(kernels::launch_scatter_rows(logits_out, packed.data(), d_gather_, tokens,
-                                             row_bytes, ctx_->stream()));
+  prefill(ids, lengths, seq, 1, [&](const PrefillGroup& g) {
+    logits(buffers().n, g.tokens(), packed.data());
+    const void* rows = packed.data();
+    if (vp != v) {  // drop the vocab padding: [T, vp] -> [T, v]
+      WF_CUDA_CHECK(cudaMemcpy2DAsync(compact.data(), row_bytes, packed.data(), vp * es,
+                                      row_bytes, g.tokens(), cudaMemcpyDeviceToDevice,
+                                      ctx_->stream()));
+      rows = compact.data();
+    }
+    WF_CUDA_CHECK(kernels::launch_scatter_rows(logits_out, rows, d_gather_ + g.t0, g.tokens(),
+                                               row_bytes, ctx_->stream()));
+  });
+  // The last stage computed the logits; every stage returns them.
   broadcast_from_last_stage(logits_out, batch * seq * row_bytes);
 }
 

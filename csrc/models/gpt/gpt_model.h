@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -97,6 +98,16 @@ class GptModel {
   size_t kv_cache_bytes() const { return kv_.size(); }
   size_t workspace_bytes() const { return act_.size() + meta_.size() + state_.size(); }
 
+  // The prompt runs through the layers in groups of whole sequences, each group's activations
+  // at most kPrefillGroupBytes (but at least kMinPrefillGroupTokens tokens; a longer sequence
+  // forms a group alone), so the activation buffer is sized for one group, not for the whole
+  // batch; with pipeline parallelism the groups are the micro-batches that keep the stages busy
+  // at once during the prompt. The environment variable WARPFORMER_PREFILL_TOKENS, read when
+  // the model is built, sets the group size in tokens instead.
+  static constexpr size_t kPrefillGroupBytes = size_t{128} << 20;
+  static constexpr int64_t kMinPrefillGroupTokens = 2048;
+  int64_t prefill_group_tokens() const { return prefill_group_tokens_; }
+
   // Scoring pass. ids: device int32 [batch, seq] right-padded; lengths: host, 1..seq each.
   // logits: device [batch, seq, V] of the model dtype; rows past a sequence's length are zero.
   void forward(const int32_t* ids, const std::vector<int32_t>& lengths, int64_t seq,
@@ -133,7 +144,8 @@ class GptModel {
   struct Scratch {
     void* emb;          // [tokens, e] word embeddings before project_in (or null)
     void* last_rows;    // [rows, max(h, e)] hidden states of the rows whose logits are needed
-    void* proj;         // [rows, max(h, e)] project_out scratch
+    void* proj;         // [rows, max(h, e)] project_out scratch; from decode_start to the first
+                        // step also the final hidden state of each prompt's last token [batch, h]
     void* last_logits;  // [rows, vocab_padded]
     void* tp_local;     // [rows, local_vocab] this rank's logits (tensor parallel) or null
     void* tp_gathered;  // [tp, rows, local_vocab] all-gathered slices or null
@@ -144,12 +156,23 @@ class GptModel {
   size_t layout(void* base, int64_t tokens, int64_t rows, layers::LayerBuffers* layer,
                 Scratch* scratch) const;
   layers::LayerContext layer_context();
-  // Packs ids, embeds them and runs this stage's layers; leaves final-normed hidden states of
-  // all packed tokens in the `n` buffer. Returns the device packing metadata.
-  // slot_stride: sequence b goes to KV slot b * slot_stride (beam search prefills each prompt once,
-  // into the slot of its beam 0).
+  // A group of the prompt pass: sequences [b0, b1), packed tokens [t0, t1).
+  struct PrefillGroup {
+    int64_t b0 = 0, b1 = 0, t0 = 0, t1 = 0;
+    int32_t max_len = 0;
+    int64_t tokens() const { return t1 - t0; }
+  };
+  // Splits the batch into prefill groups of about equal size, none over prefill_group_tokens()
+  // unless one sequence is; returns the largest group's token count, which is what the
+  // activation buffer must hold.
+  int64_t plan_prefill(const std::vector<int32_t>& lengths);
+  // Packs ids and runs each group planned by plan_prefill through embedding (or the receive
+  // from the previous stage) and this stage's layers. On the last stage, `done(g)` runs after
+  // each group with the group's final-normed hidden states in the `n` buffer, [g.tokens(), h].
+  // slot_stride: sequence b goes to KV slot b * slot_stride (beam search prefills each prompt
+  // once, into the slot of its beam 0).
   void prefill(const int32_t* ids, const std::vector<int32_t>& lengths, int64_t seq,
-               int64_t slot_stride = 1);
+               int64_t slot_stride, const std::function<void(const PrefillGroup&)>& done);
   void embed(const int32_t* token_ids, const int32_t* positions, int64_t tokens, int64_t seq_len);
   void run_layers(int64_t tokens, const layers::AttentionInputs& base);
   void stage_recv(int64_t tokens);  // hidden states [tokens, h] from the previous stage into x
@@ -178,16 +201,16 @@ class GptModel {
   DeviceBuffer state_;  // generation state + split-KV workspace
   size_t state_need_ = 0;
 
+  int64_t prefill_group_tokens_ = 0;
+  std::vector<PrefillGroup> groups_;  // set by plan_prefill
   // views into meta_ filled by prefill()
   int32_t* d_gather_ = nullptr;   // [T]  packed token -> b * seq + i
   int32_t* d_slot_ = nullptr;     // [T]
   int32_t* d_pos_ = nullptr;      // [T]
-  int32_t* d_cu_ = nullptr;       // [B + 1]
-  int32_t* d_iota_ = nullptr;     // [B]  0..B-1 (slots of rows)
-  int32_t* d_last_ = nullptr;     // [B]  packed index of each row's last token
+  int32_t* d_cu_ = nullptr;       // [B + groups] per group, its sequences' starts (from 0) + end
+  int32_t* d_iota_ = nullptr;     // [B]  KV slot of each sequence
+  int32_t* d_last_ = nullptr;     // [B]  index of each sequence's last token within its group
   int32_t* d_ids_ = nullptr;      // [T]  packed ids
-  int64_t tokens_ = 0, batch_ = 0;
-  std::vector<int32_t> last_host_;  // packed index of each sequence's last prompt token
   int32_t* host_flag_ = nullptr;     // pinned: the all-finished flag polled during generation
   cudaEvent_t flag_event_ = nullptr;
   // Generation runs on a stream of its own (PyTorch's default current stream is the legacy
@@ -221,7 +244,7 @@ class GptModel {
     int32_t* finished = nullptr;      // [rows]
     int32_t* iota = nullptr;          // [rows] 0..rows-1: the KV slot of each row
     int32_t* sampled = nullptr;       // [rows]
-    int32_t* first_rows = nullptr;    // [rows] packed prefill row of each row's last prompt token
+    int32_t* first_rows = nullptr;    // [rows] batch entry (row of scratch proj) of each row
     int32_t* in_len_rows = nullptr;   // [rows] prompt length of each row
     int32_t* in_len_batch = nullptr;  // [batch]
     int32_t* end_ids_batch = nullptr; // [batch]
