@@ -109,17 +109,19 @@ __device__ __forceinline__ void wait_for_prior_kernels() {
 
 // Lets the next kernel on the stream be scheduled now rather than when this one's blocks exit
 // (it then runs up to its own wait_for_prior_kernels() while this one is still running). Called
-// right after the wait, it overlaps at most two kernels of a stream. Used by the decode-sized
-// kernels whose successor is a GEMV (norms of at most kEarlyStartRows rows, decode attention,
-// the GEMV itself), so that the GEMV's weight loads overlap them. Not used in front of cuBLASLt
-// products: there an early start measured ~0.8 ms slower per batch-1 prefill (H200).
+// right after the wait, it overlaps at most two kernels of a stream. Used where the next kernel
+// is meant to be a GEMV, whose weight loads then overlap this kernel: the norms and the decode
+// attention (and its split-KV combine) at 1-2 rows, and the GEMV itself (whatever follows it).
+// Not meant for kernels ahead of cuBLASLt products: there an early start measured ~0.8 ms slower
+// per batch-1 prefill (H200). (With WARPFORMER_GEMV=0 the 1-2-row norms still start cuBLASLt
+// early; that costs speed, never correctness.)
 __device__ __forceinline__ void start_next_kernel() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
 // Rows up to which the [k, n] products of a layer run on the GEMV (kGemvPreferredRowsKN in
-// kernels/gemv.h, which asserts that the two agree).
+// kernels/gemv.h; kernels/gemv.cu asserts that the two agree).
 constexpr int kEarlyStartRows = 2;
 
 // SM count and compute capability major of a device, queried once per process (kernels/launch.cu);

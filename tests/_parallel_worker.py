@@ -5,6 +5,7 @@ and seeded sampling on fixed prompts, and rank 0 saves the results."""
 from __future__ import annotations
 
 import argparse
+import os
 
 import torch
 
@@ -13,6 +14,9 @@ from warpformer import distributed
 
 
 def run(model_dir: str, tp: int, pp: int, dtype: torch.dtype, out: str, steps: int) -> None:
+    if os.environ.get("PREFILL_TOKENS_RANK1") and os.environ.get("RANK") == "1":
+        # Failure test: one rank with another prefill group size must stop every rank.
+        os.environ["WARPFORMER_PREFILL_TOKENS"] = os.environ["PREFILL_TOKENS_RANK1"]
     model = warpformer.GPT.from_pretrained(model_dir, dtype=dtype, tensor_para_size=tp,
                                            pipeline_para_size=pp, max_batch=8, max_seq_len=320,
                                            backend="cuda")
@@ -35,8 +39,8 @@ def run(model_dir: str, tp: int, pp: int, dtype: torch.dtype, out: str, steps: i
         tf_lengths = prompts["lengths"] + steps
         res["tf_logits"] = model.logits(tf_ids, tf_lengths).float().cpu()
     if dtype == torch.float32:
-        # 2,350 prompt tokens: several prefill groups (the test sets 1,024 tokens per group),
-        # so with pipeline parallelism the stages pass the groups along as micro-batches.
+        # 2,050 prompt tokens: prefill groups of 860, 890 and 300 tokens (the test sets 1,024
+        # tokens per group), which pipeline stages pass along as micro-batches.
         g2 = torch.Generator().manual_seed(7)
         ids = torch.randint(3, 1000, (8, 300), generator=g2, dtype=torch.int32)
         lengths = torch.tensor([300, 260, 300, 10, 300, 300, 280, 300], dtype=torch.int32)

@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from warpformer.cli import main
-from warpformer.gemm_tune import GemmShape, ModelDims, gemm_shapes
+from warpformer.gemm_tune import (
+    GemmShape,
+    ModelDims,
+    gemm_shapes,
+    prefill_group_tokens,
+    prefill_groups,
+)
 
 
 def test_shapes_gpt2_like() -> None:
@@ -32,6 +38,32 @@ def test_shapes_follow_switches_and_tp() -> None:
     assert (t["decode project_out"].m, t["decode project_out"].n) == (6, 512)
     assert (t["decode lm_head"].n, t["decode lm_head"].k) == (50272, 512)
     assert t["context project_in"].m == 16
+
+
+def test_prefill_groups_mirror_the_engine(monkeypatch) -> None:
+    # Same batches as the GPU tests of GptModel::plan_prefill (tests/gpu/test_gpt_engine.py).
+    assert prefill_groups([500, 3, 480, 500, 1, 500, 497, 250, 500], 1024) == [983, 1001, 747, 500]
+    assert prefill_groups([1023, 2, 2500, 1, 900, 1200], 1024) == [1023, 2, 2500, 901, 1200]
+    assert prefill_groups([300, 260, 300, 10, 300, 300, 280, 300], 1024) == [860, 890, 300]
+    assert prefill_groups([128] * 64, 2048) == [2048] * 4
+    assert prefill_groups([7], 2048) == [7]
+    monkeypatch.delenv("WARPFORMER_PREFILL_TOKENS", raising=False)
+    gptj = ModelDims(hidden=4096, inter=16384, vocab=50400, parallel_residual=True)
+    gpt2m = ModelDims(hidden=1024, inter=4096, vocab=50257)
+    assert prefill_group_tokens(gptj, 2) == 2048               # 128 MiB / 72 KiB, floor 2048
+    assert prefill_group_tokens(gpt2m, 2) == (128 << 20) // (9 * 1024 * 2)
+    # Batch 64 x 128: gpt-j's prompt runs as four 2048-token groups, gpt2-medium's as two.
+    ctx = {s.m for s in gemm_shapes(gptj, batch=64, beam=1, max_input_len=128)
+           if s.what == "context qkv"}
+    assert ctx == {2048}
+    ctx = {s.m for s in gemm_shapes(gpt2m, batch=64, beam=1, max_input_len=128)
+           if s.what == "context qkv"}
+    assert ctx == {4096}
+    monkeypatch.setenv("WARPFORMER_PREFILL_TOKENS", "1000")
+    assert prefill_group_tokens(gptj, 2) == 1000
+    monkeypatch.setenv("WARPFORMER_PREFILL_TOKENS", "-3")
+    with pytest.raises(ValueError, match="WARPFORMER_PREFILL_TOKENS must be a positive"):
+        prefill_group_tokens(gptj, 2)
 
 
 def test_cli_requires_dimensions(capsys) -> None:

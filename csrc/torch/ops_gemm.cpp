@@ -93,8 +93,11 @@ at::Tensor gemm(const at::Tensor& input, const at::Tensor& weight, const OptTens
               "bias_silu; got '", epilogue, "'");
   const kernels::Activation act = epi->act;
   const std::string lt_epilogue = epi->bias ? "bias" : "none";
-  TORCH_CHECK(backend == "auto" || backend == "gemv" || backend == "cublaslt", op,
-              ": backend must be one of auto, gemv, cublaslt; got '", backend, "'");
+  TORCH_CHECK(backend == "auto" || backend == "gemv" || backend == "gemv_static" ||
+                  backend == "cublaslt",
+              op, ": backend must be one of auto, gemv, gemv_static, cublaslt; got '", backend,
+              "'");
+  const bool gemv_only = backend == "gemv" || backend == "gemv_static";
   TORCH_CHECK(epilogue != "none" || !bias.has_value(), op,
               ": a bias was given with epilogue 'none'; use epilogue 'bias' to add it");
   GemmArgs a = check_gemm(op, input, weight, bias, transposed, lt_epilogue, false);
@@ -104,15 +107,17 @@ at::Tensor gemm(const at::Tensor& input, const at::Tensor& weight, const OptTens
   auto ctx = context_for(a.in);
   Gemm g(ctx.get());
   if (backend == "cublaslt") g.set_gemv_policy(Gemm::GemvPolicy::kNever);
-  if (backend == "gemv") {
+  if (gemv_only) {
     const int64_t vec = 16 / static_cast<int64_t>(dtype_size(a.key.dtype));
-    TORCH_CHECK(a.key.m <= kernels::kGemvMaxRows, op, ": backend 'gemv' needs input.shape[0] <= ",
-                kernels::kGemvMaxRows, ", got ", a.key.m);
-    TORCH_CHECK(a.key.k % vec == 0 && (transposed || a.key.n % vec == 0), op,
-                ": backend 'gemv' needs k", transposed ? "" : " and n", " to be multiples of ",
-                vec, " (16 bytes of ", dtype_name(a.key.dtype), "), got k=", a.key.k,
-                ", n=", a.key.n);
+    TORCH_CHECK(a.key.m <= kernels::kGemvMaxRows, op, ": backend '", backend,
+                "' needs input.shape[0] <= ", kernels::kGemvMaxRows, ", got ", a.key.m);
+    TORCH_CHECK(a.key.k % vec == 0 && (transposed || a.key.n % vec == 0), op, ": backend '",
+                backend, "' needs k", transposed ? "" : " and n", " to be multiples of ", vec,
+                " (16 bytes of ", dtype_name(a.key.dtype), "), got k=", a.key.k, ", n=", a.key.n);
     g.set_gemv_policy(Gemm::GemvPolicy::kAlways);
+    // The engine's path: the weight is read before the kernel ahead has finished, which the
+    // caller promises does not write it.
+    g.set_static_weights(backend == "gemv_static");
   }
   at::Tensor out;
   if (residual.has_value()) {

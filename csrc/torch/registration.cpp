@@ -42,7 +42,9 @@ TORCH_LIBRARY(warpformer, m) {
 
   // ---- GEMM (csrc/core/gemm) ----
   // out = act(input @ weight + bias) (weight [k, n], or [n, k] when transposed). backend: auto
-  // (GEMV kernel for <= 8 rows where the shape allows, else cuBLASLt), gemv, or cublaslt.
+  // (GEMV kernel for <= 8 rows where the shape allows, else cuBLASLt), gemv, gemv_static (the
+  // GEMV reading the weight before the kernel ahead of it has finished, as in the engine: the
+  // caller promises that kernel does not write the weight), or cublaslt.
   // residual [m, n] is added to the result (the engine's accumulate into the residual stream).
   m.def(
       "gemm(Tensor input, Tensor weight, Tensor? bias=None, bool transposed=False, "

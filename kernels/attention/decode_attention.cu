@@ -55,7 +55,7 @@ template <typename T, int D>
 __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const DecodeAttentionParams<T> p,
                                                                     int splits, int chunk) {
   wait_for_prior_kernels();
-  if (gridDim.y <= kEarlyStartRows) start_next_kernel();  // batch-1..8 decode: a GEMV follows
+  if (gridDim.y <= kEarlyStartRows) start_next_kernel();  // 1-2 rows: a GEMV follows
   using S = DecodeShape<T, D>;
   constexpr int VEC = S::VEC, NVEC = S::NVEC, TPK = S::TPK, NV = S::NV, NGROUPS = S::NGROUPS;
   extern __shared__ float smem[];

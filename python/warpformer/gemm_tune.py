@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["GemmShape", "gemm_shapes", "tune", "add_arguments", "run"]
+__all__ = ["GemmShape", "gemm_shapes", "prefill_group_tokens", "prefill_groups", "tune",
+           "add_arguments", "run"]
 
 _TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -54,12 +55,57 @@ class ModelDims:
     lm_head_bias: bool = False
 
 
-def gemm_shapes(dims: ModelDims, batch: int, beam: int, max_input_len: int) -> list[GemmShape]:
+# GptModel's prefill groups (csrc/models/gpt/gpt_model.h): activations of at most this many bytes
+# per group, but at least this many tokens; WARPFORMER_PREFILL_TOKENS overrides.
+PREFILL_GROUP_BYTES = 128 << 20
+MIN_PREFILL_GROUP_TOKENS = 2048
+
+
+def prefill_group_tokens(dims: ModelDims, dtype_bytes: int = 2) -> int:
+    """The engine's prefill group size in tokens for a model of ``dims`` whose activations have
+    ``dtype_bytes`` per element (mirrors ``GptModel::prefill_group_size``)."""
+    env = os.environ.get("WARPFORMER_PREFILL_TOKENS", "")
+    if env:
+        if not env.isdigit() or int(env) < 1:
+            raise ValueError(f"WARPFORMER_PREFILL_TOKENS must be a positive number of tokens, "
+                             f"got {env!r}")
+        return int(env)
+    tp = dims.tensor_para_size
+    h, lh, li = dims.hidden, dims.hidden // tp, dims.inter // tp
+    per_token = (4 * h + max(5 * lh, li) + dims.word_embed_proj_dim) * dtype_bytes
+    return max(MIN_PREFILL_GROUP_TOKENS, PREFILL_GROUP_BYTES // per_token)
+
+
+def prefill_groups(lengths: list[int], size: int) -> list[int]:
+    """Token counts of the groups the engine runs a prompt batch of ``lengths`` in, for group
+    size ``size`` (mirrors ``GptModel::plan_prefill``): as few groups as ``size`` allows, each
+    closed once it reaches total / groups tokens or when the next sequence would exceed ``size``."""
+    total = sum(lengths)
+    n = -(-total // size)
+    target = -(-total // n)
+    groups: list[int] = []
+    cur = 0
+    for i, length in enumerate(lengths):
+        if cur and cur + length > size:
+            groups.append(cur)
+            cur = 0
+        cur += length
+        if cur >= target and i + 1 < len(lengths):
+            groups.append(cur)
+            cur = 0
+    groups.append(cur)
+    return groups
+
+
+def gemm_shapes(dims: ModelDims, batch: int, beam: int, max_input_len: int,
+                dtype_bytes: int = 2) -> list[GemmShape]:
     """Every distinct GEMM the engine runs for this workload, mirroring csrc/layers and
     csrc/models/gpt: per layer QKV, attention-out, FFN-in (ReLU on the epilogue for ReLU models),
     FFN-out (accumulating in the parallel-residual form); OPT-350m's project_in/out; the lm_head
-    (transposed, with its bias as epilogue). Context phase at ``batch * max_input_len`` tokens,
-    decode at ``batch * beam`` rows; logits at ``batch`` rows after the prompt."""
+    (transposed, with its bias as epilogue). Context phase at each prefill group's token count
+    (``batch`` prompts of ``max_input_len`` tokens, groups as ``prefill_groups``; ``dtype_bytes``
+    is the element size, which sets the group size), decode at ``batch * beam`` rows; logits at
+    ``batch`` rows after the prompt."""
     tp = dims.tensor_para_size
     h, lh, li = dims.hidden, dims.hidden // tp, dims.inter // tp
     e = dims.word_embed_proj_dim or h
@@ -82,7 +128,9 @@ def gemm_shapes(dims: ModelDims, batch: int, beam: int, max_input_len: int) -> l
                                 epilogue="bias" if dims.lm_head_bias else "none",
                                 what=f"{phase} lm_head"))
 
-    layer(batch * max_input_len, "context")
+    size = prefill_group_tokens(dims, dtype_bytes)
+    for tokens in sorted(set(prefill_groups([max_input_len] * batch, size))):
+        layer(tokens, "context")
     logits(batch, "context")
     layer(batch * beam, "decode")
     logits(batch * beam, "decode")
@@ -173,7 +221,9 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("gemm-tune: needs a CUDA device (tuning times kernels on the GPU)")
     import warpformer  # noqa: F401  (registers the ops)
 
-    shapes = gemm_shapes(dims, args.batch_size, args.beam_width, args.max_input_len)
+    dtype = _TORCH_DTYPES[args.data_type]
+    shapes = gemm_shapes(dims, args.batch_size, args.beam_width, args.max_input_len,
+                         dtype_bytes=torch.empty(0, dtype=dtype).element_size())
     results = tune(shapes, _TORCH_DTYPES[args.data_type], args.max_algos, args.reps)
     write_tuning_file(args.output, args.data_type, results)
     print(f"{'shape':<28} {'m':>7} {'n':>7} {'k':>7} {'heuristic us':>13} {'tuned us':>9} "

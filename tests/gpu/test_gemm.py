@@ -76,6 +76,11 @@ def test_gemv_matches_matmul(dtype, m, n, k):
     assert err <= _tol(dtype, k), f"relative error {err:.2e}"
     again = ops.gemm(a, w, b, False, "bias", "gemv")
     assert torch.equal(out, again), "the GEMV must be deterministic"
+    # The engine's path (first weight step loaded before the wait for the kernel ahead, the
+    # second asked of L2): the same bits. The kernel just before it, the GEMV above, does not
+    # write w.
+    early = ops.gemm(a, w, b, False, "bias", "gemv_static")
+    assert torch.equal(out, early), "loading the weight early must not change the result"
 
 
 @pytest.mark.parametrize("dtype", list(TOL))

@@ -238,7 +238,7 @@ def test_ragged_batch_equals_single_rows(name, workdir):
 # being far larger). Lengths chosen so that groups end before and after sequences of every size;
 # bloom (no position table) also gets sequences longer than a group.
 GROUP_LENGTHS = {
-    "short": [500, 3, 480, 500, 1, 500, 497, 250, 500],  # 3,231 tokens: 7 groups
+    "short": [500, 3, 480, 500, 1, 500, 497, 250, 500],  # groups of 983, 1001, 747, 500 tokens
     "long": [1023, 2, 2500, 1, 900, 1200],               # [1023] [2] [2500] [1, 900] [1200]
 }
 

@@ -69,7 +69,7 @@ def checkpoints(tmp_path_factory):
 
 
 STEPS = 32  # the worker's default number of generated tokens
-# Prefill group size for every run: the worker's 2,350-token batch then runs as 3 groups, which
+# Prefill group size for every run: the worker's 2,050-token batch then runs as 3 groups, which
 # pipeline stages pass along as micro-batches.
 PREFILL_TOKENS = "1024"
 
@@ -199,6 +199,21 @@ def test_mpirun_tensor_parallel(checkpoints, tmp_path):
     prompts_file(tmp_path / "mpi.pt")
     par = launch(checkpoints["gpt2"], 2, 1, "fp32", tmp_path / "mpi.pt", launcher="mpirun")
     assert torch.equal(par["greedy"], ref["greedy"])
+
+
+def test_ranks_with_different_prefill_group_sizes_stop(checkpoints, tmp_path):
+    prompts_file(tmp_path / "mismatch.pt")
+    env = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
+               NVSHMEM_DISABLE_NVLS="1", WARPFORMER_PREFILL_TOKENS="1024",
+               PREFILL_TOKENS_RANK1="4096")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           str(WORKER), "--model-dir", str(checkpoints["gpt2"] / "2-gpu"), "--tp", "2",
+           "--out", str(tmp_path / "mismatch.pt")]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    text = res.stdout + res.stderr
+    assert res.returncode != 0, text[-3000:]
+    assert "disagree on the prefill group size" in text, text[-3000:]
+    assert "WARPFORMER_PREFILL_TOKENS" in text
 
 
 def test_module_exports_gpt():

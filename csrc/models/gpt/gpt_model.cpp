@@ -5,6 +5,8 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <climits>
 #include <cstdlib>
 
 #include "csrc/core/check.h"
@@ -56,18 +58,7 @@ GptModel::GptModel(GptConfig cfg, GptWeights weights, DType dtype,
       max_batch_(max_batch),
       max_seq_len_(max_seq_len) {
   TORCH_CHECK(max_batch_ > 0, "GptModel: max_batch must be positive, got ", max_batch_);
-  const char* group_env = std::getenv("WARPFORMER_PREFILL_TOKENS");
-  if (group_env != nullptr && *group_env != '\0') {
-    char* end = nullptr;
-    const long long v = std::strtoll(group_env, &end, 10);
-    TORCH_CHECK(*end == '\0' && v > 0, "GptModel: WARPFORMER_PREFILL_TOKENS must be a positive "
-                "number of tokens, got '", group_env, "'");
-    prefill_group_tokens_ = v;
-  } else {
-    const size_t per_token = layout(nullptr, 1024, 0, nullptr, nullptr) / 1024 + 1;
-    prefill_group_tokens_ = std::max<int64_t>(
-        kMinPrefillGroupTokens, static_cast<int64_t>(kPrefillGroupBytes / per_token));
-  }
+  prefill_group_tokens_ = prefill_group_size();
   // The weights are written only before the model is built; every forward starts with the
   // embedding (or a pipeline receive), never with a product, so no product's weight is written
   // by the kernel just before it.
@@ -307,34 +298,78 @@ void GptModel::set_tensor_parallel(Communicator* comm) {
               cfg_.tensor_para_size, ") and this rank's tensor_para_rank (",
               cfg_.tensor_para_rank, "); got size ", comm ? comm->size() : 0, ", rank ",
               comm ? comm->rank() : -1);
+  check_same_prefill_groups(comm, "tensor-parallel");
   comm_ = comm;
+}
+
+int64_t GptModel::prefill_group_size() const {
+  const char* env = std::getenv("WARPFORMER_PREFILL_TOKENS");
+  if (env != nullptr && *env != '\0') {
+    char* end = nullptr;
+    errno = 0;
+    const long long v = std::strtoll(env, &end, 10);
+    TORCH_CHECK(*end == '\0' && errno == 0 && v > 0 && v <= INT32_MAX,
+                "GptModel: WARPFORMER_PREFILL_TOKENS must be a positive number of tokens "
+                "(at most 2^31 - 1), got '", env, "'");
+    return v;
+  }
+  // Activation bytes per token of layout(): x n y p, the shared qkv/q/attention/MLP region, and
+  // OPT-350m's narrower word embeddings (python/warpformer/gemm_tune.py mirrors this).
+  const int64_t h = cfg_.hidden(), lh = cfg_.local_hidden(), li = cfg_.local_inter();
+  const int64_t per_token =
+      (4 * h + std::max(5 * lh, li) + (cfg_.word_embed_proj_dim > 0 ? cfg_.embed_dim() : 0)) *
+      static_cast<int64_t>(dtype_size(dtype_));
+  return std::max(kMinPrefillGroupTokens, static_cast<int64_t>(kPrefillGroupBytes) / per_token);
 }
 
 int64_t GptModel::plan_prefill(const std::vector<int32_t>& lengths) {
   int64_t total = 0;
   for (int32_t l : lengths) total += l;
-  // As many groups as the budget needs, then about total / groups tokens each.
-  const int64_t n = (total + prefill_group_tokens_ - 1) / prefill_group_tokens_;
-  const int64_t target = (total + n - 1) / n;
+  // As few groups as the size allows, each closed once it reaches total / groups tokens (or when
+  // the next sequence would take it over the size).
+  const int64_t size = prefill_group_tokens_;
+  const int64_t n = total / size + (total % size != 0);
+  const int64_t target = total / n + (total % n != 0);
   groups_.clear();
   PrefillGroup g;
   int64_t t = 0, most = 0;
+  auto close = [&](int64_t next_b) {
+    g.t1 = t;
+    most = std::max(most, g.tokens());
+    groups_.push_back(g);
+    g = PrefillGroup{next_b, next_b, t, t, 0};
+  };
   const int64_t batch = static_cast<int64_t>(lengths.size());
   for (int64_t b = 0; b < batch; ++b) {
-    if (g.b1 > g.b0 && t + lengths[b] - g.t0 > target) {
-      g.t1 = t;
-      most = std::max(most, g.tokens());
-      groups_.push_back(g);
-      g = PrefillGroup{b, b, t, t, 0};
-    }
+    if (g.b1 > g.b0 && t + lengths[b] - g.t0 > size) close(b);
     g.b1 = b + 1;
     g.max_len = std::max(g.max_len, lengths[b]);
     t += lengths[b];
+    if (t - g.t0 >= target && b + 1 < batch) close(b + 1);
   }
-  g.t1 = t;
-  most = std::max(most, g.tokens());
-  groups_.push_back(g);
+  close(batch);
   return most;
+}
+
+void GptModel::check_same_prefill_groups(Communicator* comm, const char* group) {
+  if (comm == nullptr || comm->size() == 1) return;
+  // Every rank must cut the prompt into the same groups (their sizes are collective counts).
+  DeviceBuffer buf(ctx_->allocator(), (1 + comm->size()) * sizeof(int32_t), ctx_->stream());
+  auto* d = buf.as<int32_t>();
+  const auto mine = static_cast<int32_t>(prefill_group_tokens_);
+  WF_CUDA_CHECK(cudaMemcpyAsync(d, &mine, sizeof(int32_t), cudaMemcpyHostToDevice,
+                                ctx_->stream()));
+  comm->all_gather(d, d + 1, 1, DType::kFloat32, ctx_->stream());  // 4-byte words, bit for bit
+  std::vector<int32_t> all(comm->size());
+  WF_CUDA_CHECK(cudaMemcpyAsync(all.data(), d + 1, all.size() * sizeof(int32_t),
+                                cudaMemcpyDeviceToHost, ctx_->stream()));
+  WF_CUDA_CHECK(cudaStreamSynchronize(ctx_->stream()));
+  for (int r = 0; r < comm->size(); ++r) {
+    TORCH_CHECK(all[r] == mine, "GptModel: the ranks of the ", group, " group disagree on the "
+                "prefill group size (", mine, " tokens on rank ", comm->rank(), ", ", all[r],
+                " on rank ", r, "); set WARPFORMER_PREFILL_TOKENS the same on every rank, or on "
+                "none");
+  }
 }
 
 void GptModel::prefill(const int32_t* ids, const std::vector<int32_t>& lengths, int64_t seq,
@@ -437,6 +472,7 @@ void GptModel::set_pipeline_parallel(Communicator* comm) {
               cfg_.pipeline_para_size, ") and this rank's pipeline_para_rank (",
               cfg_.pipeline_para_rank, "); got size ", comm ? comm->size() : 0, ", rank ",
               comm ? comm->rank() : -1);
+  check_same_prefill_groups(comm, "pipeline-parallel");
   pp_comm_ = comm;
 }
 

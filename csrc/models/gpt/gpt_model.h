@@ -162,10 +162,14 @@ class GptModel {
     int32_t max_len = 0;
     int64_t tokens() const { return t1 - t0; }
   };
-  // Splits the batch into prefill groups of about equal size, none over prefill_group_tokens()
-  // unless one sequence is; returns the largest group's token count, which is what the
-  // activation buffer must hold.
+  // Splits the batch into as few prefill groups as prefill_group_tokens() allows, of about equal
+  // size (none over it unless one sequence is); returns the largest group's token count, which
+  // is what the activation buffer must hold.
   int64_t plan_prefill(const std::vector<int32_t>& lengths);
+  // The group size: WARPFORMER_PREFILL_TOKENS, else kPrefillGroupBytes of activations.
+  int64_t prefill_group_size() const;
+  // Refuses a communicator whose ranks would cut the prompt differently (`group` names it).
+  void check_same_prefill_groups(Communicator* comm, const char* group);
   // Packs ids and runs each group planned by plan_prefill through embedding (or the receive
   // from the previous stage) and this stage's layers. On the last stage, `done(g)` runs after
   // each group with the group's final-normed hidden states in the `n` buffer, [g.tokens(), h].
