@@ -135,7 +135,8 @@ def test_gemv_backend_rejects_what_it_cannot_run():
         ops.gemm(torch.randn(2, 60, device="cuda", dtype=torch.float16),
                  torch.randn(60, 64, device="cuda", dtype=torch.float16), None, False, "none",
                  "gemv")
-    with pytest.raises(RuntimeError, match="backend must be one of auto, gemv, cublaslt"):
+    with pytest.raises(RuntimeError,
+                       match="backend must be one of auto, gemv, gemv_static, cublaslt"):
         ops.gemm(torch.randn(2, 64, device="cuda", dtype=torch.float16), w, None, False, "none",
                  "fast")
     with pytest.raises(RuntimeError, match="residual must have shape"):
