@@ -106,6 +106,7 @@ class GptModel {
   // the model is built, sets the group size in tokens instead.
   static constexpr size_t kPrefillGroupBytes = size_t{128} << 20;
   static constexpr int64_t kMinPrefillGroupTokens = 2048;
+  int64_t prefill_group_tokens() const { return prefill_group_tokens_; }
 
   // Scoring pass. ids: device int32 [batch, seq] right-padded; lengths: host, 1..seq each.
   // logits: device [batch, seq, V] of the model dtype; rows past a sequence's length are zero.
@@ -161,7 +162,7 @@ class GptModel {
     int32_t max_len = 0;
     int64_t tokens() const { return t1 - t0; }
   };
-  // Splits the batch into as few prefill groups as prefill_group_tokens_ allows, of about equal
+  // Splits the batch into as few prefill groups as prefill_group_tokens() allows, of about equal
   // size (none over it unless one sequence is); returns the largest group's token count, which
   // is what the activation buffer must hold.
   int64_t plan_prefill(const std::vector<int32_t>& lengths);
