@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+from torchscript_generate import tiny_checkpoint  # the same tiny GPT-2 checkpoint
 
 import warpformer  # noqa: F401  (registers torch.classes.warpformer)
 
@@ -51,19 +52,6 @@ def parse_ids(text: str) -> tuple[torch.Tensor, torch.Tensor]:
     for b, row in enumerate(rows):
         ids[b, : len(row)] = torch.tensor(row, dtype=torch.int32)
     return ids.cuda(), torch.tensor([len(r) for r in rows], dtype=torch.int32, device="cuda")
-
-
-def tiny_checkpoint(root: Path) -> str:
-    import transformers
-
-    from warpformer.converters import convert
-
-    torch.manual_seed(0)
-    cfg = transformers.GPT2Config(vocab_size=100, n_embd=128, n_head=2, n_layer=2, n_positions=64,
-                                  bos_token_id=1, eos_token_id=2)
-    transformers.GPT2LMHeadModel(cfg).save_pretrained(root / "hf")
-    convert(root / "hf", root / "wf", tensor_para_size=1, data_type="fp16")
-    return str(root / "wf" / "1-gpu")
 
 
 def main(argv: list[str] | None = None) -> int:
