@@ -66,9 +66,14 @@ from common import (
     write_results,
 )
 
-# Extra warpformer rows (--wf-variants): GEMV off (cuBLASLt for every product) and a gemm-tune
-# file made for the configuration.
-VARIANTS = ("gemv-off", "tuned")
+# Extra warpformer rows (--wf-variants): GEMV off (cuBLASLt for every product), a gemm-tune file
+# made for the configuration, and the decode step's QKV preparation as its own kernel. Each
+# environment variable is read when the engine is built.
+VARIANT_ENV = {
+    "gemv-off": ("WARPFORMER_GEMV", "0"),
+    "unfused": ("WARPFORMER_FUSE", "0"),
+}
+VARIANTS = (*VARIANT_ENV, "tuned")
 ENGINES = ("warpformer", *(f"warpformer-{v}" for v in VARIANTS), "hf-eager", "hf-compiled")
 # Issue 6 targets: decode ms/step at batch 1, 128 in / 128 out, real layer counts.
 TARGETS_MS = {"gpt2-medium": 0.26, "bloom-560m": 0.40, "gpt-j-6b": 3.3}
@@ -177,7 +182,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--skip-hf", action="store_true", help="warpformer only")
     ap.add_argument("--wf-variants", type=_variants, default=[],
                     help="extra warpformer rows: gemv-off (WARPFORMER_GEMV=0, cuBLASLt for "
-                         "every GEMM), tuned (a gemm-tune file made for the configuration)")
+                         "every GEMM), tuned (a gemm-tune file made for the configuration), "
+                         "unfused (WARPFORMER_FUSE=0: QKV preparation not fused into the decode "
+                         "attention)")
     ap.add_argument("--hf-compile", choices=("none", "target", "all"), default="target",
                     help="HF static cache + compiled forward on: none, the target configuration "
                          "(batch 1, 128/128; default) or every configuration (slow)")
@@ -307,17 +314,18 @@ def run_warpformer(weights, config, shape: ModelShape, row: Row,
     if variant == "tuned":
         gemm_config, changed = tuning_file(config, row.config, out_dir)
         row.note = f"tuned: {changed} shapes off the heuristic's first choice"
-    saved = os.environ.get("WARPFORMER_GEMV")
-    if variant == "gemv-off":
-        os.environ["WARPFORMER_GEMV"] = "0"  # read when the model's Gemm is created
+    var, value = VARIANT_ENV.get(variant, (None, None))
+    saved = os.environ.get(var) if var else None
+    if var:
+        os.environ[var] = value
     try:
         engine = build_gpt_model(config, weights, dtype=torch.float16, max_batch=B,
                                  max_seq_len=n_in + n_out, gemm_config=gemm_config)
     finally:
-        if saved is None:
-            os.environ.pop("WARPFORMER_GEMV", None)
-        else:
-            os.environ["WARPFORMER_GEMV"] = saved
+        if var and saved is None:
+            os.environ.pop(var, None)
+        elif var:
+            os.environ[var] = saved
     ids = prompts.to("cuda")
     lens = torch.full((B,), n_in, dtype=torch.int32, device="cuda")
     end_id = shape.vocab - 1  # its logit is pinned low: never generated

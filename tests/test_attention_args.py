@@ -19,16 +19,17 @@ def cache(slots=3, heads=4, max_seq=16, hd=64, dtype=torch.float16) -> torch.Ten
 
 
 @pytest.mark.parametrize("name", ["qkv_rotary_cache", "context_attention", "decode_attention",
-                                  "alibi_slopes"])
+                                  "decode_attention_fused", "alibi_slopes"])
 def test_registered(name: str) -> None:
     assert getattr(ops, name).default._schema.name == f"warpformer::{name}"
 
 
 def test_mutation_annotations() -> None:
-    schema = ops.qkv_rotary_cache.default._schema
-    writes = {a.name for a in schema.arguments
-              if a.alias_info is not None and a.alias_info.is_write}
-    assert writes == {"k_cache", "v_cache"}
+    for name in ("qkv_rotary_cache", "decode_attention_fused"):
+        schema = getattr(ops, name).default._schema
+        writes = {a.name for a in schema.arguments
+                  if a.alias_info is not None and a.alias_info.is_write}
+        assert writes == {"k_cache", "v_cache"}
     for name in ("context_attention", "decode_attention"):
         assert not [a for a in getattr(ops, name).default._schema.arguments if a.alias_info]
 
@@ -47,6 +48,9 @@ def test_fake_shapes() -> None:
     out = ops.decode_attention(meta(2, 4, 80, dtype=torch.bfloat16), kc, kc, None,
                                meta(2, dtype=I32), None, None, 0.1)
     assert out.shape == (2, 4, 80) and out.dtype == torch.bfloat16
+    out = ops.decode_attention_fused(meta(2, 3, 4, 80), None, kc, kc, None, meta(2, dtype=I32),
+                                     None, None, 0.1, 20, "half", 10000.0)
+    assert out.shape == (2, 4, 80) and out.dtype == torch.float16
 
 
 @pytest.mark.parametrize("heads", range(1, 25))
@@ -151,3 +155,36 @@ def dec_args(**over):
 def test_decode_attention_validation(over, msg) -> None:
     with pytest.raises(RuntimeError, match=r"warpformer.decode_attention: " + msg):
         ops.decode_attention(*dec_args(**over))
+
+
+def fused_args(**over):
+    args = dict(qkv=torch.zeros(2, 3, 4, 64, dtype=torch.float16), bias=None, k_cache=cache(),
+                v_cache=cache(), row_slot=torch.tensor([2, 0], dtype=I32),
+                lengths=torch.tensor([3, 16], dtype=I32), cache_indir=None, alibi_slopes=None,
+                scale=0.125, rotary_dim=32, rotary_style="interleaved", rotary_base=10000.0)
+    args.update(over)
+    return list(args.values())
+
+
+@pytest.mark.parametrize("over,msg", [
+    (dict(qkv=torch.zeros(2, 4, 64, dtype=torch.float16)), r"qkv must be 4-dimensional"),
+    (dict(qkv=torch.zeros(2, 2, 4, 64, dtype=torch.float16)), r"qkv.shape\[1\] must be 3"),
+    (dict(qkv=torch.zeros(2, 3, 4, 48, dtype=torch.float16)), r"head_dim must be one of 64"),
+    (dict(bias=torch.zeros(3, 4, 64)), r"bias must have dtype Half"),
+    (dict(bias=torch.zeros(3, 2, 64, dtype=torch.float16)), r"bias must have shape \[3, 4, 64\]"),
+    (dict(rotary_style="neox"), r"rotary_style must be one of 'none', 'interleaved'"),
+    (dict(rotary_dim=66), r"rotary_dim must be even and in \[0, head_dim = 64\]"),
+    (dict(rotary_style="none"), r"rotary_dim must be 0 when rotary_style is 'none'"),
+    (dict(rotary_base=0.0), r"rotary_base must be > 0"),
+    (dict(k_cache=cache(dtype=torch.float32)), r"k_cache must have dtype Half"),
+    (dict(k_cache=cache(hd=128), v_cache=cache(hd=128)), r"k_cache.shape\[3\] must be 64"),
+    (dict(row_slot=torch.tensor([0], dtype=I32)), r"row_slot.shape\[0\] must be 2 \(rows of qkv"),
+    (dict(lengths=torch.tensor([3, 4, 5], dtype=I32)), r"lengths.shape\[0\] must be 2"),
+    (dict(cache_indir=torch.zeros(2, 15, dtype=I32)),
+     r"cache_indir must have shape \[rows, max_seq\]"),
+    (dict(alibi_slopes=torch.zeros(3)), r"alibi_slopes.shape\[0\] must be 4"),
+    (dict(), r"qkv must be a CUDA tensor"),
+])
+def test_decode_attention_fused_validation(over, msg) -> None:
+    with pytest.raises(RuntimeError, match=r"warpformer.decode_attention_fused: " + msg):
+        ops.decode_attention_fused(*fused_args(**over))

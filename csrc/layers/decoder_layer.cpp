@@ -42,12 +42,48 @@ void run_norm(const LayerContext& lc, kernels::NormKind kind, const void* gamma,
 }
 
 template <typename T>
+kernels::DecodeAttentionParams<T> decode_params(const LayerBuffers& b, int64_t tokens, int heads,
+                                                int hd, const AttentionInputs& ai, float scale) {
+  kernels::DecodeAttentionParams<T> p{};
+  p.out = static_cast<T*>(b.a);
+  p.k_cache = static_cast<const T*>(ai.k_cache);
+  p.v_cache = static_cast<const T*>(ai.v_cache);
+  p.row_slot = ai.row_slot;
+  p.lengths = ai.lengths;
+  p.cache_indir = ai.cache_indir;
+  p.alibi_slopes = ai.alibi_slopes;
+  p.workspace = ai.workspace;
+  p.workspace_bytes = ai.workspace_bytes;
+  p.rows = static_cast<int>(tokens);
+  p.heads = heads;
+  p.head_dim = hd;
+  p.num_slots = ai.num_slots;
+  p.max_seq = ai.max_seq;
+  p.scale = scale;
+  return p;
+}
+
+template <typename T>
 void attention(const LayerContext& lc, const LayerWeights& w, const LayerBuffers& b,
                int64_t tokens, const AttentionInputs& ai) {
   const gpt::GptConfig& c = *lc.cfg;
   const int heads = static_cast<int>(c.local_heads());
   const int hd = static_cast<int>(c.size_per_head);
   cudaStream_t stream = lc.ctx->stream();
+
+  const float scale = 1.f / std::sqrt(static_cast<float>(hd));
+  if (ai.decode && ai.fused_prep) {  // one kernel: QKV preparation + attention
+    kernels::DecodeAttentionFusedParams<T> p{};
+    static_cast<kernels::DecodeAttentionParams<T>&>(p) =
+        decode_params<T>(b, tokens, heads, hd, ai, scale);
+    p.qkv = static_cast<const T*>(b.qkv);
+    p.qkv_bias = static_cast<const T*>(w.qkv_b);
+    p.rotary_dim = static_cast<int>(c.rotary_embedding_dim);
+    p.rotary_style = c.rotary_style;
+    p.rotary_inv_freq = ai.rotary_inv_freq;
+    WF_CUDA_CHECK(kernels::launch_decode_attention_fused(p, stream));
+    return;
+  }
 
   kernels::QkvPrepParams<T> qp{};
   qp.q_out = static_cast<T*>(b.q);
@@ -67,7 +103,6 @@ void attention(const LayerContext& lc, const LayerWeights& w, const LayerBuffers
   qp.rotary_base = static_cast<float>(c.rotary_base);
   WF_CUDA_CHECK(kernels::launch_qkv_prep(qp, stream));
 
-  const float scale = 1.f / std::sqrt(static_cast<float>(hd));
   if (!ai.decode) {
     kernels::ContextAttentionParams<T> p{};
     p.out = static_cast<T*>(b.a);
@@ -86,36 +121,46 @@ void attention(const LayerContext& lc, const LayerWeights& w, const LayerBuffers
     p.scale = scale;
     WF_CUDA_CHECK(kernels::launch_context_attention(p, stream));
   } else {
-    kernels::DecodeAttentionParams<T> p{};
-    p.out = static_cast<T*>(b.a);
+    kernels::DecodeAttentionParams<T> p = decode_params<T>(b, tokens, heads, hd, ai, scale);
     p.q = static_cast<const T*>(b.q);
-    p.k_cache = static_cast<const T*>(ai.k_cache);
-    p.v_cache = static_cast<const T*>(ai.v_cache);
-    p.row_slot = ai.row_slot;
-    p.lengths = ai.lengths;
-    p.cache_indir = ai.cache_indir;
-    p.alibi_slopes = ai.alibi_slopes;
-    p.workspace = ai.workspace;
-    p.workspace_bytes = ai.workspace_bytes;
-    p.rows = static_cast<int>(tokens);
-    p.heads = heads;
-    p.head_dim = hd;
-    p.num_slots = ai.num_slots;
-    p.max_seq = ai.max_seq;
-    p.scale = scale;
     WF_CUDA_CHECK(kernels::launch_decode_attention(p, stream));
   }
 }
 
-// f = act(in @ W1 + b1); out = f @ W2 (+ beta * out). Gemm::run_act fuses the bias and the
-// activation into the product where it can (GEMV path, cuBLASLt's ReLU epilogue) and otherwise
-// runs warpformer's bias/activation kernel, whose arithmetic matches the reference exactly.
-void mlp(const LayerContext& lc, const LayerWeights& w, const void* in, void* f, void* out,
-         int64_t tokens, float beta) {
+// The norm that follows a row-parallel product: x = product (+ bias) (+ residual); out = norm(x);
+// residual_out = x when given.
+struct NormSpec {
+  kernels::NormKind kind;
+  const void* gamma;
+  const void* beta;
+  const void* bias;
+  const void* residual;
+  void* residual_out;
+  void* out;
+};
+
+// out[tokens, n] = in @ W (+ beta * out), summed over the tensor-parallel group, then `nm` over
+// its rows (one norms kernel with the residual and bias adds).
+template <typename T>
+void product_then_norm(const LayerContext& lc, const void* in, const void* weight, void* out,
+                       int64_t tokens, int64_t n, int64_t k, float beta, const NormSpec& nm) {
+  lc.gemm->run(lc.dtype, in, weight, nullptr, out, tokens, n, k, GemmEpilogue::kNone, beta);
+  all_reduce_if_parallel(lc.comm, out, tokens * n, lc.dtype, lc.ctx->stream());
+  run_norm<T>(lc, nm.kind, nm.gamma, nm.beta, out, nm.residual, nm.residual_out, nm.bias, nm.out,
+              tokens, n);
+}
+
+// The MLP: f = act(in @ W1 + b1) (Gemm::run_act fuses the bias and the activation into the
+// product where it can — GEMV path, cuBLASLt's ReLU epilogue — and otherwise runs warpformer's
+// bias/activation kernel, whose arithmetic matches the reference exactly); then
+// out = f @ W2 (+ beta * out) followed by the norm `nm`.
+template <typename T>
+void mlp_then_norm(const LayerContext& lc, const LayerWeights& w, const void* in, void* f,
+                   void* out, int64_t tokens, float beta, const NormSpec& nm) {
   const gpt::GptConfig& c = *lc.cfg;
   const int64_t h = c.hidden(), li = c.local_inter();
   lc.gemm->run_act(lc.dtype, in, w.fc1_w, w.fc1_b, f, tokens, li, h, c.activation);
-  lc.gemm->run(lc.dtype, f, w.fc2_w, nullptr, out, tokens, h, li, GemmEpilogue::kNone, beta);
+  product_then_norm<T>(lc, f, w.fc2_w, out, tokens, h, li, beta, nm);
 }
 
 template <typename T>
@@ -125,19 +170,18 @@ void layer_forward(const LayerContext& lc, const LayerWeights& w, const LayerBuf
   const int64_t h = c.hidden(), lh = c.local_hidden();
   using kernels::NormKind;
   const NormKind ln = NormKind::kLayerNorm;
+  void* next_out = next.kind == NormKind::kAddOnly ? b.x : b.n;
 
   // Attention block. Post-norm layers attend over x itself.
   const void* attn_in = c.pre_layernorm ? b.n : b.x;
   lc.gemm->run(lc.dtype, attn_in, w.qkv_w, nullptr, b.qkv, tokens, 3 * lh, h);
   attention<T>(lc, w, b, tokens, ai);
-  lc.gemm->run(lc.dtype, b.a, w.dense_w, nullptr, b.p, tokens, h, lh);
 
   if (!c.pre_layernorm) {  // post-norm: y = ln1(x + p + bo); x = ln2(y + mlp(y) + b2)
-    all_reduce_if_parallel(lc.comm, b.p, tokens * h, lc.dtype, lc.ctx->stream());
-    run_norm<T>(lc, ln, w.ln1_w, w.ln1_b, b.p, b.x, b.x, w.dense_b, b.y, tokens, h);
-    mlp(lc, w, b.y, b.f, b.o, tokens, 0.f);
-    all_reduce_if_parallel(lc.comm, b.o, tokens * h, lc.dtype, lc.ctx->stream());
-    run_norm<T>(lc, ln, w.ln2_w, w.ln2_b, b.o, b.y, b.y, w.fc2_b, b.x, tokens, h);
+    product_then_norm<T>(lc, b.a, w.dense_w, b.p, tokens, h, lh, 0.f,
+                         NormSpec{ln, w.ln1_w, w.ln1_b, w.dense_b, b.x, b.x, b.y});
+    mlp_then_norm<T>(lc, w, b.y, b.f, b.o, tokens, 0.f,
+                     NormSpec{ln, w.ln2_w, w.ln2_b, w.fc2_b, b.y, b.y, b.x});
     if (next.kind != NormKind::kAddOnly) {
       run_norm<T>(lc, next.kind, next.gamma, next.beta, b.x, nullptr, nullptr, nullptr, b.n,
                   tokens, h);
@@ -145,26 +189,24 @@ void layer_forward(const LayerContext& lc, const LayerWeights& w, const LayerBuf
     return;
   }
 
-  if (c.parallel_residual) {
+  if (c.parallel_residual) {  // p = attn @ Wo + mlp(.) @ W2 [one all-reduce]; x += p + bo + b2
+    lc.gemm->run(lc.dtype, b.a, w.dense_w, nullptr, b.p, tokens, h, lh);
     const void* mlp_in = b.n;
     if (!c.parallel_shared_layernorm) {
       run_norm<T>(lc, ln, w.ln2_w, w.ln2_b, b.x, nullptr, nullptr, nullptr, b.y, tokens, h);
       mlp_in = b.y;
     }
-    mlp(lc, w, mlp_in, b.f, b.p, tokens, 1.f);  // p += mlp(.)
-    all_reduce_if_parallel(lc.comm, b.p, tokens * h, lc.dtype, lc.ctx->stream());
-    run_norm<T>(lc, next.kind, next.gamma, next.beta, b.p, b.x, b.x, w.residual_b,
-                next.kind == NormKind::kAddOnly ? b.x : b.n, tokens, h);
+    mlp_then_norm<T>(lc, w, mlp_in, b.f, b.p, tokens, 1.f,
+                     NormSpec{next.kind, next.gamma, next.beta, w.residual_b, b.x, b.x,
+                               next_out});
     return;
   }
 
-  // pre-norm, sequential
-  all_reduce_if_parallel(lc.comm, b.p, tokens * h, lc.dtype, lc.ctx->stream());
-  run_norm<T>(lc, ln, w.ln2_w, w.ln2_b, b.p, b.x, b.x, w.dense_b, b.y, tokens, h);
-  mlp(lc, w, b.y, b.f, b.o, tokens, 0.f);
-  all_reduce_if_parallel(lc.comm, b.o, tokens * h, lc.dtype, lc.ctx->stream());
-  run_norm<T>(lc, next.kind, next.gamma, next.beta, b.o, b.x, b.x, w.fc2_b,
-              next.kind == NormKind::kAddOnly ? b.x : b.n, tokens, h);
+  // pre-norm, sequential: x += p + bo; y = ln2(x); x += mlp(y) + b2; n = next(x)
+  product_then_norm<T>(lc, b.a, w.dense_w, b.p, tokens, h, lh, 0.f,
+                       NormSpec{ln, w.ln2_w, w.ln2_b, w.dense_b, b.x, b.x, b.y});
+  mlp_then_norm<T>(lc, w, b.y, b.f, b.o, tokens, 0.f,
+                   NormSpec{next.kind, next.gamma, next.beta, w.fc2_b, b.x, b.x, next_out});
 }
 
 }  // namespace

@@ -77,6 +77,10 @@ struct AttentionInputs {
   const int32_t* row_slot;       // [rows] or null
   const int32_t* lengths;        // [rows]
   const int32_t* cache_indir;    // [rows, max_seq] or null
+  // QKV preparation inside the decode attention kernel; requires token_slot = row_slot (or
+  // iota), token_pos = lengths - 1 and cache_indir[r, token_pos[r]] = the row's slot.
+  bool fused_prep;
+  const float* rotary_inv_freq;  // [rotary_dim / 2] (kernels::launch_rotary_inv_freq) or null
   float* workspace;              // split-KV scratch
   size_t workspace_bytes;
 };

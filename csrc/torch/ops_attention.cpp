@@ -102,13 +102,11 @@ T* mptr(const at::Tensor& t) {
   return reinterpret_cast<T*>(t.data_ptr());
 }
 
-}  // namespace
-
-at::Tensor qkv_rotary_cache(const at::Tensor& qkv, const OptTensor& bias, at::Tensor& k_cache,
-                            at::Tensor& v_cache, const at::Tensor& token_slot,
-                            const at::Tensor& token_pos, int64_t rotary_dim,
-                            const std::string& rotary_style, double rotary_base) {
-  const char* op = "warpformer.qkv_rotary_cache";
+// qkv [tokens, 3, heads, head_dim] with an optional bias [3, heads, head_dim] of its dtype, and
+// the rotary arguments (shared by qkv_rotary_cache and decode_attention_fused). Returns the style.
+kernels::RotaryStyle check_qkv(const char* op, const at::Tensor& qkv, const OptTensor& bias,
+                               int64_t rotary_dim, const std::string& rotary_style,
+                               double rotary_base) {
   check_floating(qkv, op, "qkv");
   check_dim(qkv, 4, op, "qkv");
   check_size(qkv, 1, 3, op, "qkv", "[tokens, 3, heads, head_dim]: q, k, v");
@@ -124,15 +122,28 @@ at::Tensor qkv_rotary_cache(const at::Tensor& qkv, const OptTensor& bias, at::Te
                 op, ": bias must have shape [3, ", heads, ", ", head_dim,
                 "] ([3, heads, head_dim] of qkv), got ", bias->sizes());
   }
-  check_caches(op, k_cache, v_cache, qkv.scalar_type(), "the dtype of qkv", heads, head_dim);
-  check_index(token_slot, tokens, op, "token_slot", "tokens of qkv");
-  check_index(token_pos, tokens, op, "token_pos", "tokens of qkv");
   const kernels::RotaryStyle style = parse_rotary_style(rotary_style, op);
   TORCH_CHECK(rotary_dim >= 0 && rotary_dim <= head_dim && rotary_dim % 2 == 0, op,
               ": rotary_dim must be even and in [0, head_dim = ", head_dim, "], got ", rotary_dim);
   TORCH_CHECK(style != kernels::RotaryStyle::kNone || rotary_dim == 0, op,
               ": rotary_dim must be 0 when rotary_style is 'none', got ", rotary_dim);
   TORCH_CHECK(rotary_base > 0.0, op, ": rotary_base must be > 0, got ", rotary_base);
+  return style;
+}
+
+}  // namespace
+
+at::Tensor qkv_rotary_cache(const at::Tensor& qkv, const OptTensor& bias, at::Tensor& k_cache,
+                            at::Tensor& v_cache, const at::Tensor& token_slot,
+                            const at::Tensor& token_pos, int64_t rotary_dim,
+                            const std::string& rotary_style, double rotary_base) {
+  const char* op = "warpformer.qkv_rotary_cache";
+  const kernels::RotaryStyle style =
+      check_qkv(op, qkv, bias, rotary_dim, rotary_style, rotary_base);
+  const int64_t tokens = qkv.size(0), heads = qkv.size(2), head_dim = qkv.size(3);
+  check_caches(op, k_cache, v_cache, qkv.scalar_type(), "the dtype of qkv", heads, head_dim);
+  check_index(token_slot, tokens, op, "token_slot", "tokens of qkv");
+  check_index(token_pos, tokens, op, "token_pos", "tokens of qkv");
   check_cuda(qkv, op, "qkv");
   if (bias.has_value()) check_cuda(*bias, op, "bias", qkv, "qkv");
   check_cuda(k_cache, op, "k_cache", qkv, "qkv");
@@ -250,6 +261,146 @@ at::Tensor context_attention(const at::Tensor& q, const at::Tensor& k_cache,
   return out;
 }
 
+namespace {
+
+// The fused decode attention's QKV preparation (checked by the caller).
+struct FusedPrep {
+  at::Tensor qkv;  // contiguous [rows, 3, heads, head_dim]
+  OptTensor bias;  // contiguous [3, heads, head_dim]
+  int rotary_dim;
+  kernels::RotaryStyle style;
+  float rotary_base;
+};
+
+// Fills the fields both launchers share.
+template <typename T>
+void fill_decode(kernels::DecodeAttentionParams<T>& p, at::Tensor& out, const at::Tensor& k_cache,
+                 const at::Tensor& v_cache, const OptTensor& slot_d, const at::Tensor& len_d,
+                 const OptTensor& ind_d, const OptTensor& slopes, at::Tensor& workspace,
+                 size_t ws_bytes, int64_t rows, int64_t heads, int64_t head_dim, double scale) {
+  p.out = mptr<T>(out);
+  p.k_cache = cptr<T>(k_cache);
+  p.v_cache = cptr<T>(v_cache);
+  p.row_slot = slot_d.has_value() ? slot_d->data_ptr<int32_t>() : nullptr;
+  p.lengths = len_d.data_ptr<int32_t>();
+  p.cache_indir = ind_d.has_value() ? ind_d->data_ptr<int32_t>() : nullptr;
+  p.alibi_slopes = slopes.has_value() ? slopes->data_ptr<float>() : nullptr;
+  p.workspace = ws_bytes > 0 ? workspace.data_ptr<float>() : nullptr;
+  p.workspace_bytes = ws_bytes;
+  p.rows = static_cast<int>(rows);
+  p.heads = static_cast<int>(heads);
+  p.head_dim = static_cast<int>(head_dim);
+  p.num_slots = static_cast<int>(k_cache.size(0));
+  p.max_seq = static_cast<int>(k_cache.size(2));
+  p.scale = static_cast<float>(scale);
+}
+
+// decode_attention and decode_attention_fused after their query checks: `x` is q, or qkv when
+// `prep` is given (named `x_name` in messages).
+at::Tensor run_decode_attention(const char* op, const at::Tensor& x, const char* x_name,
+                                int64_t rows, int64_t heads, int64_t head_dim,
+                                const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                const OptTensor& row_slot, const at::Tensor& lengths,
+                                const OptTensor& cache_indir, const OptTensor& alibi_slopes,
+                                double scale, const FusedPrep* prep) {
+  const std::string dtype_why = std::string("the dtype of ") + x_name;
+  const std::string rows_why = std::string("rows of ") + x_name;
+  check_caches(op, k_cache, v_cache, x.scalar_type(), dtype_why.c_str(), heads, head_dim);
+  const int64_t slots = k_cache.size(0), max_seq = k_cache.size(2);
+  if (row_slot.has_value()) check_index(*row_slot, rows, op, "row_slot", rows_why.c_str());
+  check_index(lengths, rows, op, "lengths", rows_why.c_str());
+  if (cache_indir.has_value()) {
+    check_dtype(*cache_indir, at::kInt, op, "cache_indir");
+    TORCH_CHECK(cache_indir->dim() == 2 && cache_indir->size(0) == rows &&
+                    cache_indir->size(1) == max_seq,
+                op, ": cache_indir must have shape [rows, max_seq] = [", rows, ", ", max_seq,
+                "], got ", cache_indir->sizes());
+  }
+  check_slopes(alibi_slopes, heads, op);
+  check_cuda(x, op, x_name);
+  check_cuda(k_cache, op, "k_cache", x, x_name);
+  check_cuda(v_cache, op, "v_cache", x, x_name);
+  if (row_slot.has_value()) check_cuda(*row_slot, op, "row_slot", x, x_name);
+  check_cuda(lengths, op, "lengths", x, x_name);
+  if (cache_indir.has_value()) check_cuda(*cache_indir, op, "cache_indir", x, x_name);
+  if (alibi_slopes.has_value()) check_cuda(*alibi_slopes, op, "alibi_slopes", x, x_name);
+  if (prep != nullptr && prep->bias.has_value()) check_cuda(*prep->bias, op, "bias", x, x_name);
+
+  const c10::cuda::CUDAGuard guard(x.device());
+  const std::vector<int32_t> lens = host_values(lengths);
+  check_values_in(lens, 1, max_seq + 1, op, "lengths", "1 .. max_seq of k_cache");
+  std::vector<int32_t> slot_of(static_cast<size_t>(rows));
+  if (row_slot.has_value()) {
+    slot_of = host_values(*row_slot);
+    check_values_in(slot_of, 0, slots, op, "row_slot", "the slots of k_cache");
+  } else {
+    TORCH_CHECK(rows <= slots, op, ": row_slot is None, so row r reads slot r, but ", x_name,
+                " has ", rows, " rows and k_cache only ", slots, " slots");
+    for (int64_t r = 0; r < rows; ++r) slot_of[r] = static_cast<int32_t>(r);
+  }
+  if (cache_indir.has_value()) {
+    const std::vector<int32_t> ind = host_values(*cache_indir);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t pos = 0; pos < lens[r]; ++pos) {
+        const int32_t s = ind[r * max_seq + pos];
+        TORCH_CHECK(s >= 0 && s < slots, op, ": cache_indir[", r, ", ", pos, "] = ", s,
+                    " is outside the slots [0, ", slots, ") of k_cache");
+      }
+      // The fused kernel writes the new token into the row's own slot and reads it back there.
+      TORCH_CHECK(prep == nullptr || ind[r * max_seq + lens[r] - 1] == slot_of[r], op,
+                  ": cache_indir[", r, ", lengths[", r, "] - 1] must be the row's own slot ",
+                  slot_of[r], " (the new token is written there), got ",
+                  ind[r * max_seq + lens[r] - 1]);
+    }
+  }
+  if (prep == nullptr) check_aligned(x, op, x_name);
+  check_aligned(k_cache, op, "k_cache");
+  check_aligned(v_cache, op, "v_cache");
+  const OptTensor slot_d = row_slot.has_value() ? OptTensor(row_slot->contiguous()) : OptTensor();
+  const at::Tensor len_d = lengths.contiguous();
+  const OptTensor ind_d =
+      cache_indir.has_value() ? OptTensor(cache_indir->contiguous()) : OptTensor();
+  const OptTensor slopes =
+      alibi_slopes.has_value() ? OptTensor(alibi_slopes->contiguous()) : OptTensor();
+  at::Tensor out = at::empty({rows, heads, head_dim}, x.options());
+  if (rows == 0) return out;
+  const size_t ws_bytes = kernels::decode_attention_workspace_bytes(
+      static_cast<int>(rows), static_cast<int>(heads), static_cast<int>(head_dim),
+      static_cast<int>(max_seq));
+  at::Tensor workspace;
+  if (ws_bytes > 0) {
+    workspace = at::empty({static_cast<int64_t>((ws_bytes + 3) / 4)}, x.options().dtype(at::kFloat));
+  }
+  at::Tensor inv_freq;
+  if (prep != nullptr && prep->style != kernels::RotaryStyle::kNone && prep->rotary_dim > 0) {
+    inv_freq = at::empty({prep->rotary_dim / 2}, x.options().dtype(at::kFloat));
+    WF_CUDA_CHECK(kernels::launch_rotary_inv_freq(inv_freq.data_ptr<float>(), prep->rotary_dim,
+                                                  prep->rotary_base, current_stream(x)));
+  }
+  WF_DISPATCH_FLOATING(to_dtype(x.scalar_type(), op, x_name), op, [&] {
+    if (prep == nullptr) {
+      kernels::DecodeAttentionParams<scalar_t> p{};
+      fill_decode(p, out, k_cache, v_cache, slot_d, len_d, ind_d, slopes, workspace, ws_bytes,
+                  rows, heads, head_dim, scale);
+      p.q = cptr<scalar_t>(x);
+      WF_CUDA_CHECK(kernels::launch_decode_attention(p, current_stream(x)));
+      return;
+    }
+    kernels::DecodeAttentionFusedParams<scalar_t> p{};
+    fill_decode<scalar_t>(p, out, k_cache, v_cache, slot_d, len_d, ind_d, slopes, workspace,
+                          ws_bytes, rows, heads, head_dim, scale);
+    p.qkv = cptr<scalar_t>(prep->qkv);
+    p.qkv_bias = ptr_or_null<const scalar_t>(prep->bias);
+    p.rotary_dim = prep->rotary_dim;
+    p.rotary_style = prep->style;
+    p.rotary_inv_freq = inv_freq.defined() ? inv_freq.data_ptr<float>() : nullptr;
+    WF_CUDA_CHECK(kernels::launch_decode_attention_fused(p, current_stream(x)));
+  });
+  return out;
+}
+
+}  // namespace
+
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
                             const at::Tensor& v_cache, const OptTensor& row_slot,
                             const at::Tensor& lengths, const OptTensor& cache_indir,
@@ -262,85 +413,25 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
   TORCH_CHECK(heads > 0 && heads <= INT32_MAX, op, ": q must have at least one head, got shape ",
               q.sizes());
   check_head_dim(head_dim, op);
-  check_caches(op, k_cache, v_cache, q.scalar_type(), "the dtype of q", heads, head_dim);
-  const int64_t slots = k_cache.size(0), max_seq = k_cache.size(2);
-  if (row_slot.has_value()) check_index(*row_slot, rows, op, "row_slot", "rows of q");
-  check_index(lengths, rows, op, "lengths", "rows of q");
-  if (cache_indir.has_value()) {
-    check_dtype(*cache_indir, at::kInt, op, "cache_indir");
-    TORCH_CHECK(cache_indir->dim() == 2 && cache_indir->size(0) == rows &&
-                    cache_indir->size(1) == max_seq,
-                op, ": cache_indir must have shape [rows, max_seq] = [", rows, ", ", max_seq,
-                "], got ", cache_indir->sizes());
-  }
-  check_slopes(alibi_slopes, heads, op);
-  check_cuda(q, op, "q");
-  check_cuda(k_cache, op, "k_cache", q, "q");
-  check_cuda(v_cache, op, "v_cache", q, "q");
-  if (row_slot.has_value()) check_cuda(*row_slot, op, "row_slot", q, "q");
-  check_cuda(lengths, op, "lengths", q, "q");
-  if (cache_indir.has_value()) check_cuda(*cache_indir, op, "cache_indir", q, "q");
-  if (alibi_slopes.has_value()) check_cuda(*alibi_slopes, op, "alibi_slopes", q, "q");
+  return run_decode_attention(op, q.contiguous(), "q", rows, heads, head_dim, k_cache, v_cache,
+                              row_slot, lengths, cache_indir, alibi_slopes, scale, nullptr);
+}
 
-  const c10::cuda::CUDAGuard guard(q.device());
-  const std::vector<int32_t> lens = host_values(lengths);
-  check_values_in(lens, 1, max_seq + 1, op, "lengths", "1 .. max_seq of k_cache");
-  if (row_slot.has_value()) {
-    check_values_in(host_values(*row_slot), 0, slots, op, "row_slot", "the slots of k_cache");
-  } else {
-    TORCH_CHECK(rows <= slots, op, ": row_slot is None, so row r reads slot r, but q has ", rows,
-                " rows and k_cache only ", slots, " slots");
-  }
-  if (cache_indir.has_value()) {
-    const std::vector<int32_t> ind = host_values(*cache_indir);
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t pos = 0; pos < lens[r]; ++pos) {
-        const int32_t s = ind[r * max_seq + pos];
-        TORCH_CHECK(s >= 0 && s < slots, op, ": cache_indir[", r, ", ", pos, "] = ", s,
-                    " is outside the slots [0, ", slots, ") of k_cache");
-      }
-    }
-  }
-  const at::Tensor x = q.contiguous();
-  check_aligned(x, op, "q");
-  check_aligned(k_cache, op, "k_cache");
-  check_aligned(v_cache, op, "v_cache");
-  const OptTensor slot_d = row_slot.has_value() ? OptTensor(row_slot->contiguous()) : OptTensor();
-  const at::Tensor len_d = lengths.contiguous();
-  const OptTensor ind_d =
-      cache_indir.has_value() ? OptTensor(cache_indir->contiguous()) : OptTensor();
-  const OptTensor slopes =
-      alibi_slopes.has_value() ? OptTensor(alibi_slopes->contiguous()) : OptTensor();
-  at::Tensor out = at::empty_like(x);
-  if (rows == 0) return out;
-  const size_t ws_bytes = kernels::decode_attention_workspace_bytes(
-      static_cast<int>(rows), static_cast<int>(heads), static_cast<int>(head_dim),
-      static_cast<int>(max_seq));
-  at::Tensor workspace;
-  if (ws_bytes > 0) {
-    workspace = at::empty({static_cast<int64_t>((ws_bytes + 3) / 4)}, x.options().dtype(at::kFloat));
-  }
-  WF_DISPATCH_FLOATING(to_dtype(x.scalar_type(), op, "q"), op, [&] {
-    kernels::DecodeAttentionParams<scalar_t> p{};
-    p.out = mptr<scalar_t>(out);
-    p.q = cptr<scalar_t>(x);
-    p.k_cache = cptr<scalar_t>(k_cache);
-    p.v_cache = cptr<scalar_t>(v_cache);
-    p.row_slot = slot_d.has_value() ? slot_d->data_ptr<int32_t>() : nullptr;
-    p.lengths = len_d.data_ptr<int32_t>();
-    p.cache_indir = ind_d.has_value() ? ind_d->data_ptr<int32_t>() : nullptr;
-    p.alibi_slopes = slopes.has_value() ? slopes->data_ptr<float>() : nullptr;
-    p.workspace = ws_bytes > 0 ? workspace.data_ptr<float>() : nullptr;
-    p.workspace_bytes = ws_bytes;
-    p.rows = static_cast<int>(rows);
-    p.heads = static_cast<int>(heads);
-    p.head_dim = static_cast<int>(head_dim);
-    p.num_slots = static_cast<int>(slots);
-    p.max_seq = static_cast<int>(max_seq);
-    p.scale = static_cast<float>(scale);
-    WF_CUDA_CHECK(kernels::launch_decode_attention(p, current_stream(x)));
-  });
-  return out;
+at::Tensor decode_attention_fused(const at::Tensor& qkv, const OptTensor& bias,
+                                  at::Tensor& k_cache, at::Tensor& v_cache,
+                                  const OptTensor& row_slot, const at::Tensor& lengths,
+                                  const OptTensor& cache_indir, const OptTensor& alibi_slopes,
+                                  double scale, int64_t rotary_dim,
+                                  const std::string& rotary_style, double rotary_base) {
+  const char* op = "warpformer.decode_attention_fused";
+  const kernels::RotaryStyle style =
+      check_qkv(op, qkv, bias, rotary_dim, rotary_style, rotary_base);
+  const int64_t rows = qkv.size(0), heads = qkv.size(2), head_dim = qkv.size(3);
+  TORCH_CHECK(rows <= 65535, op, ": qkv must have at most 65535 rows, got shape ", qkv.sizes());
+  FusedPrep prep{qkv.contiguous(), bias.has_value() ? OptTensor(bias->contiguous()) : OptTensor(),
+                 static_cast<int>(rotary_dim), style, static_cast<float>(rotary_base)};
+  return run_decode_attention(op, prep.qkv, "qkv", rows, heads, head_dim, k_cache, v_cache,
+                              row_slot, lengths, cache_indir, alibi_slopes, scale, &prep);
 }
 
 at::Tensor alibi_slopes(int64_t num_heads) {

@@ -78,6 +78,12 @@ TORCH_LIBRARY(warpformer, m) {
   m.def(
       "decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor? row_slot, "
       "Tensor lengths, Tensor? cache_indir, Tensor? alibi_slopes, float scale) -> Tensor");
+  // decode_attention with qkv_rotary_cache fused in: the query comes from qkv [rows, 3, heads,
+  // head_dim] (+ bias, rotary at lengths[r] - 1); the new k/v are written into the caches there.
+  m.def(
+      "decode_attention_fused(Tensor qkv, Tensor? bias, Tensor(a!) k_cache, Tensor(b!) v_cache, "
+      "Tensor? row_slot, Tensor lengths, Tensor? cache_indir, Tensor? alibi_slopes, float scale, "
+      "int rotary_dim, str rotary_style, float rotary_base) -> Tensor");
   // HF BLOOM ALiBi slopes for num_heads heads (all ranks), float32 CPU tensor [num_heads].
   m.def("alibi_slopes(int num_heads) -> Tensor");
 
@@ -212,6 +218,7 @@ TORCH_LIBRARY(warpformer, m) {
   m.impl("qkv_rotary_cache", &wo::qkv_rotary_cache); \
   m.impl("context_attention", &wo::context_attention); \
   m.impl("decode_attention", &wo::decode_attention);   \
+  m.impl("decode_attention_fused", &wo::decode_attention_fused); \
   m.impl("gemm", &wo::gemm);                           \
   m.impl("gemm_benchmark", &wo::gemm_benchmark); \
   m.impl("beam_log_softmax", &wo::beam_log_softmax); \

@@ -93,7 +93,7 @@ cudaError_t launch_context_attention(const ContextAttentionParams<T>& p, cudaStr
 
 // ---- 3. Decode attention ----------------------------------------------------------------------
 // One query per row (the newest token, already rotated; its K/V already in the cache at position
-// lengths[r] - 1):
+// lengths[r] - 1 — or, in the fused form, prepared by the kernel, see below):
 //   out[r, h] = softmax_p( scale * q[r, h] . K[src(r, p), h, p] + alibi[h] * (p - (len - 1)) ) . V
 // over p < len = lengths[r], where src(r, p) = cache_indir[r, p] when given (beam search), else
 // row_slot[r] (else r). Lengths are clamped to max_seq; a row whose length is < 1 or whose slot is
@@ -104,6 +104,15 @@ cudaError_t launch_context_attention(const ContextAttentionParams<T>& p, cudaStr
 // synchronisation and can be captured in a CUDA graph. `workspace` must hold
 // decode_attention_workspace_bytes(rows, heads, head_dim, max_seq) bytes (may be null when that
 // is 0).
+//
+// Fused QKV preparation (DecodeAttentionFusedParams, launch_decode_attention_fused): each block
+// forms its head's query from qkv (bias, rotary at position lengths[r] - 1, with the frequencies
+// of rotary_inv_freq), and the block whose key chunk holds that
+// position first writes the new token's key and value into slot row_slot[r] (else r) at that
+// position, exactly as launch_qkv_prep with token_slot = row_slot and token_pos = lengths - 1
+// followed by the unfused kernel would (bit-identical results). Reads of that position must
+// resolve to the row's own slot (cache_indir[r, lengths[r] - 1] == row_slot[r], as beam search
+// keeps it), since no other block waits for the write.
 template <typename T>
 struct DecodeAttentionParams {
   T* out;                     // [rows, heads, head_dim]
@@ -124,12 +133,32 @@ struct DecodeAttentionParams {
   float scale;
 };
 
+// Decode attention with the QKV preparation fused in (launch_decode_attention_fused; see above).
+// `q` is not read; k_cache / v_cache receive the new token's row.
+template <typename T>
+struct DecodeAttentionFusedParams : DecodeAttentionParams<T> {
+  const T* qkv;                     // [rows, 3, heads, head_dim]
+  const T* qkv_bias;                // [3, heads, head_dim] or null
+  int rotary_dim;                   // as QkvPrepParams
+  RotaryStyle rotary_style;
+  const float* rotary_inv_freq;     // [rotary_dim / 2] from launch_rotary_inv_freq
+};
+
+// inv_freq_i of the rotary embedding (see RotaryStyle) for i < rotary_dim / 2, computed on the
+// device exactly as launch_qkv_prep computes it, into out [rotary_dim / 2] (the fused decode
+// attention's table, made once per model).
+cudaError_t launch_rotary_inv_freq(float* out, int rotary_dim, float rotary_base,
+                                   cudaStream_t stream);
+
 // Number of key chunks each (row, head) is split into (1 = no split, no workspace).
 int decode_attention_num_splits(int rows, int heads, int max_seq);
 size_t decode_attention_workspace_bytes(int rows, int heads, int head_dim, int max_seq);
 
 template <typename T>
 cudaError_t launch_decode_attention(const DecodeAttentionParams<T>& p, cudaStream_t stream);
+template <typename T>
+cudaError_t launch_decode_attention_fused(const DecodeAttentionFusedParams<T>& p,
+                                          cudaStream_t stream);
 
 // ---- ALiBi ------------------------------------------------------------------------------------
 // The per-head slopes of HF BLOOM's build_alibi_tensor for `total_heads` heads (all ranks):

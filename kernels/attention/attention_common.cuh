@@ -21,6 +21,40 @@ __device__ __forceinline__ float rotary_inv_freq(int i, int rotary_dim, float ba
   return __fdiv_rn(1.0f, power);
 }
 
+// The two elements (a, b) of pair j of a head: rotary pairs for j < rot_half (see RotaryStyle),
+// then the remaining dims two by two (copied unchanged). Returns whether the pair is rotated.
+__device__ __forceinline__ bool rotary_pair(int j, int rot_half, bool interleaved, int& a, int& b) {
+  if (j < rot_half) {
+    a = interleaved ? 2 * j : j;
+    b = interleaved ? 2 * j + 1 : j + rot_half;
+    return true;
+  }
+  a = 2 * rot_half + 2 * (j - rot_half);
+  b = a + 1;
+  return false;
+}
+
+// (x, y) -> (x cos - y sin, y cos + x sin), every product and sum rounded separately (no FMA
+// contraction), so that the QKV-prep kernel and the fused decode attention round alike.
+__device__ __forceinline__ void rotate(float x, float y, float c, float s, float& ox, float& oy) {
+  ox = __fsub_rn(__fmul_rn(x, c), __fmul_rn(y, s));
+  oy = __fadd_rn(__fmul_rn(y, c), __fmul_rn(x, s));
+}
+
+// cos/sin of position `pos` for the rot_half frequencies, spread over the block's threads (the
+// caller synchronises before reading them).
+__device__ __forceinline__ void rotary_table(int pos, int rot_half, int rotary_dim, float base,
+                                             float* cos_s, float* sin_s) {
+  for (int i = threadIdx.x; i < rot_half; i += blockDim.x) {
+    // fp32 angle from one fp32 multiply, as HF's `position.float() * inv_freq`.
+    const float angle = static_cast<float>(pos) * rotary_inv_freq(i, rotary_dim, base);
+    float s, c;
+    sincosf(angle, &s, &c);
+    cos_s[i] = c;
+    sin_s[i] = s;
+  }
+}
+
 // exp(x - m) that is 0 (not NaN) when both are -inf.
 __device__ __forceinline__ float exp_shifted(float x, float m) {
   return m == -INFINITY ? 0.f : __expf(x - m);

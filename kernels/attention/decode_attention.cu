@@ -26,6 +26,16 @@ constexpr int kSmallWork = 1024;        // rows * heads below which (row, head) 
 
 constexpr int next_pow2(int x) { return x <= 1 ? 1 : 2 * next_pow2((x + 1) / 2); }
 
+// The fused kernel's extra arguments (DecodeAttentionFusedParams without the common part).
+template <typename T>
+struct FusedQkv {
+  const T* qkv;
+  const T* qkv_bias;
+  int rotary_dim;
+  RotaryStyle rotary_style;
+  const float* rotary_inv_freq;
+};
+
 // Keys per block for a given split (the last chunk may be shorter).
 int chunk_size(int max_seq, int splits) { return ceil_div(max_seq, splits); }
 
@@ -51,9 +61,73 @@ struct DecodeShape {
   static_assert(D % VEC == 0, "head_dim must be a multiple of the vector width");
 };
 
+// Fused QKV preparation (p.qkv given): the block's query, bias added and rotated at the new
+// token's position, rounded to T like launch_qkv_prep's q_out, into q_s; and when the block's key
+// chunk [start, end) holds that position, the new key and value into the cache. Same arithmetic
+// as qkv_prep_kernel, so fused and unfused results are bit-identical. Ends with a barrier: the
+// written cache row is read back by this block's own passes.
 template <typename T, int D>
-__global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const DecodeAttentionParams<T> p,
-                                                                    int splits, int chunk) {
+__device__ __forceinline__ void prepare_new_token(const DecodeAttentionParams<T>& p,
+                                                  const FusedQkv<T>& f, int row,
+                                                  int h, int slot, int start, int end,
+                                                  float* q_s, float* cos_s, float* sin_s) {
+  const int pos = p.lengths[row] - 1;  // launch_qkv_prep's token_pos (unclamped)
+  const bool write = pos >= start && pos < end;
+  const int rot_half = f.rotary_style == RotaryStyle::kNone ? 0 : f.rotary_dim / 2;
+  for (int i = threadIdx.x; i < rot_half; i += blockDim.x) {
+    // The angle exactly as attn::rotary_table forms it, from the precomputed frequencies.
+    float sn, cs;
+    sincosf(static_cast<float>(pos) * f.rotary_inv_freq[i], &sn, &cs);
+    cos_s[i] = cs;
+    sin_s[i] = sn;
+  }
+  __syncthreads();
+  const int64_t row_elems = static_cast<int64_t>(p.heads) * D;  // one of q/k/v of a token
+  const T* src = f.qkv + static_cast<int64_t>(row) * 3 * row_elems + static_cast<int64_t>(h) * D;
+  const T* bias = f.qkv_bias != nullptr ? f.qkv_bias + static_cast<int64_t>(h) * D : nullptr;
+  auto load = [&](int part, int d) {
+    float v = to_float(src[part * row_elems + d]);
+    if (bias != nullptr) v += to_float(bias[part * row_elems + d]);
+    return v;
+  };
+  // The caches are const in the params (the plain kernel only reads them); the fused one writes
+  // the new row, which no other block reads.
+  const int64_t cache_off =
+      ((static_cast<int64_t>(slot) * p.heads + h) * p.max_seq + pos) * D;
+  T* k_new = const_cast<T*>(p.k_cache) + cache_off;
+  T* v_new = const_cast<T*>(p.v_cache) + cache_off;
+  const bool interleaved = f.rotary_style == RotaryStyle::kInterleaved;
+  for (int j = threadIdx.x; j < D / 2; j += blockDim.x) {
+    int a, b;
+    const bool rot = attn::rotary_pair(j, rot_half, interleaved, a, b);
+    for (int part = 0; part < (write ? 2 : 1); ++part) {  // q, then k
+      const float x = load(part, a), y = load(part, b);
+      float ox = x, oy = y;
+      if (rot) attn::rotate(x, y, cos_s[j], sin_s[j], ox, oy);
+      if (part == 0) {
+        q_s[a] = to_float(from_float<T>(ox));
+        q_s[b] = to_float(from_float<T>(oy));
+      } else {
+        k_new[a] = from_float<T>(ox);
+        k_new[b] = from_float<T>(oy);
+      }
+    }
+  }
+  if (write) {
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+      v_new[d] = from_float<T>(load(2, d));
+    }
+  }
+  __syncthreads();
+}
+
+// FUSED: the QKV preparation (f) runs first. The fused fields travel as a separate small
+// argument, so that both instantiations address the main parameters alike (a larger parameter
+// struct made the compiler address it through a register and the passes measurably slower).
+template <typename T, int D, bool FUSED>
+__global__ void __launch_bounds__(kThreads, 2)
+    decode_attention_kernel(const DecodeAttentionParams<T> p, int splits, int chunk,
+                            const FusedQkv<T> f) {
   wait_for_prior_kernels();
   if (gridDim.y <= kEarlyStartRows) start_next_kernel();  // 1-2 rows: a GEMV follows
   using S = DecodeShape<T, D>;
@@ -89,6 +163,18 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const Dec
 
   // This lane's part of q, scaled.
   float q[NV][VEC];
+  if constexpr (FUSED) {
+    __shared__ float q_s[D];
+    __shared__ float cos_s[D / 2];
+    __shared__ float sin_s[D / 2];
+    prepare_new_token<T, D>(p, f, row, h, slot, start, end, q_s, cos_s, sin_s);
+#pragma unroll
+    for (int n = 0; n < NV; ++n) {
+      const int vi = li + n * TPK;
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) q[n][e] = vi < NVEC ? q_s[vi * VEC + e] * p.scale : 0.f;
+    }
+  } else {
 #pragma unroll
   for (int n = 0; n < NV; ++n) {
     const int vi = li + n * TPK;
@@ -100,6 +186,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const Dec
 #pragma unroll
       for (int e = 0; e < VEC; ++e) q[n][e] = 0.f;
     }
+  }
   }
 
   const int64_t head_stride = static_cast<int64_t>(p.max_seq) * D;         // one (slot, head)
@@ -259,11 +346,13 @@ __global__ void decode_combine_kernel(const DecodeAttentionParams<T> p, int spli
 }
 
 template <typename T, int D>
-cudaError_t launch_for_dim(const DecodeAttentionParams<T>& p, int splits, cudaStream_t stream) {
+cudaError_t launch_for_dim(const DecodeAttentionParams<T>& p, const FusedQkv<T>* fused,
+                           int splits, cudaStream_t stream) {
   using S = DecodeShape<T, D>;
   const int chunk = chunk_size(p.max_seq, splits);
   const size_t smem = (static_cast<size_t>(chunk) + S::NGROUPS * D) * sizeof(float);
-  auto kernel = decode_attention_kernel<T, D>;
+  auto kernel = fused != nullptr ? decode_attention_kernel<T, D, true>
+                                 : decode_attention_kernel<T, D, false>;
   if (smem > 48 * 1024) {
     const cudaError_t err =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -274,7 +363,8 @@ cudaError_t launch_for_dim(const DecodeAttentionParams<T>& p, int splits, cudaSt
   shape.grid = dim3(p.heads, p.rows, splits);
   shape.block = dim3(kThreads);
   shape.smem = smem;
-  const cudaError_t err = launch_kernel(shape, stream, kernel, p, splits, chunk);
+  const cudaError_t err = launch_kernel(shape, stream, kernel, p, splits, chunk,
+                                       fused != nullptr ? *fused : FusedQkv<T>{});
   if (err != cudaSuccess || splits == 1) return err;
   LaunchShape combine;
   combine.grid = dim3(p.rows * p.heads);
@@ -296,28 +386,60 @@ size_t decode_attention_workspace_bytes(int rows, int heads, int head_dim, int m
   return static_cast<size_t>(rows) * heads * splits * (head_dim + 2) * sizeof(float);
 }
 
+namespace {
+
+// Checks shared by both launchers; on success *splits is the key split.
 template <typename T>
-cudaError_t launch_decode_attention(const DecodeAttentionParams<T>& p, cudaStream_t stream) {
+cudaError_t check_decode(const DecodeAttentionParams<T>& p, bool need_q, int* splits) {
   if (p.rows < 0 || p.rows > 65535 || p.heads <= 0 || p.num_slots < 0 || p.max_seq < 0 ||
-      p.out == nullptr || p.q == nullptr || p.k_cache == nullptr || p.v_cache == nullptr ||
-      p.lengths == nullptr) {
+      p.out == nullptr || (need_q && p.q == nullptr) || p.k_cache == nullptr ||
+      p.v_cache == nullptr || p.lengths == nullptr) {
     return cudaErrorInvalidValue;
   }
-  if (!aligned_to(p.q, 16) || !aligned_to(p.k_cache, 16) || !aligned_to(p.v_cache, 16)) {
+  if ((need_q && !aligned_to(p.q, 16)) || !aligned_to(p.k_cache, 16) ||
+      !aligned_to(p.v_cache, 16)) {
     return cudaErrorMisalignedAddress;
   }
-  if (p.rows == 0) return cudaSuccess;
-  if (p.max_seq == 0) return cudaErrorInvalidValue;
-  const int splits = decode_attention_num_splits(p.rows, p.heads, p.max_seq);
-  if (splits > 65535) return cudaErrorInvalidValue;
-  if (splits > 1 &&
+  if (p.rows > 0 && p.max_seq == 0) return cudaErrorInvalidValue;
+  *splits = p.rows == 0 ? 1 : decode_attention_num_splits(p.rows, p.heads, p.max_seq);
+  if (*splits > 65535) return cudaErrorInvalidValue;
+  if (*splits > 1 &&
       (p.workspace == nullptr ||
        p.workspace_bytes < decode_attention_workspace_bytes(p.rows, p.heads, p.head_dim,
                                                             p.max_seq))) {
     return cudaErrorInvalidValue;
   }
+  return cudaSuccess;
+}
+
+}  // namespace
+
+template <typename T>
+cudaError_t launch_decode_attention(const DecodeAttentionParams<T>& p, cudaStream_t stream) {
+  int splits = 1;
+  const cudaError_t err = check_decode(p, true, &splits);
+  if (err != cudaSuccess || p.rows == 0) return err;
+  return WF_HEAD_DIM_SWITCH(p.head_dim, HEAD_DIM, [&] {
+    return launch_for_dim<T, HEAD_DIM>(p, nullptr, splits, stream);
+  });
+}
+
+template <typename T>
+cudaError_t launch_decode_attention_fused(const DecodeAttentionFusedParams<T>& p,
+                                          cudaStream_t stream) {
+  int splits = 1;
+  const cudaError_t err = check_decode<T>(p, false, &splits);
+  if (err != cudaSuccess) return err;
+  if (p.qkv == nullptr ||
+      (p.rotary_style != RotaryStyle::kNone &&
+       (p.rotary_dim < 0 || p.rotary_dim % 2 != 0 || p.rotary_dim > p.head_dim ||
+        (p.rotary_dim > 0 && p.rotary_inv_freq == nullptr)))) {
+    return cudaErrorInvalidValue;
+  }
+  if (p.rows == 0) return cudaSuccess;
+  const FusedQkv<T> f{p.qkv, p.qkv_bias, p.rotary_dim, p.rotary_style, p.rotary_inv_freq};
   return WF_HEAD_DIM_SWITCH(p.head_dim, HEAD_DIM,
-                            [&] { return launch_for_dim<T, HEAD_DIM>(p, splits, stream); });
+                            [&] { return launch_for_dim<T, HEAD_DIM>(p, &f, splits, stream); });
 }
 
 template cudaError_t launch_decode_attention<float>(const DecodeAttentionParams<float>&,
@@ -326,6 +448,12 @@ template cudaError_t launch_decode_attention<__half>(const DecodeAttentionParams
                                                      cudaStream_t);
 template cudaError_t launch_decode_attention<__nv_bfloat16>(
     const DecodeAttentionParams<__nv_bfloat16>&, cudaStream_t);
+template cudaError_t launch_decode_attention_fused<float>(const DecodeAttentionFusedParams<float>&,
+                                                          cudaStream_t);
+template cudaError_t launch_decode_attention_fused<__half>(
+    const DecodeAttentionFusedParams<__half>&, cudaStream_t);
+template cudaError_t launch_decode_attention_fused<__nv_bfloat16>(
+    const DecodeAttentionFusedParams<__nv_bfloat16>&, cudaStream_t);
 
 }  // namespace kernels
 }  // namespace warpformer

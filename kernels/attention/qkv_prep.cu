@@ -35,14 +35,7 @@ __global__ void __launch_bounds__(kPrepThreads) qkv_prep_kernel(const QkvPrepPar
   const int slot = p.token_slot[t];
   const bool write_cache = slot >= 0 && slot < p.num_slots && pos >= 0 && pos < p.max_seq;
 
-  for (int i = threadIdx.x; i < rot_half; i += blockDim.x) {
-    // fp32 angle from one fp32 multiply, as HF's `position.float() * inv_freq`.
-    const float angle = static_cast<float>(pos) * attn::rotary_inv_freq(i, p.rotary_dim, p.rotary_base);
-    float s, c;
-    sincosf(angle, &s, &c);
-    cos_s[i] = c;
-    sin_s[i] = s;
-  }
+  attn::rotary_table(pos, rot_half, p.rotary_dim, p.rotary_base, cos_s, sin_s);
   __syncthreads();
 
   const int64_t row = static_cast<int64_t>(heads) * hd;  // elements of one of q/k/v per token
@@ -60,23 +53,17 @@ __global__ void __launch_bounds__(kPrepThreads) qkv_prep_kernel(const QkvPrepPar
     const int h = idx / half;
     const int j = idx - h * half;
     int a, b;
-    float c = 1.f, s = 0.f;
-    if (j < rot_half) {
-      a = interleaved ? 2 * j : j;
-      b = interleaved ? 2 * j + 1 : j + rot_half;
-      c = cos_s[j];
-      s = sin_s[j];
-    } else {
-      a = 2 * rot_half + 2 * (j - rot_half);
-      b = a + 1;
-    }
+    const bool rot = attn::rotary_pair(j, rot_half, interleaved, a, b);
+    const float c = rot ? cos_s[j] : 0.f, s = rot ? sin_s[j] : 0.f;
     const int64_t off = static_cast<int64_t>(h) * hd;
     // q
     {
       const float x = load_biased(qkv_t, p.bias, off + a, static_cast<int>(off) + a);
       const float y = load_biased(qkv_t, p.bias, off + b, static_cast<int>(off) + b);
-      q_out_t[off + a] = from_float<T>(x * c - y * s);
-      q_out_t[off + b] = from_float<T>(y * c + x * s);
+      float ox = x, oy = y;
+      if (rot) attn::rotate(x, y, c, s, ox, oy);
+      q_out_t[off + a] = from_float<T>(ox);
+      q_out_t[off + b] = from_float<T>(oy);
     }
     // k
     if (write_cache) {
@@ -85,8 +72,10 @@ __global__ void __launch_bounds__(kPrepThreads) qkv_prep_kernel(const QkvPrepPar
       const float y = load_biased(qkv_t + row, p.bias ? p.bias + row : nullptr, off + b,
                                   static_cast<int>(off) + b);
       T* __restrict__ kc = p.k_cache + cache_base + h * cache_head_stride;
-      kc[a] = from_float<T>(x * c - y * s);
-      kc[b] = from_float<T>(y * c + x * s);
+      float ox = x, oy = y;
+      if (rot) attn::rotate(x, y, c, s, ox, oy);
+      kc[a] = from_float<T>(ox);
+      kc[b] = from_float<T>(oy);
     }
   }
 
@@ -112,7 +101,22 @@ __global__ void __launch_bounds__(kPrepThreads) qkv_prep_kernel(const QkvPrepPar
   }
 }
 
+__global__ void rotary_inv_freq_kernel(float* out, int rotary_dim, float rotary_base) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < rotary_dim / 2) out[i] = attn::rotary_inv_freq(i, rotary_dim, rotary_base);
+}
+
 }  // namespace
+
+cudaError_t launch_rotary_inv_freq(float* out, int rotary_dim, float rotary_base,
+                                   cudaStream_t stream) {
+  if (out == nullptr || rotary_dim <= 0 || rotary_dim % 2 != 0 || !(rotary_base > 0.f)) {
+    return cudaErrorInvalidValue;
+  }
+  const int half = rotary_dim / 2;
+  rotary_inv_freq_kernel<<<ceil_div(half, 128), 128, 0, stream>>>(out, rotary_dim, rotary_base);
+  return cudaGetLastError();
+}
 
 template <typename T>
 cudaError_t launch_qkv_prep(const QkvPrepParams<T>& p, cudaStream_t stream) {

@@ -33,6 +33,14 @@ def _decode_attention_fake(q, k_cache, v_cache, row_slot, lengths, cache_indir, 
     return q.new_empty(q.shape)
 
 
+@register_fake("warpformer::decode_attention_fused")
+def _decode_attention_fused_fake(qkv, bias, k_cache, v_cache, row_slot, lengths, cache_indir,
+                                 alibi_slopes, scale, rotary_dim, rotary_style, rotary_base):
+    torch._check(qkv.dim() == 4,
+                 lambda: "warpformer.decode_attention_fused: qkv must be 4-dimensional")
+    return qkv.new_empty((qkv.shape[0], qkv.shape[2], qkv.shape[3]))
+
+
 @register_fake("warpformer::alibi_slopes")
 def _alibi_slopes_fake(num_heads):
     return torch.empty(num_heads, dtype=torch.float32)

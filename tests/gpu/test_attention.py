@@ -1,5 +1,6 @@
-"""GPU tests of the attention ops (qkv_rotary_cache, context_attention, decode_attention) against
-plain PyTorch references.
+"""GPU tests of the attention ops (qkv_rotary_cache, context_attention, decode_attention and
+decode_attention_fused) against plain PyTorch references (the fused op against the two unfused
+ops, bit for bit).
 
 Tolerance rule (one table, FLOOR below): the reference is computed in float64 from the very
 inputs the kernel sees. fp32 kernels must be within 1e-4 of the reference's largest magnitude.
@@ -357,6 +358,73 @@ def test_prefill_then_decode(dtype, arch, seed) -> None:
     check_attention(out2, refs["64"][1], refs["lp"][1], dtype, f"{arch} decode")
 
 
+# ---- decode attention with the QKV preparation fused in -----------------------------------------
+def exactly_equal(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
+    torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True, msg=lambda m: f"{what}: {m}")
+
+
+def fused_vs_unfused(dtype, arch, lens, max_seq, row_slot, slots, indir=None) -> None:
+    """qkv_rotary_cache + decode_attention (each reference-tested above) against
+    decode_attention_fused on copies of one cache: outputs and both caches bit-identical."""
+    heads, hd, rd, style, with_bias, alibi = ARCHS[arch]
+    rows = len(lens)
+    kc, vc = nan_cache(slots, heads, max_seq, hd, dtype)
+    own = row_slot if row_slot is not None else list(range(rows))
+    fill_cache(kc, vc, own, [n - 1 for n in lens])  # the new token's position stays NaN
+    kc2, vc2 = kc.clone(), vc.clone()
+    qkv = rand(rows, 3, heads, hd, dtype=dtype, scale=2.0)
+    bias = rand(3, heads, hd, dtype=dtype, scale=0.5) if with_bias else None
+    slopes = slopes_for(heads) if alibi else None
+    scale = 1.0 / math.sqrt(hd)
+    len_t = torch.tensor(lens, dtype=torch.int32, device=DEV)
+    own_t = torch.tensor(own, dtype=torch.int32, device=DEV)
+    slot_t = own_t if row_slot is not None else None
+    q = ops.qkv_rotary_cache(qkv, bias, kc, vc, own_t, len_t - 1, rd, style, 10000.0)
+    ref = ops.decode_attention(q, kc, vc, slot_t, len_t, indir, slopes, scale)
+    poison((rows, heads, hd), dtype)
+    out = ops.decode_attention_fused(qkv, bias, kc2, vc2, slot_t, len_t, indir, slopes, scale, rd,
+                                     style, 10000.0)
+    assert not out.isnan().any(), f"{arch}: fused output has unwritten elements"
+    exactly_equal(out, ref, f"{arch} fused output")
+    exactly_equal(kc2, kc, f"{arch} k_cache")
+    exactly_equal(vc2, vc, f"{arch} v_cache")
+
+
+@pytest.mark.parametrize("long", [False, True])
+@pytest.mark.parametrize("arch", list(ARCHS))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_attention_fused(dtype, arch, long, seed) -> None:
+    """Every architecture's rotary/bias/ALiBi combination; long=True splits the keys over
+    several blocks (only the block whose chunk holds the new position writes it)."""
+    lens, max_seq = ([4100, 1, 2049, 513], 4200) if long else ([1, 7, 97, 300], 512)
+    fused_vs_unfused(dtype, arch, lens, max_seq, [4, 1, 5, 0], 6)
+
+
+@pytest.mark.parametrize("long", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_attention_fused_beams(dtype, long, seed) -> None:
+    """Beam search: 2 entries x 3 beams reading older positions from a random beam of their entry
+    through cache_indir, the newest from their own slot."""
+    beams = 3
+    lens = ([4100] * beams + [1000] * beams) if long else ([200] * beams + [57] * beams)
+    max_seq = 4200 if long else 300
+    indir = torch.full((len(lens), max_seq), -1, dtype=torch.int32)
+    for r, n in enumerate(lens):
+        indir[r, :n] = (r // beams * beams + torch.randint(0, beams, (n,))).int()
+        indir[r, n - 1] = r
+    fused_vs_unfused(dtype, "gptj", lens, max_seq, None, len(lens), indir.to(DEV))
+
+
+def test_decode_attention_fused_refuses_foreign_new_slot(seed) -> None:
+    kc, vc = nan_cache(2, 4, 16, 64, torch.float16)
+    indir = torch.zeros(2, 16, dtype=torch.int32, device=DEV)  # row 1's new position -> slot 0
+    lens = torch.tensor([3, 5], dtype=torch.int32, device=DEV)
+    with pytest.raises(RuntimeError, match=r"cache_indir\[1, lengths\[1\] - 1\] must be the "
+                                           r"row's own slot 1"):
+        ops.decode_attention_fused(rand(2, 3, 4, 64, dtype=torch.float16), None, kc, vc, None,
+                                   lens, indir, None, 0.125, 0, "none", 10000.0)
+
+
 def test_opcheck(seed) -> None:
     import warpformer._ops_attention  # noqa: F401  (fake implementations)
 
@@ -377,3 +445,7 @@ def test_opcheck(seed) -> None:
     torch.library.opcheck(ops.decode_attention.default,
                           (q[:2], kc, vc, torch.tensor([0, 2], **i32), torch.tensor([3, 2], **i32),
                            None, None, 0.125), test_utils=utils)
+    torch.library.opcheck(ops.decode_attention_fused.default,
+                          (qkv[:2], None, kc, vc, torch.tensor([0, 2], **i32),
+                           torch.tensor([3, 2], **i32), None, None, 0.125, 32, "half", 10000.0),
+                          test_utils=utils)

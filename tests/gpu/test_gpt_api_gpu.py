@@ -106,6 +106,55 @@ def test_beam_search_equals_hf(name, root):
                                    rtol=1e-3, atol=1e-3)
 
 
+# The tiny shapes plus real widths (gpt2-medium's 16 heads of 64, gpt-j-6b's 16 heads of 256).
+FUSION_SHAPES = {
+    **SHAPES,
+    "gpt2-1024": lambda: transformers.GPT2Config(vocab_size=1000, n_embd=1024, n_head=16,
+                                                 n_layer=2, n_positions=512, bos_token_id=1,
+                                                 eos_token_id=2),
+    "gptj-4096": lambda: transformers.GPTJConfig(vocab_size=1000, n_embd=4096, n_head=16,
+                                                 n_layer=2, rotary_dim=64, n_positions=512,
+                                                 bos_token_id=1, eos_token_id=2),
+}
+
+
+@pytest.mark.parametrize("name", list(FUSION_SHAPES))
+def test_decode_fusion_bit_identical(name, root, monkeypatch):
+    """The fused decode step (the default: QKV preparation inside the attention kernel) and
+    WARPFORMER_FUSE=0 (a separate QKV-preparation kernel) give the same tokens and bit-identical
+    log-probs in fp16, greedy at 1 and 2 rows and in beam search (whose cache indirection the
+    fused kernel must respect)."""
+    out = root / f"{name}-fusion-wf"
+    if not (out / "1-gpu").exists():
+        hf = make_hf(FUSION_SHAPES[name](), seed=17, peak=4.0)
+        hf.save_pretrained(root / f"{name}-fusion-hf")
+        convert(root / f"{name}-fusion-hf", out, 1, "fp32")
+    rows = prompts(1000, [9, 4], seed=4)
+    runs = {}
+    for fuse in ("1", "0"):
+        monkeypatch.setenv("WARPFORMER_FUSE", fuse)
+        gpt = GPT.from_pretrained(out, dtype=torch.float16, max_batch=2, max_seq_len=256,
+                                  backend="cuda")
+        one = gpt.generate(rows[:1], 32, return_log_probs=True)
+        two = gpt.generate(rows, 32, return_log_probs=True)
+        beam = gpt.generate(rows, 16, num_beams=3)
+        runs[fuse] = (one.tokens, two.tokens, beam.tokens, one.log_probs, two.log_probs,
+                      beam.cum_log_probs)
+        del gpt
+    fused, unfused = runs["1"], runs["0"]
+    assert fused[:3] == unfused[:3], f"{name}: the fused decode step changes the tokens"
+    for a, b in zip(fused[3:], unfused[3:], strict=True):
+        assert torch.equal(a, b), f"{name}: the fused decode step changes the log-probs"
+
+
+def test_fuse_variable_checked(root, monkeypatch):
+    model_pair("gpt2", root)
+    monkeypatch.setenv("WARPFORMER_FUSE", "yes")
+    with pytest.raises(RuntimeError, match="WARPFORMER_FUSE must be 1 or 0, got 'yes'"):
+        GPT.from_pretrained(root / "gpt2-4.0-wf", dtype=torch.float16, max_batch=1,
+                            max_seq_len=64, backend="cuda")
+
+
 def _chi2_critical(df: int, z: float = 3.09) -> float:
     """Wilson-Hilferty approximation of the chi-square quantile (z = 3.09: p = 0.001)."""
     return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
+#include <cstring>
 
 #include "csrc/core/check.h"
 #include "kernels/attention/attention.h"
@@ -37,6 +38,15 @@ class Carver {
   size_t off_ = 0;
 };
 
+// WARPFORMER_FUSE: unset or "1" runs the decode step's QKV preparation inside the attention
+// kernel, "0" as its own kernel (for comparisons; the results are bit-identical).
+bool fuse_decode_attention() {
+  const char* env = std::getenv("WARPFORMER_FUSE");
+  if (env == nullptr || std::strcmp(env, "1") == 0) return true;
+  TORCH_CHECK(std::strcmp(env, "0") == 0, "WARPFORMER_FUSE must be 1 or 0, got '", env, "'");
+  return false;
+}
+
 // Grow policy: at least what is needed, at least 1.5x the previous size (fewer regrowths when
 // calls creep upwards), at most the limit.
 int64_t grown(int64_t need, int64_t have, int64_t limit) {
@@ -59,6 +69,7 @@ GptModel::GptModel(GptConfig cfg, GptWeights weights, DType dtype,
       max_seq_len_(max_seq_len) {
   TORCH_CHECK(max_batch_ > 0, "GptModel: max_batch must be positive, got ", max_batch_);
   prefill_group_tokens_ = prefill_group_size();
+  fuse_attention_ = fuse_decode_attention();
   // The weights are written only before the model is built; every forward starts with the
   // embedding (or a pipeline receive), never with a product, so no product's weight is written
   // by the kernel just before it.
@@ -77,6 +88,13 @@ GptModel::GptModel(GptConfig cfg, GptWeights weights, DType dtype,
     alibi_ = DeviceBuffer(ctx_->allocator(), lh * sizeof(float), ctx_->stream());
     WF_CUDA_CHECK(cudaMemcpyAsync(alibi_.data(), all.data() + cfg_.tensor_para_rank * lh,
                                   lh * sizeof(float), cudaMemcpyHostToDevice, ctx_->stream()));
+  }
+  if (cfg_.rotary_embedding_dim > 0) {
+    const int rd = static_cast<int>(cfg_.rotary_embedding_dim);
+    rotary_inv_freq_ = DeviceBuffer(ctx_->allocator(), rd / 2 * sizeof(float), ctx_->stream());
+    WF_CUDA_CHECK(kernels::launch_rotary_inv_freq(rotary_inv_freq_.as<float>(), rd,
+                                                  static_cast<float>(cfg_.rotary_base),
+                                                  ctx_->stream()));
   }
 }
 

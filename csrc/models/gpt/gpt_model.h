@@ -195,6 +195,7 @@ class GptModel {
   int64_t max_batch_;
   int64_t max_seq_len_;
   DeviceBuffer alibi_;  // [local_heads] float
+  DeviceBuffer rotary_inv_freq_;  // [rotary_dim / 2] float, for the fused decode attention
 
   DeviceBuffer kv_;
   int64_t kv_slots_ = 0, kv_seq_ = 0;
@@ -206,6 +207,8 @@ class GptModel {
   size_t state_need_ = 0;
 
   int64_t prefill_group_tokens_ = 0;
+  // QKV preparation inside the decode attention kernel (WARPFORMER_FUSE, gpt_model.cpp).
+  bool fuse_attention_ = true;
   std::vector<PrefillGroup> groups_;  // set by plan_prefill
   // views into meta_ filled by prefill()
   int32_t* d_gather_ = nullptr;   // [T]  packed token -> b * seq + i
