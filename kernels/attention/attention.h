@@ -107,9 +107,8 @@ cudaError_t launch_context_attention(const ContextAttentionParams<T>& p, cudaStr
 //
 // Fused QKV preparation (DecodeAttentionFusedParams, launch_decode_attention_fused): each block
 // forms its head's query from qkv (bias, rotary at position lengths[r] - 1, with the frequencies
-// of rotary_inv_freq), and the block whose key chunk holds that
-// position first writes the new token's key and value into slot row_slot[r] (else r) at that
-// position, exactly as launch_qkv_prep with token_slot = row_slot and token_pos = lengths - 1
+// of rotary_inv_freq), and the block whose key chunk holds that position first writes the new
+// token's key and value into slot row_slot[r] (else r) at that position, exactly as launch_qkv_prep with token_slot = row_slot and token_pos = lengths - 1
 // followed by the unfused kernel would (bit-identical results). Reads of that position must
 // resolve to the row's own slot (cache_indir[r, lengths[r] - 1] == row_slot[r], as beam search
 // keeps it), since no other block waits for the write.

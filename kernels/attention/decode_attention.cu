@@ -61,7 +61,7 @@ struct DecodeShape {
   static_assert(D % VEC == 0, "head_dim must be a multiple of the vector width");
 };
 
-// Fused QKV preparation (p.qkv given): the block's query, bias added and rotated at the new
+// The fused kernel's QKV preparation: the block's query, bias added and rotated at the new
 // token's position, rounded to T like launch_qkv_prep's q_out, into q_s; and when the block's key
 // chunk [start, end) holds that position, the new key and value into the cache. Same arithmetic
 // as qkv_prep_kernel, so fused and unfused results are bit-identical. Ends with a barrier: the
@@ -176,17 +176,17 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
   } else {
 #pragma unroll
-  for (int n = 0; n < NV; ++n) {
-    const int vi = li + n * TPK;
-    if (vi < NVEC) {
-      load_vec<T, VEC>(p.q + out_off + vi * VEC, q[n]);
+    for (int n = 0; n < NV; ++n) {
+      const int vi = li + n * TPK;
+      if (vi < NVEC) {
+        load_vec<T, VEC>(p.q + out_off + vi * VEC, q[n]);
 #pragma unroll
-      for (int e = 0; e < VEC; ++e) q[n][e] *= p.scale;
-    } else {
+        for (int e = 0; e < VEC; ++e) q[n][e] *= p.scale;
+      } else {
 #pragma unroll
-      for (int e = 0; e < VEC; ++e) q[n][e] = 0.f;
+        for (int e = 0; e < VEC; ++e) q[n][e] = 0.f;
+      }
     }
-  }
   }
 
   const int64_t head_stride = static_cast<int64_t>(p.max_seq) * D;         // one (slot, head)
