@@ -8,6 +8,7 @@
 #   GPU_CHECK_PYTEST_ARGS="tests/gpu -x" bash tools/gpu_check.sh      # one pytest group
 #   GPU_CHECK_GROUPS="tests/gpu/test_gemm.py tests/gpu/test_decode.py" bash tools/gpu_check.sh
 #   GPU_CHECK_SKIP_TESTS=1 GPU_CHECK_BENCH="generate" bash tools/gpu_check.sh
+#   GPU_CHECK_PYTEST_EXTRA="-k 'fused or beam'" bash tools/gpu_check.sh     # extra pytest args
 # GPU_CHECK_BENCH: comma list of kernels, generate, generate-nopdl, gemv, allreduce, parallel,
 # lambada
 # (default kernels,generate); GPU_CHECK_GENERATE_ARGS replaces bench_generate's default arguments,
@@ -44,11 +45,15 @@ if [ $status -eq 0 ]; then
   elif [ -n "${GPU_CHECK_PYTEST_ARGS:-}" ]; then groups=("${GPU_CHECK_PYTEST_ARGS}")
   elif [ -n "${GPU_CHECK_GROUPS:-}" ]; then read -r -a groups <<<"${GPU_CHECK_GROUPS}"
   else groups=("tests --ignore=tests/gpu" $(ls tests/gpu/test_*.py)); fi
+  # GPU_CHECK_PYTEST_EXTRA is split the way the shell splits a command line, so a quoted
+  # expression stays one argument: GPU_CHECK_PYTEST_EXTRA="-k 'fused or beam'".
+  pytest_extra=()
+  [ -n "${GPU_CHECK_PYTEST_EXTRA:-}" ] && eval "pytest_extra=(${GPU_CHECK_PYTEST_EXTRA})"
   : >"$OUT/pytest.log"
   for g in "${groups[@]}"; do
     t0=$(date +%s)
     echo "--- pytest $g" | tee -a "$OUT/pytest.log"
-    $PY -m pytest $g -q -p no:cacheprovider -rfE ${GPU_CHECK_PYTEST_EXTRA:-} >"$OUT/pytest.part" 2>&1
+    $PY -m pytest $g -q -p no:cacheprovider -rfE "${pytest_extra[@]}" >"$OUT/pytest.part" 2>&1
     rc=$?
     cat "$OUT/pytest.part" >>"$OUT/pytest.log"
     grep -E "^(FAILED|ERROR)|Fatal Python error|^tests/.*Error" "$OUT/pytest.part" | head -20
