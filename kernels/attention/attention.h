@@ -109,9 +109,13 @@ cudaError_t launch_context_attention(const ContextAttentionParams<T>& p, cudaStr
 // forms its head's query from qkv (bias, rotary at position lengths[r] - 1, with the frequencies
 // of rotary_inv_freq), and the block whose key chunk holds that position first writes the new
 // token's key and value into slot row_slot[r] (else r) at that position, exactly as launch_qkv_prep with token_slot = row_slot and token_pos = lengths - 1
-// followed by the unfused kernel would (bit-identical results). Reads of that position must
-// resolve to the row's own slot (cache_indir[r, lengths[r] - 1] == row_slot[r], as beam search
-// keeps it), since no other block waits for the write.
+// followed by the unfused kernel would (bit-identical results). No block waits for another's
+// write, so no row may read a position that another row writes in the same call: reads of
+// (slot, lengths[r] - 1) of a row's own slot must come from that row only. In particular the
+// rows' slots must be distinct, and with cache_indir, cache_indir[r, lengths[r] - 1] must be
+// row_slot[r] and no other row may point at it (beam search keeps both: the newest position of
+// every beam is its own). The engine guarantees this; warpformer.decode_attention_fused checks
+// only the first beam condition (see docs/ARCHITECTURE.md).
 template <typename T>
 struct DecodeAttentionParams {
   T* out;                     // [rows, heads, head_dim]
