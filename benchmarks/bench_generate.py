@@ -33,6 +33,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import torch
 from common import (
@@ -314,18 +315,10 @@ def run_warpformer(weights, config, shape: ModelShape, row: Row,
     if variant == "tuned":
         gemm_config, changed = tuning_file(config, row.config, out_dir)
         row.note = f"tuned: {changed} shapes off the heuristic's first choice"
-    var, value = VARIANT_ENV.get(variant, (None, None))
-    saved = os.environ.get(var) if var else None
-    if var:
-        os.environ[var] = value
-    try:
+    env = dict([VARIANT_ENV[variant]]) if variant in VARIANT_ENV else {}
+    with mock.patch.dict(os.environ, env):  # restored (or removed) when the engine is built
         engine = build_gpt_model(config, weights, dtype=torch.float16, max_batch=B,
                                  max_seq_len=n_in + n_out, gemm_config=gemm_config)
-    finally:
-        if var and saved is None:
-            os.environ.pop(var, None)
-        elif var:
-            os.environ[var] = saved
     ids = prompts.to("cuda")
     lens = torch.full((B,), n_in, dtype=torch.int32, device="cuda")
     end_id = shape.vocab - 1  # its logit is pinned low: never generated
