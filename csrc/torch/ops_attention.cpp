@@ -338,6 +338,19 @@ at::Tensor run_decode_attention(const char* op, const at::Tensor& x, const char*
                 " has ", rows, " rows and k_cache only ", slots, " slots");
     for (int64_t r = 0; r < rows; ++r) slot_of[r] = static_cast<int32_t>(r);
   }
+  // The fused kernel writes each row's new token at (its slot, lengths - 1) while the other rows
+  // attend: a position written by one row must not be read by another, or the result would
+  // depend on block timing. Rows therefore need distinct slots (writer_of maps slot -> row).
+  std::vector<int64_t> writer_of;
+  if (prep != nullptr) {
+    writer_of.assign(static_cast<size_t>(slots), -1);
+    for (int64_t r = 0; r < rows; ++r) {
+      int64_t& w = writer_of[slot_of[r]];
+      TORCH_CHECK(w < 0, op, ": rows ", w, " and ", r, " both write their new token into slot ",
+                  slot_of[r], "; every row needs its own slot (row_slot must be distinct)");
+      w = r;
+    }
+  }
   if (cache_indir.has_value()) {
     const std::vector<int32_t> ind = host_values(*cache_indir);
     for (int64_t r = 0; r < rows; ++r) {
@@ -346,11 +359,18 @@ at::Tensor run_decode_attention(const char* op, const at::Tensor& x, const char*
         TORCH_CHECK(s >= 0 && s < slots, op, ": cache_indir[", r, ", ", pos, "] = ", s,
                     " is outside the slots [0, ", slots, ") of k_cache");
       }
+      if (prep == nullptr) continue;
       // The fused kernel writes the new token into the row's own slot and reads it back there.
-      TORCH_CHECK(prep == nullptr || ind[r * max_seq + lens[r] - 1] == slot_of[r], op,
-                  ": cache_indir[", r, ", lengths[", r, "] - 1] must be the row's own slot ",
-                  slot_of[r], " (the new token is written there), got ",
-                  ind[r * max_seq + lens[r] - 1]);
+      TORCH_CHECK(ind[r * max_seq + lens[r] - 1] == slot_of[r], op, ": cache_indir[", r,
+                  ", lengths[", r, "] - 1] must be the row's own slot ", slot_of[r],
+                  " (the new token is written there), got ", ind[r * max_seq + lens[r] - 1]);
+      for (int64_t pos = 0; pos + 1 < lens[r]; ++pos) {
+        const int32_t s = ind[r * max_seq + pos];
+        const int64_t w = writer_of[s];
+        TORCH_CHECK(w < 0 || w == r || lens[w] - 1 != pos, op, ": cache_indir[", r, ", ", pos,
+                    "] = ", s, " reads the position row ", w, " writes its new token into in "
+                    "the same call (slot ", s, ", position ", pos, ")");
+      }
     }
   }
   if (prep == nullptr) check_aligned(x, op, x_name);

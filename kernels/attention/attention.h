@@ -108,14 +108,15 @@ cudaError_t launch_context_attention(const ContextAttentionParams<T>& p, cudaStr
 // Fused QKV preparation (DecodeAttentionFusedParams, launch_decode_attention_fused): each block
 // forms its head's query from qkv (bias, rotary at position lengths[r] - 1, with the frequencies
 // of rotary_inv_freq), and the block whose key chunk holds that position first writes the new
-// token's key and value into slot row_slot[r] (else r) at that position, exactly as launch_qkv_prep with token_slot = row_slot and token_pos = lengths - 1
-// followed by the unfused kernel would (bit-identical results). No block waits for another's
+// token's key and value into slot row_slot[r] (else r) at that position, exactly as
+// launch_qkv_prep with token_slot = row_slot and token_pos = lengths - 1 followed by the unfused
+// kernel would (bit-identical results). No block waits for another's
 // write, so no row may read a position that another row writes in the same call: reads of
 // (slot, lengths[r] - 1) of a row's own slot must come from that row only. In particular the
 // rows' slots must be distinct, and with cache_indir, cache_indir[r, lengths[r] - 1] must be
 // row_slot[r] and no other row may point at it (beam search keeps both: the newest position of
 // every beam is its own). The engine guarantees this; warpformer.decode_attention_fused checks
-// only the first beam condition (see docs/ARCHITECTURE.md).
+// all of it on the host before launching.
 template <typename T>
 struct DecodeAttentionParams {
   T* out;                     // [rows, heads, head_dim]
@@ -136,16 +137,20 @@ struct DecodeAttentionParams {
   float scale;
 };
 
-// Decode attention with the QKV preparation fused in (launch_decode_attention_fused; see above).
-// `q` is not read; k_cache / v_cache receive the new token's row.
+// The fused decode attention's QKV inputs (the kernel takes them as their own argument).
 template <typename T>
-struct DecodeAttentionFusedParams : DecodeAttentionParams<T> {
+struct DecodeQkvInputs {
   const T* qkv;                     // [rows, 3, heads, head_dim]
   const T* qkv_bias;                // [3, heads, head_dim] or null
   int rotary_dim;                   // as QkvPrepParams
   RotaryStyle rotary_style;
   const float* rotary_inv_freq;     // [rotary_dim / 2] from launch_rotary_inv_freq
 };
+
+// Decode attention with the QKV preparation fused in (launch_decode_attention_fused; see above).
+// `q` is not read; k_cache / v_cache receive the new token's row.
+template <typename T>
+struct DecodeAttentionFusedParams : DecodeAttentionParams<T>, DecodeQkvInputs<T> {};
 
 // inv_freq_i of the rotary embedding (see RotaryStyle) for i < rotary_dim / 2, computed on the
 // device exactly as launch_qkv_prep computes it, into out [rotary_dim / 2] (the fused decode

@@ -34,6 +34,16 @@ __device__ __forceinline__ bool rotary_pair(int j, int rot_half, bool interleave
   return false;
 }
 
+// x[x_off] (+ bias[b_off]) in fp32: how both QKV preparations (qkv_prep and the fused decode
+// attention) read an element of the QKV product, so that they round alike.
+template <typename T>
+__device__ __forceinline__ float load_biased(const T* __restrict__ x, const T* __restrict__ bias,
+                                             int64_t x_off, int b_off) {
+  float v = to_float(x[x_off]);
+  if (bias != nullptr) v += to_float(bias[b_off]);
+  return v;
+}
+
 // (x, y) -> (x cos - y sin, y cos + x sin), every product and sum rounded separately (no FMA
 // contraction), so that the QKV-prep kernel and the fused decode attention round alike.
 __device__ __forceinline__ void rotate(float x, float y, float c, float s, float& ox, float& oy) {

@@ -26,16 +26,6 @@ constexpr int kSmallWork = 1024;        // rows * heads below which (row, head) 
 
 constexpr int next_pow2(int x) { return x <= 1 ? 1 : 2 * next_pow2((x + 1) / 2); }
 
-// The fused kernel's extra arguments (DecodeAttentionFusedParams without the common part).
-template <typename T>
-struct FusedQkv {
-  const T* qkv;
-  const T* qkv_bias;
-  int rotary_dim;
-  RotaryStyle rotary_style;
-  const float* rotary_inv_freq;
-};
-
 // Keys per block for a given split (the last chunk may be shorter).
 int chunk_size(int max_seq, int splits) { return ceil_div(max_seq, splits); }
 
@@ -68,7 +58,7 @@ struct DecodeShape {
 // written cache row is read back by this block's own passes.
 template <typename T, int D>
 __device__ __forceinline__ void prepare_new_token(const DecodeAttentionParams<T>& p,
-                                                  const FusedQkv<T>& f, int row,
+                                                  const DecodeQkvInputs<T>& f, int row,
                                                   int h, int slot, int start, int end,
                                                   float* q_s, float* cos_s, float* sin_s) {
   const int pos = p.lengths[row] - 1;  // launch_qkv_prep's token_pos (unclamped)
@@ -86,9 +76,8 @@ __device__ __forceinline__ void prepare_new_token(const DecodeAttentionParams<T>
   const T* src = f.qkv + static_cast<int64_t>(row) * 3 * row_elems + static_cast<int64_t>(h) * D;
   const T* bias = f.qkv_bias != nullptr ? f.qkv_bias + static_cast<int64_t>(h) * D : nullptr;
   auto load = [&](int part, int d) {
-    float v = to_float(src[part * row_elems + d]);
-    if (bias != nullptr) v += to_float(bias[part * row_elems + d]);
-    return v;
+    const int64_t off = part * row_elems + d;
+    return attn::load_biased(src, bias, off, static_cast<int>(off));
   };
   // The caches are const in the params (the plain kernel only reads them); the fused one writes
   // the new row, which no other block reads.
@@ -127,7 +116,7 @@ __device__ __forceinline__ void prepare_new_token(const DecodeAttentionParams<T>
 template <typename T, int D, bool FUSED>
 __global__ void __launch_bounds__(kThreads, 2)
     decode_attention_kernel(const DecodeAttentionParams<T> p, int splits, int chunk,
-                            const FusedQkv<T> f) {
+                            const DecodeQkvInputs<T> f) {
   wait_for_prior_kernels();
   if (gridDim.y <= kEarlyStartRows) start_next_kernel();  // 1-2 rows: a GEMV follows
   using S = DecodeShape<T, D>;
@@ -346,7 +335,7 @@ __global__ void decode_combine_kernel(const DecodeAttentionParams<T> p, int spli
 }
 
 template <typename T, int D>
-cudaError_t launch_for_dim(const DecodeAttentionParams<T>& p, const FusedQkv<T>* fused,
+cudaError_t launch_for_dim(const DecodeAttentionParams<T>& p, const DecodeQkvInputs<T>* fused,
                            int splits, cudaStream_t stream) {
   using S = DecodeShape<T, D>;
   const int chunk = chunk_size(p.max_seq, splits);
@@ -364,7 +353,7 @@ cudaError_t launch_for_dim(const DecodeAttentionParams<T>& p, const FusedQkv<T>*
   shape.block = dim3(kThreads);
   shape.smem = smem;
   const cudaError_t err = launch_kernel(shape, stream, kernel, p, splits, chunk,
-                                       fused != nullptr ? *fused : FusedQkv<T>{});
+                                       fused != nullptr ? *fused : DecodeQkvInputs<T>{});
   if (err != cudaSuccess || splits == 1) return err;
   LaunchShape combine;
   combine.grid = dim3(p.rows * p.heads);
@@ -437,7 +426,7 @@ cudaError_t launch_decode_attention_fused(const DecodeAttentionFusedParams<T>& p
     return cudaErrorInvalidValue;
   }
   if (p.rows == 0) return cudaSuccess;
-  const FusedQkv<T> f{p.qkv, p.qkv_bias, p.rotary_dim, p.rotary_style, p.rotary_inv_freq};
+  const DecodeQkvInputs<T>& f = p;
   return WF_HEAD_DIM_SWITCH(p.head_dim, HEAD_DIM,
                             [&] { return launch_for_dim<T, HEAD_DIM>(p, &f, splits, stream); });
 }

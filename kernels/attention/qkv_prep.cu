@@ -14,14 +14,6 @@ namespace {
 constexpr int kPrepThreads = 256;
 constexpr int kMaxHalfRotary = 128;  // rotary_dim <= head_dim <= 256
 
-template <typename T>
-__device__ __forceinline__ float load_biased(const T* __restrict__ x, const T* __restrict__ bias,
-                                             int64_t x_off, int b_off) {
-  float v = to_float(x[x_off]);
-  if (bias != nullptr) v += to_float(bias[b_off]);
-  return v;
-}
-
 template <typename T, int VEC>
 __global__ void __launch_bounds__(kPrepThreads) qkv_prep_kernel(const QkvPrepParams<T> p) {
   wait_for_prior_kernels();
@@ -58,8 +50,8 @@ __global__ void __launch_bounds__(kPrepThreads) qkv_prep_kernel(const QkvPrepPar
     const int64_t off = static_cast<int64_t>(h) * hd;
     // q
     {
-      const float x = load_biased(qkv_t, p.bias, off + a, static_cast<int>(off) + a);
-      const float y = load_biased(qkv_t, p.bias, off + b, static_cast<int>(off) + b);
+      const float x = attn::load_biased(qkv_t, p.bias, off + a, static_cast<int>(off) + a);
+      const float y = attn::load_biased(qkv_t, p.bias, off + b, static_cast<int>(off) + b);
       float ox = x, oy = y;
       if (rot) attn::rotate(x, y, c, s, ox, oy);
       q_out_t[off + a] = from_float<T>(ox);
@@ -67,9 +59,9 @@ __global__ void __launch_bounds__(kPrepThreads) qkv_prep_kernel(const QkvPrepPar
     }
     // k
     if (write_cache) {
-      const float x = load_biased(qkv_t + row, p.bias ? p.bias + row : nullptr, off + a,
+      const float x = attn::load_biased(qkv_t + row, p.bias ? p.bias + row : nullptr, off + a,
                                   static_cast<int>(off) + a);
-      const float y = load_biased(qkv_t + row, p.bias ? p.bias + row : nullptr, off + b,
+      const float y = attn::load_biased(qkv_t + row, p.bias ? p.bias + row : nullptr, off + b,
                                   static_cast<int>(off) + b);
       T* __restrict__ kc = p.k_cache + cache_base + h * cache_head_stride;
       float ox = x, oy = y;

@@ -425,6 +425,34 @@ def test_decode_attention_fused_refuses_foreign_new_slot(seed) -> None:
                                    lens, indir, None, 0.125, 0, "none", 10000.0)
 
 
+def test_decode_attention_fused_refuses_shared_slot(seed) -> None:
+    """Two rows writing their new token into one slot would race in the fused kernel."""
+    kc, vc = nan_cache(3, 4, 16, 64, torch.float16)
+    slot = torch.tensor([2, 0, 2], dtype=torch.int32, device=DEV)
+    lens = torch.tensor([3, 5, 3], dtype=torch.int32, device=DEV)
+    with pytest.raises(RuntimeError, match=r"rows 0 and 2 both write their new token into slot 2"):
+        ops.decode_attention_fused(rand(3, 3, 4, 64, dtype=torch.float16), None, kc, vc, slot,
+                                   lens, None, None, 0.125, 0, "none", 10000.0)
+
+
+def test_decode_attention_fused_refuses_reading_another_rows_new_token(seed) -> None:
+    """Row 1 reading (slot 0, position 2) through cache_indir while row 0 writes its new token
+    there would race; the same read of an older position of slot 0 is fine."""
+    kc, vc = nan_cache(2, 4, 16, 64, torch.float16)
+    fill_cache(kc, vc, [0, 1], [3, 5])
+    lens = torch.tensor([3, 6], dtype=torch.int32, device=DEV)
+    qkv = rand(2, 3, 4, 64, dtype=torch.float16)
+    indir = torch.tensor([[0] * 16, [1] * 16], dtype=torch.int32, device=DEV)
+    indir[1, 1] = 0  # an older position of row 0's slot: allowed
+    ops.decode_attention_fused(qkv, None, kc, vc, None, lens, indir, None, 0.125, 0, "none",
+                               10000.0)
+    indir[1, 2] = 0  # row 0's new position
+    with pytest.raises(RuntimeError, match=r"cache_indir\[1, 2\] = 0 reads the position row 0 "
+                                           r"writes its new token into"):
+        ops.decode_attention_fused(qkv, None, kc, vc, None, lens, indir, None, 0.125, 0, "none",
+                                   10000.0)
+
+
 def test_opcheck(seed) -> None:
     import warpformer._ops_attention  # noqa: F401  (fake implementations)
 
