@@ -18,6 +18,7 @@
 #include "kernels/activation_math.cuh"
 #include "kernels/common.cuh"
 #include "kernels/gemv.h"
+#include "kernels/norm_math.cuh"
 
 namespace warpformer {
 namespace kernels {
@@ -58,14 +59,83 @@ __device__ __forceinline__ float finish(float v, const GemvParams<T>& p, int64_t
   return v;
 }
 
+// The normalising prologue's arguments (launch_gemv_normed): the norm as launch_norm would run
+// it, and that launch's threads per row (norm_shape), whose partial sums the block reproduces.
+template <typename T>
+struct GemvNorm {
+  NormParams<T> norm;
+  int norm_threads;
+};
+
+// The block's share of the normalised input: rows m < M, columns [kbeg, kend) of
+// norm(input (+ input_bias) (+ residual)), rounded to T into xs [M][kchunk] (shared memory) exactly
+// as launch_norm would write them. The statistics of each row are the norms kernel's: threads
+// t < norm_threads form the same per-thread sums over the same vectors, the others add zeros,
+// and block_sum adds the warp sums alike (the extra warps' zeros change no bits). Blocks of the
+// first column tile also write the k-range's x to residual_out and its normalised values to out
+// when those are given; they must not alias the inputs, which the other blocks are still reading.
 template <typename T, int M>
+__device__ __forceinline__ void normalize_input(const GemvNorm<T>& g, int k, int kbeg, int kend,
+                                                int kchunk, T* xs) {
+  constexpr int V = 16 / sizeof(T);
+  __shared__ float scratch[32];
+  const NormParams<T>& nm = g.norm;
+  const int nvec = k / V;
+  const bool layer_norm = nm.kind == NormKind::kLayerNorm;
+  const float inv_n = 1.f / static_cast<float>(k);
+  const bool writer = blockIdx.x == 0;
+#pragma unroll 1
+  for (int m = 0; m < M; ++m) {
+    const int64_t row_off = static_cast<int64_t>(m) * k;
+    float mean = 0.f;
+    if (layer_norm) {
+      const float shift = norm::first_x(nm, row_off);
+      float sum = 0.f;
+      if (threadIdx.x < g.norm_threads) {
+        for (int v = threadIdx.x; v < nvec; v += g.norm_threads) {
+          float x[V];
+          norm::load_x<T, V>(nm, row_off, v * V, x);
+#pragma unroll
+          for (int j = 0; j < V; ++j) sum += x[j] - shift;
+        }
+      }
+      mean = norm::mean(shift, block_sum(sum, scratch), inv_n);
+    }
+    float sq = 0.f;
+    if (threadIdx.x < g.norm_threads) {
+      for (int v = threadIdx.x; v < nvec; v += g.norm_threads) {
+        float x[V];
+        norm::load_x<T, V>(nm, row_off, v * V, x);
+#pragma unroll
+        for (int j = 0; j < V; ++j) sq = norm::add_square(sq, x[j], mean);
+      }
+    }
+    const float rstd = norm::rstd(block_sum(sq, scratch), inv_n, nm.eps);
+    for (int c = kbeg + threadIdx.x * V; c < kend; c += kThreads * V) {
+      float x[V], y[V];
+      norm::load_x<T, V>(nm, row_off, c, x);
+      norm::normalize<T, V>(nm, c, x, mean, rstd, y);
+      store_vec<T, V>(xs + m * kchunk + (c - kbeg), y);
+      if (writer && nm.residual_out != nullptr) store_vec<T, V>(nm.residual_out + row_off + c, x);
+      if (writer && nm.out != nullptr) store_vec<T, V>(nm.out + row_off + c, y);
+    }
+  }
+  __syncthreads();
+}
+
+// NORM: the input is normalised by the block itself (normalize_input above; `g` describes the
+// norm and p.in is unused). The plain instantiation ignores `g`, a separate argument so that the
+// main parameters are addressed alike in both (see decode_attention.cu).
+template <typename T, int M, bool NORM>
 __global__ void __launch_bounds__(kThreads)
-    gemv_kn_kernel(const GemvParams<T> p, int ksplit, int kchunk) {
+    gemv_kn_kernel(const GemvParams<T> p, int ksplit, int kchunk, const GemvNorm<T> g) {
   constexpr int V = 16 / sizeof(T);
   constexpr int kTileCols = kColVecs * V;
   constexpr int kOut = M * kTileCols;  // a block's outputs, [M][kTileCols]
   __shared__ float red[kWarps][kOut];
   __shared__ float part[kOut];
+  extern __shared__ __align__(16) unsigned char xs_bytes[];  // NORM: [M][kchunk] of T
+  T* xs = reinterpret_cast<T*>(xs_bytes);
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int c = threadIdx.x % kColVecs, s = threadIdx.x / kColVecs;
@@ -93,7 +163,11 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int m = 0; m < M; ++m) {
       float x[V];
-      load_vec<T, V>(p.in + static_cast<int64_t>(m) * p.k + k0, x);
+      if constexpr (NORM) {
+        load_vec<T, V>(xs + m * kchunk + (k0 - kbeg), x);
+      } else {
+        load_vec<T, V>(p.in + static_cast<int64_t>(m) * p.k + k0, x);
+      }
 #pragma unroll
       for (int j = 0; j < V; ++j) {
         const T* wr = reinterpret_cast<const T*>(&wv[j]);
@@ -114,6 +188,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   wait_for_prior_kernels();
   start_next_kernel();
+  if constexpr (NORM) normalize_input<T, M>(g, p.k, kbeg, kend, kchunk, xs);
   if (col < p.n) {
     if (early) {
       fma_step(k0, first);
@@ -243,7 +318,8 @@ DeviceInfo device_info(int device) {
   // architectures this can only switch clusters off where they would work, never on where not.
   static const bool sm90_code = [] {
     cudaFuncAttributes attr{};
-    const bool ok = cudaFuncGetAttributes(&attr, gemv_kn_kernel<float, 1>) == cudaSuccess;
+    const bool ok =
+        cudaFuncGetAttributes(&attr, gemv_kn_kernel<float, 1, false>) == cudaSuccess;
     cudaGetLastError();  // a failed query must not surface in a later launch's check
     return ok && attr.binaryVersion >= 90;
   }();
@@ -251,15 +327,14 @@ DeviceInfo device_info(int device) {
   return DeviceInfo{caps.sms, sm90_code && caps.major >= 9};
 }
 
-template <typename T, int M>
-cudaError_t launch_rows(const GemvParams<T>& p, const DeviceInfo& d, cudaStream_t stream) {
+// How a [k, n] product is split: column tiles x k-splits of kchunk (a multiple of V) each.
+struct KnSplit {
+  int tiles, ksplit, kchunk;
+};
+
+template <typename T>
+KnSplit kn_split(const GemvParams<T>& p, const DeviceInfo& d) {
   constexpr int V = 16 / sizeof(T);
-  LaunchShape shape;
-  shape.block = dim3(kThreads);
-  if (p.transposed) {
-    shape.grid = dim3(static_cast<unsigned>(ceil_div(p.n, kWarps * kRowsPerWarp)));
-    return launch_kernel(shape, stream, gemv_nk_kernel<T, M>, p);
-  }
   const int tiles = ceil_div(p.n, kColVecs * V);
   int ksplit = 1;
   if (d.clusters) {
@@ -268,11 +343,48 @@ cudaError_t launch_rows(const GemvParams<T>& p, const DeviceInfo& d, cudaStream_
     ksplit = std::max(ksplit, 1);
   }
   const int kchunk = ceil_div(p.k / V, ksplit) * V;
-  ksplit = ceil_div(p.k, kchunk);  // no empty splits
-  shape.grid = dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(ksplit), 1);
-  shape.cluster_y = static_cast<unsigned>(ksplit);
-  return launch_kernel(shape, stream, gemv_kn_kernel<T, M>, p, ksplit, kchunk);
+  return KnSplit{tiles, ceil_div(p.k, kchunk), kchunk};  // no empty splits
 }
+
+// Shared memory of the normalised input for one block of a normalising product.
+template <typename T>
+size_t normed_smem(const GemvParams<T>& p, const KnSplit& s) {
+  return static_cast<size_t>(p.m) * s.kchunk * sizeof(T);
+}
+
+template <typename T, int M, bool NORM>
+cudaError_t launch_rows(const GemvParams<T>& p, const GemvNorm<T>& g, const DeviceInfo& d,
+                        cudaStream_t stream) {
+  LaunchShape shape;
+  shape.block = dim3(kThreads);
+  if (p.transposed) {
+    shape.grid = dim3(static_cast<unsigned>(ceil_div(p.n, kWarps * kRowsPerWarp)));
+    return launch_kernel(shape, stream, gemv_nk_kernel<T, M>, p);
+  }
+  const KnSplit s = kn_split(p, d);
+  shape.grid = dim3(static_cast<unsigned>(s.tiles), static_cast<unsigned>(s.ksplit), 1);
+  shape.cluster_y = static_cast<unsigned>(s.ksplit);
+  shape.smem = NORM ? normed_smem(p, s) : 0;
+  return launch_kernel(shape, stream, gemv_kn_kernel<T, M, NORM>, p, s.ksplit, s.kchunk, g);
+}
+
+template <typename T, bool NORM>
+cudaError_t launch_any_rows(const GemvParams<T>& p, const GemvNorm<T>& g, int device,
+                            cudaStream_t stream) {
+  const DeviceInfo d = device_info(device);
+  switch (p.m) {
+    case 1: return launch_rows<T, 1, NORM>(p, g, d, stream);
+    case 2: return launch_rows<T, 2, NORM>(p, g, d, stream);
+    case 3: return launch_rows<T, 3, NORM>(p, g, d, stream);
+    case 4: return launch_rows<T, 4, NORM>(p, g, d, stream);
+    case 5: return launch_rows<T, 5, NORM>(p, g, d, stream);
+    case 6: return launch_rows<T, 6, NORM>(p, g, d, stream);
+    case 7: return launch_rows<T, 7, NORM>(p, g, d, stream);
+    default: return launch_rows<T, 8, NORM>(p, g, d, stream);
+  }
+}
+
+constexpr size_t kMaxNormedSmem = 48 * 1024;  // no opt-in to larger dynamic shared memory
 
 }  // namespace
 
@@ -287,22 +399,47 @@ bool gemv_supported(const GemvParams<T>& p) {
 template <typename T>
 cudaError_t launch_gemv(const GemvParams<T>& p, int device, cudaStream_t stream) {
   if (!gemv_supported(p)) return cudaErrorInvalidValue;
-  const DeviceInfo d = device_info(device);
-  switch (p.m) {
-    case 1: return launch_rows<T, 1>(p, d, stream);
-    case 2: return launch_rows<T, 2>(p, d, stream);
-    case 3: return launch_rows<T, 3>(p, d, stream);
-    case 4: return launch_rows<T, 4>(p, d, stream);
-    case 5: return launch_rows<T, 5>(p, d, stream);
-    case 6: return launch_rows<T, 6>(p, d, stream);
-    case 7: return launch_rows<T, 7>(p, d, stream);
-    default: return launch_rows<T, 8>(p, d, stream);
-  }
+  return launch_any_rows<T, false>(p, GemvNorm<T>{}, device, stream);
 }
 
-#define WF_GEMV_INSTANTIATE(T)                                              \
-  template bool gemv_supported<T>(const GemvParams<T>&);                    \
-  template cudaError_t launch_gemv<T>(const GemvParams<T>&, int, cudaStream_t);
+template <typename T>
+bool gemv_normed_supported(const GemvParams<T>& p, const NormParams<T>& norm, int device) {
+  constexpr int V = 16 / sizeof(T);
+  GemvParams<T> q = p;
+  q.in = norm.input;  // the pointer checks of the plain product apply to the norm's input
+  if (!gemv_supported(q) || p.transposed) return false;
+  if ((norm.kind != NormKind::kLayerNorm && norm.kind != NormKind::kRmsNorm) ||
+      norm.rows != p.m || norm.hidden != p.k || norm.gamma == nullptr) {
+    return false;
+  }
+  const NormShape ns = norm_shape(norm.hidden, V);
+  if (ns.items == 0 || ns.threads > kThreads) return false;  // sums the block cannot reproduce
+  const bool aligned = aligned_to(norm.residual, 16) && aligned_to(norm.input_bias, 16) &&
+                       aligned_to(norm.gamma, 16) && aligned_to(norm.beta, 16) &&
+                       aligned_to(norm.residual_out, 16) && aligned_to(norm.out, 16);
+  // Blocks of the first column tile write the outputs while the others still read the inputs.
+  auto apart = [](const void* a, const void* b) { return a == nullptr || b == nullptr || a != b; };
+  const bool no_alias = apart(norm.residual_out, norm.input) &&
+                        apart(norm.residual_out, norm.residual) && apart(norm.out, norm.input) &&
+                        apart(norm.out, norm.residual) && apart(norm.out, norm.residual_out);
+  return aligned && no_alias && normed_smem(p, kn_split(p, device_info(device))) <= kMaxNormedSmem;
+}
+
+template <typename T>
+cudaError_t launch_gemv_normed(const GemvParams<T>& p, const NormParams<T>& norm, int device,
+                               cudaStream_t stream) {
+  if (!gemv_normed_supported(p, norm, device)) return cudaErrorInvalidValue;
+  constexpr int V = 16 / sizeof(T);
+  return launch_any_rows<T, true>(p, GemvNorm<T>{norm, norm_shape(norm.hidden, V).threads},
+                                  device, stream);
+}
+
+#define WF_GEMV_INSTANTIATE(T)                                                              \
+  template bool gemv_supported<T>(const GemvParams<T>&);                                    \
+  template cudaError_t launch_gemv<T>(const GemvParams<T>&, int, cudaStream_t);             \
+  template bool gemv_normed_supported<T>(const GemvParams<T>&, const NormParams<T>&, int);  \
+  template cudaError_t launch_gemv_normed<T>(const GemvParams<T>&, const NormParams<T>&, int, \
+                                             cudaStream_t);
 WF_GEMV_INSTANTIATE(float)
 WF_GEMV_INSTANTIATE(__half)
 WF_GEMV_INSTANTIATE(__nv_bfloat16)

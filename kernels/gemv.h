@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "kernels/activations.h"
+#include "kernels/norms.h"
 
 namespace warpformer {
 namespace kernels {
@@ -51,6 +52,25 @@ bool gemv_supported(const GemvParams<T>& p);
 // blocks. Returns cudaErrorInvalidValue for parameters gemv_supported rejects.
 template <typename T>
 cudaError_t launch_gemv(const GemvParams<T>& p, int device, cudaStream_t stream);
+
+// A [k, n] product of a normalised input, the norm done inside the GEMV (one kernel instead of
+// launch_norm + launch_gemv):
+//
+//   x = norm.input (+ norm.input_bias) (+ norm.residual)      [m, k]
+//   out = act(norm(x) . W + bias) (+ beta * out)              (p.in is not read)
+//   norm.residual_out = x and norm.out = norm(x), each when given
+//
+// Every block computes the row statistics itself (so it pays off for a row or two: a decode
+// step's norm is then no longer a kernel of its own) and normalises its share of k into shared
+// memory. The sums are formed exactly as launch_norm forms them, so out, residual_out and
+// norm.out are bit-identical to launch_norm followed by launch_gemv. norm.rows must be p.m and
+// norm.hidden p.k; the outputs must not alias the inputs.
+template <typename T>
+bool gemv_normed_supported(const GemvParams<T>& p, const NormParams<T>& norm, int device);
+
+template <typename T>
+cudaError_t launch_gemv_normed(const GemvParams<T>& p, const NormParams<T>& norm, int device,
+                               cudaStream_t stream);
 
 }  // namespace kernels
 }  // namespace warpformer

@@ -5,6 +5,7 @@
 // rows fall back to re-reading it (from residual_out when that was written, since it may alias an
 // input). Statistics are accumulated in fp32 with the exact two-pass variance.
 #include "kernels/common.cuh"
+#include "kernels/norm_math.cuh"
 #include "kernels/norms.h"
 
 namespace warpformer {
@@ -15,46 +16,10 @@ constexpr int kMaxThreads = 512;
 constexpr int kTargetThreads = 128;
 
 template <typename T, int VEC>
-__device__ __forceinline__ void load_x(const NormParams<T>& p, int64_t row_off, int col,
-                                       float (&x)[VEC]) {
-  load_vec<T, VEC>(p.input + row_off + col, x);
-  if (p.input_bias != nullptr) {
-    float b[VEC];
-    load_vec<T, VEC>(p.input_bias + col, b);
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) x[j] += b[j];
-  }
-  if (p.residual != nullptr) {
-    float r[VEC];
-    load_vec<T, VEC>(p.residual + row_off + col, r);
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) x[j] += r[j];
-  }
-}
-
-// x[row, 0] = input (+ input_bias) (+ residual) of the row's first element, read by every thread
-// before any thread writes residual_out (which may alias the inputs).
-template <typename T>
-__device__ __forceinline__ float first_x(const NormParams<T>& p, int64_t row_off) {
-  float x = to_float(p.input[row_off]);
-  if (p.input_bias != nullptr) x += to_float(p.input_bias[0]);
-  if (p.residual != nullptr) x += to_float(p.residual[row_off]);
-  return x;
-}
-
-template <typename T, int VEC>
 __device__ __forceinline__ void store_normed(const NormParams<T>& p, int64_t row_off, int col,
                                              const float (&x)[VEC], float mean, float rstd) {
-  float g[VEC], y[VEC];
-  load_vec<T, VEC>(p.gamma + col, g);
-#pragma unroll
-  for (int j = 0; j < VEC; ++j) y[j] = (x[j] - mean) * rstd * g[j];
-  if (p.kind == NormKind::kLayerNorm && p.beta != nullptr) {
-    float b[VEC];
-    load_vec<T, VEC>(p.beta + col, b);
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) y[j] += b[j];
-  }
+  float y[VEC];
+  norm::normalize<T, VEC>(p, col, x, mean, rstd, y);
   store_vec<T, VEC>(p.out + row_off + col, y);
 }
 
@@ -71,7 +36,7 @@ __global__ void __launch_bounds__(kMaxThreads) norm_kernel(const NormParams<T> p
   if (p.kind == NormKind::kAddOnly) {  // residual/bias add only (a layer with no norm after it)
     for (int v = threadIdx.x; v < nvec; v += blockDim.x) {
       float x[VEC];
-      load_x<T, VEC>(p, row_off, v * VEC, x);
+      norm::load_x<T, VEC>(p, row_off, v * VEC, x);
       if (p.residual_out != nullptr) store_vec<T, VEC>(p.residual_out + row_off + v * VEC, x);
       if (p.out != p.residual_out) store_vec<T, VEC>(p.out + row_off + v * VEC, x);
     }
@@ -81,7 +46,7 @@ __global__ void __launch_bounds__(kMaxThreads) norm_kernel(const NormParams<T> p
   // LayerNorm sums x - shift, with shift = x[0] of the row, so that a large common offset (a
   // residual stream's mean far from 0) does not eat the fp32 sum's precision.
   // Every thread must use the same shift: read it before anyone writes residual_out.
-  const float shift = layer_norm ? first_x(p, row_off) : 0.f;
+  const float shift = layer_norm ? norm::first_x(p, row_off) : 0.f;
   if (layer_norm && p.residual_out != nullptr) __syncthreads();
   if constexpr (ITEMS > 0) {
     float x[ITEMS][VEC];
@@ -90,25 +55,22 @@ __global__ void __launch_bounds__(kMaxThreads) norm_kernel(const NormParams<T> p
     for (int i = 0; i < ITEMS; ++i) {
       const int v = threadIdx.x + i * blockDim.x;
       if (v < nvec) {
-        load_x<T, VEC>(p, row_off, v * VEC, x[i]);
+        norm::load_x<T, VEC>(p, row_off, v * VEC, x[i]);
         if (p.residual_out != nullptr) store_vec<T, VEC>(p.residual_out + row_off + v * VEC, x[i]);
 #pragma unroll
         for (int j = 0; j < VEC; ++j) sum += x[i][j] - shift;
       }
     }
-    const float mean = layer_norm ? shift + block_sum(sum, scratch) * inv_n : 0.f;
+    const float mean = layer_norm ? norm::mean(shift, block_sum(sum, scratch), inv_n) : 0.f;
     float sq = 0.f;
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       if (threadIdx.x + i * blockDim.x < nvec) {
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          const float d = x[i][j] - mean;
-          sq += d * d;
-        }
+        for (int j = 0; j < VEC; ++j) sq = norm::add_square(sq, x[i][j], mean);
       }
     }
-    const float rstd = rsqrtf(block_sum(sq, scratch) * inv_n + p.eps);
+    const float rstd = norm::rstd(block_sum(sq, scratch), inv_n, p.eps);
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       const int v = threadIdx.x + i * blockDim.x;
@@ -120,30 +82,27 @@ __global__ void __launch_bounds__(kMaxThreads) norm_kernel(const NormParams<T> p
       if (p.residual_out != nullptr) {
         load_vec<T, VEC>(p.residual_out + row_off + v * VEC, x);
       } else {
-        load_x<T, VEC>(p, row_off, v * VEC, x);
+        norm::load_x<T, VEC>(p, row_off, v * VEC, x);
       }
     };
     float sum = 0.f;
     for (int v = threadIdx.x; v < nvec; v += blockDim.x) {
       float x[VEC];
-      load_x<T, VEC>(p, row_off, v * VEC, x);
+      norm::load_x<T, VEC>(p, row_off, v * VEC, x);
       if (p.residual_out != nullptr) store_vec<T, VEC>(p.residual_out + row_off + v * VEC, x);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) sum += x[j] - shift;
     }
     // Each element is re-read by the thread that wrote it, so no barrier is needed for that.
-    const float mean = layer_norm ? shift + block_sum(sum, scratch) * inv_n : 0.f;
+    const float mean = layer_norm ? norm::mean(shift, block_sum(sum, scratch), inv_n) : 0.f;
     float sq = 0.f;
     for (int v = threadIdx.x; v < nvec; v += blockDim.x) {
       float x[VEC];
       reload(v, x);
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        const float d = x[j] - mean;
-        sq += d * d;
-      }
+      for (int j = 0; j < VEC; ++j) sq = norm::add_square(sq, x[j], mean);
     }
-    const float rstd = rsqrtf(block_sum(sq, scratch) * inv_n + p.eps);
+    const float rstd = norm::rstd(block_sum(sq, scratch), inv_n, p.eps);
     for (int v = threadIdx.x; v < nvec; v += blockDim.x) {
       float x[VEC];
       reload(v, x);
@@ -154,16 +113,8 @@ __global__ void __launch_bounds__(kMaxThreads) norm_kernel(const NormParams<T> p
 
 template <typename T, int VEC>
 cudaError_t launch_with_vec(const NormParams<T>& p, cudaStream_t stream) {
-  // Favour several vectors per thread over wide blocks: a thread's loads are all issued before
-  // the first reduction, so ITEMS vectors per thread put ITEMS times more bytes in flight per SM
-  // (measured on H200: 1 vector/thread reached ~68% of copy bandwidth on 4096-wide fp16 rows).
-  const int nvec = p.hidden / VEC;
-  int items = 1;
-  while (items < 8 && ceil_div(nvec, items) > kTargetThreads) items *= 2;
-  while (items <= 8 && ceil_div(nvec, items) > kMaxThreads) items *= 2;
-  if (items > 8) items = 0;
-  const int threads =
-      items == 0 ? kMaxThreads : ceil_div(ceil_div(nvec, items), 32) * 32;
+  const NormShape ns = norm_shape(p.hidden, VEC);
+  const int items = ns.items, threads = ns.threads;
   LaunchShape shape;
   shape.grid = dim3(static_cast<unsigned>(p.rows));
   shape.block = dim3(static_cast<unsigned>(threads));
@@ -177,6 +128,19 @@ cudaError_t launch_with_vec(const NormParams<T>& p, cudaStream_t stream) {
 }
 
 }  // namespace
+
+NormShape norm_shape(int hidden, int vec) {
+  // Favour several vectors per thread over wide blocks: a thread's loads are all issued before
+  // the first reduction, so ITEMS vectors per thread put ITEMS times more bytes in flight per SM
+  // (measured on H200: 1 vector/thread reached ~68% of copy bandwidth on 4096-wide fp16 rows).
+  const int nvec = hidden / vec;
+  int items = 1;
+  while (items < 8 && ceil_div(nvec, items) > kTargetThreads) items *= 2;
+  while (items <= 8 && ceil_div(nvec, items) > kMaxThreads) items *= 2;
+  if (items > 8) items = 0;
+  const int threads = items == 0 ? kMaxThreads : ceil_div(ceil_div(nvec, items), 32) * 32;
+  return NormShape{threads, items};
+}
 
 template <typename T>
 cudaError_t launch_norm(const NormParams<T>& p, cudaStream_t stream) {

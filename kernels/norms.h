@@ -38,5 +38,15 @@ struct NormParams {
 template <typename T>
 cudaError_t launch_norm(const NormParams<T>& p, cudaStream_t stream);
 
+// The block launch_norm gives a row of `hidden` elements read `vec` at a time: `threads` threads
+// (a multiple of 32), thread t summing vectors t, t + threads, ... of the row in that order and
+// holding `items` of them in registers (items 0: the row is too long and is re-read). The GEMV's
+// normalising prologue reproduces the same sums from it (kernels/gemv.h).
+struct NormShape {
+  int threads;
+  int items;
+};
+NormShape norm_shape(int hidden, int vec);
+
 }  // namespace kernels
 }  // namespace warpformer

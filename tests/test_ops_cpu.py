@@ -10,7 +10,7 @@ import torch
 import warpformer  # noqa: F401
 
 OPS = ["layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm", "bias_act", "gated_act",
-       "embedding"]
+       "embedding", "norm_gemm"]
 
 
 @pytest.mark.parametrize("name", OPS)
@@ -143,3 +143,39 @@ def test_no_gpu_message_is_clear() -> None:
     """On a machine without a GPU, calling an op is a RuntimeError that says what to do."""
     with pytest.raises(RuntimeError, match="warpformer ops run on NVIDIA GPUs only"):
         torch.ops.warpformer.layer_norm(f32(2, 4), f32(4), None, 1e-5)
+
+
+def norm_gemm_args(**over):
+    args = dict(input=f32(2, 16), residual=None, input_bias=None, norm_weight=f32(16),
+                norm_bias=None, norm="layer_norm", eps=1e-5, weight=f32(16, 24), bias=None,
+                activation="identity", backend="fused")
+    args.update(over)
+    return list(args.values())
+
+
+@pytest.mark.parametrize("over, pattern", [
+    (dict(norm="batch_norm"), r"norm must be one of layer_norm, rms_norm; got 'batch_norm'"),
+    (dict(backend="gemv"), r"backend must be one of fused, unfused; got 'gemv'"),
+    (dict(norm="rms_norm", norm_bias=f32(16)), r"norm_bias is for layer_norm only"),
+    (dict(eps=-1.0), r"eps must be >= 0 and finite, got -1"),
+    (dict(activation="tanh"), r"activation must be one of identity, gelu"),
+    (dict(input=f32(2, 16).int()), r"input must be float32, float16 or bfloat16"),
+    (dict(input=f32(2, 4, 16)), r"input must be 2-dimensional"),
+    (dict(residual=f32(2, 15)), r"residual must have input's shape \[2, 16\], got \[2, 15\]"),
+    (dict(input_bias=f32(16).half()), r"input_bias must have dtype Float"),
+    (dict(norm_weight=f32(15)), r"norm_weight.shape\[0\] must be 16 \(input.shape\[1\]\)"),
+    (dict(norm_bias=f32(2, 16)), r"norm_bias must be 1-dimensional"),
+    (dict(weight=f32(15, 24)), r"weight.shape\[0\] must be 16 \(input.shape\[1\]\)"),
+    (dict(bias=f32(23)), r"bias.shape\[0\] must be 24 \(weight.shape\[1\]\)"),
+    (dict(input=f32(0, 16)), r"empty matrices \(m=0, n=24, k=16\)"),
+    (dict(), r"input must be a CUDA tensor"),
+])
+def test_norm_gemm_bad_arguments(over, pattern: str) -> None:
+    with pytest.raises(RuntimeError, match=r"warpformer.norm_gemm: " + pattern):
+        torch.ops.warpformer.norm_gemm(*norm_gemm_args(**over))
+
+
+def test_norm_gemm_fake_shapes() -> None:
+    out, x, n = torch.ops.warpformer.norm_gemm(*norm_gemm_args(
+        input=meta(3, 64), norm_weight=meta(64), weight=meta(64, 40)))
+    assert out.shape == (3, 40) and x.shape == (3, 64) and n.shape == (3, 64)

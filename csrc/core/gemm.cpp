@@ -224,16 +224,37 @@ kernels::Activation epilogue_activation(GemmEpilogue e) {
   }
 }
 
+template <typename T>
+kernels::NormParams<T> norm_params(const GemmNormedInput& in, int64_t rows, int64_t hidden) {
+  kernels::NormParams<T> p{};
+  p.out = static_cast<T*>(in.out);
+  p.residual_out = static_cast<T*>(in.residual_out);
+  p.input = static_cast<const T*>(in.input);
+  p.residual = static_cast<const T*>(in.residual);
+  p.input_bias = static_cast<const T*>(in.input_bias);
+  p.gamma = static_cast<const T*>(in.gamma);
+  p.beta = static_cast<const T*>(in.beta);
+  p.rows = rows;
+  p.hidden = static_cast<int>(hidden);
+  p.eps = in.eps;
+  p.kind = in.kind;
+  return p;
+}
+
 }  // namespace
+
+int Gemm::gemv_max_rows(bool transposed) const {
+  switch (gemv_policy_) {
+    case GemvPolicy::kNever: return 0;
+    case GemvPolicy::kAlways: return kernels::kGemvMaxRows;
+    default: return transposed ? kernels::kGemvPreferredRowsNK : kernels::kGemvPreferredRowsKN;
+  }
+}
 
 bool Gemm::try_gemv(DType dtype, const void* in, const void* weight, const void* bias, void* out,
                     int64_t m, int64_t n, int64_t k, bool transposed, kernels::Activation act,
-                    float beta) {
-  const int max_rows = gemv_policy_ == GemvPolicy::kNever    ? 0
-                       : gemv_policy_ == GemvPolicy::kAlways ? kernels::kGemvMaxRows
-                       : transposed                          ? kernels::kGemvPreferredRowsNK
-                                                             : kernels::kGemvPreferredRowsKN;
-  if (m > max_rows || n > INT_MAX || k > INT_MAX) return false;
+                    float beta, const GemmNormedInput* norm, bool launch) {
+  if (m > gemv_max_rows(transposed) || n > INT_MAX || k > INT_MAX) return false;
   return WF_DISPATCH_FLOATING(dtype, "Gemm (GEMV path)", [&] {
     kernels::GemvParams<scalar_t> p;
     p.out = static_cast<scalar_t*>(out);
@@ -247,8 +268,17 @@ bool Gemm::try_gemv(DType dtype, const void* in, const void* weight, const void*
     p.act = act;
     p.beta = beta;
     p.prefetch_weight = static_weights_;
+    if (norm != nullptr) {
+      kernels::NormParams<scalar_t> np = norm_params<scalar_t>(*norm, m, k);
+      if (!norm->keep_out) np.out = nullptr;
+      if (!kernels::gemv_normed_supported(p, np, ctx_->device())) return false;
+      if (launch) {
+        WF_CUDA_CHECK(kernels::launch_gemv_normed(p, np, ctx_->device(), ctx_->stream()));
+      }
+      return true;
+    }
     if (!kernels::gemv_supported(p)) return false;
-    WF_CUDA_CHECK(kernels::launch_gemv(p, ctx_->device(), ctx_->stream()));
+    if (launch) WF_CUDA_CHECK(kernels::launch_gemv(p, ctx_->device(), ctx_->stream()));
     return true;
   });
 }
@@ -290,6 +320,30 @@ void Gemm::run_act(DType dtype, const void* in, const void* weight, const void* 
                                            static_cast<const scalar_t*>(bias), m,
                                            static_cast<int>(n), act, ctx_->stream()));
   });
+}
+
+void Gemm::run_normed(DType dtype, const GemmNormedInput& in, const void* weight,
+                      const void* bias, void* out, int64_t m, int64_t n, int64_t k,
+                      kernels::Activation act) {
+  TORCH_CHECK(m >= 0 && n > 0 && k > 0, "Gemm: bad sizes m=", m, " n=", n, " k=", k);
+  TORCH_CHECK(in.kind != kernels::NormKind::kAddOnly && in.input != nullptr &&
+                  in.gamma != nullptr && in.out != nullptr,
+              "Gemm::run_normed: needs a LayerNorm or RMSNorm with input, gamma and out");
+  if (m == 0) return;
+  if (norm_fusion_ && try_gemv(dtype, nullptr, weight, bias, out, m, n, k, false, act, 0.f, &in)) {
+    return;
+  }
+  WF_DISPATCH_FLOATING(dtype, "Gemm::run_normed", [&] {
+    WF_CUDA_CHECK(kernels::launch_norm(norm_params<scalar_t>(in, m, k), ctx_->stream()));
+  });
+  run_act(dtype, in.out, weight, bias, out, m, n, k, act);
+}
+
+bool Gemm::fuses_norm(DType dtype, const GemmNormedInput& in, const void* weight,
+                      const void* bias, void* out, int64_t m, int64_t n, int64_t k,
+                      kernels::Activation act) {
+  return norm_fusion_ && m > 0 &&
+         try_gemv(dtype, nullptr, weight, bias, out, m, n, k, false, act, 0.f, &in, false);
 }
 
 void Gemm::run_transposed(DType dtype, const void* in, const void* weight, const void* bias,

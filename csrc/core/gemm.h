@@ -26,10 +26,28 @@
 #include "csrc/core/cuda_context.h"
 #include "csrc/core/dispatch.h"
 #include "kernels/activations.h"
+#include "kernels/norms.h"
 
 namespace warpformer {
 
 enum class GemmEpilogue { kNone = 0, kBias = 1, kBiasGeluTanh = 2, kBiasRelu = 3 };
+
+// The input of Gemm::run_normed: norm(x) with x = input (+ input_bias) (+ residual), rows of k
+// elements, as kernels::NormParams describes it (LayerNorm or RMSNorm).
+struct GemmNormedInput {
+  kernels::NormKind kind = kernels::NormKind::kLayerNorm;
+  const void* input = nullptr;       // [m, k]
+  const void* residual = nullptr;    // [m, k] or null
+  const void* input_bias = nullptr;  // [k] or null
+  const void* gamma = nullptr;       // [k]
+  const void* beta = nullptr;        // [k] or null
+  float eps = 1e-5f;
+  void* residual_out = nullptr;      // [m, k] receives x, or null; must not alias the inputs
+  // [m, k] norm(x): scratch of the unfused path (a norms kernel writes it, the product reads it),
+  // and written by the fused path too when keep_out. Must not alias the inputs.
+  void* out = nullptr;
+  bool keep_out = false;
+};
 
 struct GemmKey {
   int64_t m, n, k;
@@ -72,6 +90,21 @@ class Gemm {
   // activation function). bias may be null.
   void run_act(DType dtype, const void* in, const void* weight, const void* bias, void* out,
                int64_t m, int64_t n, int64_t k, kernels::Activation act, float beta = 0.f);
+
+  // out[m, n] = act(norm(x)[m, k] @ weight[k, n] + bias[n]), x described by `in`. Where the GEMV
+  // runs the product and norm fusion is on, one kernel normalises the rows itself
+  // (kernels::launch_gemv_normed); otherwise a norms kernel writes in.out first. Both paths
+  // write residual_out (and in.out when kept) and give bit-identical results.
+  void run_normed(DType dtype, const GemmNormedInput& in, const void* weight, const void* bias,
+                  void* out, int64_t m, int64_t n, int64_t k, kernels::Activation act);
+
+  // Whether run_normed may fuse the norm into the GEMV (on by default; WARPFORMER_FUSE=0 makes
+  // the engine turn it off).
+  void set_norm_fusion(bool on) { norm_fusion_ = on; }
+
+  // Whether run_normed with these arguments would run the fused kernel (launches nothing).
+  bool fuses_norm(DType dtype, const GemmNormedInput& in, const void* weight, const void* bias,
+                  void* out, int64_t m, int64_t n, int64_t k, kernels::Activation act);
 
   // out[m, n] = in[m, k] @ weight[n, k]^T (+ bias[n]): for weights stored [out, in], such as the
   // lm_head [V, e], which the on-disk format never transposes.
@@ -121,16 +154,20 @@ class Gemm {
   Plan& plan_for(const GemmKey& key);
   void create_descriptors(const GemmKey& key, Plan* plan) const;
   std::vector<cublasLtMatmulHeuristicResult_t> heuristics(const Plan& plan, int count) const;
-  // Runs the GEMV kernel when m and the shape allow it; false means "use cuBLASLt".
+  // Runs the GEMV kernel (normalising `norm` first when given) when m and the shape allow it;
+  // false means "use cuBLASLt". With launch false it only answers.
   bool try_gemv(DType dtype, const void* in, const void* weight, const void* bias, void* out,
                 int64_t m, int64_t n, int64_t k, bool transposed, kernels::Activation act,
-                float beta);
+                float beta, const GemmNormedInput* norm = nullptr, bool launch = true);
+  // Rows up to which the GEMV runs [k, n] (or transposed [n, k]) products under the policy.
+  int gemv_max_rows(bool transposed) const;
   void launch(const GemmKey& key, const void* in, const void* weight, const void* bias, void* out,
               float beta);
 
   const CudaContext* ctx_;
   GemvPolicy gemv_policy_ = GemvPolicy::kPreferred;
   bool static_weights_ = false;
+  bool norm_fusion_ = true;
   mutable std::mutex mu_;
   std::unordered_map<GemmKey, std::unique_ptr<Plan>, GemmKeyHash> plans_;
   std::unordered_map<GemmKey, int, GemmKeyHash> tuned_;  // heuristic index per shape

@@ -1,12 +1,18 @@
 // The GPT-family decoder layer (see decoder_layer.h). The three residual forms:
 //
 //   pre-norm, sequential (GPT-2, OPT, BLOOM, NeoX without parallel residual):
-//     n = ln1(x) [fused earlier];  x += attn(n) @ Wo + bo;  y = ln2(x) [fused];
-//     x += mlp(y) + b2;  n = next(x) [fused]
+//     x += pending;  qkv = ln1(x) @ Wqkv;  ...;  p = attn @ Wo;
+//     x += p + bo;   f = act(ln2(x) @ W1 + b1);  pending = f @ W2, b2
 //   pre-norm, parallel (GPT-J with one shared norm, NeoX with two):
-//     p = attn(n) @ Wo + mlp(n or ln2(x)) @ W2 [one all-reduce];  x += p + bo + b2;  n = next(x)
+//     x += pending;  n = ln1(x);  p = attn(n) @ Wo + mlp(n or ln2(x)) @ W2 [one all-reduce];
+//     pending = p, bo + b2
 //   post-norm (OPT-350m):
 //     y = ln1(x + attn(x) @ Wo + bo);  x = ln2(y + mlp(y) + b2)
+//
+// In the pre-norm forms every "x += ...; normalise" is done by the product that reads the
+// normalised rows (Gemm::run_normed: inside the GEMV at decode sizes, else a norms kernel
+// first), and a layer's last add is left pending for the next layer's QKV product; the stream
+// is materialised only after the last layer (with the final norm).
 #include "csrc/layers/decoder_layer.h"
 
 #include <c10/util/Exception.h>
@@ -139,83 +145,137 @@ struct NormSpec {
   void* out;
 };
 
-// out[tokens, n] = in @ W (+ beta * out), summed over the tensor-parallel group, then `nm` over
-// its rows (one norms kernel with the residual and bias adds).
-template <typename T>
-void product_then_norm(const LayerContext& lc, const void* in, const void* weight, void* out,
-                       int64_t tokens, int64_t n, int64_t k, float beta, const NormSpec& nm) {
+// out[tokens, n] = in @ W (+ beta * out), summed over the tensor-parallel group.
+void product(const LayerContext& lc, const void* in, const void* weight, void* out,
+             int64_t tokens, int64_t n, int64_t k, float beta = 0.f) {
   lc.gemm->run(lc.dtype, in, weight, nullptr, out, tokens, n, k, GemmEpilogue::kNone, beta);
   all_reduce_if_parallel(lc.comm, out, tokens * n, lc.dtype, lc.ctx->stream());
+}
+
+// product(), then `nm` over its rows (one norms kernel with the residual and bias adds).
+template <typename T>
+void product_then_norm(const LayerContext& lc, const void* in, const void* weight, void* out,
+                       int64_t tokens, int64_t n, int64_t k, const NormSpec& nm) {
+  product(lc, in, weight, out, tokens, n, k);
   run_norm<T>(lc, nm.kind, nm.gamma, nm.beta, out, nm.residual, nm.residual_out, nm.bias, nm.out,
               tokens, n);
 }
 
-// The MLP: f = act(in @ W1 + b1) (Gemm::run_act fuses the bias and the activation into the
-// product where it can — GEMV path, cuBLASLt's ReLU epilogue — and otherwise runs warpformer's
-// bias/activation kernel, whose arithmetic matches the reference exactly); then
-// out = f @ W2 (+ beta * out) followed by the norm `nm`.
+// The residual-stream buffer that is not `x` (the two alternate, see ResidualStream).
+void* other_stream_buffer(const LayerBuffers& b, const void* x) { return x == b.x ? b.y : b.x; }
+
+// out = act(norm(stream) @ W + bias) for a pre-norm layer: the stream's pending adds are
+// applied on the way into the other stream buffer, which then holds the stream. `normed`
+// receives norm(stream) (kept when keep_normed, else scratch).
+void normed_product(const LayerContext& lc, ResidualStream* s, const LayerBuffers& b,
+                    const void* gamma, const void* beta, void* normed, bool keep_normed,
+                    const void* weight, const void* bias, void* out, int64_t tokens, int64_t n,
+                    kernels::Activation act) {
+  const int64_t h = lc.cfg->hidden();
+  GemmNormedInput in;
+  in.kind = kernels::NormKind::kLayerNorm;
+  in.input = s->delta != nullptr ? s->delta : s->x;
+  in.residual = s->delta != nullptr ? s->x : nullptr;
+  in.input_bias = s->bias;
+  in.gamma = gamma;
+  in.beta = beta;
+  in.eps = static_cast<float>(lc.cfg->layernorm_eps);
+  const bool adds = s->delta != nullptr || s->bias != nullptr;
+  in.residual_out = adds ? other_stream_buffer(b, s->x) : nullptr;
+  in.out = normed;
+  in.keep_out = keep_normed;
+  lc.gemm->run_normed(lc.dtype, in, weight, bias, out, tokens, n, h, act);
+  if (adds) *s = ResidualStream{in.residual_out, nullptr, nullptr};
+}
+
+// The end of a pre-norm layer: the stream is x + delta + bias. Left pending when the next layer
+// takes it (next.defer); otherwise one norms kernel materialises it into bufs.x and next(x)
+// into bufs.n (kAddOnly: bufs.x only).
 template <typename T>
-void mlp_then_norm(const LayerContext& lc, const LayerWeights& w, const void* in, void* f,
-                   void* out, int64_t tokens, float beta, const NormSpec& nm) {
+void finish_stream(const LayerContext& lc, const LayerBuffers& b, int64_t tokens,
+                   const NextNorm& next, const void* delta, const void* bias, ResidualStream* s) {
+  s->delta = delta;
+  s->bias = bias;
+  if (next.defer) return;
+  void* out = next.kind == kernels::NormKind::kAddOnly ? b.x : b.n;
+  run_norm<T>(lc, next.kind, next.gamma, next.beta, delta, s->x, b.x, bias, out, tokens,
+              lc.cfg->hidden());
+  *s = ResidualStream{b.x, nullptr, nullptr};
+}
+
+// The post-norm layer (OPT-350m): y = ln1(x + attn(x) @ Wo + bo); x = ln2(y + mlp(y) + b2);
+// then n = next(x). The stream is always materialised in bufs.x.
+template <typename T>
+void post_norm_layer(const LayerContext& lc, const LayerWeights& w, const LayerBuffers& b,
+                     int64_t tokens, const AttentionInputs& ai, const NextNorm& next) {
   const gpt::GptConfig& c = *lc.cfg;
-  const int64_t h = c.hidden(), li = c.local_inter();
-  lc.gemm->run_act(lc.dtype, in, w.fc1_w, w.fc1_b, f, tokens, li, h, c.activation);
-  product_then_norm<T>(lc, f, w.fc2_w, out, tokens, h, li, beta, nm);
+  const int64_t h = c.hidden(), lh = c.local_hidden(), li = c.local_inter();
+  const kernels::NormKind ln = kernels::NormKind::kLayerNorm;
+  lc.gemm->run(lc.dtype, b.x, w.qkv_w, nullptr, b.qkv, tokens, 3 * lh, h);
+  attention<T>(lc, w, b, tokens, ai);
+  product_then_norm<T>(lc, b.a, w.dense_w, b.p, tokens, h, lh,
+                       NormSpec{ln, w.ln1_w, w.ln1_b, w.dense_b, b.x, b.x, b.y});
+  lc.gemm->run_act(lc.dtype, b.y, w.fc1_w, w.fc1_b, b.f, tokens, li, h, c.activation);
+  product_then_norm<T>(lc, b.f, w.fc2_w, b.o, tokens, h, li,
+                       NormSpec{ln, w.ln2_w, w.ln2_b, w.fc2_b, b.y, b.y, b.x});
+  if (next.kind != kernels::NormKind::kAddOnly) {
+    run_norm<T>(lc, next.kind, next.gamma, next.beta, b.x, nullptr, nullptr, nullptr, b.n, tokens,
+                h);
+  }
 }
 
 template <typename T>
 void layer_forward(const LayerContext& lc, const LayerWeights& w, const LayerBuffers& b,
-                   int64_t tokens, const AttentionInputs& ai, const NextNorm& next) {
+                   int64_t tokens, const AttentionInputs& ai, const NextNorm& next,
+                   ResidualStream* s) {
   const gpt::GptConfig& c = *lc.cfg;
-  const int64_t h = c.hidden(), lh = c.local_hidden();
-  using kernels::NormKind;
-  const NormKind ln = NormKind::kLayerNorm;
-  void* next_out = next.kind == NormKind::kAddOnly ? b.x : b.n;
-
-  // Attention block. Post-norm layers attend over x itself.
-  const void* attn_in = c.pre_layernorm ? b.n : b.x;
-  lc.gemm->run(lc.dtype, attn_in, w.qkv_w, nullptr, b.qkv, tokens, 3 * lh, h);
-  attention<T>(lc, w, b, tokens, ai);
-
-  if (!c.pre_layernorm) {  // post-norm: y = ln1(x + p + bo); x = ln2(y + mlp(y) + b2)
-    product_then_norm<T>(lc, b.a, w.dense_w, b.p, tokens, h, lh, 0.f,
-                         NormSpec{ln, w.ln1_w, w.ln1_b, w.dense_b, b.x, b.x, b.y});
-    mlp_then_norm<T>(lc, w, b.y, b.f, b.o, tokens, 0.f,
-                     NormSpec{ln, w.ln2_w, w.ln2_b, w.fc2_b, b.y, b.y, b.x});
-    if (next.kind != NormKind::kAddOnly) {
-      run_norm<T>(lc, next.kind, next.gamma, next.beta, b.x, nullptr, nullptr, nullptr, b.n,
-                  tokens, h);
-    }
+  if (!c.pre_layernorm) {
+    TORCH_CHECK(s->x == b.x && s->delta == nullptr && s->bias == nullptr && !next.defer,
+                "decoder layer: a post-norm layer takes and leaves the stream in bufs.x");
+    post_norm_layer<T>(lc, w, b, tokens, ai, next);
     return;
   }
+  const int64_t h = c.hidden(), lh = c.local_hidden(), li = c.local_inter();
+  using kernels::Activation;
+
+  // Attention block: qkv = ln1(x) @ Wqkv, the pending adds applied on the way. The parallel
+  // form with one shared norm keeps n = ln1(x) for its MLP.
+  const bool shared_norm = c.parallel_residual && c.parallel_shared_layernorm;
+  normed_product(lc, s, b, w.ln1_w, w.ln1_b, b.n, shared_norm, w.qkv_w, nullptr, b.qkv, tokens,
+                 3 * lh, Activation::kIdentity);
+  attention<T>(lc, w, b, tokens, ai);
 
   if (c.parallel_residual) {  // p = attn @ Wo + mlp(.) @ W2 [one all-reduce]; x += p + bo + b2
     lc.gemm->run(lc.dtype, b.a, w.dense_w, nullptr, b.p, tokens, h, lh);
-    const void* mlp_in = b.n;
-    if (!c.parallel_shared_layernorm) {
-      run_norm<T>(lc, ln, w.ln2_w, w.ln2_b, b.x, nullptr, nullptr, nullptr, b.y, tokens, h);
-      mlp_in = b.y;
+    if (shared_norm) {
+      lc.gemm->run_act(lc.dtype, b.n, w.fc1_w, w.fc1_b, b.f, tokens, li, h, c.activation);
+    } else {  // ln2 of the stream (materialised by the QKV product); n is free as scratch
+      normed_product(lc, s, b, w.ln2_w, w.ln2_b, b.n, false, w.fc1_w, w.fc1_b, b.f, tokens, li,
+                     c.activation);
     }
-    mlp_then_norm<T>(lc, w, mlp_in, b.f, b.p, tokens, 1.f,
-                     NormSpec{next.kind, next.gamma, next.beta, w.residual_b, b.x, b.x,
-                               next_out});
+    product(lc, b.f, w.fc2_w, b.p, tokens, h, li, 1.f);
+    finish_stream<T>(lc, b, tokens, next, b.p, w.residual_b, s);
     return;
   }
 
-  // pre-norm, sequential: x += p + bo; y = ln2(x); x += mlp(y) + b2; n = next(x)
-  product_then_norm<T>(lc, b.a, w.dense_w, b.p, tokens, h, lh, 0.f,
-                       NormSpec{ln, w.ln2_w, w.ln2_b, w.dense_b, b.x, b.x, b.y});
-  mlp_then_norm<T>(lc, w, b.y, b.f, b.o, tokens, 0.f,
-                   NormSpec{next.kind, next.gamma, next.beta, w.fc2_b, b.x, b.x, next_out});
+  // Sequential: x += p + bo; f = act(ln2(x) @ W1 + b1); pending = f @ W2, b2.
+  product(lc, b.a, w.dense_w, b.p, tokens, h, lh);
+  s->delta = b.p;
+  s->bias = w.dense_b;
+  normed_product(lc, s, b, w.ln2_w, w.ln2_b, b.n, false, w.fc1_w, w.fc1_b, b.f, tokens, li,
+                 c.activation);
+  product(lc, b.f, w.fc2_w, b.o, tokens, h, li);
+  finish_stream<T>(lc, b, tokens, next, b.o, w.fc2_b, s);
 }
 
 }  // namespace
 
 void decoder_layer_forward(const LayerContext& lc, const LayerWeights& w, const LayerBuffers& bufs,
-                           int64_t tokens, const AttentionInputs& attn, const NextNorm& next) {
+                           int64_t tokens, const AttentionInputs& attn, const NextNorm& next,
+                           ResidualStream* stream) {
   if (tokens == 0) return;
   WF_DISPATCH_FLOATING(lc.dtype, "decoder_layer_forward",
-                       [&] { layer_forward<scalar_t>(lc, w, bufs, tokens, attn, next); });
+                       [&] { layer_forward<scalar_t>(lc, w, bufs, tokens, attn, next, stream); });
 }
 
 void apply_norm(const LayerContext& lc, kernels::NormKind kind, const void* gamma,

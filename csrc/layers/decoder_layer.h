@@ -34,21 +34,36 @@ struct LayerWeights {
   const void* residual_b = nullptr; // [h] dense_b + fc2_b, for the parallel-residual form
 };
 
-// The norm applied to the residual stream after this layer (the next layer's input norm, the
-// final norm, or none): it is fused with the layer's last residual add.
+// What follows this layer. defer (pre-norm layers whose successor is a pre-norm layer of the
+// same stage): the layer's last residual add is left pending in the ResidualStream for the
+// next layer's QKV product, which applies it together with its input norm. Otherwise the norm
+// applied to the stream after this layer (the final norm, or none; the next layer's input norm
+// for post-norm models), fused with the layer's last residual add.
 struct NextNorm {
   kernels::NormKind kind = kernels::NormKind::kAddOnly;
   const void* gamma = nullptr;
   const void* beta = nullptr;
+  bool defer = false;
+};
+
+// The residual stream of a pre-norm model between the products of a step: x + delta (+ bias),
+// the adds not yet applied when delta or bias is set. The product that next reads the stream's
+// norm applies them on the way (Gemm::run_normed) and writes the sum into the other of
+// bufs.x / bufs.y, which then holds the stream; so no kernel of its own adds and normalises.
+// Entering the first layer: {bufs.x}. After a layer without NextNorm::defer: {bufs.x}.
+struct ResidualStream {
+  void* x = nullptr;
+  const void* delta = nullptr;
+  const void* bias = nullptr;
 };
 
 // Activation buffers for `tokens` rows, all of the model dtype.
 // The layer writes f only after its last read of qkv, q and a, and o only after its last read of
 // p, so the model may overlap those buffers (GptModel::layout does).
 struct LayerBuffers {
-  void* x;    // [tokens, h]   residual stream (in: layer input; out: updated stream)
-  void* n;    // [tokens, h]   normed input of the attention (in) / next layer's normed input (out)
-  void* y;    // [tokens, h]   scratch (second norm output, post-norm residual)
+  void* x;    // [tokens, h]   residual stream (see ResidualStream)
+  void* n;    // [tokens, h]   normed rows (scratch; after the last layer its next(x))
+  void* y;    // [tokens, h]   the second residual-stream buffer (post-norm: second norm output)
   void* qkv;  // [tokens, 3 * lh]
   void* q;    // [tokens, lh]
   void* a;    // [tokens, lh]  attention output
@@ -93,12 +108,13 @@ struct LayerContext {
   DType dtype;
 };
 
-// Runs one layer over `tokens` rows. On entry `bufs.x` holds the residual stream and, for
-// pre-norm layers, `bufs.n` holds input_layernorm(x) (fused into the previous step). On exit
-// `bufs.x` holds the updated stream and `bufs.n` holds next(x) as described by `next`
-// (for kAddOnly, n is not written).
+// Runs one layer over `tokens` rows. `stream` is the residual stream on entry and is updated.
+// Pre-norm layers: see ResidualStream; unless next.defer, on exit bufs.x holds the stream and
+// bufs.n holds next(x) (for kAddOnly, n is not written). Post-norm layers: the stream is
+// {bufs.x} on entry and exit, and on exit bufs.n holds next(x) (not written for kAddOnly).
 void decoder_layer_forward(const LayerContext& lc, const LayerWeights& w, const LayerBuffers& bufs,
-                           int64_t tokens, const AttentionInputs& attn, const NextNorm& next);
+                           int64_t tokens, const AttentionInputs& attn, const NextNorm& next,
+                           ResidualStream* stream);
 
 // out = norm(x) (no residual add): used for the first layer's input norm and the final norm.
 void apply_norm(const LayerContext& lc, kernels::NormKind kind, const void* gamma,

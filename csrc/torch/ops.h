@@ -5,6 +5,7 @@
 #include <c10/util/Optional.h>
 
 #include <string>
+#include <tuple>
 
 namespace warpformer {
 namespace ops {
@@ -31,6 +32,13 @@ at::Tensor embedding(const at::Tensor& input_ids, const at::Tensor& wte, const O
 at::Tensor gemm(const at::Tensor& input, const at::Tensor& weight, const OptTensor& bias,
                 bool transposed, const std::string& epilogue, const std::string& backend,
                 const OptTensor& residual);
+// (act(norm(x) @ weight + bias), x, norm(x)) with x = input (+ input_bias) (+ residual): the
+// GEMV that normalises its own input (backend 'fused') or a norms kernel and the product.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_gemm(
+    const at::Tensor& input, const OptTensor& residual, const OptTensor& input_bias,
+    const at::Tensor& norm_weight, const OptTensor& norm_bias, const std::string& norm,
+    double eps, const at::Tensor& weight, const OptTensor& bias, const std::string& activation,
+    const std::string& backend);
 // Median microseconds of each of cuBLASLt's first max_algos heuristic candidates for the shape.
 at::Tensor gemm_benchmark(const at::Tensor& input, const at::Tensor& weight, const OptTensor& bias,
                           bool transposed, const std::string& epilogue, bool accumulate,

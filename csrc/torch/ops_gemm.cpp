@@ -4,9 +4,11 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <cmath>
 #include <memory>
 #include <vector>
 
+#include "csrc/core/activation.h"
 #include "csrc/core/gemm.h"
 #include "kernels/gemv.h"
 #include "csrc/torch/ops.h"
@@ -142,6 +144,94 @@ at::Tensor gemm(const at::Tensor& input, const at::Tensor& weight, const OptTens
               a.key.n, a.key.k, act, beta);
   }
   return out;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_gemm(
+    const at::Tensor& input, const OptTensor& residual, const OptTensor& input_bias,
+    const at::Tensor& norm_weight, const OptTensor& norm_bias, const std::string& norm,
+    double eps, const at::Tensor& weight, const OptTensor& bias, const std::string& activation,
+    const std::string& backend) {
+  const char* op = "warpformer.norm_gemm";
+  TORCH_CHECK(norm == "layer_norm" || norm == "rms_norm", op,
+              ": norm must be one of layer_norm, rms_norm; got '", norm, "'");
+  TORCH_CHECK(backend == "fused" || backend == "unfused", op,
+              ": backend must be one of fused, unfused; got '", backend, "'");
+  TORCH_CHECK(norm == "layer_norm" || !norm_bias.has_value(), op,
+              ": norm_bias is for layer_norm only (rms_norm has no bias)");
+  TORCH_CHECK(std::isfinite(eps) && eps >= 0.0, op, ": eps must be >= 0 and finite, got ", eps);
+  const kernels::Activation act = parse_activation(activation, "warpformer.norm_gemm: activation");
+  check_floating(input, op, "input");
+  check_dim(input, 2, op, "input");
+  const c10::ScalarType st = input.scalar_type();
+  const int64_t m = input.size(0), k = input.size(1);
+  auto check_row = [&](const OptTensor& t, const char* name) {  // [k] of input's dtype
+    if (!t.has_value()) return;
+    check_dtype(*t, st, op, name, "the dtype of input");
+    check_dim(*t, 1, op, name);
+    check_size(*t, 0, k, op, name, "input.shape[1]");
+  };
+  if (residual.has_value()) {
+    check_dtype(*residual, st, op, "residual", "the dtype of input");
+    TORCH_CHECK(residual->sizes() == input.sizes(), op, ": residual must have input's shape ",
+                input.sizes(), ", got ", residual->sizes());
+  }
+  check_row(input_bias, "input_bias");
+  check_row(norm_weight, "norm_weight");
+  check_row(norm_bias, "norm_bias");
+  check_dtype(weight, st, op, "weight", "the dtype of input");
+  check_dim(weight, 2, op, "weight");
+  check_size(weight, 0, k, op, "weight", "input.shape[1]");
+  const int64_t n = weight.size(1);
+  if (bias.has_value()) {
+    check_dtype(*bias, st, op, "bias", "the dtype of input");
+    check_dim(*bias, 1, op, "bias");
+    check_size(*bias, 0, n, op, "bias", "weight.shape[1]");
+  }
+  TORCH_CHECK(m > 0 && n > 0 && k > 0, op, ": empty matrices (m=", m, ", n=", n, ", k=", k, ")");
+  const OptTensor* all[] = {&residual, &input_bias, &norm_bias, &bias};
+  const char* names[] = {"residual", "input_bias", "norm_bias", "bias"};
+  check_cuda(input, op, "input");
+  check_cuda(norm_weight, op, "norm_weight", input, "input");
+  check_cuda(weight, op, "weight", input, "input");
+  for (size_t i = 0; i < 4; ++i) {
+    if (all[i]->has_value()) check_cuda(**all[i], op, names[i], input, "input");
+  }
+  const c10::cuda::CUDAGuard guard(input.device());
+  auto contig = [](const OptTensor& t) { return t.has_value() ? t->contiguous() : at::Tensor(); };
+  auto ptr = [](const at::Tensor& t) -> const void* { return t.defined() ? t.data_ptr() : nullptr; };
+  const at::Tensor x_in = input.contiguous(), res = contig(residual), ib = contig(input_bias);
+  const at::Tensor g = norm_weight.contiguous(), nb = contig(norm_bias), w = weight.contiguous();
+  const at::Tensor b = contig(bias);
+  at::Tensor out = at::empty({m, n}, x_in.options());
+  at::Tensor x = at::empty({m, k}, x_in.options());
+  at::Tensor normed = at::empty({m, k}, x_in.options());
+  const DType dtype = to_dtype(st, op, "input");
+  GemmNormedInput in;
+  in.kind = norm == "layer_norm" ? kernels::NormKind::kLayerNorm : kernels::NormKind::kRmsNorm;
+  in.input = x_in.data_ptr();
+  in.residual = ptr(res);
+  in.input_bias = ptr(ib);
+  in.gamma = g.data_ptr();
+  in.beta = ptr(nb);
+  in.eps = static_cast<float>(eps);
+  in.residual_out = x.data_ptr();
+  in.out = normed.data_ptr();
+  in.keep_out = true;
+  auto ctx = context_for(x_in);
+  Gemm gemm(ctx.get());
+  gemm.set_gemv_policy(Gemm::GemvPolicy::kAlways);  // both backends: the GEMV where it can run
+  gemm.set_norm_fusion(backend == "fused");
+  if (backend == "fused") {
+    const bool ok = m <= kernels::kGemvMaxRows &&
+                    gemm.fuses_norm(dtype, in, w.data_ptr(), ptr(b), out.data_ptr(), m, n, k, act);
+    TORCH_CHECK(ok, op, ": backend 'fused' cannot run m=", m, ", n=", n, ", k=", k, " in ",
+                dtype_name(dtype), ": it needs at most ", kernels::kGemvMaxRows,
+                " rows, k and n multiples of 16 bytes, 16-byte aligned tensors, a row short "
+                "enough for one norms block and the block's share of k within 48 KiB of shared "
+                "memory; use backend 'unfused'");
+  }
+  gemm.run_normed(dtype, in, w.data_ptr(), ptr(b), out.data_ptr(), m, n, k, act);
+  return {out, x, normed};
 }
 
 at::Tensor gemm_benchmark(const at::Tensor& input, const at::Tensor& weight, const OptTensor& bias,

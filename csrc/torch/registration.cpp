@@ -49,6 +49,13 @@ TORCH_LIBRARY(warpformer, m) {
   m.def(
       "gemm(Tensor input, Tensor weight, Tensor? bias=None, bool transposed=False, "
       "str epilogue='none', str backend='auto', Tensor? residual=None) -> Tensor");
+  // (act(norm(x) @ weight + bias), x, norm(x)) for x = input (+ input_bias) (+ residual), norm
+  // layer_norm or rms_norm, weight [k, n]. backend: fused (the GEMV normalises the rows itself,
+  // the engine's decode path) or unfused (norms kernel, then the product); bit-identical.
+  m.def(
+      "norm_gemm(Tensor input, Tensor? residual, Tensor? input_bias, Tensor norm_weight, "
+      "Tensor? norm_bias, str norm, float eps, Tensor weight, Tensor? bias, str activation, "
+      "str backend) -> (Tensor, Tensor, Tensor)");
   // Median us of each of cuBLASLt's first max_algos candidates for this shape (gemm-tune).
   m.def(
       "gemm_benchmark(Tensor input, Tensor weight, Tensor? bias, bool transposed, str epilogue, "
@@ -80,6 +87,7 @@ TORCH_LIBRARY(warpformer, m) {
       "Tensor lengths, Tensor? cache_indir, Tensor? alibi_slopes, float scale) -> Tensor");
   // decode_attention with qkv_rotary_cache fused in: the query comes from qkv [rows, 3, heads,
   // head_dim] (+ bias, rotary at lengths[r] - 1); the new k/v are written into the caches there.
+  // Rows need distinct slots, and no row may read another row's new position via cache_indir.
   m.def(
       "decode_attention_fused(Tensor qkv, Tensor? bias, Tensor(a!) k_cache, Tensor(b!) v_cache, "
       "Tensor? row_slot, Tensor lengths, Tensor? cache_indir, Tensor? alibi_slopes, float scale, "
@@ -220,6 +228,7 @@ TORCH_LIBRARY(warpformer, m) {
   m.impl("decode_attention", &wo::decode_attention);   \
   m.impl("decode_attention_fused", &wo::decode_attention_fused); \
   m.impl("gemm", &wo::gemm);                           \
+  m.impl("norm_gemm", &wo::norm_gemm);                 \
   m.impl("gemm_benchmark", &wo::gemm_benchmark); \
   m.impl("beam_log_softmax", &wo::beam_log_softmax); \
   m.impl("beam_search_init", &wo::beam_search_init); \

@@ -56,3 +56,13 @@ def _gated_act_fake(input, bias, activation):
 @register_fake("warpformer::embedding")
 def _embedding_fake(input_ids, wte, wpe=None, position_ids=None, scale=1.0):
     return wte.new_empty((*input_ids.shape, wte.shape[1]))
+
+
+@register_fake("warpformer::norm_gemm")
+def _norm_gemm_fake(input, residual, input_bias, norm_weight, norm_bias, norm, eps, weight, bias,
+                    activation, backend):
+    torch._check(input.dim() == 2, lambda: "warpformer.norm_gemm: input must be 2-dimensional")
+    torch._check(weight.dim() == 2, lambda: "warpformer.norm_gemm: weight must be 2-dimensional")
+    out = input.new_empty((input.shape[0], weight.shape[1]))
+    return out, torch.empty_like(input, memory_format=torch.contiguous_format), \
+        torch.empty_like(input, memory_format=torch.contiguous_format)

@@ -117,22 +117,36 @@ FUSION_SHAPES = {
     "gptj-4096": lambda: transformers.GPTJConfig(vocab_size=1000, n_embd=4096, n_head=16,
                                                  n_layer=2, rotary_dim=64, n_positions=512,
                                                  bos_token_id=1, eos_token_id=2),
+    # parallel residual with a separate second norm (normalised from the materialised stream)
+    "gptneox-parallel": lambda: transformers.GPTNeoXConfig(
+        vocab_size=1000, hidden_size=256, num_attention_heads=4, num_hidden_layers=3,
+        intermediate_size=1024, max_position_embeddings=512, rotary_pct=0.25,
+        use_parallel_residual=True, bos_token_id=1, eos_token_id=2),
 }
+
+
+def _cuda_kernels(fn) -> list[str]:
+    """Names of the CUDA kernels that fn() launches (CUDA-graph replays included)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
 
 
 @pytest.mark.parametrize("name", list(FUSION_SHAPES))
 def test_decode_fusion_bit_identical(name, root, monkeypatch):
-    """The fused decode step (the default: QKV preparation inside the attention kernel) and
-    WARPFORMER_FUSE=0 (a separate QKV-preparation kernel) give the same tokens and bit-identical
-    log-probs in fp16, greedy at 1 and 2 rows and in beam search (whose cache indirection the
-    fused kernel must respect)."""
+    """The fused decode step (the default: QKV preparation inside the attention kernel, the
+    residual adds and norms inside the GEMVs that read them) and WARPFORMER_FUSE=0 (separate
+    QKV-preparation and norms kernels) give the same tokens and bit-identical log-probs in fp16,
+    greedy at 1 and 2 rows and in beam search (whose cache indirection the fused attention must
+    respect). The profile shows which kernels ran."""
     out = root / f"{name}-fusion-wf"
     if not (out / "1-gpu").exists():
         hf = make_hf(FUSION_SHAPES[name](), seed=17, peak=4.0)
         hf.save_pretrained(root / f"{name}-fusion-hf")
         convert(root / f"{name}-fusion-hf", out, 1, "fp32")
     rows = prompts(1000, [9, 4], seed=4)
-    runs = {}
+    runs, kernels = {}, {}
     for fuse in ("1", "0"):
         monkeypatch.setenv("WARPFORMER_FUSE", fuse)
         gpt = GPT.from_pretrained(out, dtype=torch.float16, max_batch=2, max_seq_len=256,
@@ -142,7 +156,23 @@ def test_decode_fusion_bit_identical(name, root, monkeypatch):
         beam = gpt.generate(rows, 16, num_beams=3)
         runs[fuse] = (one.tokens, two.tokens, beam.tokens, one.log_probs, two.log_probs,
                       beam.cum_log_probs)
+        monkeypatch.setenv("WARPFORMER_CUDA_GRAPHS", "0")  # each kernel visible to the profiler
+        names = _cuda_kernels(lambda g=gpt: g.generate(rows, 4))
+        monkeypatch.delenv("WARPFORMER_CUDA_GRAPHS")
+        kernels[fuse] = {
+            "normed gemv": sum("gemv_kn_kernel" in k and ", true>" in k for k in names),
+            "fused attention": sum("decode_attention_kernel" in k and ", true>" in k
+                                   for k in names),
+            "norm": sum("norm_kernel" in k for k in names),
+        }
         del gpt
+    # 3 decode steps of 2 rows: every layer's QKV (and MLP-in unless the norm is shared) product
+    # normalises its own rows and the attention prepares its own QKV; unfused, neither runs and
+    # the norms are kernels of their own.
+    assert kernels["1"]["normed gemv"] >= 3 * 2 and kernels["1"]["fused attention"] >= 3 * 2, \
+        f"{name}: {kernels}"
+    assert kernels["0"]["normed gemv"] == 0 and kernels["0"]["fused attention"] == 0, kernels
+    assert kernels["0"]["norm"] > kernels["1"]["norm"], kernels
     fused, unfused = runs["1"], runs["0"]
     assert fused[:3] == unfused[:3], f"{name}: the fused decode step changes the tokens"
     for a, b in zip(fused[3:], unfused[3:], strict=True):

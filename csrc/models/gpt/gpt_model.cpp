@@ -39,8 +39,9 @@ class Carver {
 };
 
 // WARPFORMER_FUSE: unset or "1" runs the decode step's QKV preparation inside the attention
-// kernel, "0" as its own kernel (for comparisons; the results are bit-identical).
-bool fuse_decode_attention() {
+// kernel and the pre-norm layers' residual adds and norms inside the GEMVs that read them; "0"
+// runs each as its own kernel (for comparisons; the results are bit-identical).
+bool fuse_kernels() {
   const char* env = std::getenv("WARPFORMER_FUSE");
   if (env == nullptr || std::strcmp(env, "1") == 0) return true;
   TORCH_CHECK(std::strcmp(env, "0") == 0, "WARPFORMER_FUSE must be 1 or 0, got '", env, "'");
@@ -69,7 +70,8 @@ GptModel::GptModel(GptConfig cfg, GptWeights weights, DType dtype,
       max_seq_len_(max_seq_len) {
   TORCH_CHECK(max_batch_ > 0, "GptModel: max_batch must be positive, got ", max_batch_);
   prefill_group_tokens_ = prefill_group_size();
-  fuse_attention_ = fuse_decode_attention();
+  fuse_attention_ = fuse_kernels();
+  gemm_->set_norm_fusion(fuse_attention_);
   // The weights are written only before the model is built; every forward starts with the
   // embedding (or a pipeline receive), never with a product, so no product's weight is written
   // by the kernel just before it.
@@ -242,23 +244,20 @@ void GptModel::run_layers(int64_t tokens, const layers::AttentionInputs& base) {
   const size_t layer_kv = static_cast<size_t>(kv_slots_) * cfg_.local_heads() * kv_seq_ *
                           cfg_.size_per_head * dtype_size(dtype_);
   using kernels::NormKind;
-  if (cfg_.pre_layernorm && n_local > 0) {
-    layers::apply_norm(lc, NormKind::kLayerNorm, w_.layers[0].ln1_w, w_.layers[0].ln1_b, b.x, b.n,
-                       tokens, h);
-  }
+  // Pre-norm layers normalise their own input (each layer's QKV product applies the previous
+  // layer's last residual add and its input norm); post-norm layers end with the next norm.
+  layers::ResidualStream stream{b.x};
   for (int64_t l = 0; l < n_local; ++l) {
     layers::AttentionInputs ai = base;
     ai.k_cache = static_cast<char*>(kv_.data()) + (2 * l) * layer_kv;
     ai.v_cache = static_cast<char*>(kv_.data()) + (2 * l + 1) * layer_kv;
     layers::NextNorm next;
     if (l + 1 < n_local) {
-      if (cfg_.pre_layernorm) {
-        next = {NormKind::kLayerNorm, w_.layers[l + 1].ln1_w, w_.layers[l + 1].ln1_b};
-      }
+      if (cfg_.pre_layernorm) next.defer = true;
     } else if (cfg_.last_stage() && cfg_.has_post_decoder_layernorm) {
       next = {NormKind::kLayerNorm, w_.final_ln_w, w_.final_ln_b};
     }
-    layers::decoder_layer_forward(lc, w_.layers[l], b, tokens, ai, next);
+    layers::decoder_layer_forward(lc, w_.layers[l], b, tokens, ai, next, &stream);
   }
   // Make `n` hold the final hidden states whatever the last layer's form was.
   const bool normed_in_n = n_local > 0 && cfg_.has_post_decoder_layernorm && cfg_.last_stage();

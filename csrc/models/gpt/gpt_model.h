@@ -207,7 +207,8 @@ class GptModel {
   size_t state_need_ = 0;
 
   int64_t prefill_group_tokens_ = 0;
-  // QKV preparation inside the decode attention kernel (WARPFORMER_FUSE, gpt_model.cpp).
+  // QKV preparation inside the decode attention kernel (WARPFORMER_FUSE, gpt_model.cpp; the
+  // same variable switches the Gemm's norm fusion).
   bool fuse_attention_ = true;
   std::vector<PrefillGroup> groups_;  // set by plan_prefill
   // views into meta_ filled by prefill()
