@@ -68,11 +68,12 @@ from common import (
 )
 
 # Extra warpformer rows (--wf-variants): GEMV off (cuBLASLt for every product), a gemm-tune file
-# made for the configuration, and the decode step's QKV preparation as its own kernel. Each
-# environment variable is read when the engine is built.
+# made for the configuration, no kernel fusion (QKV preparation and norms as kernels of their
+# own), and only the attention fusion. Each environment variable is read when the engine is built.
 VARIANT_ENV = {
     "gemv-off": ("WARPFORMER_GEMV", "0"),
     "unfused": ("WARPFORMER_FUSE", "0"),
+    "attention-only": ("WARPFORMER_FUSE", "attention"),
 }
 VARIANTS = (*VARIANT_ENV, "tuned")
 ENGINES = ("warpformer", *(f"warpformer-{v}" for v in VARIANTS), "hf-eager", "hf-compiled")
@@ -184,8 +185,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--wf-variants", type=_variants, default=[],
                     help="extra warpformer rows: gemv-off (WARPFORMER_GEMV=0, cuBLASLt for "
                          "every GEMM), tuned (a gemm-tune file made for the configuration), "
-                         "unfused (WARPFORMER_FUSE=0: QKV preparation not fused into the decode "
-                         "attention)")
+                         "unfused (WARPFORMER_FUSE=0: QKV preparation and norms as kernels of "
+                         "their own), attention-only (WARPFORMER_FUSE=attention: norms as "
+                         "kernels of their own)")
     ap.add_argument("--hf-compile", choices=("none", "target", "all"), default="target",
                     help="HF static cache + compiled forward on: none, the target configuration "
                          "(batch 1, 128/128; default) or every configuration (slow)")

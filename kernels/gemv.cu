@@ -45,6 +45,10 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
+__device__ __forceinline__ void prefetch_l1(const void* p) {
+  asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
+}
+
 template <typename T>
 __device__ __forceinline__ float finish(float v, const GemvParams<T>& p, int64_t idx, int col) {
   if (p.bias != nullptr) v += to_float(p.bias[col]);
@@ -184,6 +188,16 @@ __global__ void __launch_bounds__(kThreads)
     if (kend - kbeg <= 2 * kStep && k0 + kStep < kend) {
 #pragma unroll
       for (int j = 0; j < V; ++j) prefetch_l2(w + static_cast<int64_t>(k0 + kStep + j) * p.n);
+    }
+  }
+  if constexpr (NORM) {
+    // gamma and beta are weights too: ask L1 for this thread's share of them now, so that the
+    // normalising pass after the two reductions does not wait on L2.
+    if (p.prefetch_weight) {
+      for (int c = kbeg + static_cast<int>(threadIdx.x) * V; c < kend; c += kThreads * V) {
+        prefetch_l1(g.norm.gamma + c);
+        if (g.norm.beta != nullptr) prefetch_l1(g.norm.beta + c);
+      }
     }
   }
   wait_for_prior_kernels();
@@ -352,6 +366,13 @@ size_t normed_smem(const GemvParams<T>& p, const KnSplit& s) {
   return static_cast<size_t>(p.m) * s.kchunk * sizeof(T);
 }
 
+// The [k, n] kernel's static shared memory for m rows: red, part and the norm's scratch.
+template <typename T>
+size_t kn_static_smem(int m) {
+  constexpr int V = 16 / sizeof(T);
+  return static_cast<size_t>(kWarps + 1) * m * kColVecs * V * sizeof(float) + 32 * sizeof(float);
+}
+
 template <typename T, int M, bool NORM>
 cudaError_t launch_rows(const GemvParams<T>& p, const GemvNorm<T>& g, const DeviceInfo& d,
                         cudaStream_t stream) {
@@ -384,7 +405,9 @@ cudaError_t launch_any_rows(const GemvParams<T>& p, const GemvNorm<T>& g, int de
   }
 }
 
-constexpr size_t kMaxNormedSmem = 48 * 1024;  // no opt-in to larger dynamic shared memory
+// Static plus dynamic shared memory of a block, without opting in to more (a little is left for
+// the compiler's alignment of the static arrays).
+constexpr size_t kMaxBlockSmem = 48 * 1024 - 128;
 
 }  // namespace
 
@@ -422,7 +445,8 @@ bool gemv_normed_supported(const GemvParams<T>& p, const NormParams<T>& norm, in
   const bool no_alias = apart(norm.residual_out, norm.input) &&
                         apart(norm.residual_out, norm.residual) && apart(norm.out, norm.input) &&
                         apart(norm.out, norm.residual) && apart(norm.out, norm.residual_out);
-  return aligned && no_alias && normed_smem(p, kn_split(p, device_info(device))) <= kMaxNormedSmem;
+  const size_t smem = normed_smem(p, kn_split(p, device_info(device))) + kn_static_smem<T>(p.m);
+  return aligned && no_alias && smem <= kMaxBlockSmem;
 }
 
 template <typename T>

@@ -64,7 +64,9 @@ cudaError_t launch_gemv(const GemvParams<T>& p, int device, cudaStream_t stream)
 // step's norm is then no longer a kernel of its own) and normalises its share of k into shared
 // memory. The sums are formed exactly as launch_norm forms them, so out, residual_out and
 // norm.out are bit-identical to launch_norm followed by launch_gemv. norm.rows must be p.m and
-// norm.hidden p.k; the outputs must not alias the inputs.
+// norm.hidden p.k; the outputs must not alias the inputs; a block's share of the normalised
+// rows plus its reduction arrays must fit in 48 KiB of shared memory (without a k-split, many
+// rows may not): gemv_normed_supported says whether everything holds.
 template <typename T>
 bool gemv_normed_supported(const GemvParams<T>& p, const NormParams<T>& norm, int device);
 

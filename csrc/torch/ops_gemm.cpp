@@ -227,8 +227,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_gemm(
     TORCH_CHECK(ok, op, ": backend 'fused' cannot run m=", m, ", n=", n, ", k=", k, " in ",
                 dtype_name(dtype), ": it needs at most ", kernels::kGemvMaxRows,
                 " rows, k and n multiples of 16 bytes, 16-byte aligned tensors, a row short "
-                "enough for one norms block and the block's share of k within 48 KiB of shared "
-                "memory; use backend 'unfused'");
+                "enough for one norms block, and the block's share of k plus its reduction "
+                "arrays within 48 KiB of shared memory; use backend 'unfused'");
   }
   gemm.run_normed(dtype, in, w.data_ptr(), ptr(b), out.data_ptr(), m, n, k, act);
   return {out, x, normed};

@@ -147,7 +147,7 @@ def test_decode_fusion_bit_identical(name, root, monkeypatch):
         convert(root / f"{name}-fusion-hf", out, 1, "fp32")
     rows = prompts(1000, [9, 4], seed=4)
     runs, kernels = {}, {}
-    for fuse in ("1", "0"):
+    for fuse in ("1", "0", "attention"):
         monkeypatch.setenv("WARPFORMER_FUSE", fuse)
         gpt = GPT.from_pretrained(out, dtype=torch.float16, max_batch=2, max_seq_len=256,
                                   backend="cuda")
@@ -173,18 +173,23 @@ def test_decode_fusion_bit_identical(name, root, monkeypatch):
         f"{name}: {kernels}"
     assert kernels["0"]["normed gemv"] == 0 and kernels["0"]["fused attention"] == 0, kernels
     assert kernels["0"]["norm"] > kernels["1"]["norm"], kernels
-    fused, unfused = runs["1"], runs["0"]
-    assert fused[:3] == unfused[:3], f"{name}: the fused decode step changes the tokens"
-    for a, b in zip(fused[3:], unfused[3:], strict=True):
-        assert torch.equal(a, b), f"{name}: the fused decode step changes the log-probs"
+    assert kernels["attention"]["normed gemv"] == 0, kernels  # WARPFORMER_FUSE=attention
+    assert kernels["attention"]["fused attention"] == kernels["1"]["fused attention"], kernels
+    for variant in ("1", "attention"):
+        fused, unfused = runs[variant], runs["0"]
+        assert fused[:3] == unfused[:3], f"{name} ({variant}): fusion changes the tokens"
+        for a, b in zip(fused[3:], unfused[3:], strict=True):
+            assert torch.equal(a, b), f"{name} ({variant}): fusion changes the log-probs"
 
 
 def test_fuse_variable_checked(root, monkeypatch):
     model_pair("gpt2", root)
-    monkeypatch.setenv("WARPFORMER_FUSE", "yes")
-    with pytest.raises(RuntimeError, match="WARPFORMER_FUSE must be 1 or 0, got 'yes'"):
-        GPT.from_pretrained(root / "gpt2-4.0-wf", dtype=torch.float16, max_batch=1,
-                            max_seq_len=64, backend="cuda")
+    for bad in ("yes", "attention,rotary", ","):
+        monkeypatch.setenv("WARPFORMER_FUSE", bad)
+        with pytest.raises(RuntimeError, match="WARPFORMER_FUSE must be 1, 0 or a comma list of "
+                                               f"attention, norms; got '{bad}'"):
+            GPT.from_pretrained(root / "gpt2-4.0-wf", dtype=torch.float16, max_batch=1,
+                                max_seq_len=64, backend="cuda")
 
 
 def _chi2_critical(df: int, z: float = 3.09) -> float:

@@ -373,7 +373,7 @@ void GptModel::decode_step_body() {
   // wave (two per SM): then it saves a kernel. With more blocks every one repeats the rotary
   // table and the separate kernel is cheaper (H200, gpt-j-6b batch 64: 5.72 fused vs 5.54 ms per
   // step; batch 1: 3.66 vs 3.86).
-  ai.fused_prep = fuse_attention_ &&
+  ai.fused_prep = fusions_.attention &&
                   s.rows * cfg_.local_heads() <= 2 * int64_t{ctx_->props().multiProcessorCount};
   ai.rotary_inv_freq = rotary_inv_freq_.as<float>();
   ai.workspace = s.split;

@@ -9,6 +9,7 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <sstream>
 
 #include "csrc/core/check.h"
 #include "kernels/attention/attention.h"
@@ -38,14 +39,32 @@ class Carver {
   size_t off_ = 0;
 };
 
-// WARPFORMER_FUSE: unset or "1" runs the decode step's QKV preparation inside the attention
-// kernel and the pre-norm layers' residual adds and norms inside the GEMVs that read them; "0"
-// runs each as its own kernel (for comparisons; the results are bit-identical).
-bool fuse_kernels() {
+// WARPFORMER_FUSE: which kernel fusions the engine uses: unset or "1" all, "0" none, or a comma
+// list of "attention" (the decode step's QKV preparation inside the attention kernel) and
+// "norms" (pre-norm layers' residual adds and norms inside the GEMVs that read them). Off, each
+// runs as its own kernel (for comparisons; the results are bit-identical).
+GptModel::Fusions fusions_from_env() {
   const char* env = std::getenv("WARPFORMER_FUSE");
-  if (env == nullptr || std::strcmp(env, "1") == 0) return true;
-  TORCH_CHECK(std::strcmp(env, "0") == 0, "WARPFORMER_FUSE must be 1 or 0, got '", env, "'");
-  return false;
+  if (env == nullptr || std::strcmp(env, "1") == 0) return {true, true};
+  GptModel::Fusions f{false, false};
+  if (std::strcmp(env, "0") == 0) return f;
+  std::stringstream list(env);
+  std::string item;
+  bool any = false;
+  while (std::getline(list, item, ',')) {
+    if (item == "attention") {
+      f.attention = true;
+    } else if (item == "norms") {
+      f.norms = true;
+    } else {
+      TORCH_CHECK(false, "WARPFORMER_FUSE must be 1, 0 or a comma list of attention, norms; got '",
+                  env, "'");
+    }
+    any = true;
+  }
+  TORCH_CHECK(any, "WARPFORMER_FUSE must be 1, 0 or a comma list of attention, norms; got '", env,
+              "'");
+  return f;
 }
 
 // Grow policy: at least what is needed, at least 1.5x the previous size (fewer regrowths when
@@ -70,8 +89,8 @@ GptModel::GptModel(GptConfig cfg, GptWeights weights, DType dtype,
       max_seq_len_(max_seq_len) {
   TORCH_CHECK(max_batch_ > 0, "GptModel: max_batch must be positive, got ", max_batch_);
   prefill_group_tokens_ = prefill_group_size();
-  fuse_attention_ = fuse_kernels();
-  gemm_->set_norm_fusion(fuse_attention_);
+  fusions_ = fusions_from_env();
+  gemm_->set_norm_fusion(fusions_.norms);
   // The weights are written only before the model is built; every forward starts with the
   // embedding (or a pipeline receive), never with a product, so no product's weight is written
   // by the kernel just before it.

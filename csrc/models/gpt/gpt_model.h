@@ -75,6 +75,12 @@ struct DecodeOutputs {
 
 class GptModel {
  public:
+  // The kernel fusions in use (WARPFORMER_FUSE, read by the constructor; gpt_model.cpp).
+  struct Fusions {
+    bool attention = true;  // the decode step's QKV preparation inside the attention kernel
+    bool norms = true;      // pre-norm residual adds and norms inside the GEMVs (Gemm::run_normed)
+  };
+
   GptModel(GptConfig cfg, GptWeights weights, DType dtype, std::shared_ptr<CudaContext> ctx,
            int64_t max_batch, int64_t max_seq_len, Communicator* tp_comm = nullptr);
   ~GptModel();
@@ -207,9 +213,7 @@ class GptModel {
   size_t state_need_ = 0;
 
   int64_t prefill_group_tokens_ = 0;
-  // QKV preparation inside the decode attention kernel (WARPFORMER_FUSE, gpt_model.cpp; the
-  // same variable switches the Gemm's norm fusion).
-  bool fuse_attention_ = true;
+  Fusions fusions_;
   std::vector<PrefillGroup> groups_;  // set by plan_prefill
   // views into meta_ filled by prefill()
   int32_t* d_gather_ = nullptr;   // [T]  packed token -> b * seq + i
