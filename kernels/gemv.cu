@@ -194,9 +194,9 @@ __global__ void __launch_bounds__(kThreads)
     // gamma and beta are weights too: ask L1 for this thread's share of them now, so that the
     // normalising pass after the two reductions does not wait on L2.
     if (p.prefetch_weight) {
-      for (int c = kbeg + static_cast<int>(threadIdx.x) * V; c < kend; c += kThreads * V) {
-        prefetch_l1(g.norm.gamma + c);
-        if (g.norm.beta != nullptr) prefetch_l1(g.norm.beta + c);
+      for (int kk = kbeg + static_cast<int>(threadIdx.x) * V; kk < kend; kk += kThreads * V) {
+        prefetch_l1(g.norm.gamma + kk);
+        if (g.norm.beta != nullptr) prefetch_l1(g.norm.beta + kk);
       }
     }
   }
@@ -430,7 +430,7 @@ bool gemv_normed_supported(const GemvParams<T>& p, const NormParams<T>& norm, in
   constexpr int V = 16 / sizeof(T);
   GemvParams<T> q = p;
   q.in = norm.input;  // the pointer checks of the plain product apply to the norm's input
-  if (!gemv_supported(q) || p.transposed) return false;
+  if (norm.input == nullptr || !gemv_supported(q) || p.transposed) return false;
   if ((norm.kind != NormKind::kLayerNorm && norm.kind != NormKind::kRmsNorm) ||
       norm.rows != p.m || norm.hidden != p.k || norm.gamma == nullptr) {
     return false;
@@ -440,11 +440,33 @@ bool gemv_normed_supported(const GemvParams<T>& p, const NormParams<T>& norm, in
   const bool aligned = aligned_to(norm.residual, 16) && aligned_to(norm.input_bias, 16) &&
                        aligned_to(norm.gamma, 16) && aligned_to(norm.beta, 16) &&
                        aligned_to(norm.residual_out, 16) && aligned_to(norm.out, 16);
-  // Blocks of the first column tile write the outputs while the others still read the inputs.
-  auto apart = [](const void* a, const void* b) { return a == nullptr || b == nullptr || a != b; };
-  const bool no_alias = apart(norm.residual_out, norm.input) &&
-                        apart(norm.residual_out, norm.residual) && apart(norm.out, norm.input) &&
-                        apart(norm.out, norm.residual) && apart(norm.out, norm.residual_out);
+  // Some blocks write (the first column tile: residual_out, out; every tile: the product)
+  // while others still read the rows for their statistics: no written range may overlap
+  // another range (beta != 0 reads the product's range too, which it may share with nothing).
+  struct Range {
+    const void* ptr;
+    size_t bytes;
+  };
+  const size_t row_bytes = static_cast<size_t>(p.m) * p.k * sizeof(T);
+  const size_t vec_bytes = static_cast<size_t>(p.k) * sizeof(T);
+  const Range written[] = {{norm.residual_out, row_bytes}, {norm.out, row_bytes},
+                           {p.out, static_cast<size_t>(p.m) * p.n * sizeof(T)}};
+  const Range all[] = {written[0], written[1], written[2], {norm.input, row_bytes},
+                       {norm.residual, row_bytes}, {norm.input_bias, vec_bytes},
+                       {norm.gamma, vec_bytes}, {norm.beta, vec_bytes},
+                       {p.weight, static_cast<size_t>(p.k) * p.n * sizeof(T)},
+                       {p.bias, static_cast<size_t>(p.n) * sizeof(T)}};
+  auto overlap = [](const Range& a, const Range& b) {
+    if (a.ptr == nullptr || b.ptr == nullptr) return false;
+    const auto a0 = reinterpret_cast<std::uintptr_t>(a.ptr), b0 = reinterpret_cast<std::uintptr_t>(b.ptr);
+    return a0 < b0 + b.bytes && b0 < a0 + a.bytes;
+  };
+  bool no_alias = true;
+  for (size_t w = 0; w < 3; ++w) {
+    for (size_t r = 0; r < sizeof(all) / sizeof(all[0]); ++r) {
+      if (r != w && overlap(written[w], all[r])) no_alias = false;
+    }
+  }
   const size_t smem = normed_smem(p, kn_split(p, device_info(device))) + kn_static_smem<T>(p.m);
   return aligned && no_alias && smem <= kMaxBlockSmem;
 }

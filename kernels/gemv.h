@@ -39,7 +39,8 @@ struct GemvParams {
   // The weight is not written by the kernel just before this one on the stream (model weights,
   // written once at load time): a [k, n] product then starts streaming it before waiting for
   // that kernel (programmatic dependent launch, kernels/common.cuh), so the first loads overlap
-  // the previous kernel instead of following it.
+  // the previous kernel instead of following it. The same promise covers the norm's gamma and
+  // beta of launch_gemv_normed (asked of L1 before the wait).
   bool prefetch_weight = false;
 };
 

@@ -59,11 +59,13 @@ struct ResidualStream {
 
 // Activation buffers for `tokens` rows, all of the model dtype.
 // The layer writes f only after its last read of qkv, q and a, and o only after its last read of
-// p, so the model may overlap those buffers (GptModel::layout does).
+// p, so the model may overlap those buffers (GptModel::layout does). x, n, y and p (o) must not
+// overlap each other or the qkv/q/a/f region: a pending delta in p or o stays live into the
+// next layer's QKV product, and the normalising GEMV reads x / y / p / o while writing x / y / n.
 struct LayerBuffers {
   void* x;    // [tokens, h]   residual stream (see ResidualStream)
   void* n;    // [tokens, h]   normed rows (scratch; after the last layer its next(x))
-  void* y;    // [tokens, h]   the second residual-stream buffer (post-norm: second norm output)
+  void* y;    // [tokens, h]   the second residual-stream buffer (post-norm: ln1's output)
   void* qkv;  // [tokens, 3 * lh]
   void* q;    // [tokens, lh]
   void* a;    // [tokens, lh]  attention output
@@ -116,7 +118,8 @@ void decoder_layer_forward(const LayerContext& lc, const LayerWeights& w, const 
                            int64_t tokens, const AttentionInputs& attn, const NextNorm& next,
                            ResidualStream* stream);
 
-// out = norm(x) (no residual add): used for the first layer's input norm and the final norm.
+// out = norm(x) (no residual add): BLOOM's embedding norm, and the final norm of a stage
+// without layers.
 void apply_norm(const LayerContext& lc, kernels::NormKind kind, const void* gamma,
                 const void* beta, const void* x, void* out, int64_t rows, int64_t hidden);
 

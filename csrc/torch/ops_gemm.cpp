@@ -4,6 +4,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <cfloat>
 #include <cmath>
 #include <memory>
 #include <vector>
@@ -158,7 +159,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_gemm(
               ": backend must be one of fused, unfused; got '", backend, "'");
   TORCH_CHECK(norm == "layer_norm" || !norm_bias.has_value(), op,
               ": norm_bias is for layer_norm only (rms_norm has no bias)");
-  TORCH_CHECK(std::isfinite(eps) && eps >= 0.0, op, ": eps must be >= 0 and finite, got ", eps);
+  TORCH_CHECK(eps >= 0.0 && eps <= FLT_MAX, op, ": eps must be >= 0 and finite in float32, got ",
+              eps);
   const kernels::Activation act = parse_activation(activation, "warpformer.norm_gemm: activation");
   check_floating(input, op, "input");
   check_dim(input, 2, op, "input");
@@ -222,8 +224,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_gemm(
   gemm.set_gemv_policy(Gemm::GemvPolicy::kAlways);  // both backends: the GEMV where it can run
   gemm.set_norm_fusion(backend == "fused");
   if (backend == "fused") {
-    const bool ok = m <= kernels::kGemvMaxRows &&
-                    gemm.fuses_norm(dtype, in, w.data_ptr(), ptr(b), out.data_ptr(), m, n, k, act);
+    const bool ok = gemm.fuses_norm(dtype, in, w.data_ptr(), ptr(b), out.data_ptr(), m, n, k, act);
     TORCH_CHECK(ok, op, ": backend 'fused' cannot run m=", m, ", n=", n, ", k=", k, " in ",
                 dtype_name(dtype), ": it needs at most ", kernels::kGemvMaxRows,
                 " rows, k and n multiples of 16 bytes, 16-byte aligned tensors, a row short "

@@ -6,8 +6,9 @@
   (chi-square at p = 0.001), with no draw outside the kept set;
 - same seed => same tokens (whatever the batch), different seeds => different tokens;
 - generate_stream yields the tokens of generate;
-- the fused decode step (QKV preparation inside the attention kernel) and WARPFORMER_FUSE=0 give
-  bit-identical log-probs, tiny and real widths;
+- the fused decode step (QKV preparation inside the attention kernel, norms inside the GEMVs),
+  each fusion alone and WARPFORMER_FUSE=0 give bit-identical log-probs, tiny and real widths, and
+  the profile shows the fused kernels ran;
 - LAMBADA (FT's method) on 5,000 synthetic LAMBADA-format samples with bloom-560m dims (2 layers)
   in fp16 and fp32: generated target tokens agree with HF for >= 99% / 100% of the samples.
 """
@@ -147,7 +148,7 @@ def test_decode_fusion_bit_identical(name, root, monkeypatch):
         convert(root / f"{name}-fusion-hf", out, 1, "fp32")
     rows = prompts(1000, [9, 4], seed=4)
     runs, kernels = {}, {}
-    for fuse in ("1", "0", "attention"):
+    for fuse in ("1", "0", "attention", "norms"):
         monkeypatch.setenv("WARPFORMER_FUSE", fuse)
         gpt = GPT.from_pretrained(out, dtype=torch.float16, max_batch=2, max_seq_len=256,
                                   backend="cuda")
@@ -175,7 +176,9 @@ def test_decode_fusion_bit_identical(name, root, monkeypatch):
     assert kernels["0"]["norm"] > kernels["1"]["norm"], kernels
     assert kernels["attention"]["normed gemv"] == 0, kernels  # WARPFORMER_FUSE=attention
     assert kernels["attention"]["fused attention"] == kernels["1"]["fused attention"], kernels
-    for variant in ("1", "attention"):
+    assert kernels["norms"]["fused attention"] == 0, kernels  # WARPFORMER_FUSE=norms
+    assert kernels["norms"]["normed gemv"] == kernels["1"]["normed gemv"], kernels
+    for variant in ("1", "attention", "norms"):
         fused, unfused = runs[variant], runs["0"]
         assert fused[:3] == unfused[:3], f"{name} ({variant}): fusion changes the tokens"
         for a, b in zip(fused[3:], unfused[3:], strict=True):
@@ -184,7 +187,7 @@ def test_decode_fusion_bit_identical(name, root, monkeypatch):
 
 def test_fuse_variable_checked(root, monkeypatch):
     model_pair("gpt2", root)
-    for bad in ("yes", "attention,rotary", ","):
+    for bad in ("yes", "attention,rotary", ",", "attention,"):
         monkeypatch.setenv("WARPFORMER_FUSE", bad)
         with pytest.raises(RuntimeError, match="WARPFORMER_FUSE must be 1, 0 or a comma list of "
                                                f"attention, norms; got '{bad}'"):
