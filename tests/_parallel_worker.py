@@ -24,10 +24,10 @@ def run(model_dir: str, tp: int, pp: int, dtype: torch.dtype, out: str, steps: i
     res = {}
     g = model.generate(prompts["ids"], steps, input_lengths=prompts["lengths"], end_id=999)
     res["greedy"] = g.sequences.cpu()
-    if pp == 1:
-        b = model.generate(prompts["ids"][:2], steps // 2, input_lengths=prompts["lengths"][:2],
-                           num_beams=4, end_id=999)
-        res["beam"] = b.sequences.cpu()
+    b = model.generate(prompts["ids"][:2], steps // 2, input_lengths=prompts["lengths"][:2],
+                       num_beams=4, end_id=999, return_log_probs=True)
+    res["beam"] = b.sequences.cpu()
+    res["beam_scores"] = b.cum_log_probs.cpu()
     s = model.generate(prompts["ids"], steps, input_lengths=prompts["lengths"], do_sample=True,
                        top_k=40, top_p=0.9, seed=[5, 6, 7, 8], end_id=999)
     res["sample"] = s.sequences.cpu()

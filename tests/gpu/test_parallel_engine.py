@@ -170,8 +170,9 @@ def test_parallel_equals_single_gpu(name, tp, pp, checkpoints, tmp_path):
     par32 = launch(checkpoints[name], tp, pp, "fp32", tmp_path / "par32.pt")
     assert torch.equal(par32["greedy"], ref32["greedy"]), f"{name} tp{tp} pp{pp} fp32 greedy"
     assert torch.equal(par32["sample"], ref32["sample"]), f"{name} tp{tp} pp{pp} sampling"
-    if "beam" in par32:
-        assert torch.equal(par32["beam"], ref32["beam"]), f"{name} tp{tp} beam"
+    assert torch.equal(par32["beam"], ref32["beam"]), f"{name} tp{tp} pp{pp} beam"
+    torch.testing.assert_close(par32["beam_scores"], ref32["beam_scores"], rtol=1e-5, atol=1e-5,
+                               msg=lambda m: f"{name} tp{tp} pp{pp} beam scores: {m}")
     err = float((par32["logits"] - ref32["logits"]).abs().max())
     assert err <= 1e-4 * float(ref32["logits"].abs().max()), f"logits err {err}"
     # Prompts of more than one prefill group (micro-batches through the pipeline stages).

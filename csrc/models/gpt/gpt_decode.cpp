@@ -148,8 +148,6 @@ void GptModel::decode_start(const int32_t* ids, const std::vector<int32_t>& leng
               opt.beam_width);
   TORCH_CHECK(output_len >= 1, "GptModel.decode: output_len must be >= 1, got ", output_len);
   TORCH_CHECK(!lengths.empty(), "GptModel.decode: empty batch");
-  TORCH_CHECK(opt.beam_width == 1 || cfg_.pipeline_para_size == 1,
-              "GptModel.decode: beam search with pipeline parallelism is not supported");
   if (session_.graph != nullptr) {
     cudaGraphExecDestroy(session_.graph);
     session_.graph = nullptr;
@@ -389,9 +387,20 @@ void GptModel::decode_step_body() {
 }
 
 // Pipeline parallelism: the last stage chose the tokens; every stage needs the new state
-// (next_tok, cur_pos, attn_len, finished are contiguous).
+// (next_tok, cur_pos, attn_len, finished are contiguous). In beam search the stages' next step
+// reads the beams' tokens, positions, lengths and cache indirection instead (every beam of an
+// entry may have a new parent), and the all-finished poll reads the entries' done flags.
 void GptModel::share_state() {
-  broadcast_from_last_stage(session_.next_tok, 4 * session_.rows * sizeof(int32_t));
+  Session& s = session_;
+  broadcast_from_last_stage(s.next_tok, 4 * s.rows * sizeof(int32_t));
+  if (s.beam > 1) {
+    const kernels::BeamSearchState& bs = s.beam_state;
+    broadcast_from_last_stage(bs.tokens, s.rows * sizeof(int32_t));
+    broadcast_from_last_stage(bs.cur_pos, s.rows * sizeof(int32_t));
+    broadcast_from_last_stage(bs.attn_len, s.rows * sizeof(int32_t));
+    broadcast_from_last_stage(bs.cache_indir, s.rows * kv_seq_ * sizeof(int32_t));
+    broadcast_from_last_stage(bs.done, s.batch * sizeof(int32_t));
+  }
 }
 
 int64_t GptModel::decode_step(int64_t max_steps) {
@@ -501,7 +510,7 @@ void GptModel::decode_finish() {
   Session& s = session_;
   TORCH_CHECK(s.active, "GptModel.decode_finish: no generation session (call decode_start)");
   const StreamScope scope(this);
-  if (s.beam > 1) {
+  if (s.beam > 1 && cfg_.last_stage()) {  // the other stages receive the outputs below
     kernels::BeamFinalizeParams fp{};
     fp.s = s.beam_state;
     fp.length_penalty = s.opt.length_penalty;
