@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -163,6 +164,39 @@ def test_generate_args_defaults_and_quick():
 def test_generate_args_rejected(argv):
     with pytest.raises(SystemExit):
         bench_generate.parse_args(argv)
+
+
+def test_variants_parsed_and_their_environment(monkeypatch):
+    """Each --wf-variants entry names the environment its engine is built under, set only while
+    the engine is built (the next engine gets the caller's environment back)."""
+    a = bench_generate.parse_args(["--wf-variants", "attention-only,unfused,gemv-off,tuned"])
+    assert a.wf_variants == ["attention-only", "unfused", "gemv-off", "tuned"]
+    with pytest.raises(SystemExit):
+        bench_generate.parse_args(["--wf-variants", "norms-only"])
+    import warpformer.models.gpt as gpt_models
+
+    seen = []
+
+    class Built(Exception):
+        pass
+
+    def fake_build(*args, **kwargs):
+        seen.append({k: os.environ.get(k) for k in ("WARPFORMER_FUSE", "WARPFORMER_GEMV")})
+        raise Built
+
+    monkeypatch.setattr(gpt_models, "build_gpt_model", fake_build)
+    monkeypatch.setenv("WARPFORMER_FUSE", "1")
+    monkeypatch.delenv("WARPFORMER_GEMV", raising=False)
+    row = bench_generate.Row("gpt2-medium", "warpformer", 1, 8, 4)
+    for variant in ("attention-only", "unfused", "gemv-off", ""):
+        with pytest.raises(Built):
+            bench_generate.run_warpformer(None, None, SHAPES["gpt2-medium"], row, None, 1,
+                                          variant)
+    assert seen == [{"WARPFORMER_FUSE": "attention", "WARPFORMER_GEMV": None},
+                    {"WARPFORMER_FUSE": "0", "WARPFORMER_GEMV": None},
+                    {"WARPFORMER_FUSE": "1", "WARPFORMER_GEMV": "0"},
+                    {"WARPFORMER_FUSE": "1", "WARPFORMER_GEMV": None}]
+    assert os.environ["WARPFORMER_FUSE"] == "1" and "WARPFORMER_GEMV" not in os.environ
 
 
 def test_configs_and_compiled_selection():
