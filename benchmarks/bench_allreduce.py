@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -22,9 +20,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
-
-_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-        "NVSHMEM_DISABLE_NVLS": "1"}
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -82,18 +77,14 @@ def main(argv: list[str] | None = None) -> int:
             common.log(f"skipping {n} ranks: {ngpu} GPUs")
             continue
         result = args.out_dir / f"allreduce_{n}.json"
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={n}", __file__, "--worker", "--group-size", str(n), "--sizes",
-               ",".join(map(str, args.sizes)), "--calls", str(args.calls), "--reps",
-               str(args.reps), "--result", str(result)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
-                              env=dict(os.environ, **_ENV))
-        if proc.returncode != 0:
-            common.log(f"{n} ranks failed: {proc.stderr[-1500:]}")
-            results.append({"ranks": n, "error": proc.stderr[-800:]})
-            continue
-        results.append(json.loads(result.read_text()))
-        result.unlink()
+        res = common.run_ranks(n, __file__, [
+            "--worker", "--group-size", str(n), "--sizes", ",".join(map(str, args.sizes)),
+            "--calls", str(args.calls), "--reps", str(args.reps), "--result", str(result)],
+            result, timeout=300)
+        if "error" in res:
+            common.log(f"{n} ranks failed: {res['error']}")
+            res["ranks"] = n
+        results.append(res)
     lines = ["| GPUs | message | NCCL µs | peer µs | NCCL / peer |", "|---:|---:|---:|---:|---:|"]
     for res in results:
         if "error" in res:

@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -27,9 +26,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
-
-_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-        "NVSHMEM_DISABLE_NVLS": "1"}
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -112,24 +108,19 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for tp, pp, variant in grids:
         result = args.out_dir / f"parallel_{tp}x{pp}.json"
-        env = dict(os.environ, **_ENV)
-        if variant == "nccl":
-            env["WARPFORMER_PEER_ALLREDUCE"] = "0"
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={tp * pp}", __file__, "--worker", "--model-dir",
-               str(root / f"{tp}-gpu"), "--tp", str(tp), "--pp", str(pp), "--batches",
-               ",".join(map(str, args.batches)), "--input-len", str(args.input_len),
-               "--output-len", str(args.output_len), "--result", str(result),
-               # bench models zero the last output-embedding row: that token never wins
-               "--end-id", str(shape.vocab - 1)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env)
-        if proc.returncode != 0:
-            results.append({"tp": tp, "pp": pp, "all_reduce": variant,
-                            "error": proc.stderr[-800:]})
-            common.log(f"{tp}x{pp} failed: {proc.stderr[-800:]}")
+        res = common.run_ranks(tp * pp, __file__, [
+            "--worker", "--model-dir", str(root / f"{tp}-gpu"), "--tp", str(tp), "--pp", str(pp),
+            "--batches", ",".join(map(str, args.batches)), "--input-len", str(args.input_len),
+            "--output-len", str(args.output_len), "--result", str(result),
+            # bench models zero the last output-embedding row: that token never wins
+            "--end-id", str(shape.vocab - 1)],
+            result, timeout=400,
+            env={"WARPFORMER_PEER_ALLREDUCE": "0"} if variant == "nccl" else None)
+        if "error" in res:
+            results.append({"tp": tp, "pp": pp, "all_reduce": variant, "error": res["error"]})
+            common.log(f"{tp}x{pp} failed: {res['error']}")
             continue
-        results.append(dict(json.loads(result.read_text()), all_reduce=variant))
-        result.unlink()
+        results.append(dict(res, all_reduce=variant))
     base = {r["batch"]: r["decode_ms_per_step"] for r in results[0].get("rows", [])}
     lines = ["| model | TP | PP | all-reduce | batch | prefill ms | decode ms/step | vs TP=1 "
              "| tokens/s |", "|---|---:|---:|---|---:|---:|---:|---:|---:|"]

@@ -337,6 +337,27 @@ class Budget:
         return self.seconds <= 0 or self.elapsed() + need_s <= self.seconds
 
 
+# NVLink multicast (NVLS) stays off on the lent multi-GPU machines (see the device notes).
+NO_MULTICAST_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                    "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def run_ranks(ranks: int, script: str, args: Sequence[str], result: Path, timeout: float,
+              env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Runs ``script args`` as ``ranks`` processes under ``torchrun --standalone`` (multicast off,
+    plus ``env``) and returns the JSON its rank 0 wrote to ``result`` (the file is removed), or
+    ``{"error": the tail of stderr}`` when the launch failed."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc-per-node={ranks}", script, *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                          env=dict(os.environ, **NO_MULTICAST_ENV, **(env or {})))
+    if proc.returncode != 0:
+        return {"error": proc.stderr[-800:]}
+    out = json.loads(result.read_text())
+    result.unlink()
+    return out
+
+
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 

@@ -318,3 +318,23 @@ def test_lambada_args_and_dry_run(capsys):
         bench_lambada.parse_args(["--samples", "0"])
     assert bench_lambada.main(["--dry-run", "--samples", "100"]) == 0
     assert "| 100 | 13 |" in capsys.readouterr().out
+
+
+def test_run_ranks_reads_rank0_json_and_reports_failures(tmp_path):
+    """The multi-GPU benchmarks' launcher (torchrun, multicast off): rank 0's JSON comes back
+    and its file is removed; a failing rank gives torchrun's stderr tail. Runs on the CPU."""
+    script = tmp_path / "ranks.py"
+    script.write_text(
+        "import json, os, sys\n"
+        "if sys.argv[1] == 'fail':\n"
+        "    sys.exit('rank failed on purpose')\n"
+        "if os.environ['RANK'] == '0':\n"
+        "    json.dump({'world': int(os.environ['WORLD_SIZE']),\n"
+        "               'nvls': os.environ['NCCL_NVLS_ENABLE'],\n"
+        "               'extra': os.environ.get('EXTRA')}, open(sys.argv[2], 'w'))\n")
+    result = tmp_path / "out.json"
+    res = common.run_ranks(2, str(script), ["ok", str(result)], result, timeout=120,
+                           env={"EXTRA": "x"})
+    assert res == {"world": 2, "nvls": "0", "extra": "x"} and not result.exists()
+    bad = common.run_ranks(1, str(script), ["fail", str(result)], result, timeout=120)
+    assert "ChildFailedError" in bad["error"]  # torchrun's report of the failed rank
