@@ -3,8 +3,10 @@ default) at tensor/pipeline-parallel sizes, each configuration run under torchru
 
     python benchmarks/bench_parallel.py --grids 1x1,2x1,2x1-nccl,1x2 --batches 1,64 --out-dir OUT
 
-A grid with the suffix "-nccl" runs with WARPFORMER_PEER_ALLREDUCE=0: every all-reduce through
-NCCL instead of the one-shot peer all-reduce, to show what the latter is worth.
+A grid's suffix picks a comparison variant: "-nccl" runs with WARPFORMER_PEER_ALLREDUCE=0 (every
+all-reduce through NCCL instead of the one-shot peer all-reduce), "-whole" with
+WARPFORMER_PP_DECODE_SPLIT=0 (pipeline stages run each decode step whole instead of splitting it
+into one micro-batch per stage), to show what each is worth.
 
 The parent builds the model once on the GPU (benchmarks/common.py), converts it for every tensor-
 parallel size needed, then launches `torchrun --nproc-per-node tp*pp` of this script in worker
@@ -26,6 +28,28 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
+
+# grid suffix -> (environment of its ranks, what the table calls it)
+VARIANTS = {
+    "auto": ({}, ""),
+    "nccl": ({"WARPFORMER_PEER_ALLREDUCE": "0"}, "NCCL all-reduce"),
+    "whole": ({"WARPFORMER_PP_DECODE_SPLIT": "0"}, "whole decode steps"),
+}
+
+
+def parse_grids(text: str) -> list[tuple[int, int, str]]:
+    """"2x1,1x2-whole" -> [(2, 1, "auto"), (1, 2, "whole")]: TPxPP with an optional variant."""
+    grids = []
+    for g in text.split(","):
+        dims, _, variant = g.partition("-")
+        tp, _, pp = dims.partition("x")
+        if not (tp.isdigit() and pp.isdigit() and int(tp) > 0 and int(pp) > 0):
+            raise SystemExit(f"--grids: '{g}' is not TPxPP with positive sizes (e.g. 2x1)")
+        if (variant or "auto") not in VARIANTS:
+            raise SystemExit(f"--grids: unknown variant '-{variant}' in '{g}' (known: "
+                             f"{', '.join('-' + v for v in VARIANTS if v != 'auto')})")
+        grids.append((int(tp), int(pp), variant or "auto"))
+    return grids
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -82,11 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         worker(args)
         return 0
 
-    grids = []
-    for g in args.grids.split(","):
-        dims, _, variant = g.partition("-")
-        tp, pp = (int(v) for v in dims.split("x"))
-        grids.append((tp, pp, variant or "auto"))
+    grids = parse_grids(args.grids)
     ngpu = torch.cuda.device_count()
     grids = [g for g in grids if g[0] * g[1] <= ngpu]
     shape = common.parse_models(args.model)[0]
@@ -107,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     common.log(f"prepared {shape.name} in {time.monotonic() - t0:.0f} s")
     results = []
     for tp, pp, variant in grids:
-        result = args.out_dir / f"parallel_{tp}x{pp}.json"
+        result = args.out_dir / f"parallel_{tp}x{pp}-{variant}.json"
         res = common.run_ranks(tp * pp, __file__, [
             "--worker", "--model-dir", str(root / f"{tp}-gpu"), "--tp", str(tp), "--pp", str(pp),
             "--batches", ",".join(map(str, args.batches)), "--input-len", str(args.input_len),
@@ -115,17 +135,17 @@ def main(argv: list[str] | None = None) -> int:
             # bench models zero the last output-embedding row: that token never wins
             "--end-id", str(shape.vocab - 1)],
             result, timeout=400,
-            env={"WARPFORMER_PEER_ALLREDUCE": "0"} if variant == "nccl" else None)
+            env=VARIANTS[variant][0] or None)
         if "error" in res:
-            results.append({"tp": tp, "pp": pp, "all_reduce": variant, "error": res["error"]})
+            results.append({"tp": tp, "pp": pp, "variant": variant, "error": res["error"]})
             common.log(f"{tp}x{pp} failed: {res['error']}")
             continue
-        results.append(dict(res, all_reduce=variant))
+        results.append(dict(res, variant=variant))
     base = {r["batch"]: r["decode_ms_per_step"] for r in results[0].get("rows", [])}
-    lines = ["| model | TP | PP | all-reduce | batch | prefill ms | decode ms/step | vs TP=1 "
+    lines = ["| model | TP | PP | variant | batch | prefill ms | decode ms/step | vs first row "
              "| tokens/s |", "|---|---:|---:|---|---:|---:|---:|---:|---:|"]
     for res in results:
-        how = "—" if res["tp"] == 1 else {"auto": "peer", "nccl": "NCCL"}[res["all_reduce"]]
+        how = VARIANTS[res["variant"]][1] or "—"
         for r in res.get("rows", []):
             ratio = r["decode_ms_per_step"] / base[r["batch"]] if r["batch"] in base else None
             lines.append(f"| {shape.name} | {res['tp']} | {res['pp']} | {how} | {r['batch']} | "

@@ -14,9 +14,10 @@ from warpformer import distributed
 
 
 def run(model_dir: str, tp: int, pp: int, dtype: torch.dtype, out: str, steps: int) -> None:
-    if os.environ.get("PREFILL_TOKENS_RANK1") and os.environ.get("RANK") == "1":
-        # Failure test: one rank with another prefill group size must stop every rank.
-        os.environ["WARPFORMER_PREFILL_TOKENS"] = os.environ["PREFILL_TOKENS_RANK1"]
+    if os.environ.get("RANK1_ENV") and os.environ.get("RANK") == "1":
+        # Failure test: one rank with another setting ("NAME=value") must stop every rank.
+        name, value = os.environ["RANK1_ENV"].split("=", 1)
+        os.environ[name] = value
     model = warpformer.GPT.from_pretrained(model_dir, dtype=dtype, tensor_para_size=tp,
                                            pipeline_para_size=pp, max_batch=8, max_seq_len=320,
                                            backend="cuda")
@@ -32,6 +33,35 @@ def run(model_dir: str, tp: int, pp: int, dtype: torch.dtype, out: str, steps: i
                        top_k=40, top_p=0.9, seed=[5, 6, 7, 8], end_id=999)
     res["sample"] = s.sequences.cpu()
     res["logits"] = model.logits(prompts["ids"], prompts["lengths"]).float().cpu()
+    # Pipeline stages split decode steps into micro-batches (one per stage) when the batch has
+    # at least as many rows as stages; these cover the split's edges: uneven micro-batches (3
+    # rows) with penalties (per-row token counts), rows ending early (an end id the greedy run
+    # produced at its 4th token, so row 1 stops there), and one step per call (streaming).
+    ids, lengths = prompts["ids"], prompts["lengths"]
+    s3 = model.generate(ids[:3], steps, input_lengths=lengths[:3], do_sample=True, top_k=40,
+                        seed=[1, 2, 3], repetition_penalty=1.3, frequency_penalty=0.2,
+                        end_id=999, return_log_probs=True)
+    res["sample3"] = s3.sequences.cpu()
+    res["sample3_log_probs"] = s3.log_probs.cpu()
+    eid = int(g.sequences[1, 0, int(lengths[1]) + 3])
+    e = model.generate(ids, steps, input_lengths=lengths, end_id=eid)
+    res["early_end"] = e.sequences.cpu()
+    res["early_end_lengths"] = e.sequence_lengths.cpu()
+    gen = model.generate_stream(ids, 6, input_lengths=lengths, end_id=999)
+    res["stream"] = torch.cat(list(gen), dim=1)
+    # Kernel launches of the first stage during a 5-step greedy run (1 prefill group, then 4
+    # steps of one embedding per micro-batch): shows whether decode steps were split.
+    graphs = os.environ.get("WARPFORMER_CUDA_GRAPHS")
+    os.environ["WARPFORMER_CUDA_GRAPHS"] = "0"  # every launch its own profiler record
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        model.generate(ids, 5, input_lengths=lengths, end_id=999)
+        torch.cuda.synchronize()
+    if graphs is None:
+        del os.environ["WARPFORMER_CUDA_GRAPHS"]
+    else:
+        os.environ["WARPFORMER_CUDA_GRAPHS"] = graphs
+    res["embedding_launches"] = sum(e.count for e in prof.key_averages()
+                                    if "embedding_kernel" in e.key)
     # Teacher-forced logits (fp16 diagnostics) over given sequences, or over this run's greedy
     # ones ("tf_self").
     if "tf_ids" in prompts or prompts.get("tf_self"):

@@ -338,3 +338,16 @@ def test_run_ranks_reads_rank0_json_and_reports_failures(tmp_path):
     assert res == {"world": 2, "nvls": "0", "extra": "x"} and not result.exists()
     bad = common.run_ranks(1, str(script), ["fail", str(result)], result, timeout=120)
     assert "ChildFailedError" in bad["error"]  # torchrun's report of the failed rank
+
+
+def test_parallel_grids_and_variants():
+    """bench_parallel's --grids: TPxPP with a comparison variant whose environment names the
+    switch it flips; malformed entries are refused with the rule."""
+    bench_parallel = importlib.import_module("bench_parallel")
+    assert bench_parallel.parse_grids("1x1,2x1-nccl,1x2,1x2-whole") == [
+        (1, 1, "auto"), (2, 1, "nccl"), (1, 2, "auto"), (1, 2, "whole")]
+    assert bench_parallel.VARIANTS["whole"][0] == {"WARPFORMER_PP_DECODE_SPLIT": "0"}
+    assert bench_parallel.VARIANTS["nccl"][0] == {"WARPFORMER_PEER_ALLREDUCE": "0"}
+    for bad, rule in [("2", "not TPxPP"), ("0x1", "positive"), ("2x1-fast", "unknown variant")]:
+        with pytest.raises(SystemExit, match=rule):
+            bench_parallel.parse_grids(bad)

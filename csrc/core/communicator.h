@@ -11,6 +11,14 @@
 
 namespace warpformer {
 
+// One point-to-point transfer of a grouped send_recv call.
+struct P2pOp {
+  bool send;         // true: send `bytes` from data to peer; false: receive them into data
+  void* data;
+  int64_t bytes;
+  int peer;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -25,6 +33,9 @@ class Communicator {
   virtual void broadcast(void* data, int64_t bytes, int root, cudaStream_t stream) = 0;
   virtual void send(const void* data, int64_t bytes, int peer, cudaStream_t stream) = 0;
   virtual void recv(void* data, int64_t bytes, int peer, cudaStream_t stream) = 0;
+  // The n transfers as one group: they progress together, so ranks whose sends and receives
+  // form a ring (each sends to one neighbour while receiving from another) cannot deadlock.
+  virtual void send_recv(const P2pOp* ops, int n, cudaStream_t stream) = 0;
 };
 
 // Sum `data` over the group when there is one (size > 1); a no-op otherwise.

@@ -157,6 +157,24 @@ void NcclCommunicator::recv(void* data, int64_t bytes, int peer, cudaStream_t st
   finish_call(ncclRecv(data, static_cast<size_t>(bytes), ncclInt8, peer, comm_, stream), "recv");
 }
 
+void NcclCommunicator::send_recv(const P2pOp* ops, int n, cudaStream_t stream) {
+  TORCH_CHECK(comm_ != nullptr, "NcclComm: the communicator was aborted");
+  if (n == 0) return;
+  // A non-blocking communicator may answer ncclInProgress inside the group too.
+  auto ok = [](ncclResult_t x) { return x == ncclSuccess || x == ncclInProgress; };
+  ncclResult_t r = ncclGroupStart();
+  for (int i = 0; i < n && ok(r); ++i) {
+    const P2pOp& op = ops[i];
+    r = op.send ? ncclSend(op.data, static_cast<size_t>(op.bytes), ncclInt8, op.peer, comm_,
+                           stream)
+                : ncclRecv(op.data, static_cast<size_t>(op.bytes), ncclInt8, op.peer, comm_,
+                           stream);
+  }
+  // The group is closed whatever happened inside it (an open group would swallow later calls).
+  const ncclResult_t end = ncclGroupEnd();
+  finish_call(ok(r) ? end : r, "grouped send/recv");
+}
+
 void NcclCommunicator::abort() {
   if (comm_ != nullptr) {
     ncclCommAbort(comm_);

@@ -53,6 +53,7 @@ class NcclCommunicator final : public Communicator {
   void broadcast(void* data, int64_t bytes, int root, cudaStream_t stream) override;
   void send(const void* data, int64_t bytes, int peer, cudaStream_t stream) override;
   void recv(void* data, int64_t bytes, int peer, cudaStream_t stream) override;
+  void send_recv(const P2pOp* ops, int n, cudaStream_t stream) override;
   // Ends the group at once (pending operations fail); the object is unusable afterwards.
   void abort();
   bool aborted() const { return comm_ == nullptr; }

@@ -185,12 +185,20 @@ def test_decode_fusion_bit_identical(name, root, monkeypatch):
             assert torch.equal(a, b), f"{name} ({variant}): fusion changes the log-probs"
 
 
-def test_fuse_variable_checked(root, monkeypatch):
+def test_fusion_and_split_variables_checked(root, monkeypatch):
     model_pair("gpt2", root)
     for bad in ("yes", "attention,rotary", ",", "attention,"):
         monkeypatch.setenv("WARPFORMER_FUSE", bad)
         with pytest.raises(RuntimeError, match="WARPFORMER_FUSE must be 1, 0 or a comma list of "
                                                f"attention, norms; got '{bad}'"):
+            GPT.from_pretrained(root / "gpt2-4.0-wf", dtype=torch.float16, max_batch=1,
+                                max_seq_len=64, backend="cuda")
+
+    monkeypatch.delenv("WARPFORMER_FUSE")
+    for bad in ("2", "yes", ""):
+        monkeypatch.setenv("WARPFORMER_PP_DECODE_SPLIT", bad)
+        with pytest.raises(RuntimeError, match=f"WARPFORMER_PP_DECODE_SPLIT must be 1 or 0; got "
+                                               f"'{bad}'"):
             GPT.from_pretrained(root / "gpt2-4.0-wf", dtype=torch.float16, max_batch=1,
                                 max_seq_len=64, backend="cuda")
 

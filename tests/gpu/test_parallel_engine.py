@@ -175,6 +175,18 @@ def test_parallel_equals_single_gpu(name, tp, pp, checkpoints, tmp_path):
                                msg=lambda m: f"{name} tp{tp} pp{pp} beam scores: {m}")
     err = float((par32["logits"] - ref32["logits"]).abs().max())
     assert err <= 1e-4 * float(ref32["logits"].abs().max()), f"logits err {err}"
+    # Decode steps split into micro-batches across the pipeline stages (every run here has at
+    # least as many rows as stages): uneven micro-batches with penalties, early ends, streaming.
+    assert torch.equal(par32["sample3"], ref32["sample3"]), f"{name} tp{tp} pp{pp} sample3"
+    torch.testing.assert_close(par32["sample3_log_probs"], ref32["sample3_log_probs"],
+                               rtol=1e-5, atol=1e-5)
+    assert torch.equal(par32["early_end"], ref32["early_end"]), f"{name} tp{tp} pp{pp} early"
+    assert torch.equal(par32["early_end_lengths"], ref32["early_end_lengths"])
+    assert int(ref32["early_end_lengths"][1, 0]) <= 17 + 4, "row 1 should end by its 4th token"
+    assert torch.equal(par32["stream"], ref32["stream"]), f"{name} tp{tp} pp{pp} stream"
+    # One embedding launch per prefill group (1) and per micro-batch of each later step (4).
+    assert par32["embedding_launches"] == 1 + 4 * pp, par32["embedding_launches"]
+    assert ref32["embedding_launches"] == 1 + 4
     # Prompts of more than one prefill group (micro-batches through the pipeline stages).
     assert torch.equal(par32["grouped_greedy"], ref32["grouped_greedy"]), f"{name} grouped"
     err = float((par32["grouped_logits"] - ref32["grouped_logits"]).abs().max())
@@ -202,19 +214,34 @@ def test_mpirun_tensor_parallel(checkpoints, tmp_path):
     assert torch.equal(par["greedy"], ref["greedy"])
 
 
-def test_ranks_with_different_prefill_group_sizes_stop(checkpoints, tmp_path):
+@pytest.mark.parametrize("tp,pp,rank1_env,message", [
+    (2, 1, "WARPFORMER_PREFILL_TOKENS=4096", "disagree on the prefill group size"),
+    (1, 2, "WARPFORMER_PP_DECODE_SPLIT=0", "disagree on WARPFORMER_PP_DECODE_SPLIT"),
+])
+def test_ranks_with_different_schedules_stop(tp, pp, rank1_env, message, checkpoints, tmp_path):
     prompts_file(tmp_path / "mismatch.pt")
     env = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
-               NVSHMEM_DISABLE_NVLS="1", WARPFORMER_PREFILL_TOKENS="1024",
-               PREFILL_TOKENS_RANK1="4096")
+               NVSHMEM_DISABLE_NVLS="1", WARPFORMER_PREFILL_TOKENS="1024", RANK1_ENV=rank1_env)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           str(WORKER), "--model-dir", str(checkpoints["gpt2"] / "2-gpu"), "--tp", "2",
-           "--out", str(tmp_path / "mismatch.pt")]
+           str(WORKER), "--model-dir", str(checkpoints["gpt2"] / f"{tp}-gpu"), "--tp", str(tp),
+           "--pp", str(pp), "--out", str(tmp_path / "mismatch.pt")]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     text = res.stdout + res.stderr
     assert res.returncode != 0, text[-3000:]
-    assert "disagree on the prefill group size" in text, text[-3000:]
-    assert "WARPFORMER_PREFILL_TOKENS" in text
+    assert message in text, text[-3000:]
+    assert rank1_env.split("=")[0] in text
+
+
+def test_unsplit_pipeline_decode_equals_single_gpu(checkpoints, tmp_path, monkeypatch):
+    """WARPFORMER_PP_DECODE_SPLIT=0 (the comparison baseline of bench_parallel) runs whole
+    steps through the stages and gives the same tokens."""
+    ref = single(checkpoints["gptj"], "fp32", tmp_path / "ref.pt")
+    monkeypatch.setenv("WARPFORMER_PP_DECODE_SPLIT", "0")
+    prompts_file(tmp_path / "whole.pt")
+    par = launch(checkpoints["gptj"], 1, 2, "fp32", tmp_path / "whole.pt")
+    assert par["embedding_launches"] == 1 + 4
+    for key in ("greedy", "sample", "sample3", "early_end", "stream"):
+        assert torch.equal(par[key], ref[key]), key
 
 
 def test_module_exports_gpt():

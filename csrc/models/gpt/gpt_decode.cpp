@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "csrc/core/check.h"
 #include "csrc/models/gpt/gpt_model.h"
@@ -100,9 +101,19 @@ size_t GptModel::session_layout(char* base) {
   s.token_lp = c.take<float>(rows);
   s.proc_logits = (beam || !s.opt.greedy) ? c.take<float>(rows * V) : nullptr;
   s.counts = s.opt.needs_counts ? c.take<int32_t>(rows * V) : nullptr;
-  s.split_bytes = kernels::decode_attention_workspace_bytes(
-      static_cast<int>(rows), static_cast<int>(cfg_.local_heads()),
-      static_cast<int>(cfg_.size_per_head), static_cast<int>(kv_seq_));
+  // For every row count the attention runs with: all rows, and the pipeline micro-batches
+  // (fewer rows may take more key splits each).
+  auto split_bytes = [&](int64_t r) {
+    return kernels::decode_attention_workspace_bytes(
+        static_cast<int>(r), static_cast<int>(cfg_.local_heads()),
+        static_cast<int>(cfg_.size_per_head), static_cast<int>(kv_seq_));
+  };
+  const int64_t micro = decode_micro_batches();
+  s.split_bytes = split_bytes(rows);
+  if (micro > 1) {
+    s.split_bytes = std::max({s.split_bytes, split_bytes(rows / micro),
+                              split_bytes((rows + micro - 1) / micro)});
+  }
   s.split = s.split_bytes > 0 ? c.take<float>(s.split_bytes / sizeof(float) + 1) : nullptr;
   if (beam) {
     kernels::BeamSearchState& bs = s.beam_state;
@@ -225,24 +236,34 @@ void GptModel::decode_start(const int32_t* ids, const std::vector<int32_t>& leng
   s.active = true;
 }
 
-void GptModel::select_tokens() {
+// Selects the next token of rows [r0, r0 + n) from their logits (rows r0.. of last_logits) and
+// updates their state. Every per-row array is offset to row r0, so a pipeline micro-batch
+// selects its rows alone; beam search always takes all rows (beams of an entry interact).
+void GptModel::select_tokens(int64_t r0, int64_t n) {
   Session& s = session_;
   cudaStream_t stream = ctx_->stream();
   const Scratch sc = scratch();
-  const int rows = static_cast<int>(s.rows), V = static_cast<int>(cfg_.vocab_size);
+  const int rows = static_cast<int>(n), V = static_cast<int>(cfg_.vocab_size);
   const int64_t stride = cfg_.vocab_padded();  // logits row stride (vocab-parallel padding)
   const bool beam = s.beam > 1;
-  if (!beam && s.opt.greedy) {
+  TORCH_CHECK(r0 >= 0 && n >= 1 && r0 + n <= s.rows && (!beam || n == s.rows),
+              "GptModel.select_tokens: rows [", r0, ", ", r0 + n, ") of ", s.rows,
+              beam ? " (beam search selects all rows at once)" : "");
+  // Row r0 of a per-row array of `per_row` elements per row (null stays null).
+  auto at = [r0](auto* p, int64_t per_row = 1) { return p == nullptr ? p : p + r0 * per_row; };
+  const void* logits = static_cast<const char*>(sc.last_logits) + r0 * stride * dtype_size(dtype_);
+  const DecodeOptions& o = s.opt;
+  if (!beam && o.greedy) {
     WF_DISPATCH_FLOATING(dtype_, "GptModel.decode", [&] {
       kernels::GreedyStepParams<scalar_t> g{};
-      g.logits = static_cast<const scalar_t*>(sc.last_logits);
-      g.next_tokens = s.next_tok;
-      g.cur_pos = s.cur_pos;
-      g.attn_len = s.attn_len;
-      g.finished = s.finished;
-      g.output_ids = s.out.output_ids;
-      g.seq_lengths = s.out.sequence_lengths;
-      g.end_ids = s.opt.end_ids;
+      g.logits = static_cast<const scalar_t*>(logits);
+      g.next_tokens = at(s.next_tok);
+      g.cur_pos = at(s.cur_pos);
+      g.attn_len = at(s.attn_len);
+      g.finished = at(s.finished);
+      g.output_ids = at(s.out.output_ids, s.total);
+      g.seq_lengths = at(s.out.sequence_lengths);
+      g.end_ids = at(o.end_ids);
       g.rows = rows;
       g.vocab = V;
       g.logits_stride = stride;
@@ -263,26 +284,28 @@ void GptModel::select_tokens() {
     cp.ids_stride = static_cast<int>(s.total);
     WF_CUDA_CHECK(kernels::launch_init_token_counts(cp, stream));
   }
+  float* proc = at(s.proc_logits, V);
+  int32_t* counts = at(s.counts, V);
   // 1. processed fp32 logits
   WF_DISPATCH_FLOATING(dtype_, "GptModel.decode", [&] {
     kernels::LogitsProcessorParams<scalar_t> p{};
-    p.out = s.proc_logits;
-    p.logits = static_cast<const scalar_t*>(sc.last_logits);
-    p.token_counts = s.counts;
-    p.repetition_penalty = s.opt.repetition_penalty;
-    p.presence_penalty = s.opt.presence_penalty;
-    p.frequency_penalty = s.opt.frequency_penalty;
-    p.temperature = s.opt.temperature;
-    p.min_length = s.opt.min_length;
-    p.end_ids = s.opt.end_ids;
-    p.input_lengths = s.in_len_rows;
-    p.cur_pos = beam ? bs.cur_pos : s.cur_pos;
-    p.output_ids = beam ? bs.output_ids : s.out.output_ids;
-    p.bad_words = s.opt.bad_words;
+    p.out = proc;
+    p.logits = static_cast<const scalar_t*>(logits);
+    p.token_counts = counts;
+    p.repetition_penalty = at(o.repetition_penalty);
+    p.presence_penalty = at(o.presence_penalty);
+    p.frequency_penalty = at(o.frequency_penalty);
+    p.temperature = at(o.temperature);
+    p.min_length = at(o.min_length);
+    p.end_ids = at(o.end_ids);
+    p.input_lengths = at(s.in_len_rows);
+    p.cur_pos = beam ? bs.cur_pos : at(s.cur_pos);
+    p.output_ids = beam ? bs.output_ids : at(s.out.output_ids, s.total);
+    p.bad_words = at(o.bad_words, o.bad_words_row_stride);  // stride 0: one list for all rows
     p.logits_stride = stride;
     p.out_stride = V;
-    p.bad_words_row_stride = s.opt.bad_words_row_stride;
-    p.bad_words_len = s.opt.bad_words_len;
+    p.bad_words_row_stride = o.bad_words_row_stride;
+    p.bad_words_len = o.bad_words_len;
     p.output_stride = static_cast<int>(s.total);
     p.step = 0;  // unused: generated counts come from cur_pos and input_lengths
     p.rows = rows;
@@ -298,8 +321,8 @@ void GptModel::select_tokens() {
     bp.log_probs_stride = V;
     bp.shared_rows = false;
     bp.vocab = V;
-    bp.length_penalty = s.opt.length_penalty;
-    bp.diversity_rate = s.opt.diversity_rate;
+    bp.length_penalty = o.length_penalty;
+    bp.diversity_rate = o.diversity_rate;
     bp.workspace = s.beam_ws;
     bp.workspace_bytes = s.beam_ws_bytes;
     WF_CUDA_CHECK(kernels::launch_beam_step(bp, stream));
@@ -308,35 +331,35 @@ void GptModel::select_tokens() {
   }
   // 2. sample, 3. update
   kernels::SamplerParams sp{};
-  sp.logits = s.proc_logits;
-  sp.tokens = s.sampled;
-  sp.log_probs = s.token_lp;
-  sp.top_k = s.opt.top_k;
-  sp.top_p = s.opt.top_p;
-  sp.seeds = s.opt.seeds;
-  sp.positions = s.cur_pos;
+  sp.logits = proc;
+  sp.tokens = at(s.sampled);
+  sp.log_probs = at(s.token_lp);
+  sp.top_k = at(o.top_k);
+  sp.top_p = at(o.top_p);
+  sp.seeds = at(o.seeds);
+  sp.positions = at(s.cur_pos);
   sp.logits_stride = V;
   sp.position_offset = 1;
   sp.rows = rows;
   sp.vocab = V;
   WF_CUDA_CHECK(kernels::launch_sample_tokens(sp, stream));
   kernels::TokenUpdateParams up{};
-  up.tokens = s.sampled;
-  up.token_log_probs = s.token_lp;
-  up.next_tokens = s.next_tok;
-  up.cur_pos = s.cur_pos;
-  up.attn_len = s.attn_len;
-  up.finished = s.finished;
-  up.output_ids = s.out.output_ids;
-  up.seq_lengths = s.out.sequence_lengths;
-  up.end_ids = s.opt.end_ids;
-  up.cum_log_probs = s.out.cum_log_probs;
-  up.output_log_probs = s.out.output_log_probs;
-  up.input_lengths = s.in_len_rows;
-  up.token_counts = s.counts;
-  up.stop_words = s.opt.stop_words;
-  up.stop_words_row_stride = s.opt.stop_words_row_stride;
-  up.stop_words_len = s.opt.stop_words_len;
+  up.tokens = at(s.sampled);
+  up.token_log_probs = at(s.token_lp);
+  up.next_tokens = at(s.next_tok);
+  up.cur_pos = at(s.cur_pos);
+  up.attn_len = at(s.attn_len);
+  up.finished = at(s.finished);
+  up.output_ids = at(s.out.output_ids, s.total);
+  up.seq_lengths = at(s.out.sequence_lengths);
+  up.end_ids = at(o.end_ids);
+  up.cum_log_probs = at(s.out.cum_log_probs);
+  up.output_log_probs = at(s.out.output_log_probs, s.output_len);
+  up.input_lengths = at(s.in_len_rows);
+  up.token_counts = counts;
+  up.stop_words = at(o.stop_words, o.stop_words_row_stride);
+  up.stop_words_row_stride = o.stop_words_row_stride;
+  up.stop_words_len = o.stop_words_len;
   up.log_probs_stride = static_cast<int>(s.output_len);
   up.vocab = V;
   up.output_stride = static_cast<int>(s.total);
@@ -344,44 +367,128 @@ void GptModel::select_tokens() {
   WF_CUDA_CHECK(kernels::launch_update_tokens(up, stream));
 }
 
-// One decode step after the first: feed each row's newest token at its position.
-void GptModel::decode_step_body() {
+// The decode attention's inputs for rows [r0, r0 + n): each row's newest token at its position,
+// in its own KV slot (slot = row), beams reading the prompt through the cache indirection.
+layers::AttentionInputs GptModel::decode_attention(int64_t r0, int64_t n) {
   Session& s = session_;
   const bool beam = s.beam > 1;
   const kernels::BeamSearchState& bs = s.beam_state;
-  int32_t* tokens = beam ? bs.tokens : s.next_tok;
-  int32_t* pos = beam ? bs.cur_pos : s.cur_pos;
-  if (cfg_.first_stage()) {
-    embed(tokens, pos, s.rows, 1);
-  } else {
-    stage_recv(s.rows);
-  }
   layers::AttentionInputs ai{};
   ai.num_slots = static_cast<int>(kv_slots_);
   ai.max_seq = static_cast<int>(kv_seq_);
-  ai.token_slot = s.iota;
-  ai.token_pos = pos;
+  ai.token_slot = s.iota + r0;
+  ai.token_pos = (beam ? bs.cur_pos : s.cur_pos) + r0;
   ai.alibi_slopes = alibi_.as<float>();
   ai.decode = true;
-  ai.row_slot = s.iota;
-  ai.lengths = beam ? bs.attn_len : s.attn_len;
-  ai.cache_indir = beam ? bs.cache_indir : nullptr;
+  ai.row_slot = s.iota + r0;
+  ai.lengths = (beam ? bs.attn_len : s.attn_len) + r0;
+  ai.cache_indir = beam ? bs.cache_indir + r0 * kv_seq_ : nullptr;
   // token_slot = row_slot, token_pos = lengths - 1 and cache_indir[r, pos] = r hold here, as the
   // fused QKV preparation requires. It pays while the attention's (row, head) blocks fit in one
   // wave (two per SM): then it saves a kernel. With more blocks every one repeats the rotary
   // table and the separate kernel is cheaper (H200, gpt-j-6b batch 64: 5.72 fused vs 5.54 ms per
   // step; batch 1: 3.66 vs 3.86).
   ai.fused_prep = fusions_.attention &&
-                  s.rows * cfg_.local_heads() <= 2 * int64_t{ctx_->props().multiProcessorCount};
+                  n * cfg_.local_heads() <= 2 * int64_t{ctx_->props().multiProcessorCount};
   ai.rotary_inv_freq = rotary_inv_freq_.as<float>();
   ai.workspace = s.split;
   ai.workspace_bytes = s.split_bytes;
-  run_layers(s.rows, ai);
+  return ai;
+}
+
+// One decode step after the first: feed each row's newest token at its position.
+void GptModel::decode_step_body() {
+  Session& s = session_;
+  const bool beam = s.beam > 1;
+  const kernels::BeamSearchState& bs = s.beam_state;
+  if (cfg_.first_stage()) {
+    embed(beam ? bs.tokens : s.next_tok, beam ? bs.cur_pos : s.cur_pos, s.rows, 1);
+  } else {
+    stage_recv(s.rows);
+  }
+  run_layers(s.rows, decode_attention(0, s.rows));
   if (!cfg_.last_stage()) {
     stage_send(s.rows);
   } else {
     logits(buffers().n, s.rows, scratch().last_logits);
-    select_tokens();
+    select_tokens(0, s.rows);
+  }
+  share_state();
+}
+
+int64_t GptModel::decode_micro_batches() const {
+  const Session& s = session_;
+  const int64_t stages = cfg_.pipeline_para_size;
+  const bool split = pp_comm_ != nullptr && stages > 1 && pp_decode_split_ && s.beam == 1 &&
+                     s.rows >= stages;
+  return split ? stages : 1;
+}
+
+// Pipeline parallelism, `steps` decode steps (after the first) with the rows split into one
+// micro-batch per stage (M = P). Item k is micro-batch k % M of step k / M. The micro-batches go
+// round a ring: stage s computes item k, then in one grouped call sends what it produced and
+// receives what it needs for item k + 1 —
+//   first stage:  sends the hidden states (and, when the next stage is not the last, the rows'
+//                 token/position/length state, which that stage's attention reads) to stage 1;
+//                 receives the state of item k + 1 - M (the same micro-batch one step earlier)
+//                 from the last stage;
+//   middle stage: sends hidden states + state on, receives those of item k + 1;
+//   last stage:   selects the micro-batch's tokens, sends its new state to the first stage,
+//                 receives the hidden states of item k + 1.
+// With M = P every stage's group at one time pairs with its neighbours' groups, so the stages
+// work on different micro-batches at once, across step boundaries, and no call waits for a peer
+// that is waiting for it. The selection on the last stage is the same per-row work as without
+// the split (rows are independent), so the tokens are the same. The call ends with the full state
+// broadcast, as every unsplit step does, so the all-finished poll sees the same flags everywhere.
+void GptModel::decode_steps_split(int64_t steps) {
+  Session& s = session_;
+  const int64_t M = decode_micro_batches();
+  const int stage = static_cast<int>(cfg_.pipeline_para_rank);
+  const int last_rank = static_cast<int>(cfg_.pipeline_para_size - 1);
+  const bool first = cfg_.first_stage(), last = cfg_.last_stage();
+  const int64_t K = steps * M;
+  const size_t row_bytes = cfg_.hidden() * dtype_size(dtype_);
+  const layers::LayerBuffers b = buffers();
+  auto begin = [&](int64_t m) { return m * s.rows / M; };
+  auto count = [&](int64_t m) { return begin(m + 1) - begin(m); };
+  // The state stages need for an item: the token fed (first stage), its position and the
+  // attention length; rows [r0, r0 + n) of each array.
+  auto add_state = [&](std::vector<P2pOp>* ops, bool send, int64_t m, int peer) {
+    const int64_t r0 = begin(m), bytes = count(m) * sizeof(int32_t);
+    for (int32_t* a : {s.next_tok, s.cur_pos, s.attn_len}) {
+      ops->push_back(P2pOp{send, a + r0, bytes, peer});
+    }
+  };
+  // What this stage receives before item k.
+  auto add_input = [&](std::vector<P2pOp>* ops, int64_t k) {
+    const int64_t m = k % M;
+    if (first) {
+      if (k >= M) add_state(ops, false, m, last_rank);
+      return;
+    }
+    ops->push_back(P2pOp{false, b.x, static_cast<int64_t>(count(m) * row_bytes), stage - 1});
+    if (!last) add_state(ops, false, m, stage - 1);
+  };
+  std::vector<P2pOp> ops;
+  add_input(&ops, 0);
+  pp_comm_->send_recv(ops.data(), static_cast<int>(ops.size()), ctx_->stream());
+  for (int64_t k = 0; k < K; ++k) {
+    const int64_t m = k % M, r0 = begin(m), n = count(m);
+    if (first) embed(s.next_tok + r0, s.cur_pos + r0, n, 1);
+    run_layers(n, decode_attention(r0, n));
+    ops.clear();
+    if (!last) {
+      // The final hidden states are in n (run_layers); x receives the next item meanwhile.
+      ops.push_back(P2pOp{true, b.n, static_cast<int64_t>(n * row_bytes), stage + 1});
+      if (stage + 1 != last_rank) add_state(&ops, true, m, stage + 1);
+    } else {
+      const size_t logit_row = cfg_.vocab_padded() * dtype_size(dtype_);
+      logits(b.n, n, static_cast<char*>(scratch().last_logits) + r0 * logit_row);
+      select_tokens(r0, n);
+      if (k + M < K) add_state(&ops, true, m, 0);  // the first stage's item k + M
+    }
+    if (k + 1 < K) add_input(&ops, k + 1);
+    pp_comm_->send_recv(ops.data(), static_cast<int>(ops.size()), ctx_->stream());
   }
   share_state();
 }
@@ -424,6 +531,7 @@ int64_t GptModel::decode_step(int64_t max_steps) {
         break;
       }
     }
+    int64_t ran = 1;
     if (s.steps_done == 0) {
       // First token of every row: logits of its last prompt token (kept by decode_start).
       if (cfg_.last_stage()) {
@@ -431,9 +539,13 @@ int64_t GptModel::decode_step(int64_t max_steps) {
                                                   s.first_rows, s.rows,
                                                   cfg_.hidden() * dtype_size(dtype_), stream));
         logits(scratch().last_rows, s.rows, scratch().last_logits);
-        select_tokens();
+        select_tokens(0, s.rows);
       }
       share_state();
+    } else if (decode_micro_batches() > 1) {
+      // Steps up to the next poll (or the call's or session's end) as one pipelined run.
+      ran = std::min({max_steps - n, s.output_len - s.steps_done, kPoll - s.steps_done % kPoll});
+      decode_steps_split(ran);
     } else if (s.steps_done == 1 || s.graph_failed || !graphs_enabled() ||
                s.graph_generation != buffer_generation_ || pp_comm_ != nullptr) {
       // Tensor parallelism is captured too (NCCL collectives are graph-capturable, and every
@@ -448,8 +560,8 @@ int64_t GptModel::decode_step(int64_t max_steps) {
         decode_step_body();
       }
     }
-    ++s.steps_done;
-    ++n;
+    s.steps_done += ran;
+    n += ran;
     if (s.steps_done % kPoll == 0 && !s.flag_pending) {
       const bool beam = s.beam > 1;
       WF_CUDA_CHECK(kernels::launch_all_finished(beam ? s.beam_state.done : s.finished,

@@ -5,6 +5,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
@@ -67,6 +68,16 @@ GptModel::Fusions fusions_from_env() {
   return f;
 }
 
+// WARPFORMER_PP_DECODE_SPLIT: "1" (or unset) splits pipeline-parallel decode steps into
+// micro-batches, "0" runs each step whole (for comparisons; the tokens are the same).
+bool pp_decode_split_from_env() {
+  const char* env = std::getenv("WARPFORMER_PP_DECODE_SPLIT");
+  if (env == nullptr || std::strcmp(env, "1") == 0) return true;
+  TORCH_CHECK(std::strcmp(env, "0") == 0, "WARPFORMER_PP_DECODE_SPLIT must be 1 or 0; got '", env,
+              "'");
+  return false;
+}
+
 // Grow policy: at least what is needed, at least 1.5x the previous size (fewer regrowths when
 // calls creep upwards), at most the limit.
 int64_t grown(int64_t need, int64_t have, int64_t limit) {
@@ -90,6 +101,7 @@ GptModel::GptModel(GptConfig cfg, GptWeights weights, DType dtype,
   TORCH_CHECK(max_batch_ > 0, "GptModel: max_batch must be positive, got ", max_batch_);
   prefill_group_tokens_ = prefill_group_size();
   fusions_ = fusions_from_env();
+  pp_decode_split_ = pp_decode_split_from_env();
   gemm_->set_norm_fusion(fusions_.norms);
   // The weights are written only before the model is built; every forward starts with the
   // embedding (or a pipeline receive), never with a product, so no product's weight is written
@@ -334,7 +346,7 @@ void GptModel::set_tensor_parallel(Communicator* comm) {
               cfg_.tensor_para_size, ") and this rank's tensor_para_rank (",
               cfg_.tensor_para_rank, "); got size ", comm ? comm->size() : 0, ", rank ",
               comm ? comm->rank() : -1);
-  check_same_prefill_groups(comm, "tensor-parallel");
+  check_same_schedule(comm, "tensor-parallel");
   comm_ = comm;
 }
 
@@ -387,23 +399,30 @@ int64_t GptModel::plan_prefill(const std::vector<int32_t>& lengths) {
   return most;
 }
 
-void GptModel::check_same_prefill_groups(Communicator* comm, const char* group) {
+void GptModel::check_same_schedule(Communicator* comm, const char* group) {
   if (comm == nullptr || comm->size() == 1) return;
-  // Every rank must cut the prompt into the same groups (their sizes are collective counts).
-  DeviceBuffer buf(ctx_->allocator(), (1 + comm->size()) * sizeof(int32_t), ctx_->stream());
+  // Every rank must cut the prompt into the same groups (their sizes are collective counts) and
+  // split decode steps alike (the stages' sends and receives must pair).
+  const int size = comm->size();
+  const std::array<int32_t, 2> mine{static_cast<int32_t>(prefill_group_tokens_),
+                                    pp_decode_split_ ? 1 : 0};
+  DeviceBuffer buf(ctx_->allocator(), 2 * (1 + size) * sizeof(int32_t), ctx_->stream());
   auto* d = buf.as<int32_t>();
-  const auto mine = static_cast<int32_t>(prefill_group_tokens_);
-  WF_CUDA_CHECK(cudaMemcpyAsync(d, &mine, sizeof(int32_t), cudaMemcpyHostToDevice,
+  WF_CUDA_CHECK(cudaMemcpyAsync(d, mine.data(), sizeof(mine), cudaMemcpyHostToDevice,
                                 ctx_->stream()));
-  comm->all_gather(d, d + 1, 1, DType::kFloat32, ctx_->stream());  // 4-byte words, bit for bit
-  std::vector<int32_t> all(comm->size());
-  WF_CUDA_CHECK(cudaMemcpyAsync(all.data(), d + 1, all.size() * sizeof(int32_t),
+  comm->all_gather(d, d + 2, 2, DType::kFloat32, ctx_->stream());  // 4-byte words, bit for bit
+  std::vector<int32_t> all(2 * size);
+  WF_CUDA_CHECK(cudaMemcpyAsync(all.data(), d + 2, all.size() * sizeof(int32_t),
                                 cudaMemcpyDeviceToHost, ctx_->stream()));
   WF_CUDA_CHECK(cudaStreamSynchronize(ctx_->stream()));
-  for (int r = 0; r < comm->size(); ++r) {
-    TORCH_CHECK(all[r] == mine, "GptModel: the ranks of the ", group, " group disagree on the "
-                "prefill group size (", mine, " tokens on rank ", comm->rank(), ", ", all[r],
-                " on rank ", r, "); set WARPFORMER_PREFILL_TOKENS the same on every rank, or on "
+  for (int r = 0; r < size; ++r) {
+    TORCH_CHECK(all[2 * r] == mine[0], "GptModel: the ranks of the ", group, " group disagree on "
+                "the prefill group size (", mine[0], " tokens on rank ", comm->rank(), ", ",
+                all[2 * r], " on rank ", r, "); set WARPFORMER_PREFILL_TOKENS the same on every "
+                "rank, or on none");
+    TORCH_CHECK(all[2 * r + 1] == mine[1], "GptModel: the ranks of the ", group, " group "
+                "disagree on WARPFORMER_PP_DECODE_SPLIT (", mine[1], " on rank ", comm->rank(),
+                ", ", all[2 * r + 1], " on rank ", r, "); set it the same on every rank, or on "
                 "none");
   }
 }
@@ -508,7 +527,7 @@ void GptModel::set_pipeline_parallel(Communicator* comm) {
               cfg_.pipeline_para_size, ") and this rank's pipeline_para_rank (",
               cfg_.pipeline_para_rank, "); got size ", comm ? comm->size() : 0, ", rank ",
               comm ? comm->rank() : -1);
-  check_same_prefill_groups(comm, "pipeline-parallel");
+  check_same_schedule(comm, "pipeline-parallel");
   pp_comm_ = comm;
 }
 

@@ -174,8 +174,9 @@ class GptModel {
   int64_t plan_prefill(const std::vector<int32_t>& lengths);
   // The group size: WARPFORMER_PREFILL_TOKENS, else kPrefillGroupBytes of activations.
   int64_t prefill_group_size() const;
-  // Refuses a communicator whose ranks would cut the prompt differently (`group` names it).
-  void check_same_prefill_groups(Communicator* comm, const char* group);
+  // Refuses a communicator whose ranks would cut the prompt, or split decode steps, differently
+  // (`group` names it).
+  void check_same_schedule(Communicator* comm, const char* group);
   // Packs ids and runs each group planned by plan_prefill through embedding (or the receive
   // from the previous stage) and this stage's layers. On the last stage, `done(g)` runs after
   // each group with the group's final-normed hidden states in the `n` buffer, [g.tokens(), h].
@@ -213,6 +214,8 @@ class GptModel {
   size_t state_need_ = 0;
 
   int64_t prefill_group_tokens_ = 0;
+  // WARPFORMER_PP_DECODE_SPLIT (default 1): pipeline stages split decode steps into micro-batches.
+  bool pp_decode_split_ = true;
   Fusions fusions_;
   std::vector<PrefillGroup> groups_;  // set by plan_prefill
   // views into meta_ filled by prefill()
@@ -278,7 +281,14 @@ class GptModel {
   };
   size_t session_layout(char* base);  // carve (or measure) the session's device state
   void decode_step_body();            // one step's launches (captured into a graph when possible)
-  void select_tokens();               // greedy / sampling / beam selection + state update
+  // Greedy / sampling / beam selection + state update of rows [r0, r0 + n) (beam: all rows).
+  void select_tokens(int64_t r0, int64_t n);
+  layers::AttentionInputs decode_attention(int64_t r0, int64_t n);  // rows [r0, r0 + n)
+  // Pipeline parallelism: how many micro-batches a decode step is split into (one per stage when
+  // the session is not beam search, has at least as many rows as stages and the split is on;
+  // else 1), and `steps` steps run that way (gpt_decode.cpp explains the schedule).
+  int64_t decode_micro_batches() const;
+  void decode_steps_split(int64_t steps);
   void capture_step();                // capture decode_step_body into session_.graph
   void share_state();                 // pipeline parallel: state from the last stage
   Session session_;
