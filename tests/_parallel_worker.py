@@ -33,10 +33,11 @@ def run(model_dir: str, tp: int, pp: int, dtype: torch.dtype, out: str, steps: i
                        top_k=40, top_p=0.9, seed=[5, 6, 7, 8], end_id=999)
     res["sample"] = s.sequences.cpu()
     res["logits"] = model.logits(prompts["ids"], prompts["lengths"]).float().cpu()
-    # Pipeline stages split decode steps into micro-batches (one per stage) when the batch has
-    # at least as many rows as stages; these cover the split's edges: uneven micro-batches (3
-    # rows) with penalties (per-row token counts), rows ending early (an end id the greedy run
-    # produced at its 4th token, so row 1 stops there), and one step per call (streaming).
+    # Pipeline stages split runs of >= 8 decode steps into micro-batches (one per stage) when
+    # the batch has at least as many rows as stages; these cover the split's edges: uneven
+    # micro-batches (3 rows over 2 stages) with penalties (per-row token counts), rows ending
+    # early (an end id the greedy run produced at its 4th token, so row 1 stops there), and
+    # streaming in calls of 10 steps (a split run of 9, then whole steps).
     ids, lengths = prompts["ids"], prompts["lengths"]
     s3 = model.generate(ids[:3], steps, input_lengths=lengths[:3], do_sample=True, top_k=40,
                         seed=[1, 2, 3], repetition_penalty=1.3, frequency_penalty=0.2,
@@ -47,14 +48,14 @@ def run(model_dir: str, tp: int, pp: int, dtype: torch.dtype, out: str, steps: i
     e = model.generate(ids, steps, input_lengths=lengths, end_id=eid)
     res["early_end"] = e.sequences.cpu()
     res["early_end_lengths"] = e.sequence_lengths.cpu()
-    gen = model.generate_stream(ids, 6, input_lengths=lengths, end_id=999)
+    gen = model.generate_stream(ids, 20, input_lengths=lengths, end_id=999, chunk_size=10)
     res["stream"] = torch.cat(list(gen), dim=1)
-    # Kernel launches of the first stage during a 5-step greedy run (1 prefill group, then 4
-    # steps of one embedding per micro-batch): shows whether decode steps were split.
+    # Kernel launches of the first stage during a 12-step greedy run (1 prefill group, then a
+    # run of 11 steps of one embedding per micro-batch): shows whether decode steps were split.
     graphs = os.environ.get("WARPFORMER_CUDA_GRAPHS")
     os.environ["WARPFORMER_CUDA_GRAPHS"] = "0"  # every launch its own profiler record
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        model.generate(ids, 5, input_lengths=lengths, end_id=999)
+        model.generate(ids, 12, input_lengths=lengths, end_id=999)
         torch.cuda.synchronize()
     if graphs is None:
         del os.environ["WARPFORMER_CUDA_GRAPHS"]

@@ -33,6 +33,11 @@ namespace gpt {
 namespace {
 
 constexpr int64_t kPoll = 16;
+// Pipeline stages split decode steps into micro-batches only for runs of at least this many
+// steps: a run fills and drains the ring once (P - 1 extra micro-batch passes on the last stage,
+// each costing about a whole stage pass while decode is bound by weight reads), which a run of
+// one or a few steps (streaming) would pay every call.
+constexpr int64_t kMinSplitSteps = 8;
 
 size_t aligned(size_t n) { return (n + 255) / 256 * 256; }
 
@@ -247,8 +252,9 @@ void GptModel::select_tokens(int64_t r0, int64_t n) {
   const int64_t stride = cfg_.vocab_padded();  // logits row stride (vocab-parallel padding)
   const bool beam = s.beam > 1;
   TORCH_CHECK(r0 >= 0 && n >= 1 && r0 + n <= s.rows && (!beam || n == s.rows),
-              "GptModel.select_tokens: rows [", r0, ", ", r0 + n, ") of ", s.rows,
-              beam ? " (beam search selects all rows at once)" : "");
+              "GptModel.select_tokens: the rows [", r0, ", ", r0 + n, ") must be a non-empty "
+              "range inside the session's ", s.rows, " rows", beam ? ", and all of them in beam "
+              "search (beams of an entry interact)" : "");
   // Row r0 of a per-row array of `per_row` elements per row (null stays null).
   auto at = [r0](auto* p, int64_t per_row = 1) { return p == nullptr ? p : p + r0 * per_row; };
   const void* logits = static_cast<const char*>(sc.last_logits) + r0 * stride * dtype_size(dtype_);
@@ -542,10 +548,12 @@ int64_t GptModel::decode_step(int64_t max_steps) {
         select_tokens(0, s.rows);
       }
       share_state();
-    } else if (decode_micro_batches() > 1) {
-      // Steps up to the next poll (or the call's or session's end) as one pipelined run.
-      ran = std::min({max_steps - n, s.output_len - s.steps_done, kPoll - s.steps_done % kPoll});
-      decode_steps_split(ran);
+    } else if (const int64_t run = std::min({max_steps - n, s.output_len - s.steps_done,
+                                             kPoll - s.steps_done % kPoll});
+               decode_micro_batches() > 1 && run >= kMinSplitSteps) {
+      // The steps up to the next poll (or the call's or session's end) as one pipelined run.
+      decode_steps_split(run);
+      ran = run;
     } else if (s.steps_done == 1 || s.graph_failed || !graphs_enabled() ||
                s.graph_generation != buffer_generation_ || pp_comm_ != nullptr) {
       // Tensor parallelism is captured too (NCCL collectives are graph-capturable, and every

@@ -95,7 +95,8 @@ class GptModel {
   void set_tensor_parallel(Communicator* comm);
   // Attach the pipeline-parallel group (size pipeline_para_size, rank pipeline_para_rank): stages
   // pass hidden states with send/recv; the last stage computes logits and selects tokens and
-  // broadcasts the generation state (and the final outputs) to the other stages. Not owned.
+  // shares the generation state (and the final outputs) with the other stages; decode steps run
+  // as micro-batches round the stages (decode_steps_split). Not owned.
   void set_pipeline_parallel(Communicator* comm);
   Gemm& gemm() { return *gemm_; }
   int64_t max_batch() const { return max_batch_; }
@@ -286,7 +287,8 @@ class GptModel {
   layers::AttentionInputs decode_attention(int64_t r0, int64_t n);  // rows [r0, r0 + n)
   // Pipeline parallelism: how many micro-batches a decode step is split into (one per stage when
   // the session is not beam search, has at least as many rows as stages and the split is on;
-  // else 1), and `steps` steps run that way (gpt_decode.cpp explains the schedule).
+  // else 1), and `steps` steps run that way (gpt_decode.cpp explains the schedule; runs shorter
+  // than kMinSplitSteps take whole steps).
   int64_t decode_micro_batches() const;
   void decode_steps_split(int64_t steps);
   void capture_step();                // capture decode_step_body into session_.graph
