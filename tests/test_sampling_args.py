@@ -13,7 +13,8 @@ import warpformer._ops_sampling  # noqa: E402,F401  (fake implementations)
 
 ops = torch.ops.warpformer
 I32, F32, I64 = torch.int32, torch.float32, torch.int64
-NAMES = ["count_tokens", "add_token_counts", "process_logits", "sample_tokens", "update_tokens"]
+NAMES = ["count_tokens", "add_token_counts", "process_logits", "sample_tokens", "update_tokens",
+         "greedy_tokens"]
 CUDA_MSG = "must be a CUDA tensor"
 
 
@@ -46,7 +47,7 @@ def test_mutation_annotations() -> None:
                                        "seq_lengths", "cum_log_probs", "output_log_probs",
                                        "token_counts"}
     assert writes("add_token_counts") == {"counts"}
-    for name in ("count_tokens", "process_logits", "sample_tokens"):
+    for name in ("count_tokens", "process_logits", "sample_tokens", "greedy_tokens"):
         assert writes(name) == set()
 
 
@@ -65,6 +66,8 @@ def test_fake_shapes() -> None:
     s = meta(3, dtype=I32)
     nxt = ops.update_tokens(s, None, s, s, s, meta(3, 9, dtype=I32), s, s)
     assert nxt.shape == (3,) and nxt.dtype == I32
+    best = ops.greedy_tokens(meta(5, 100, dtype=torch.float16), 90)
+    assert best.shape == (5,) and best.dtype == I32
 
 
 # ---- process_logits ---------------------------------------------------------------------------
@@ -126,6 +129,23 @@ def test_process_logits_valid_word_lists_reach_device_check() -> None:
     with pytest.raises(RuntimeError, match=CUDA_MSG):
         ops.process_logits(logits(), bad_words=per_row, output_ids=torch.zeros(3, 8, dtype=I32),
                            cur_pos=torch.tensor([1, 2, 3], dtype=I32))
+
+
+# ---- greedy_tokens ------------------------------------------------------------------------------
+def test_greedy_tokens_cpu_needs_gpu() -> None:
+    with pytest.raises(RuntimeError, match=CUDA_MSG):
+        ops.greedy_tokens(torch.randn(2, 10).half())
+
+
+@pytest.mark.parametrize("args, message", [
+    ((torch.zeros(2, 10, dtype=I32),), "logits must be float32, float16 or bfloat16, got Int"),
+    ((torch.randn(2, 3, 10),), "logits must be 2-dimensional"),
+    ((torch.randn(2, 10), 11), r"vocab must be -1 \(all columns\) or in \[1, logits.shape\[1\]"),
+    ((torch.randn(2, 10), 0), r"vocab must be -1 \(all columns\) or in \[1, "),
+])
+def test_greedy_tokens_messages(args, message) -> None:
+    with pytest.raises(RuntimeError, match=message):
+        ops.greedy_tokens(*args)
 
 
 # ---- sample_tokens ------------------------------------------------------------------------------

@@ -20,6 +20,7 @@
 
 #include "csrc/core/check.h"
 #include "csrc/torch/tensor_utils.h"
+#include "kernels/sampling/greedy.h"
 #include "kernels/sampling/logits_processor.h"
 #include "kernels/sampling/sampler.h"
 #include "kernels/sampling/token_update.h"
@@ -363,6 +364,48 @@ std::tuple<at::Tensor, at::Tensor> sample_tokens(const at::Tensor& logits, const
   p.vocab = static_cast<int>(lv.vocab);
   WF_CUDA_CHECK(kernels::launch_sample_tokens(p, current_stream(lv.t)));
   return {tokens, log_probs};
+}
+
+at::Tensor greedy_tokens(const at::Tensor& logits, int64_t vocab, bool split) {
+  const char* op = "warpformer.greedy_tokens";
+  check_floating(logits, op, "logits");
+  const LogitsView lv = logits_view(logits, vocab, op);
+  check_cuda(logits, op, "logits");
+  const c10::cuda::CUDAGuard guard(logits.device());
+  const int64_t rows = lv.rows;
+  const auto ints = logits.options().dtype(at::kInt);
+  // The engine's greedy step on a throwaway state: one new position per row (output_ids
+  // [rows, 2], cur_pos 0), end id -1 (never produced), so next_tokens is the argmax.
+  at::Tensor next = at::empty({rows}, ints);
+  if (rows == 0) return next;
+  at::Tensor state = at::zeros({5, rows}, ints);  // cur_pos, attn_len, finished, lengths, arrivals
+  at::Tensor out_ids = at::zeros({rows, 2}, ints);
+  at::Tensor ends = at::full({rows}, -1, ints);
+  const int64_t chunks = kernels::greedy_step_chunks(static_cast<int>(lv.vocab));
+  at::Tensor values = at::empty({rows, chunks}, logits.options().dtype(at::kFloat));
+  at::Tensor indices = at::empty({rows, chunks}, ints);
+  WF_DISPATCH_FLOATING(to_dtype(lv.t.scalar_type(), op, "logits"), op, [&] {
+    kernels::GreedyStepParams<scalar_t> p{};
+    p.logits = reinterpret_cast<const scalar_t*>(lv.t.data_ptr());
+    p.next_tokens = next.data_ptr<int32_t>();
+    p.cur_pos = state[0].data_ptr<int32_t>();
+    p.attn_len = state[1].data_ptr<int32_t>();
+    p.finished = state[2].data_ptr<int32_t>();
+    p.seq_lengths = state[3].data_ptr<int32_t>();
+    p.output_ids = out_ids.data_ptr<int32_t>();
+    p.end_ids = ends.data_ptr<int32_t>();
+    p.rows = static_cast<int>(rows);
+    p.vocab = static_cast<int>(lv.vocab);
+    p.logits_stride = lv.row_stride;
+    p.output_stride = 2;
+    if (split) {
+      p.arrivals = reinterpret_cast<uint32_t*>(state[4].data_ptr<int32_t>());
+      p.partial_values = values.data_ptr<float>();
+      p.partial_indices = indices.data_ptr<int32_t>();
+    }
+    WF_CUDA_CHECK(kernels::launch_greedy_step(p, current_stream(lv.t)));
+  });
+  return next;
 }
 
 at::Tensor update_tokens(const at::Tensor& tokens, const OptTensor& log_probs, at::Tensor& cur_pos,

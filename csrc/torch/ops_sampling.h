@@ -34,6 +34,10 @@ std::tuple<at::Tensor, at::Tensor> sample_tokens(const at::Tensor& logits, const
                                                  const at::Tensor& top_p, const at::Tensor& seeds,
                                                  const at::Tensor& positions, int64_t vocab);
 
+// int32 [rows]: each row's argmax (lowest index among ties, NaN never chosen) by the engine's
+// greedy-step kernel, its vocabulary split over blocks (split) or one block per row.
+at::Tensor greedy_tokens(const at::Tensor& logits, int64_t vocab, bool split);
+
 // Appends tokens to the generation state in place; returns next_tokens int32 [rows].
 at::Tensor update_tokens(const at::Tensor& tokens, const OptTensor& log_probs, at::Tensor& cur_pos,
                          at::Tensor& attn_len, at::Tensor& finished, at::Tensor& output_ids,

@@ -113,6 +113,10 @@ TORCH_LIBRARY(warpformer, m) {
   m.def(
       "sample_tokens(Tensor logits, Tensor top_k, Tensor top_p, Tensor seeds, Tensor positions, "
       "int vocab=-1) -> (Tensor, Tensor)");
+  // int32 [rows]: argmax of each row of logits [rows, V] (any float dtype; lowest index among
+  // ties, NaN never chosen): the engine's greedy-step kernel, the vocabulary split over blocks
+  // (split=True, the engine's way) or one block per row.
+  m.def("greedy_tokens(Tensor logits, int vocab=-1, bool split=True) -> Tensor");
   // Appends tokens to the generation state in place (ends rows on end id, stop word, length);
   // returns next_tokens int32 [rows]. output_log_probs column: position - input_lengths[r] when
   // input_lengths is given, else step.
@@ -239,6 +243,7 @@ TORCH_LIBRARY(warpformer, m) {
   m.impl("add_token_counts", &wo::add_token_counts); \
   m.impl("process_logits", &wo::process_logits); \
   m.impl("sample_tokens", &wo::sample_tokens); \
+  m.impl("greedy_tokens", &wo::greedy_tokens); \
   m.impl("update_tokens", &wo::update_tokens);
 
 TORCH_LIBRARY_IMPL(warpformer, CUDA, m) { WF_IMPL_ALL(m) }

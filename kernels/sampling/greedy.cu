@@ -1,6 +1,10 @@
-// Greedy step (see greedy.h): one block per row reduces (value, index) pairs with the lowest index
-// winning ties, like torch.argmax; thread 0 then updates the row's generation state.
+// Greedy step (see greedy.h): blocks reduce (value, index) pairs of a range of a row's logits,
+// the lowest index winning ties like torch.argmax; the row's last block (or its only one) then
+// updates the row's generation state. The order of (value desc, index asc) is total, so the
+// result does not depend on how the vocabulary is split.
+#include <algorithm>
 #include <cfloat>
+#include <climits>
 
 #include "kernels/common.cuh"
 #include "kernels/sampling/greedy.h"
@@ -9,7 +13,10 @@ namespace warpformer {
 namespace kernels {
 namespace {
 
-constexpr int kThreads = 512;
+constexpr int kThreads = 256;
+constexpr int kChunk = 4096;     // vocabulary entries per block, about
+constexpr int kMaxChunks = 256;
+constexpr int kChunkAlign = 8;   // chunk lengths are multiples of 16 bytes of any dtype
 
 __device__ __forceinline__ void better(float& v, int& i, float ov, int oi) {
   if (ov > v || (ov == v && oi < i)) {
@@ -18,57 +25,102 @@ __device__ __forceinline__ void better(float& v, int& i, float ov, int oi) {
   }
 }
 
-template <typename T>
-__global__ void __launch_bounds__(kThreads) greedy_step_kernel(const GreedyStepParams<T> p) {
-  const int r = blockIdx.x;
-  const T* row = p.logits + static_cast<int64_t>(r) * p.logits_stride;
-  float best = -FLT_MAX;
-  int idx = 0x7fffffff;
-  for (int v = threadIdx.x; v < p.vocab; v += blockDim.x) {
-    const float x = to_float(row[v]);
-    // NaN never wins (comparisons with NaN are false), so a row of NaNs yields index 0 below.
-    better(best, idx, x, v);
-  }
+// Folds the block's (v, i) into thread 0's.
+__device__ __forceinline__ void block_best(float& v, int& i) {
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, best, off);
-    const int oi = __shfl_xor_sync(0xffffffffu, idx, off);
-    better(best, idx, ov, oi);
+    better(v, i, __shfl_xor_sync(0xffffffffu, v, off), __shfl_xor_sync(0xffffffffu, i, off));
   }
-  __shared__ float sv[32];
-  __shared__ int si[32];
+  __shared__ float sv[kThreads / 32];
+  __shared__ int si[kThreads / 32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (lane == 0) {
-    sv[warp] = best;
-    si[warp] = idx;
+    sv[warp] = v;
+    si[warp] = i;
   }
   __syncthreads();
   if (warp == 0) {
-    const int nw = blockDim.x >> 5;
-    best = lane < nw ? sv[lane] : -FLT_MAX;
-    idx = lane < nw ? si[lane] : 0x7fffffff;
+    v = lane < kThreads / 32 ? sv[lane] : -FLT_MAX;
+    i = lane < kThreads / 32 ? si[lane] : INT_MAX;
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, best, off);
-      const int oi = __shfl_xor_sync(0xffffffffu, idx, off);
-      better(best, idx, ov, oi);
+      better(v, i, __shfl_xor_sync(0xffffffffu, v, off), __shfl_xor_sync(0xffffffffu, i, off));
     }
-    if (lane == 0) {
-      const int token = idx < p.vocab ? idx : 0;
-      if (p.finished[r]) {
-        p.next_tokens[r] = p.end_ids[r];
-      } else {
-        const int pos = p.cur_pos[r] + 1;
-        p.next_tokens[r] = token;
-        if (pos < p.output_stride) {
-          p.output_ids[static_cast<int64_t>(r) * p.output_stride + pos] = token;
-          p.cur_pos[r] = pos;
-          p.attn_len[r] = pos + 1;
-          p.seq_lengths[r] = pos + 1;
-        }
-        if (token == p.end_ids[r] || pos + 1 >= p.output_stride) p.finished[r] = 1;
-      }
+  }
+}
+
+template <typename T>
+__device__ void update_row(const GreedyStepParams<T>& p, int r, int idx) {
+  // NaN never wins (comparisons with NaN are false), so a row of NaNs yields token 0.
+  const int token = idx < p.vocab ? idx : 0;
+  if (p.finished[r]) {
+    p.next_tokens[r] = p.end_ids[r];
+    return;
+  }
+  const int pos = p.cur_pos[r] + 1;
+  p.next_tokens[r] = token;
+  if (pos < p.output_stride) {
+    p.output_ids[static_cast<int64_t>(r) * p.output_stride + pos] = token;
+    p.cur_pos[r] = pos;
+    p.attn_len[r] = pos + 1;
+    p.seq_lengths[r] = pos + 1;
+  }
+  if (token == p.end_ids[r] || pos + 1 >= p.output_stride) p.finished[r] = 1;
+}
+
+// Grid (chunks, rows): block (c, r) scans entries [c * chunk_len, (c + 1) * chunk_len) of row r,
+// 16 bytes per load where the row is 16-byte aligned.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    greedy_step_kernel(const GreedyStepParams<T> p, int chunk_len) {
+  constexpr int V = 16 / sizeof(T);
+  wait_for_prior_kernels();
+  const int r = blockIdx.y, c = blockIdx.x, chunks = gridDim.x;
+  const T* row = p.logits + static_cast<int64_t>(r) * p.logits_stride;
+  const int beg = c * chunk_len, end = min(p.vocab, beg + chunk_len);
+  float best = -FLT_MAX;
+  int idx = INT_MAX;
+  int scalar_from = beg;
+  if (reinterpret_cast<uintptr_t>(row) % 16 == 0) {  // beg is a multiple of V
+    const int vend = beg + (max(end - beg, 0) / V) * V;
+    for (int v = beg + static_cast<int>(threadIdx.x) * V; v < vend; v += kThreads * V) {
+      float x[V];
+      load_vec<T, V>(row + v, x);
+#pragma unroll
+      for (int j = 0; j < V; ++j) better(best, idx, x[j], v + j);
     }
+    scalar_from = vend;
+  }
+  for (int v = scalar_from + static_cast<int>(threadIdx.x); v < end; v += kThreads) {
+    better(best, idx, to_float(row[v]), v);
+  }
+  block_best(best, idx);
+  if (chunks == 1) {
+    if (threadIdx.x == 0) update_row(p, r, idx);
+    return;
+  }
+  __shared__ bool last;
+  if (threadIdx.x == 0) {
+    p.partial_values[static_cast<int64_t>(r) * chunks + c] = best;
+    p.partial_indices[static_cast<int64_t>(r) * chunks + c] = idx;
+    __threadfence();  // the partial result is visible before the arrival is counted
+    last = atomicAdd(&p.arrivals[r], 1u) == static_cast<unsigned>(chunks - 1);
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  // The row's last block: every partial result is in L2 (read past L1, which may hold none of
+  // them but is not coherent with the other blocks' writes).
+  best = -FLT_MAX;
+  idx = INT_MAX;
+  for (int i = threadIdx.x; i < chunks; i += kThreads) {
+    better(best, idx, __ldcg(p.partial_values + static_cast<int64_t>(r) * chunks + i),
+           __ldcg(p.partial_indices + static_cast<int64_t>(r) * chunks + i));
+  }
+  block_best(best, idx);
+  if (threadIdx.x == 0) {
+    update_row(p, r, idx);
+    p.arrivals[r] = 0;  // ready for the next launch
   }
 }
 
@@ -84,14 +136,27 @@ __global__ void all_finished_kernel(const int32_t* __restrict__ finished, int ro
   if (threadIdx.x == 0) flag[0] = any_open ? 0 : 1;
 }
 
+// Entries per block: about kChunk, at most kMaxChunks blocks per row, a multiple of kChunkAlign.
+int chunk_len(int vocab, bool split) {
+  const int chunks = split ? std::min(kMaxChunks, ceil_div(vocab, kChunk)) : 1;
+  return ceil_div(ceil_div(vocab, chunks), kChunkAlign) * kChunkAlign;
+}
+
 }  // namespace
+
+int greedy_step_chunks(int vocab) { return vocab <= 0 ? 1 : ceil_div(vocab, chunk_len(vocab, true)); }
 
 template <typename T>
 cudaError_t launch_greedy_step(const GreedyStepParams<T>& p, cudaStream_t stream) {
   if (p.rows < 0 || p.vocab <= 0 || p.output_stride <= 0) return cudaErrorInvalidValue;
   if (p.rows == 0) return cudaSuccess;
-  greedy_step_kernel<T><<<p.rows, kThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  const bool split = p.arrivals != nullptr && p.partial_values != nullptr &&
+                     p.partial_indices != nullptr;
+  const int len = chunk_len(p.vocab, split);  // split: greedy_step_chunks(vocab) blocks a row
+  LaunchShape shape;
+  shape.grid = dim3(static_cast<unsigned>(ceil_div(p.vocab, len)), static_cast<unsigned>(p.rows));
+  shape.block = dim3(kThreads);
+  return launch_kernel(shape, stream, greedy_step_kernel<T>, p, len);
 }
 
 cudaError_t launch_all_finished(const int32_t* finished, int rows, int32_t* flag,

@@ -32,8 +32,20 @@ struct GreedyStepParams {
   int vocab;
   int64_t logits_stride;
   int output_stride;        // also the bound on positions written
+  // Scratch that splits each row's argmax over greedy_step_chunks(vocab) blocks, the last block
+  // of a row to finish reducing the partial results and updating the state (null: one block per
+  // row, which reads a 250k-entry vocabulary at a small fraction of the memory bandwidth).
+  // arrivals must be zero before the first launch; every launch leaves them zero.
+  uint32_t* arrivals = nullptr;         // [rows]
+  float* partial_values = nullptr;      // [rows, greedy_step_chunks(vocab)]
+  int32_t* partial_indices = nullptr;   // [rows, greedy_step_chunks(vocab)]
 };
 
+// Blocks per row of a split greedy step (1 for a vocabulary of up to 4,096 entries).
+int greedy_step_chunks(int vocab);
+
+// Launched programmatically dependent (kernels/common.cuh): its blocks are scheduled while the
+// lm_head product ahead of it finishes.
 template <typename T>
 cudaError_t launch_greedy_step(const GreedyStepParams<T>& p, cudaStream_t stream);
 

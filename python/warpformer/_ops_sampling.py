@@ -55,6 +55,15 @@ if _has("sample_tokens"):
                 logits.new_empty((rows,), dtype=torch.float32))
 
 
+if _has("greedy_tokens"):
+
+    @register_fake("warpformer::greedy_tokens")
+    def _greedy_tokens_fake(logits, vocab=-1, split=True):
+        torch._check(logits.dim() == 2,
+                     lambda: "warpformer.greedy_tokens: logits must be 2-dimensional")
+        return logits.new_empty((logits.shape[0],), dtype=torch.int32)
+
+
 if _has("update_tokens"):
 
     @register_fake("warpformer::update_tokens")

@@ -3,7 +3,8 @@ a plain PyTorch reference (each option alone and combined, three logits dtypes, 
 vocabularies), the sampler (greedy == torch.argmax with ties; top-k / top-p / temperature
 distributions by chi-square over 20,000 draws; the tie rule; reproducibility, seed sensitivity,
 batch independence; log-probs; BLOOM's 250,880-token vocabulary) and the generation-state update
-(end ids, stop words across the prompt boundary, output limit, log-probs, finished rows)."""
+(end ids, stop words across the prompt boundary, output limit, log-probs, finished rows); the
+engine's greedy-step kernel (warpformer.greedy_tokens) against torch.argmax."""
 
 from __future__ import annotations
 
@@ -350,6 +351,37 @@ def test_greedy_matches_argmax(vocab, seed):
     assert torch.equal(tokens.long(), torch.argmax(logits, dim=-1))
     ref_lp = torch.log_softmax(logits.double(), -1).gather(1, tokens.long()[:, None])[:, 0]
     torch.testing.assert_close(lp.double(), ref_lp, atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("vocab", [1, 7, 4096, 4097, 50257, 250880, 600_000])
+@pytest.mark.parametrize("split", [True, False])
+def test_greedy_step_matches_argmax(dtype, vocab, split, seed):
+    """The engine's greedy-step kernel (warpformer.greedy_tokens) equals torch.argmax with NaN
+    never chosen: many ties (lowest index wins, also across the blocks a row is split into),
+    -inf prefixes, a unique maximum in the last column, equal maxima in the first and last
+    columns, an all -inf row (token 0), NaNs; aligned rows (16-byte loads), unaligned and padded
+    rows (a view one column in), broadcast rows (stride 0); vocabularies from 1 entry to more
+    than the 256 blocks' cap of 4,096 entries each."""
+    rows = 9
+    logits = torch.randint(-3, 4, (rows, vocab), device=DEV).to(dtype)  # many ties
+    logits[1] = torch.randn(vocab, device=DEV).to(dtype)
+    logits[2, : vocab // 2] = NEG_INF
+    logits[3, -1] = 10.0  # unique maximum at the last column
+    logits[4, 0] = logits[4, -1] = 10.0
+    logits[5] = NEG_INF
+    logits[6, ::2] = float("nan")
+
+    def ref(x):
+        return torch.argmax(torch.nan_to_num(x.float(), nan=NEG_INF), dim=-1)
+
+    assert torch.equal(ops.greedy_tokens(logits, split=split).long(), ref(logits))
+    wide = torch.zeros(rows, vocab + 9, device=DEV, dtype=dtype)
+    wide[:, 1 : vocab + 1] = logits
+    view = wide[:, 1:]  # rows start 2 or 4 bytes past 16-byte alignment, 8 padding columns
+    assert torch.equal(ops.greedy_tokens(view, vocab, split=split).long(), ref(logits))
+    one = logits[1:2].expand(4, vocab)
+    assert torch.equal(ops.greedy_tokens(one, split=split).long(), ref(one))
 
 
 @pytest.mark.parametrize("vocab", [7, 1000, 50257, 250880])

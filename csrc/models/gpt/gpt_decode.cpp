@@ -106,6 +106,12 @@ size_t GptModel::session_layout(char* base) {
   s.token_lp = c.take<float>(rows);
   s.proc_logits = (beam || !s.opt.greedy) ? c.take<float>(rows * V) : nullptr;
   s.counts = s.opt.needs_counts ? c.take<int32_t>(rows * V) : nullptr;
+  if (!beam && s.opt.greedy) {
+    const int64_t chunks = kernels::greedy_step_chunks(static_cast<int>(V));
+    s.greedy_arrivals = c.take<uint32_t>(rows);
+    s.greedy_values = c.take<float>(rows * chunks);
+    s.greedy_indices = c.take<int32_t>(rows * chunks);
+  }
   // For every row count the attention runs with: all rows, and the pipeline micro-batches
   // (fewer rows may take more key splits each).
   auto split_bytes = [&](int64_t r) {
@@ -216,6 +222,9 @@ void GptModel::decode_start(const int32_t* ids, const std::vector<int32_t>& leng
   }
   WF_CUDA_CHECK(cudaMemcpyAsync(s.next_tok, host.data(), host.size() * sizeof(int32_t),
                                 cudaMemcpyHostToDevice, stream));
+  if (s.greedy_arrivals != nullptr) {
+    WF_CUDA_CHECK(cudaMemsetAsync(s.greedy_arrivals, 0, rows * sizeof(uint32_t), stream));
+  }
   WF_CUDA_CHECK(kernels::launch_gather_rows(s.end_ids_batch, opt.end_ids, s.row0_index, batch,
                                             sizeof(int32_t), stream));
   if (opt.needs_counts) {
@@ -270,6 +279,10 @@ void GptModel::select_tokens(int64_t r0, int64_t n) {
       g.output_ids = at(s.out.output_ids, s.total);
       g.seq_lengths = at(s.out.sequence_lengths);
       g.end_ids = at(o.end_ids);
+      const int64_t chunks = kernels::greedy_step_chunks(V);
+      g.arrivals = at(s.greedy_arrivals);
+      g.partial_values = at(s.greedy_values, chunks);
+      g.partial_indices = at(s.greedy_indices, chunks);
       g.rows = rows;
       g.vocab = V;
       g.logits_stride = stride;

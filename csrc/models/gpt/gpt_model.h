@@ -269,6 +269,10 @@ class GptModel {
     float* token_lp = nullptr;        // [rows]
     float* proc_logits = nullptr;     // [rows, V] fp32 processed logits / log probs
     int32_t* counts = nullptr;        // [rows, V] token counts (penalties)
+    // Greedy step scratch (kernels::GreedyStepParams; arrivals zeroed at decode_start).
+    uint32_t* greedy_arrivals = nullptr;  // [rows]
+    float* greedy_values = nullptr;       // [rows, kernels::greedy_step_chunks(V)]
+    int32_t* greedy_indices = nullptr;    // [rows, kernels::greedy_step_chunks(V)]
     float* split = nullptr;           // split-KV attention workspace
     size_t split_bytes = 0;
     void* beam_ws = nullptr;          // beam search scratch
