@@ -351,3 +351,22 @@ def test_parallel_grids_and_variants():
     for bad, rule in [("2", "not TPxPP"), ("0x1", "positive"), ("2x1-fast", "unknown variant")]:
         with pytest.raises(SystemExit, match=rule):
             bench_parallel.parse_grids(bad)
+
+
+# --------------------------------------------------------------------------- bench_short.py
+def test_short_args_and_table():
+    """bench_short: argument checks, and the table's derived columns (graphs - eager, and the
+    graphs' ms per token after the first) from given timings."""
+    bench_short = importlib.import_module("bench_short")
+    a = bench_short.parse_args(["--outputs", "1,3", "--batch", "2"])
+    assert a.outputs == [1, 3] and a.batch == 2 and a.model == "bloom-560m"
+    for bad in (["--outputs", "0,2"], ["--outputs", "a"], ["--batch", "0"], ["--model", "x"]):
+        with pytest.raises(SystemExit):
+            bench_short.parse_args(bad)
+    ms = {"eager": {1: 4.0, 3: 7.0}, "graphs": {1: 3.5, 3: 6.0}}
+    lines = bench_short.table([1, 3], ms, {1: (2.0, 300), 3: (3.25, 700)}).splitlines()
+    assert lines[0].startswith("| new tokens | eager ms | graphs ms | graphs - eager |")
+    assert lines[2] == "| 1 | 4.000 | 3.500 | -0.500 | — | 2.000 | 300 |"
+    assert lines[3] == "| 3 | 7.000 | 6.000 | -1.000 | 1.250 | 3.250 | 700 |"
+    partial = bench_short.table([3], {"eager": {3: 4.0}, "graphs": {}}, {})
+    assert partial.splitlines()[2] == "| 3 | 4.000 | — | — | — | — | — |"

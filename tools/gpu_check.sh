@@ -10,10 +10,11 @@
 #   GPU_CHECK_SKIP_TESTS=1 GPU_CHECK_BENCH="generate" bash tools/gpu_check.sh
 #   GPU_CHECK_PYTEST_EXTRA="-k 'fused or beam'" bash tools/gpu_check.sh     # extra pytest args
 # GPU_CHECK_BENCH: comma list of kernels, generate, generate-nopdl, gemv, allreduce, parallel,
-# lambada
+# lambada, short
 # (default kernels,generate); GPU_CHECK_GENERATE_ARGS replaces bench_generate's default arguments,
 # GPU_CHECK_PARALLEL_MODELS / GPU_CHECK_PARALLEL_ARGS bench_parallel's, GPU_CHECK_GEMV_ROWS the
-# GEMV table's row counts, GPU_CHECK_ALLREDUCE_RANKS bench_allreduce's group sizes.
+# GEMV table's row counts, GPU_CHECK_ALLREDUCE_RANKS bench_allreduce's group sizes,
+# GPU_CHECK_SHORT_ARGS bench_short's arguments.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/gpu_check_out}"
@@ -57,7 +58,7 @@ if [ $status -eq 0 ]; then
     rc=$?
     cat "$OUT/pytest.part" >>"$OUT/pytest.log"
     grep -E "^(FAILED|ERROR)|Fatal Python error|^tests/.*Error" "$OUT/pytest.part" | head -20
-    line=$(grep -E "passed|failed|error" "$OUT/pytest.part" | tail -1)
+    line=$(grep -E "passed|failed|error|skipped" "$OUT/pytest.part" | tail -1)
     [ -z "$line" ] && line="$(grep -m1 -E 'Fatal Python error' "$OUT/pytest.part") (crashed)"
     summary+=("pytest ${g##*/}|$([ $rc -eq 0 ] && echo ok || echo FAILED)|${line} ($(( $(date +%s) - t0 )) s)")
     [ $rc -ne 0 ] && status=1
@@ -109,6 +110,10 @@ if [ $status -eq 0 ]; then
           --model "$model" ${GPU_CHECK_PARALLEL_ARGS:---grids 1x1,2x1,4x1,1x2 --batches 1,64} \
           --out-dir "$OUT"
     done
+  fi
+  if [[ $benches == *,short,* ]]; then
+    bench bench_short bench_short.md $PY benchmarks/bench_short.py ${GPU_CHECK_SHORT_ARGS:-} \
+        --out-dir "$OUT"
   fi
   if [[ $benches == *,lambada,* ]]; then
     bench bench_lambada bench_lambada.md $PY benchmarks/bench_lambada.py --out-dir "$OUT"
