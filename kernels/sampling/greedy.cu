@@ -109,8 +109,8 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   if (!last) return;
   __threadfence();
-  // The row's last block: every partial result is in L2 (read past L1, which may hold none of
-  // them but is not coherent with the other blocks' writes).
+  // The row's last block reduces the partial results, read from L2 (__ldcg): L1 is not coherent
+  // with the other blocks' writes.
   best = -FLT_MAX;
   idx = INT_MAX;
   for (int i = threadIdx.x; i < chunks; i += kThreads) {
