@@ -59,6 +59,7 @@ from common import (
     mean_decode_context,
     measure,
     parse_models,
+    positive_ints,
     prefill_gemm_flops,
     prepare_model,
     reset_compiled,
@@ -129,17 +130,6 @@ class Row:
 
 
 # --------------------------------------------------------------------------- arguments
-def _int_list(text: str) -> list[int]:
-    try:
-        vals = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers, got {text!r}") from None
-    if not vals or min(vals) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return vals
-
-
 def _lengths(text: str) -> list[tuple[int, int]]:
     out = []
     for item in text.split(","):
@@ -176,7 +166,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help=f"comma-separated subset of {','.join(SHAPES)}")
     ap.add_argument("--layers", type=int, default=None,
                     help="truncate every model to N layers (default: real counts; --quick: 4)")
-    ap.add_argument("--batches", type=_int_list, default=None, help="default 1,8,64 (quick 1,64)")
+    ap.add_argument("--batches", type=positive_ints, default=None,
+                    help="default 1,8,64 (quick 1,64)")
     ap.add_argument("--lengths", type=_lengths, default=[(128, 128), (512, 32)],
                     help="IN x OUT pairs, default 128x128,512x32")
     ap.add_argument("--repeats", type=int, default=None, help="timed warpformer calls (5; quick 3)")

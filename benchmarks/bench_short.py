@@ -19,6 +19,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -28,20 +29,11 @@ import common  # noqa: E402
 SETTINGS = ("eager", "graphs")
 
 
-def _positive_list(text: str) -> list[int]:
-    try:
-        vals = [int(v) for v in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected a comma list of integers, got {text!r}") from None
-    if not vals or min(vals) < 1:
-        raise argparse.ArgumentTypeError(f"every value must be >= 1, got {text!r}")
-    return vals
-
-
 def _positive(text: str) -> int:
-    (v,) = _positive_list(text)
-    return v
+    vals = common.positive_ints(text)
+    if len(vals) != 1:
+        raise argparse.ArgumentTypeError(f"expected one integer >= 1, got {text!r}")
+    return vals[0]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -50,7 +42,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--model", default="bloom-560m", help="a model shape of benchmarks/common.py")
     ap.add_argument("--batch", type=_positive, default=8)
     ap.add_argument("--input-len", type=_positive, default=80)
-    ap.add_argument("--outputs", type=_positive_list, default=[1, 2, 3, 4, 6, 8, 16],
+    ap.add_argument("--outputs", type=common.positive_ints, default=[1, 2, 3, 4, 6, 8, 16],
                     help="new tokens per call (comma list)")
     ap.add_argument("--repeats", type=_positive, default=20, help="timed calls per cell")
     ap.add_argument("--cache-dir", type=Path, default=Path("~/.cache/warpformer-bench"))
@@ -94,17 +86,9 @@ def gpu_busy(fn: Callable[[], object]) -> tuple[float, int]:
 def time_calls(generate: Callable[[int], object], outputs: list[int], reps: int,
                env: dict[str, str]) -> dict[int, float]:
     """Median ms per ``generate(n)`` for each n, with ``env`` set around every call."""
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
+    with mock.patch.dict(os.environ, env):  # restored (or removed) afterwards
         return {n: common.median(common.time_cuda(lambda n=n: generate(n), warmup=3, reps=reps))
                 for n in outputs}
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,6 +16,7 @@ CPU by tests/test_bench_common.py.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import datetime as _dt
 import gc
@@ -170,6 +171,19 @@ def hf_class(family: str):
 
     return {"gpt2": transformers.GPT2LMHeadModel, "bloom": transformers.BloomForCausalLM,
             "opt": transformers.OPTForCausalLM, "gptj": transformers.GPTJForCausalLM}[family]
+
+
+def positive_ints(text: str) -> list[int]:
+    """``"1,8,64"`` -> [1, 8, 64]: an argparse type; raises ArgumentTypeError unless every item is
+    an integer >= 1."""
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}") from None
+    if not vals or min(vals) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return vals
 
 
 def parse_models(text: str) -> list[ModelShape]:
