@@ -6,7 +6,9 @@ default) at tensor/pipeline-parallel sizes, each configuration run under torchru
 A grid's suffix picks a comparison variant: "-nccl" runs with WARPFORMER_PEER_ALLREDUCE=0 (every
 all-reduce through NCCL instead of the one-shot peer all-reduce), "-whole" with
 WARPFORMER_PP_DECODE_SPLIT=0 (pipeline stages run each decode step whole instead of splitting it
-into one micro-batch per stage), to show what each is worth.
+into one micro-batch per stage), "-parallel-off" with WARPFORMER_FUSE=attention,norms (a
+parallel-residual layer's four decode products one after another, instead of the MLP-in product
+beside the attention and one launch for the two output products), to show what each is worth.
 
 The parent builds the model once on the GPU (benchmarks/common.py), converts it for every tensor-
 parallel size needed, then launches `torchrun --nproc-per-node tp*pp` of this script in worker
@@ -34,6 +36,7 @@ VARIANTS = {
     "auto": ({}, ""),
     "nccl": ({"WARPFORMER_PEER_ALLREDUCE": "0"}, "NCCL all-reduce"),
     "whole": ({"WARPFORMER_PP_DECODE_SPLIT": "0"}, "whole decode steps"),
+    "parallel-off": ({"WARPFORMER_FUSE": "attention,norms"}, "parallel-residual fusion off"),
 }
 
 
@@ -88,7 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="gpt-j-6b", help="a shape of benchmarks/common.py")
     ap.add_argument("--grids", default="1x1,2x1,1x2",
-                    help="TPxPP list; suffix -nccl: all-reduces through NCCL only")
+                    help="TPxPP list; suffix -nccl: all-reduces through NCCL only, -whole: "
+                         "pipeline decode steps not split, -parallel-off: parallel-residual "
+                         "decode fusion off")
     ap.add_argument("--batches", default="1,64")
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=64)

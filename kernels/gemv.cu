@@ -9,11 +9,15 @@
 // second MLP matrix) — across up to 8 blocks of a thread-block cluster (sm_90) through
 // distributed shared memory, in a fixed order. One kernel, no workspace, no atomics.
 //
+// A sum of two products (launch_gemv_sum) continues the k range over the second input and
+// weight.
+//
 // [n, k] weights (lm_head): each warp owns two output columns and reads their weight rows as
 // 512-byte coalesced runs; a warp-sum gives the dot products.
 #include <cooperative_groups.h>
 
 #include <algorithm>
+#include <cstdint>
 
 #include "kernels/activation_math.cuh"
 #include "kernels/common.cuh"
@@ -130,9 +134,20 @@ __device__ __forceinline__ void normalize_input(const GemvNorm<T>& g, int k, int
 // NORM: the input is normalised by the block itself (normalize_input above; `g` describes the
 // norm and p.in is unused). The plain instantiation ignores `g`, a separate argument so that the
 // main parameters are addressed alike in both (see decode_attention.cu).
+//
+// `d` continues the depth for launch_gemv_sum: the k range runs over p's k and then d.k, so every
+// step reads one input and weight or the other (both depths are multiples of V).
+template <typename T>
+struct GemvDepth {
+  const T* in = nullptr;      // [m, k]
+  const T* weight = nullptr;  // [k, n]
+  int k = 0;                  // 0: no second depth
+};
+
 template <typename T, int M, bool NORM>
 __global__ void __launch_bounds__(kThreads)
-    gemv_kn_kernel(const GemvParams<T> p, int ksplit, int kchunk, const GemvNorm<T> g) {
+    gemv_kn_kernel(const GemvParams<T> p, int ksplit, int kchunk, const GemvNorm<T> g,
+                   const GemvDepth<T> d) {
   constexpr int V = 16 / sizeof(T);
   constexpr int kTileCols = kColVecs * V;
   constexpr int kOut = M * kTileCols;  // a block's outputs, [M][kTileCols]
@@ -141,12 +156,14 @@ __global__ void __launch_bounds__(kThreads)
   extern __shared__ __align__(16) unsigned char xs_bytes[];  // NORM: [M][kchunk] of T
   T* xs = reinterpret_cast<T*>(xs_bytes);
 
+  const int n = p.n;
+  const int depth = p.k + d.k;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int c = threadIdx.x % kColVecs, s = threadIdx.x / kColVecs;
   const int col0 = blockIdx.x * kTileCols;
   const int col = col0 + c * V;
   const int kbeg = blockIdx.y * kchunk;
-  const int kend = min(p.k, kbeg + kchunk);
+  const int kend = min(depth, kbeg + kchunk);
 
   float acc[M][V];
 #pragma unroll
@@ -158,36 +175,46 @@ __global__ void __launch_bounds__(kThreads)
   // static, the first step's weights are loaded before waiting for the previous kernel, so they
   // stream while it finishes; a block with at most two steps also asks L2 for its second one.
   constexpr int kStep = kSlices * V;
-  const T* w = p.weight + col;
+  // Row kk of the weight at this thread's columns ([p.weight; d.weight] for a sum).
+  auto weight_row = [&](int kk) {
+    return kk < p.k ? p.weight + col + static_cast<int64_t>(kk) * n
+                    : d.weight + col + static_cast<int64_t>(kk - p.k) * n;
+  };
   auto load_step = [&](int k0, int4 (&wv)[V]) {
+    const T* w = weight_row(k0);
 #pragma unroll
-    for (int j = 0; j < V; ++j) wv[j] = load_stream(w + static_cast<int64_t>(k0 + j) * p.n);
+    for (int i = 0; i < V; ++i) wv[i] = load_stream(w + static_cast<int64_t>(i) * n);
   };
   auto fma_step = [&](int k0, const int4 (&wv)[V]) {
+    // Input columns k0.. of row 0 and the row stride ([p.in | d.in] for a sum).
+    const bool first_in = NORM || k0 < p.k;
+    const T* x0 = first_in ? p.in + k0 : d.in + (k0 - p.k);
+    const int x_stride = first_in ? p.k : d.k;
 #pragma unroll
     for (int m = 0; m < M; ++m) {
       float x[V];
       if constexpr (NORM) {
         load_vec<T, V>(xs + m * kchunk + (k0 - kbeg), x);
       } else {
-        load_vec<T, V>(p.in + static_cast<int64_t>(m) * p.k + k0, x);
+        load_vec<T, V>(x0 + static_cast<int64_t>(m) * x_stride, x);
       }
 #pragma unroll
-      for (int j = 0; j < V; ++j) {
-        const T* wr = reinterpret_cast<const T*>(&wv[j]);
+      for (int i = 0; i < V; ++i) {
+        const T* wr = reinterpret_cast<const T*>(&wv[i]);
 #pragma unroll
-        for (int e = 0; e < V; ++e) acc[m][e] = fmaf(x[j], to_float(wr[e]), acc[m][e]);
+        for (int e = 0; e < V; ++e) acc[m][e] = fmaf(x[i], to_float(wr[e]), acc[m][e]);
       }
     }
   };
   int k0 = kbeg + s * V;
-  const bool early = p.prefetch_weight && col < p.n && k0 < kend;
+  const bool early = p.prefetch_weight && col < n && k0 < kend;
   int4 first[V];
   if (early) {
     load_step(k0, first);
     if (kend - kbeg <= 2 * kStep && k0 + kStep < kend) {
+      const T* w = weight_row(k0 + kStep);
 #pragma unroll
-      for (int j = 0; j < V; ++j) prefetch_l2(w + static_cast<int64_t>(k0 + kStep + j) * p.n);
+      for (int i = 0; i < V; ++i) prefetch_l2(w + static_cast<int64_t>(i) * n);
     }
   }
   if constexpr (NORM) {
@@ -200,10 +227,10 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   }
-  wait_for_prior_kernels();
+  if (!p.beside) wait_for_prior_kernels();
   start_next_kernel();
   if constexpr (NORM) normalize_input<T, M>(g, p.k, kbeg, kend, kchunk, xs);
-  if (col < p.n) {
+  if (col < n) {
     if (early) {
       fma_step(k0, first);
       k0 += kStep;
@@ -242,8 +269,8 @@ __global__ void __launch_bounds__(kThreads)
 
   auto store = [&](int i, float v) {
     const int m = i / kTileCols, cc = col0 + i % kTileCols;
-    if (m < p.m && cc < p.n) {
-      const int64_t idx = static_cast<int64_t>(m) * p.n + cc;
+    if (m < p.m && cc < n) {
+      const int64_t idx = static_cast<int64_t>(m) * n + cc;
       p.out[idx] = from_float<T>(finish(v, p, idx, cc));
     }
   };
@@ -267,6 +294,7 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
     for (int i = threadIdx.x; i < kOut; i += kThreads) store(i, part[i]);
   }
+  if (p.beside) wait_for_prior_kernels();  // complete only after the kernel it ran beside
 }
 
 template <typename T, int M>
@@ -346,18 +374,20 @@ struct KnSplit {
   int tiles, ksplit, kchunk;
 };
 
+// Column tiles and k-splits for depth p.k + d.k.
 template <typename T>
-KnSplit kn_split(const GemvParams<T>& p, const DeviceInfo& d) {
+KnSplit kn_split(const GemvParams<T>& p, const GemvDepth<T>& dp, const DeviceInfo& d) {
   constexpr int V = 16 / sizeof(T);
   const int tiles = ceil_div(p.n, kColVecs * V);
+  const int k = p.k + dp.k;
   int ksplit = 1;
   if (d.clusters) {
     // Enough blocks for two per SM, but at least 8 vectors of k per split.
-    ksplit = std::min({kMaxSplit, ceil_div(2 * d.sms, tiles), std::max(1, p.k / (8 * V))});
+    ksplit = std::min({kMaxSplit, ceil_div(2 * d.sms, tiles), std::max(1, k / (8 * V))});
     ksplit = std::max(ksplit, 1);
   }
-  const int kchunk = ceil_div(p.k / V, ksplit) * V;
-  return KnSplit{tiles, ceil_div(p.k, kchunk), kchunk};  // no empty splits
+  const int kchunk = ceil_div(k / V, ksplit) * V;
+  return KnSplit{tiles, ceil_div(k, kchunk), kchunk};  // no empty splits
 }
 
 // Shared memory of the normalised input for one block of a normalising product.
@@ -374,34 +404,34 @@ size_t kn_static_smem(int m) {
 }
 
 template <typename T, int M, bool NORM>
-cudaError_t launch_rows(const GemvParams<T>& p, const GemvNorm<T>& g, const DeviceInfo& d,
-                        cudaStream_t stream) {
+cudaError_t launch_rows(const GemvParams<T>& p, const GemvNorm<T>& g, const GemvDepth<T>& dp,
+                        const DeviceInfo& d, cudaStream_t stream) {
   LaunchShape shape;
   shape.block = dim3(kThreads);
   if (p.transposed) {
     shape.grid = dim3(static_cast<unsigned>(ceil_div(p.n, kWarps * kRowsPerWarp)));
     return launch_kernel(shape, stream, gemv_nk_kernel<T, M>, p);
   }
-  const KnSplit s = kn_split(p, d);
+  const KnSplit s = kn_split(p, dp, d);
   shape.grid = dim3(static_cast<unsigned>(s.tiles), static_cast<unsigned>(s.ksplit), 1);
   shape.cluster_y = static_cast<unsigned>(s.ksplit);
   shape.smem = NORM ? normed_smem(p, s) : 0;
-  return launch_kernel(shape, stream, gemv_kn_kernel<T, M, NORM>, p, s.ksplit, s.kchunk, g);
+  return launch_kernel(shape, stream, gemv_kn_kernel<T, M, NORM>, p, s.ksplit, s.kchunk, g, dp);
 }
 
 template <typename T, bool NORM>
-cudaError_t launch_any_rows(const GemvParams<T>& p, const GemvNorm<T>& g, int device,
-                            cudaStream_t stream) {
+cudaError_t launch_any_rows(const GemvParams<T>& p, const GemvNorm<T>& g, const GemvDepth<T>& dp,
+                            int device, cudaStream_t stream) {
   const DeviceInfo d = device_info(device);
   switch (p.m) {
-    case 1: return launch_rows<T, 1, NORM>(p, g, d, stream);
-    case 2: return launch_rows<T, 2, NORM>(p, g, d, stream);
-    case 3: return launch_rows<T, 3, NORM>(p, g, d, stream);
-    case 4: return launch_rows<T, 4, NORM>(p, g, d, stream);
-    case 5: return launch_rows<T, 5, NORM>(p, g, d, stream);
-    case 6: return launch_rows<T, 6, NORM>(p, g, d, stream);
-    case 7: return launch_rows<T, 7, NORM>(p, g, d, stream);
-    default: return launch_rows<T, 8, NORM>(p, g, d, stream);
+    case 1: return launch_rows<T, 1, NORM>(p, g, dp, d, stream);
+    case 2: return launch_rows<T, 2, NORM>(p, g, dp, d, stream);
+    case 3: return launch_rows<T, 3, NORM>(p, g, dp, d, stream);
+    case 4: return launch_rows<T, 4, NORM>(p, g, dp, d, stream);
+    case 5: return launch_rows<T, 5, NORM>(p, g, dp, d, stream);
+    case 6: return launch_rows<T, 6, NORM>(p, g, dp, d, stream);
+    case 7: return launch_rows<T, 7, NORM>(p, g, dp, d, stream);
+    default: return launch_rows<T, 8, NORM>(p, g, dp, d, stream);
   }
 }
 
@@ -409,24 +439,21 @@ cudaError_t launch_any_rows(const GemvParams<T>& p, const GemvNorm<T>& g, int de
 // the compiler's alignment of the static arrays).
 constexpr size_t kMaxBlockSmem = 48 * 1024 - 128;
 
-}  // namespace
+struct Range {
+  const void* ptr;
+  size_t bytes;
+};
 
-template <typename T>
-bool gemv_supported(const GemvParams<T>& p) {
-  constexpr int V = 16 / sizeof(T);
-  return p.m >= 1 && p.m <= kGemvMaxRows && p.n > 0 && p.k > 0 && p.k % V == 0 &&
-         (p.transposed || p.n % V == 0) && aligned_to(p.in, 16) && aligned_to(p.weight, 16) &&
-         p.out != nullptr;
+bool overlap(const Range& a, const Range& b) {
+  if (a.ptr == nullptr || b.ptr == nullptr) return false;
+  const auto a0 = reinterpret_cast<std::uintptr_t>(a.ptr);
+  const auto b0 = reinterpret_cast<std::uintptr_t>(b.ptr);
+  return a0 < b0 + b.bytes && b0 < a0 + a.bytes;
 }
 
+// Whether the normalising kernel can run p: see gemv_normed_supported.
 template <typename T>
-cudaError_t launch_gemv(const GemvParams<T>& p, int device, cudaStream_t stream) {
-  if (!gemv_supported(p)) return cudaErrorInvalidValue;
-  return launch_any_rows<T, false>(p, GemvNorm<T>{}, device, stream);
-}
-
-template <typename T>
-bool gemv_normed_supported(const GemvParams<T>& p, const NormParams<T>& norm, int device) {
+bool normed_fits(const GemvParams<T>& p, const NormParams<T>& norm, int device) {
   constexpr int V = 16 / sizeof(T);
   GemvParams<T> q = p;
   q.in = norm.input;  // the pointer checks of the plain product apply to the norm's input
@@ -443,32 +470,47 @@ bool gemv_normed_supported(const GemvParams<T>& p, const NormParams<T>& norm, in
   // Some blocks write (the first column tile: residual_out, out; every tile: the product)
   // while others still read the rows for their statistics: no written range may overlap
   // another range (beta != 0 reads the product's range too, which it may share with nothing).
-  struct Range {
-    const void* ptr;
-    size_t bytes;
-  };
   const size_t row_bytes = static_cast<size_t>(p.m) * p.k * sizeof(T);
   const size_t vec_bytes = static_cast<size_t>(p.k) * sizeof(T);
-  const Range written[] = {{norm.residual_out, row_bytes}, {norm.out, row_bytes},
+  const Range written[] = {{norm.residual_out, row_bytes},
+                           {norm.out, row_bytes},
                            {p.out, static_cast<size_t>(p.m) * p.n * sizeof(T)}};
   const Range all[] = {written[0], written[1], written[2], {norm.input, row_bytes},
                        {norm.residual, row_bytes}, {norm.input_bias, vec_bytes},
                        {norm.gamma, vec_bytes}, {norm.beta, vec_bytes},
                        {p.weight, static_cast<size_t>(p.k) * p.n * sizeof(T)},
                        {p.bias, static_cast<size_t>(p.n) * sizeof(T)}};
-  auto overlap = [](const Range& a, const Range& b) {
-    if (a.ptr == nullptr || b.ptr == nullptr) return false;
-    const auto a0 = reinterpret_cast<std::uintptr_t>(a.ptr), b0 = reinterpret_cast<std::uintptr_t>(b.ptr);
-    return a0 < b0 + b.bytes && b0 < a0 + a.bytes;
-  };
+  constexpr size_t kWritten = sizeof(written) / sizeof(written[0]);
   bool no_alias = true;
-  for (size_t w = 0; w < 3; ++w) {
+  for (size_t w = 0; w < kWritten; ++w) {
     for (size_t r = 0; r < sizeof(all) / sizeof(all[0]); ++r) {
       if (r != w && overlap(written[w], all[r])) no_alias = false;
     }
   }
-  const size_t smem = normed_smem(p, kn_split(p, device_info(device))) + kn_static_smem<T>(p.m);
+  const size_t smem =
+      normed_smem(p, kn_split(p, GemvDepth<T>{}, device_info(device))) + kn_static_smem<T>(p.m);
   return aligned && no_alias && smem <= kMaxBlockSmem;
+}
+
+}  // namespace
+
+template <typename T>
+bool gemv_supported(const GemvParams<T>& p) {
+  constexpr int V = 16 / sizeof(T);
+  return p.m >= 1 && p.m <= kGemvMaxRows && p.n > 0 && p.k > 0 && p.k % V == 0 &&
+         (p.transposed || p.n % V == 0) && aligned_to(p.in, 16) && aligned_to(p.weight, 16) &&
+         p.out != nullptr && !(p.transposed && p.beside);
+}
+
+template <typename T>
+cudaError_t launch_gemv(const GemvParams<T>& p, int device, cudaStream_t stream) {
+  if (!gemv_supported(p)) return cudaErrorInvalidValue;
+  return launch_any_rows<T, false>(p, GemvNorm<T>{}, GemvDepth<T>{}, device, stream);
+}
+
+template <typename T>
+bool gemv_normed_supported(const GemvParams<T>& p, const NormParams<T>& norm, int device) {
+  return normed_fits(p, norm, device);
 }
 
 template <typename T>
@@ -477,15 +519,40 @@ cudaError_t launch_gemv_normed(const GemvParams<T>& p, const NormParams<T>& norm
   if (!gemv_normed_supported(p, norm, device)) return cudaErrorInvalidValue;
   constexpr int V = 16 / sizeof(T);
   return launch_any_rows<T, true>(p, GemvNorm<T>{norm, norm_shape(norm.hidden, V).threads},
-                                  device, stream);
+                                  GemvDepth<T>{}, device, stream);
 }
 
-#define WF_GEMV_INSTANTIATE(T)                                                              \
-  template bool gemv_supported<T>(const GemvParams<T>&);                                    \
-  template cudaError_t launch_gemv<T>(const GemvParams<T>&, int, cudaStream_t);             \
-  template bool gemv_normed_supported<T>(const GemvParams<T>&, const NormParams<T>&, int);  \
-  template cudaError_t launch_gemv_normed<T>(const GemvParams<T>&, const NormParams<T>&, int, \
-                                             cudaStream_t);
+template <typename T>
+bool gemv_sum_supported(const GemvParams<T>& p, const T* in2, const T* weight2, int k2) {
+  constexpr int V = 16 / sizeof(T);
+  if (!gemv_supported(p) || p.transposed || k2 <= 0 || k2 % V != 0 || !aligned_to(in2, 16) ||
+      !aligned_to(weight2, 16) || static_cast<int64_t>(p.k) + k2 > INT32_MAX) {
+    return false;
+  }
+  // Each block writes only its own outputs (and reads them for beta), but all blocks read both
+  // inputs: the output must not overlap either.
+  const Range out{p.out, static_cast<size_t>(p.m) * p.n * sizeof(T)};
+  return !overlap(out, {p.in, static_cast<size_t>(p.m) * p.k * sizeof(T)}) &&
+         !overlap(out, {in2, static_cast<size_t>(p.m) * k2 * sizeof(T)});
+}
+
+template <typename T>
+cudaError_t launch_gemv_sum(const GemvParams<T>& p, const T* in2, const T* weight2, int k2,
+                            int device, cudaStream_t stream) {
+  if (!gemv_sum_supported(p, in2, weight2, k2)) return cudaErrorInvalidValue;
+  return launch_any_rows<T, false>(p, GemvNorm<T>{}, GemvDepth<T>{in2, weight2, k2}, device,
+                                   stream);
+}
+
+#define WF_GEMV_INSTANTIATE(T)                                                               \
+  template bool gemv_supported<T>(const GemvParams<T>&);                                     \
+  template cudaError_t launch_gemv<T>(const GemvParams<T>&, int, cudaStream_t);              \
+  template bool gemv_normed_supported<T>(const GemvParams<T>&, const NormParams<T>&, int);   \
+  template cudaError_t launch_gemv_normed<T>(const GemvParams<T>&, const NormParams<T>&, int,  \
+                                             cudaStream_t);                                  \
+  template bool gemv_sum_supported<T>(const GemvParams<T>&, const T*, const T*, int);        \
+  template cudaError_t launch_gemv_sum<T>(const GemvParams<T>&, const T*, const T*, int, int, \
+                                          cudaStream_t);
 WF_GEMV_INSTANTIATE(float)
 WF_GEMV_INSTANTIATE(__half)
 WF_GEMV_INSTANTIATE(__nv_bfloat16)

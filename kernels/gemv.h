@@ -28,10 +28,10 @@ constexpr int kGemvPreferredRowsNK = 8;
 
 template <typename T>
 struct GemvParams {
-  T* out;                 // [m, n]
-  const T* in;            // [m, k]
-  const T* weight;        // [k, n], or [n, k] when transposed
-  const T* bias;          // [n] or null
+  T* out = nullptr;        // [m, n]
+  const T* in = nullptr;   // [m, k]
+  const T* weight = nullptr;  // [k, n], or [n, k] when transposed
+  const T* bias = nullptr;    // [n] or null
   int m = 0, n = 0, k = 0;
   bool transposed = false;
   Activation act = Activation::kIdentity;  // applied to (in . W + bias)
@@ -42,6 +42,11 @@ struct GemvParams {
   // the previous kernel instead of following it. The same promise covers the norm's gamma and
   // beta of launch_gemv_normed (asked of L1 before the wait).
   bool prefetch_weight = false;
+  // The kernel just before this one on the stream neither writes what this [k, n] product reads
+  // nor reads or writes what it writes (the engine: a parallel-residual layer's MLP-in product
+  // after the attention). The product then runs beside that kernel, not after it: it waits for
+  // it only before exiting, so a kernel that waits for this one still finds both done.
+  bool beside = false;
 };
 
 // True when launch_gemv can run these parameters: 1 <= m <= kGemvMaxRows, k (and n when not
@@ -74,6 +79,19 @@ bool gemv_normed_supported(const GemvParams<T>& p, const NormParams<T>& norm, in
 template <typename T>
 cudaError_t launch_gemv_normed(const GemvParams<T>& p, const NormParams<T>& norm, int device,
                                cudaStream_t stream);
+
+// out = act(in . W + in2 . W2 + bias) (+ beta * out): a [k, n] product whose depth continues
+// over a second input in2 [m, k2] and weight W2 [k2, n], summed in the same fp32 accumulation
+// and rounded once (p gives out, in, W, bias, act, beta). A parallel-residual layer's
+// attention-out and MLP-out products are one such launch. gemv_sum_supported: what launch_gemv
+// needs of p, plus k2 a multiple of 16 bytes' worth of elements, in2 and W2 16-byte aligned,
+// p.k + k2 within int range, and the output apart from both inputs.
+template <typename T>
+bool gemv_sum_supported(const GemvParams<T>& p, const T* in2, const T* weight2, int k2);
+
+template <typename T>
+cudaError_t launch_gemv_sum(const GemvParams<T>& p, const T* in2, const T* weight2, int k2,
+                            int device, cudaStream_t stream);
 
 }  // namespace kernels
 }  // namespace warpformer

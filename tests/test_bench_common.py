@@ -169,8 +169,9 @@ def test_generate_args_rejected(argv):
 def test_variants_parsed_and_their_environment(monkeypatch):
     """Each --wf-variants entry names the environment its engine is built under, set only while
     the engine is built (the next engine gets the caller's environment back)."""
-    a = bench_generate.parse_args(["--wf-variants", "attention-only,unfused,gemv-off,tuned"])
-    assert a.wf_variants == ["attention-only", "unfused", "gemv-off", "tuned"]
+    a = bench_generate.parse_args(["--wf-variants",
+                                   "attention-only,unfused,gemv-off,tuned,parallel-off"])
+    assert a.wf_variants == ["attention-only", "unfused", "gemv-off", "tuned", "parallel-off"]
     with pytest.raises(SystemExit):
         bench_generate.parse_args(["--wf-variants", "norms-only"])
     import warpformer.models.gpt as gpt_models
@@ -344,8 +345,9 @@ def test_parallel_grids_and_variants():
     """bench_parallel's --grids: TPxPP with a comparison variant whose environment names the
     switch it flips; malformed entries are refused with the rule."""
     bench_parallel = importlib.import_module("bench_parallel")
-    assert bench_parallel.parse_grids("1x1,2x1-nccl,1x2,1x2-whole") == [
-        (1, 1, "auto"), (2, 1, "nccl"), (1, 2, "auto"), (1, 2, "whole")]
+    assert bench_parallel.parse_grids("1x1,2x1-nccl,1x2,1x2-whole,2x1-parallel-off") == [
+        (1, 1, "auto"), (2, 1, "nccl"), (1, 2, "auto"), (1, 2, "whole"), (2, 1, "parallel-off")]
+    assert bench_parallel.VARIANTS["parallel-off"][0] == {"WARPFORMER_FUSE": "attention,norms"}
     assert bench_parallel.VARIANTS["whole"][0] == {"WARPFORMER_PP_DECODE_SPLIT": "0"}
     assert bench_parallel.VARIANTS["nccl"][0] == {"WARPFORMER_PEER_ALLREDUCE": "0"}
     for bad, rule in [("2", "not TPxPP"), ("0x1", "positive"), ("2x1-fast", "unknown variant")]:

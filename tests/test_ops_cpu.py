@@ -10,7 +10,7 @@ import torch
 import warpformer  # noqa: F401
 
 OPS = ["layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm", "bias_act", "gated_act",
-       "embedding", "norm_gemm"]
+       "embedding", "norm_gemm", "gemm_sum"]
 
 
 @pytest.mark.parametrize("name", OPS)
@@ -174,6 +174,30 @@ def norm_gemm_args(**over):
 def test_norm_gemm_bad_arguments(over, pattern: str) -> None:
     with pytest.raises(RuntimeError, match=r"warpformer.norm_gemm: " + pattern):
         torch.ops.warpformer.norm_gemm(*norm_gemm_args(**over))
+
+
+@pytest.mark.parametrize("over, pattern", [
+    (dict(backend="fused"), r"backend must be one of joined, separate; got 'fused'"),
+    (dict(input2=f32(3, 8)), r"input2.shape\[0\] must be 2 \(input.shape\[0\]\)"),
+    (dict(input2=f32(2, 8).half()), r"input2 must have dtype Float"),
+    (dict(weight=f32(15, 24)), r"weight.shape\[0\] must be 16 \(input.shape\[1\]\)"),
+    (dict(weight2=f32(9, 24)), r"weight2.shape\[0\] must be 8 \(input2.shape\[1\]\)"),
+    (dict(weight2=f32(8, 23)), r"weight2.shape\[1\] must be 24 \(weight.shape\[1\]\)"),
+    (dict(weight2=f32(8)), r"weight2 must be 2-dimensional"),
+    (dict(input2=f32(2, 0), weight2=f32(0, 24)), r"empty matrices \(m=2, n=24, k=16, k2=0\)"),
+    (dict(), r"input must be a CUDA tensor"),
+])
+def test_gemm_sum_bad_arguments(over, pattern: str) -> None:
+    args = dict(input=f32(2, 16), weight=f32(16, 24), input2=f32(2, 8), weight2=f32(8, 24),
+                backend="joined")
+    args.update(over)
+    with pytest.raises(RuntimeError, match=r"warpformer.gemm_sum: " + pattern):
+        torch.ops.warpformer.gemm_sum(*args.values())
+
+
+def test_gemm_sum_fake_shapes() -> None:
+    s = torch.ops.warpformer.gemm_sum(meta(3, 64), meta(64, 40), meta(3, 32), meta(32, 40))
+    assert s.shape == (3, 40) and s.dtype == torch.float16
 
 
 def test_norm_gemm_fake_shapes() -> None:

@@ -253,10 +253,10 @@ int Gemm::gemv_max_rows(bool transposed) const {
 
 bool Gemm::try_gemv(DType dtype, const void* in, const void* weight, const void* bias, void* out,
                     int64_t m, int64_t n, int64_t k, bool transposed, kernels::Activation act,
-                    float beta, const GemmNormedInput* norm, bool launch) {
+                    float beta, const GemmNormedInput* norm, bool launch, bool beside) {
   if (m > gemv_max_rows(transposed) || n > INT_MAX || k > INT_MAX) return false;
   return WF_DISPATCH_FLOATING(dtype, "Gemm (GEMV path)", [&] {
-    kernels::GemvParams<scalar_t> p;
+    kernels::GemvParams<scalar_t> p{};
     p.out = static_cast<scalar_t*>(out);
     p.in = static_cast<const scalar_t*>(in);
     p.weight = static_cast<const scalar_t*>(weight);
@@ -268,6 +268,7 @@ bool Gemm::try_gemv(DType dtype, const void* in, const void* weight, const void*
     p.act = act;
     p.beta = beta;
     p.prefetch_weight = static_weights_;
+    p.beside = beside;
     if (norm != nullptr) {
       kernels::NormParams<scalar_t> np = norm_params<scalar_t>(*norm, m, k);
       if (!norm->keep_out) np.out = nullptr;
@@ -297,10 +298,13 @@ void Gemm::run(DType dtype, const void* in, const void* weight, const void* bias
 }
 
 void Gemm::run_act(DType dtype, const void* in, const void* weight, const void* bias, void* out,
-                   int64_t m, int64_t n, int64_t k, kernels::Activation act, float beta) {
+                   int64_t m, int64_t n, int64_t k, kernels::Activation act, float beta,
+                   bool beside) {
   TORCH_CHECK(m >= 0 && n > 0 && k > 0, "Gemm: bad sizes m=", m, " n=", n, " k=", k);
   if (m == 0) return;
-  if (try_gemv(dtype, in, weight, bias, out, m, n, k, false, act, beta)) return;
+  if (try_gemv(dtype, in, weight, bias, out, m, n, k, false, act, beta, nullptr, true, beside)) {
+    return;
+  }
   if (act == kernels::Activation::kRelu && bias != nullptr && beta == 0.f) {
     launch(GemmKey{m, n, k, dtype, GemmEpilogue::kBiasRelu, false, false}, in, weight, bias, out,
            0.f);
@@ -324,19 +328,50 @@ void Gemm::run_act(DType dtype, const void* in, const void* weight, const void* 
 
 void Gemm::run_normed(DType dtype, const GemmNormedInput& in, const void* weight,
                       const void* bias, void* out, int64_t m, int64_t n, int64_t k,
-                      kernels::Activation act) {
+                      kernels::Activation act, bool beside) {
   TORCH_CHECK(m >= 0 && n > 0 && k > 0, "Gemm: bad sizes m=", m, " n=", n, " k=", k);
   TORCH_CHECK(in.kind != kernels::NormKind::kAddOnly && in.input != nullptr &&
                   in.gamma != nullptr && in.out != nullptr,
               "Gemm::run_normed: needs a LayerNorm or RMSNorm with input, gamma and out");
   if (m == 0) return;
-  if (norm_fusion_ && try_gemv(dtype, nullptr, weight, bias, out, m, n, k, false, act, 0.f, &in)) {
+  if (norm_fusion_ &&
+      try_gemv(dtype, nullptr, weight, bias, out, m, n, k, false, act, 0.f, &in, true, beside)) {
     return;
   }
   WF_DISPATCH_FLOATING(dtype, "Gemm::run_normed", [&] {
     WF_CUDA_CHECK(kernels::launch_norm(norm_params<scalar_t>(in, m, k), ctx_->stream()));
   });
   run_act(dtype, in.out, weight, bias, out, m, n, k, act);
+}
+
+bool Gemm::run_sum(DType dtype, const void* in1, const void* w1, int64_t k1, const void* in2,
+                   const void* w2, int64_t k2, void* out, int64_t m, int64_t n) {
+  TORCH_CHECK(m >= 0 && n > 0 && k1 > 0 && k2 > 0, "Gemm::run_sum: bad sizes m=", m, " n=", n,
+              " k1=", k1, " k2=", k2);
+  if (m == 0) return false;
+  if (m <= gemv_max_rows(false) && n <= INT_MAX && k1 <= INT_MAX && k2 <= INT_MAX) {
+    const bool one = WF_DISPATCH_FLOATING(dtype, "Gemm::run_sum", [&] {
+      using T = scalar_t;
+      kernels::GemvParams<T> p{};
+      p.out = static_cast<T*>(out);
+      p.in = static_cast<const T*>(in1);
+      p.weight = static_cast<const T*>(w1);
+      p.m = static_cast<int>(m);
+      p.n = static_cast<int>(n);
+      p.k = static_cast<int>(k1);
+      p.prefetch_weight = static_weights_;
+      const T* x2 = static_cast<const T*>(in2);
+      const T* v2 = static_cast<const T*>(w2);
+      if (!kernels::gemv_sum_supported(p, x2, v2, static_cast<int>(k2))) return false;
+      WF_CUDA_CHECK(kernels::launch_gemv_sum(p, x2, v2, static_cast<int>(k2), ctx_->device(),
+                                             ctx_->stream()));
+      return true;
+    });
+    if (one) return true;
+  }
+  run(dtype, in1, w1, nullptr, out, m, n, k1);
+  run(dtype, in2, w2, nullptr, out, m, n, k2, GemmEpilogue::kNone, 1.f);
+  return false;
 }
 
 bool Gemm::fuses_norm(DType dtype, const GemmNormedInput& in, const void* weight,

@@ -88,15 +88,27 @@ class Gemm {
   // GEMV path; on cuBLASLt, ReLU rides on its bias epilogue and the other activations run as
   // warpformer's bias/activation kernel after a plain GEMM (so both paths compute the same
   // activation function). bias may be null.
+  // beside: the caller promises that the kernel just before this product on the stream neither
+  // writes what it reads nor reads or writes what it writes; where the GEMV runs the product it
+  // then runs beside that kernel (kernels::GemvParams::beside).
   void run_act(DType dtype, const void* in, const void* weight, const void* bias, void* out,
-               int64_t m, int64_t n, int64_t k, kernels::Activation act, float beta = 0.f);
+               int64_t m, int64_t n, int64_t k, kernels::Activation act, float beta = 0.f,
+               bool beside = false);
 
   // out[m, n] = act(norm(x)[m, k] @ weight[k, n] + bias[n]), x described by `in`. Where the GEMV
   // runs the product and norm fusion is on, one kernel normalises the rows itself
   // (kernels::launch_gemv_normed); otherwise a norms kernel writes in.out first. Both paths
   // write residual_out (and in.out when kept) and give bit-identical results.
+  // beside: as for run_act (then the norms kernel of the unfused path does not run beside).
   void run_normed(DType dtype, const GemmNormedInput& in, const void* weight, const void* bias,
-                  void* out, int64_t m, int64_t n, int64_t k, kernels::Activation act);
+                  void* out, int64_t m, int64_t n, int64_t k, kernels::Activation act,
+                  bool beside = false);
+
+  // out[m, n] = in1[m, k1] @ w1[k1, n] + in2[m, k2] @ w2[k2, n]: one GEMV launch over both
+  // depths where the GEMV runs the shape (kernels::launch_gemv_sum, one fp32 accumulation),
+  // otherwise two products, the second accumulating into out. Returns whether it was one.
+  bool run_sum(DType dtype, const void* in1, const void* w1, int64_t k1, const void* in2,
+               const void* w2, int64_t k2, void* out, int64_t m, int64_t n);
 
   // Whether run_normed may fuse the norm into the GEMV (on by default; WARPFORMER_FUSE=0 makes
   // the engine turn it off).
@@ -158,7 +170,8 @@ class Gemm {
   // false means "use cuBLASLt". With launch false it only answers.
   bool try_gemv(DType dtype, const void* in, const void* weight, const void* bias, void* out,
                 int64_t m, int64_t n, int64_t k, bool transposed, kernels::Activation act,
-                float beta, const GemmNormedInput* norm = nullptr, bool launch = true);
+                float beta, const GemmNormedInput* norm = nullptr, bool launch = true,
+                bool beside = false);
   // Rows up to which the GEMV runs [k, n] (or transposed [n, k]) products under the policy.
   int gemv_max_rows(bool transposed) const;
   void launch(const GemmKey& key, const void* in, const void* weight, const void* bias, void* out,

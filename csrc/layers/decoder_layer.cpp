@@ -6,6 +6,8 @@
 //   pre-norm, parallel (GPT-J with one shared norm, NeoX with two):
 //     x += pending;  n = ln1(x);  p = attn(n) @ Wo + mlp(n or ln2(x)) @ W2 [one all-reduce];
 //     pending = p, bo + b2
+//     At decode sizes (LayerContext::parallel_products) the MLP-in product runs beside the
+//     attention kernel and [attn | f] @ [Wo; W2] is one GEMV launch.
 //   post-norm (OPT-350m):
 //     y = ln1(x + attn(x) @ Wo + bo);  x = ln2(y + mlp(y) + b2)
 //
@@ -23,6 +25,7 @@
 
 #include "csrc/core/check.h"
 #include "kernels/attention/attention.h"
+#include "kernels/gemv.h"
 
 namespace warpformer {
 namespace layers {
@@ -166,11 +169,11 @@ void* other_stream_buffer(const LayerBuffers& b, const void* x) { return x == b.
 
 // out = act(norm(stream) @ W + bias) for a pre-norm layer: the stream's pending adds are
 // applied on the way into the other stream buffer, which then holds the stream. `normed`
-// receives norm(stream) (kept when keep_normed, else scratch).
+// receives norm(stream) (kept when keep_normed, else scratch). beside: see Gemm::run_normed.
 void normed_product(const LayerContext& lc, ResidualStream* s, const LayerBuffers& b,
                     const void* gamma, const void* beta, void* normed, bool keep_normed,
                     const void* weight, const void* bias, void* out, int64_t tokens, int64_t n,
-                    kernels::Activation act) {
+                    kernels::Activation act, bool beside = false) {
   const int64_t h = lc.cfg->hidden();
   GemmNormedInput in;
   in.kind = kernels::NormKind::kLayerNorm;
@@ -184,7 +187,7 @@ void normed_product(const LayerContext& lc, ResidualStream* s, const LayerBuffer
   in.residual_out = adds ? other_stream_buffer(b, s->x) : nullptr;
   in.out = normed;
   in.keep_out = keep_normed;
-  lc.gemm->run_normed(lc.dtype, in, weight, bias, out, tokens, n, h, act);
+  lc.gemm->run_normed(lc.dtype, in, weight, bias, out, tokens, n, h, act, beside);
   if (adds) *s = ResidualStream{in.residual_out, nullptr, nullptr};
 }
 
@@ -246,14 +249,26 @@ void layer_forward(const LayerContext& lc, const LayerWeights& w, const LayerBuf
   attention<T>(lc, w, b, tokens, ai);
 
   if (c.parallel_residual) {  // p = attn @ Wo + mlp(.) @ W2 [one all-reduce]; x += p + bo + b2
-    lc.gemm->run(lc.dtype, b.a, w.dense_w, nullptr, b.p, tokens, h, lh);
+    // Decode-sized (lc.parallel_products): the MLP-in product runs beside the attention (it
+    // reads neither qkv nor a, and writes bufs.fj, apart from both), then attention-out and
+    // MLP-out are one product. Otherwise: attention-out, MLP-in, MLP-out accumulating.
+    const bool beside = lc.parallel_products && b.fj != nullptr &&
+                        tokens <= kernels::kGemvMaxRows;
+    void* const f = beside ? b.fj : b.f;
+    if (!beside) lc.gemm->run(lc.dtype, b.a, w.dense_w, nullptr, b.p, tokens, h, lh);
     if (shared_norm) {
-      lc.gemm->run_act(lc.dtype, b.n, w.fc1_w, w.fc1_b, b.f, tokens, li, h, c.activation);
+      lc.gemm->run_act(lc.dtype, b.n, w.fc1_w, w.fc1_b, f, tokens, li, h, c.activation, 0.f,
+                       beside);
     } else {  // ln2 of the stream (materialised by the QKV product); n is free as scratch
-      normed_product(lc, s, b, w.ln2_w, w.ln2_b, b.n, false, w.fc1_w, w.fc1_b, b.f, tokens, li,
-                     c.activation);
+      normed_product(lc, s, b, w.ln2_w, w.ln2_b, b.n, false, w.fc1_w, w.fc1_b, f, tokens, li,
+                     c.activation, beside);
     }
-    product(lc, b.f, w.fc2_w, b.p, tokens, h, li, 1.f);
+    if (beside) {
+      lc.gemm->run_sum(lc.dtype, b.a, w.dense_w, lh, f, w.fc2_w, li, b.p, tokens, h);
+      all_reduce_if_parallel(lc.comm, b.p, tokens * h, lc.dtype, lc.ctx->stream());
+    } else {
+      product(lc, f, w.fc2_w, b.p, tokens, h, li, 1.f);
+    }
     finish_stream<T>(lc, b, tokens, next, b.p, w.residual_b, s);
     return;
   }

@@ -72,6 +72,10 @@ struct LayerBuffers {
   void* p;    // [tokens, h]   attention projection (+ MLP output in the parallel form)
   void* f;    // [tokens, li]  MLP hidden (may share memory with qkv, q and a)
   void* o;    // [tokens, h]   MLP output (may be the same buffer as p)
+  // [min(tokens, kGemvMaxRows), li] the MLP hidden of a parallel-residual layer at decode sizes
+  // (LayerContext::parallel_products): written beside the attention and read together with its
+  // output, so apart from qkv, q, a and the rest; null when the model has no such layers.
+  void* fj;
 };
 
 // Where the attention reads and writes: the layer's KV cache and the token -> (slot, position)
@@ -108,6 +112,10 @@ struct LayerContext {
   Communicator* comm;            // tensor-parallel group or null
   const gpt::GptConfig* cfg;
   DType dtype;
+  // Parallel-residual layers at up to kernels::kGemvMaxRows rows (with bufs.fj): the MLP-in
+  // product beside the attention (kernels::GemvParams::beside), attention-out and MLP-out as one
+  // product (Gemm::run_sum).
+  bool parallel_products = false;
 };
 
 // Runs one layer over `tokens` rows. `stream` is the residual stream on entry and is updated.

@@ -39,6 +39,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_gemm(
     const at::Tensor& norm_weight, const OptTensor& norm_bias, const std::string& norm,
     double eps, const at::Tensor& weight, const OptTensor& bias, const std::string& activation,
     const std::string& backend);
+// input @ weight + input2 @ weight2: one GEMV launch over both depths (backend 'joined',
+// kernels::launch_gemv_sum) or two products, the second accumulating ('separate').
+at::Tensor gemm_sum(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& input2,
+                    const at::Tensor& weight2, const std::string& backend);
 // Median microseconds of each of cuBLASLt's first max_algos heuristic candidates for the shape.
 at::Tensor gemm_benchmark(const at::Tensor& input, const at::Tensor& weight, const OptTensor& bias,
                           bool transposed, const std::string& epilogue, bool accumulate,

@@ -5,8 +5,10 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <cfloat>
+#include <climits>
 #include <cmath>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "csrc/core/activation.h"
@@ -233,6 +235,69 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_gemm(
   }
   gemm.run_normed(dtype, in, w.data_ptr(), ptr(b), out.data_ptr(), m, n, k, act);
   return {out, x, normed};
+}
+
+at::Tensor gemm_sum(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& input2,
+                    const at::Tensor& weight2, const std::string& backend) {
+  const char* op = "warpformer.gemm_sum";
+  TORCH_CHECK(backend == "joined" || backend == "separate", op,
+              ": backend must be one of joined, separate; got '", backend, "'");
+  check_floating(input, op, "input");
+  check_dim(input, 2, op, "input");
+  check_dtype(input2, input.scalar_type(), op, "input2", "the dtype of input");
+  check_dim(input2, 2, op, "input2");
+  check_size(input2, 0, input.size(0), op, "input2", "input.shape[0]");
+  const int64_t m = input.size(0), k = input.size(1), k2 = input2.size(1);
+  for (const auto& [w, name] : {std::pair{&weight, "weight"}, std::pair{&weight2, "weight2"}}) {
+    check_dtype(*w, input.scalar_type(), op, name, "the dtype of input");
+    check_dim(*w, 2, op, name);
+  }
+  const int64_t n = weight.size(1);
+  check_size(weight, 0, k, op, "weight", "input.shape[1]");
+  check_size(weight2, 0, k2, op, "weight2", "input2.shape[1]");
+  check_size(weight2, 1, n, op, "weight2", "weight.shape[1]");
+  TORCH_CHECK(m > 0 && n > 0 && k > 0 && k2 > 0, op, ": empty matrices (m=", m, ", n=", n,
+              ", k=", k, ", k2=", k2, ")");
+  check_cuda(input, op, "input");
+  check_cuda(weight, op, "weight", input, "input");
+  check_cuda(input2, op, "input2", input, "input");
+  check_cuda(weight2, op, "weight2", input, "input");
+  const c10::cuda::CUDAGuard guard(input.device());
+  const at::Tensor x = input.contiguous(), w = weight.contiguous();
+  const at::Tensor x2 = input2.contiguous(), w2 = weight2.contiguous();
+  at::Tensor out = at::empty({m, n}, x.options());
+  const DType dtype = to_dtype(input.scalar_type(), op, "input");
+  auto ctx = context_for(x);
+  Gemm gemm(ctx.get());
+  gemm.set_gemv_policy(Gemm::GemvPolicy::kAlways);
+  if (backend == "separate") {
+    gemm.run(dtype, x.data_ptr(), w.data_ptr(), nullptr, out.data_ptr(), m, n, k);
+    gemm.run(dtype, x2.data_ptr(), w2.data_ptr(), nullptr, out.data_ptr(), m, n, k2,
+             GemmEpilogue::kNone, 1.f);
+    return out;
+  }
+  const bool fits = WF_DISPATCH_FLOATING(dtype, op, [&] {
+    using T = scalar_t;
+    kernels::GemvParams<T> p{};
+    p.out = static_cast<T*>(out.data_ptr());
+    p.in = static_cast<const T*>(x.data_ptr());
+    p.weight = static_cast<const T*>(w.data_ptr());
+    p.m = static_cast<int>(m);
+    p.n = static_cast<int>(n);
+    p.k = static_cast<int>(k);
+    return m <= kernels::kGemvMaxRows && n <= INT_MAX && k <= INT_MAX && k2 <= INT_MAX &&
+           kernels::gemv_sum_supported(p, static_cast<const T*>(x2.data_ptr()),
+                                       static_cast<const T*>(w2.data_ptr()),
+                                       static_cast<int>(k2));
+  });
+  TORCH_CHECK(fits, op, ": backend 'joined' cannot run m=", m, ", n=", n, ", k=", k, ", k2=", k2,
+              " in ", dtype_name(dtype), ": it needs at most ", kernels::kGemvMaxRows,
+              " rows, k, k2 and n multiples of 16 bytes and 16-byte aligned tensors; use backend "
+              "'separate'");
+  const bool joined = gemm.run_sum(dtype, x.data_ptr(), w.data_ptr(), k, x2.data_ptr(),
+                                   w2.data_ptr(), k2, out.data_ptr(), m, n);
+  TORCH_CHECK(joined, op, ": internal error: the joined launch did not run");
+  return out;
 }
 
 at::Tensor gemm_benchmark(const at::Tensor& input, const at::Tensor& weight, const OptTensor& bias,

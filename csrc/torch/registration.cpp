@@ -56,6 +56,12 @@ TORCH_LIBRARY(warpformer, m) {
       "norm_gemm(Tensor input, Tensor? residual, Tensor? input_bias, Tensor norm_weight, "
       "Tensor? norm_bias, str norm, float eps, Tensor weight, Tensor? bias, str activation, "
       "str backend) -> (Tensor, Tensor, Tensor)");
+  // input @ weight + input2 @ weight2, a parallel-residual layer's two output products at decode
+  // sizes. backend: joined (one GEMV launch over both depths; refuses shapes it cannot run) or
+  // separate (two products, the second accumulating).
+  m.def(
+      "gemm_sum(Tensor input, Tensor weight, Tensor input2, Tensor weight2, "
+      "str backend='joined') -> Tensor");
   // Median us of each of cuBLASLt's first max_algos candidates for this shape (gemm-tune).
   m.def(
       "gemm_benchmark(Tensor input, Tensor weight, Tensor? bias, bool transposed, str epilogue, "
@@ -233,6 +239,7 @@ TORCH_LIBRARY(warpformer, m) {
   m.impl("decode_attention_fused", &wo::decode_attention_fused); \
   m.impl("gemm", &wo::gemm);                           \
   m.impl("norm_gemm", &wo::norm_gemm);                 \
+  m.impl("gemm_sum", &wo::gemm_sum);                   \
   m.impl("gemm_benchmark", &wo::gemm_benchmark); \
   m.impl("beam_log_softmax", &wo::beam_log_softmax); \
   m.impl("beam_search_init", &wo::beam_search_init); \

@@ -58,6 +58,13 @@ def _embedding_fake(input_ids, wte, wpe=None, position_ids=None, scale=1.0):
     return wte.new_empty((*input_ids.shape, wte.shape[1]))
 
 
+@register_fake("warpformer::gemm_sum")
+def _gemm_sum_fake(input, weight, input2, weight2, backend="joined"):
+    torch._check(input.dim() == 2, lambda: "warpformer.gemm_sum: input must be 2-dimensional")
+    torch._check(weight.dim() == 2, lambda: "warpformer.gemm_sum: weight must be 2-dimensional")
+    return input.new_empty((input.shape[0], weight.shape[1]))
+
+
 @register_fake("warpformer::norm_gemm")
 def _norm_gemm_fake(input, residual, input_bias, norm_weight, norm_bias, norm, eps, weight, bias,
                     activation, backend):

@@ -283,3 +283,54 @@ def test_norm_gemm_opcheck():
                           (x, res, ib, gamma, beta, "layer_norm", 1e-5, w, b, "gelu", "fused"),
                           test_utils=("test_schema", "test_faketensor",
                                       "test_aot_dispatch_dynamic"))
+
+
+# ---- one GEMV launch for a sum of two products (gemm_sum) -------------------------------------
+# (n, k, k2): GPT-J's attention-out + MLP-out (4096 | 16384 -> 4096) at TP=1 and TP=2,
+# gpt2-medium-sized, partial column tiles (1000, 40), a short first depth (64).
+SUM_SHAPES = [(4096, 4096, 16384), (4096, 2048, 8192), (1024, 1024, 4096), (1000, 96, 64),
+              (40, 64, 4096)]
+
+
+@pytest.mark.parametrize("dtype", list(TOL))
+@pytest.mark.parametrize("m", [1, 2, 3, 8])
+@pytest.mark.parametrize("n,k,k2", SUM_SHAPES)
+def test_gemm_sum_joined_matches_separate_and_reference(dtype, m, n, k, k2):
+    """x @ W + x2 @ W2 as one accumulation over both depths (the k-split clusters cross the
+    boundary between the two matrices) against float64 and the two products launched alone."""
+    g = torch.Generator().manual_seed(m + n + k)
+    x = torch.randn(m, k, generator=g).cuda().to(dtype)
+    x2 = (torch.randn(m, k2, generator=g) + 0.5).cuda().to(dtype)
+    w = (torch.randn(k, n, generator=g) * k ** -0.5).cuda().to(dtype)
+    w2 = (torch.randn(k2, n, generator=g) * k2 ** -0.5).cuda().to(dtype)
+    joined = ops.gemm_sum(x, w, x2, w2, "joined")
+    separate = ops.gemm_sum(x, w, x2, w2, "separate")
+    ref = x.double() @ w.double() + x2.double() @ w2.double()
+    assert _rel_err(joined, ref) <= 2 * _tol(dtype, k + k2)
+    assert _rel_err(separate, ref) <= 3 * _tol(dtype, k + k2)
+    # Each part counts: zeroing either input leaves the other product.
+    first = ops.gemm_sum(x, w, torch.zeros_like(x2), w2, "joined")
+    assert _rel_err(first, x.double() @ w.double()) <= 2 * _tol(dtype, k)
+    second = ops.gemm_sum(torch.zeros_like(x), w, x2, w2, "joined")
+    assert _rel_err(second, x2.double() @ w2.double()) <= 2 * _tol(dtype, k2)
+
+
+def test_gemm_sum_refuses_what_it_cannot_run():
+    x = torch.randn(9, 64, device="cuda", dtype=torch.float16)
+    w = torch.randn(64, 64, device="cuda", dtype=torch.float16)
+    with pytest.raises(RuntimeError, match=r"gemm_sum: backend 'joined' cannot run m=9, n=64, "
+                                           r"k=64, k2=64 in float16: it needs at most 8 rows"):
+        ops.gemm_sum(x, w, x, w)
+    w60 = torch.randn(64, 60, device="cuda", dtype=torch.float16)
+    with pytest.raises(RuntimeError, match=r"gemm_sum: backend 'joined' cannot run m=2, n=60"):
+        ops.gemm_sum(x[:2], w60, x[:2], w60)
+    out = ops.gemm_sum(x, w, x, w, "separate")  # the separate backend runs it (cuBLASLt)
+    assert _rel_err(out, 2 * (x.double() @ w.double())) <= 2 * TOL[torch.float16]
+
+
+def test_gemm_sum_opcheck():
+    x = torch.randn(2, 256, device="cuda", dtype=torch.float16)
+    w = torch.randn(256, 128, device="cuda", dtype=torch.float16)
+    torch.library.opcheck(ops.gemm_sum.default, (x, w, x[:, :64].contiguous(), w[:64]),
+                          test_utils=("test_schema", "test_faketensor",
+                                      "test_aot_dispatch_dynamic"))

@@ -358,11 +358,15 @@ def test_bad_weights_and_limits(workdir):
     assert m.dtype() == "bfloat16"
 
 
-def test_memcheck_small_generate(workdir):
-    """Run under compute-sanitizer by tools/gpu_check.sh (also a plain smoke test)."""
-    hf, path = converted("bloom", TINY, workdir)
+@pytest.mark.parametrize("name", ["bloom", "gptj"])
+def test_memcheck_small_generate(workdir, name):
+    """Run under compute-sanitizer by tools/gpu_check.sh (also a plain smoke test): a sequential
+    and a parallel-residual model (its joined decode products at 1 and 2 rows), 3 rows then 2
+    then 1."""
+    hf, path = converted(name, TINY, workdir)
     model = load_gpt_model(path, dtype=torch.float16, max_batch=3, max_seq_len=64)
-    ids, lens = random_batch(1000, [3, 9, 1])
-    out, seq = model.generate(ids, lens, 8)
-    torch.cuda.synchronize()
-    assert out.shape == (3, 1, 17) and int(seq.min()) >= 2
+    for lengths in ([3, 9, 1], [5, 2], [4]):
+        ids, lens = random_batch(1000, lengths)
+        out, seq = model.generate(ids, lens, 8)
+        torch.cuda.synchronize()
+        assert out.shape == (len(lengths), 1, max(lengths) + 8) and int(seq.min()) >= 2

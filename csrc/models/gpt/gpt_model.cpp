@@ -16,6 +16,7 @@
 #include "kernels/attention/attention.h"
 #include "kernels/embedding.h"
 #include "kernels/gather.h"
+#include "kernels/gemv.h"
 
 namespace warpformer {
 namespace gpt {
@@ -41,13 +42,17 @@ class Carver {
 };
 
 // WARPFORMER_FUSE: which kernel fusions the engine uses: unset or "1" all, "0" none, or a comma
-// list of "attention" (the decode step's QKV preparation inside the attention kernel) and
-// "norms" (pre-norm layers' residual adds and norms inside the GEMVs that read them). Off, each
-// runs as its own kernel (for comparisons; the results are bit-identical).
+// list of "attention" (the decode step's QKV preparation inside the attention kernel), "norms"
+// (pre-norm layers' residual adds and norms inside the GEMVs that read them) and "parallel"
+// (a parallel-residual layer's decode step: its MLP-in product runs beside the attention kernel
+// and its attention-out and MLP-out products are one GEMV launch). Off, each runs as its own
+// kernel (for comparisons): attention and norms give bit-identical results, parallel the same
+// up to rounding (the two output products accumulate in fp32 together instead of adding two
+// rounded products).
 GptModel::Fusions fusions_from_env() {
   const char* env = std::getenv("WARPFORMER_FUSE");
-  if (env == nullptr || std::strcmp(env, "1") == 0) return {true, true};
-  GptModel::Fusions f{false, false};
+  if (env == nullptr || std::strcmp(env, "1") == 0) return {true, true, true};
+  GptModel::Fusions f{false, false, false};
   if (std::strcmp(env, "0") == 0) return f;
   const std::string list = env;
   size_t start = 0;
@@ -58,9 +63,11 @@ GptModel::Fusions fusions_from_env() {
       f.attention = true;
     } else if (item == "norms") {
       f.norms = true;
+    } else if (item == "parallel") {
+      f.parallel = true;
     } else {  // includes an empty item (a stray comma)
-      TORCH_CHECK(false, "WARPFORMER_FUSE must be 1, 0 or a comma list of attention, norms; got '",
-                  env, "'");
+      TORCH_CHECK(false, "WARPFORMER_FUSE must be 1, 0 or a comma list of attention, norms, "
+                  "parallel; got '", env, "'");
     }
     if (end == list.size()) break;
     start = end + 1;
@@ -189,6 +196,11 @@ size_t GptModel::layout(void* base, int64_t t, int64_t rows, layers::LayerBuffer
     b.a = region + align_up(t * 3 * lh * es) + align_up(t * lh * es);
     b.f = region;
   }
+  // The MLP hidden of a parallel-residual layer at decode sizes (up to kGemvMaxRows rows): live
+  // together with qkv and the attention output, so apart from them.
+  b.fj = cfg_.parallel_residual && cfg_.pre_layernorm
+             ? c.take(std::min<int64_t>(t, kernels::kGemvMaxRows) * li * es)
+             : nullptr;
   Scratch sc{};
   sc.emb = cfg_.word_embed_proj_dim > 0 ? c.take(t * e * es) : nullptr;
   sc.last_rows = c.take(rows * std::max(h, e) * es);
@@ -214,7 +226,7 @@ GptModel::Scratch GptModel::scratch() const {
 }
 
 layers::LayerContext GptModel::layer_context() {
-  return layers::LayerContext{ctx_.get(), gemm_.get(), comm_, &cfg_, dtype_};
+  return layers::LayerContext{ctx_.get(), gemm_.get(), comm_, &cfg_, dtype_, fusions_.parallel};
 }
 
 void GptModel::embed(const int32_t* token_ids, const int32_t* positions, int64_t tokens,
