@@ -28,8 +28,8 @@ constexpr int kGemvPreferredRowsNK = 8;
 
 template <typename T>
 struct GemvParams {
-  T* out = nullptr;        // [m, n]
-  const T* in = nullptr;   // [m, k]
+  T* out = nullptr;           // [m, n]
+  const T* in = nullptr;      // [m, k]
   const T* weight = nullptr;  // [k, n], or [n, k] when transposed
   const T* bias = nullptr;    // [n] or null
   int m = 0, n = 0, k = 0;

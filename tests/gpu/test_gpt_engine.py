@@ -361,8 +361,8 @@ def test_bad_weights_and_limits(workdir):
 @pytest.mark.parametrize("name", ["bloom", "gptj"])
 def test_memcheck_small_generate(workdir, name):
     """Run under compute-sanitizer by tools/gpu_check.sh (also a plain smoke test): a sequential
-    and a parallel-residual model (its joined decode products at 1 and 2 rows), 3 rows then 2
-    then 1."""
+    and a parallel-residual model (its MLP-in product beside the attention and its two output
+    products as one launch at 1 and 2 rows), 3 rows then 2 then 1."""
     hf, path = converted(name, TINY, workdir)
     model = load_gpt_model(path, dtype=torch.float16, max_batch=3, max_seq_len=64)
     for lengths in ([3, 9, 1], [5, 2], [4]):
