@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
             # bench models zero the last output-embedding row: that token never wins
             "--end-id", str(shape.vocab - 1)],
             result, timeout=400,
-            env=VARIANTS[variant][0] or None)
+            env=VARIANTS[variant][0])
         if "error" in res:
             results.append({"tp": tp, "pp": pp, "variant": variant, "error": res["error"]})
             common.log(f"{tp}x{pp} failed: {res['error']}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from unittest import mock
 
 import torch
 
@@ -52,15 +53,11 @@ def run(model_dir: str, tp: int, pp: int, dtype: torch.dtype, out: str, steps: i
     res["stream"] = torch.cat(list(gen), dim=1)
     # Kernel launches of the first stage during a 12-step greedy run (1 prefill group, then a
     # run of 11 steps of one embedding per micro-batch): shows whether decode steps were split.
-    graphs = os.environ.get("WARPFORMER_CUDA_GRAPHS")
-    os.environ["WARPFORMER_CUDA_GRAPHS"] = "0"  # every launch its own profiler record
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+    # WARPFORMER_CUDA_GRAPHS=0: every launch its own profiler record.
+    with mock.patch.dict(os.environ, {"WARPFORMER_CUDA_GRAPHS": "0"}), \
+            torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         model.generate(ids, 12, input_lengths=lengths, end_id=999)
         torch.cuda.synchronize()
-    if graphs is None:
-        del os.environ["WARPFORMER_CUDA_GRAPHS"]
-    else:
-        os.environ["WARPFORMER_CUDA_GRAPHS"] = graphs
     res["embedding_launches"] = sum(e.count for e in prof.key_averages()
                                     if "embedding_kernel" in e.key)
     # Teacher-forced logits (fp16 diagnostics) over given sequences, or over this run's greedy
