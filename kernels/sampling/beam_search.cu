@@ -16,6 +16,7 @@
 #include <cmath>
 
 #include "kernels/common.cuh"
+#include "kernels/sampling/argmax.cuh"
 #include "kernels/sampling/beam_search.h"
 
 namespace warpformer {
@@ -28,48 +29,12 @@ constexpr int kMaxSplits = 32;         // one lane per split in the row merge
 constexpr int kMinSplitVocab = 2048;   // smallest vocabulary chunk worth its own block
 constexpr int kTargetBlocks = 528;     // about 4 blocks per SM on an H100 / H200
 constexpr int kMaxK = 2 * kMaxBeamWidth;
-constexpr int kSentinelIdx = INT_MAX;
+// An empty candidate slot is (-INFINITY, kSentinelIdx), the pair block_best pads with.
+constexpr int kSentinelIdx = argmax::kNoIndex;
 
-// (v, i) ranks before (ov, oi).
-__device__ __forceinline__ bool better(float v, int i, float ov, int oi) {
-  return v > ov || (v == ov && i < oi);
-}
-
-__device__ __forceinline__ void warp_best(float& v, int& i) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, v, off);
-    const int oi = __shfl_xor_sync(0xffffffffu, i, off);
-    if (better(ov, oi, v, i)) {
-      v = ov;
-      i = oi;
-    }
-  }
-}
-
-// Block-wide best (v, i); every thread gets the result. sv/si hold 33 entries.
-__device__ __forceinline__ void block_best(float& v, int& i, float* sv, int* si) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int nwarps = (blockDim.x + 31) >> 5;
-  warp_best(v, i);
-  if (lane == 0) {
-    sv[warp] = v;
-    si[warp] = i;
-  }
-  __syncthreads();
-  if (warp == 0) {
-    v = lane < nwarps ? sv[lane] : -INFINITY;
-    i = lane < nwarps ? si[lane] : kSentinelIdx;
-    warp_best(v, i);
-    if (lane == 0) {
-      sv[32] = v;
-      si[32] = i;
-    }
-  }
-  __syncthreads();
-  v = sv[32];
-  i = si[32];
-}
+using argmax::better;
+using argmax::block_best;
+using argmax::warp_best;
 
 // n^lp as HF forms it (Python int ** float in double), rounded to fp32 like a Python scalar
 // operand of an fp32 tensor op.
@@ -156,8 +121,8 @@ __global__ void __launch_bounds__(kStage1Threads)
     }
   }
 
-  __shared__ float sv[33];
-  __shared__ int si[33];
+  __shared__ float sv[argmax::kBlockScratch];
+  __shared__ int si[argmax::kBlockScratch];
   const int64_t out = (static_cast<int64_t>(row) * splits + split) * K;
   for (int j = 0; j < K; ++j) {
     float bv = v[0];

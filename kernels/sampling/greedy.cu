@@ -4,9 +4,9 @@
 // result does not depend on how the vocabulary is split.
 #include <algorithm>
 #include <cfloat>
-#include <climits>
 
 #include "kernels/common.cuh"
+#include "kernels/sampling/argmax.cuh"
 #include "kernels/sampling/greedy.h"
 
 namespace warpformer {
@@ -18,36 +18,8 @@ constexpr int kChunk = 4096;     // vocabulary entries per block, about
 constexpr int kMaxChunks = 256;
 constexpr int kChunkAlign = 8;   // chunk lengths are multiples of 16 bytes of any dtype
 
-__device__ __forceinline__ void better(float& v, int& i, float ov, int oi) {
-  if (ov > v || (ov == v && oi < i)) {
-    v = ov;
-    i = oi;
-  }
-}
-
-// Folds the block's (v, i) into thread 0's.
-__device__ __forceinline__ void block_best(float& v, int& i) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) {
-    better(v, i, __shfl_xor_sync(0xffffffffu, v, off), __shfl_xor_sync(0xffffffffu, i, off));
-  }
-  __shared__ float sv[kThreads / 32];
-  __shared__ int si[kThreads / 32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) {
-    sv[warp] = v;
-    si[warp] = i;
-  }
-  __syncthreads();
-  if (warp == 0) {
-    v = lane < kThreads / 32 ? sv[lane] : -FLT_MAX;
-    i = lane < kThreads / 32 ? si[lane] : INT_MAX;
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-      better(v, i, __shfl_xor_sync(0xffffffffu, v, off), __shfl_xor_sync(0xffffffffu, i, off));
-    }
-  }
-}
+using argmax::block_best;
+using argmax::keep_best;
 
 template <typename T>
 __device__ void update_row(const GreedyStepParams<T>& p, int r, int idx) {
@@ -68,18 +40,21 @@ __device__ void update_row(const GreedyStepParams<T>& p, int r, int idx) {
   if (token == p.end_ids[r] || pos + 1 >= p.output_stride) p.finished[r] = 1;
 }
 
-// Grid (chunks, rows): block (c, r) scans entries [c * chunk_len, (c + 1) * chunk_len) of row r,
-// 16 bytes per load where the row is 16-byte aligned.
+// Grid (rows, chunks): block (r, c) scans entries [c * chunk_len, (c + 1) * chunk_len) of row r,
+// 16 bytes per load where the row is 16-byte aligned. Rows are on x, whose limit is 2^31 - 1
+// (y's is 65,535).
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     greedy_step_kernel(const GreedyStepParams<T> p, int chunk_len) {
   constexpr int V = 16 / sizeof(T);
   wait_for_prior_kernels();
-  const int r = blockIdx.y, c = blockIdx.x, chunks = gridDim.x;
+  const int r = blockIdx.x, c = blockIdx.y, chunks = gridDim.y;
   const T* row = p.logits + static_cast<int64_t>(r) * p.logits_stride;
   const int beg = c * chunk_len, end = min(p.vocab, beg + chunk_len);
+  __shared__ float sv[argmax::kBlockScratch];
+  __shared__ int si[argmax::kBlockScratch];
   float best = -FLT_MAX;
-  int idx = INT_MAX;
+  int idx = argmax::kNoIndex;
   int scalar_from = beg;
   if (reinterpret_cast<uintptr_t>(row) % 16 == 0) {  // beg is a multiple of V
     const int vend = beg + (max(end - beg, 0) / V) * V;
@@ -87,14 +62,14 @@ __global__ void __launch_bounds__(kThreads)
       float x[V];
       load_vec<T, V>(row + v, x);
 #pragma unroll
-      for (int j = 0; j < V; ++j) better(best, idx, x[j], v + j);
+      for (int j = 0; j < V; ++j) keep_best(best, idx, x[j], v + j);
     }
     scalar_from = vend;
   }
   for (int v = scalar_from + static_cast<int>(threadIdx.x); v < end; v += kThreads) {
-    better(best, idx, to_float(row[v]), v);
+    keep_best(best, idx, to_float(row[v]), v);
   }
-  block_best(best, idx);
+  block_best(best, idx, sv, si);
   if (chunks == 1) {
     if (threadIdx.x == 0) update_row(p, r, idx);
     return;
@@ -112,12 +87,12 @@ __global__ void __launch_bounds__(kThreads)
   // The row's last block reduces the partial results, read from L2 (__ldcg): L1 is not coherent
   // with the other blocks' writes.
   best = -FLT_MAX;
-  idx = INT_MAX;
+  idx = argmax::kNoIndex;
   for (int i = threadIdx.x; i < chunks; i += kThreads) {
-    better(best, idx, __ldcg(p.partial_values + static_cast<int64_t>(r) * chunks + i),
-           __ldcg(p.partial_indices + static_cast<int64_t>(r) * chunks + i));
+    keep_best(best, idx, __ldcg(p.partial_values + static_cast<int64_t>(r) * chunks + i),
+              __ldcg(p.partial_indices + static_cast<int64_t>(r) * chunks + i));
   }
-  block_best(best, idx);
+  block_best(best, idx, sv, si);
   if (threadIdx.x == 0) {
     update_row(p, r, idx);
     p.arrivals[r] = 0;  // ready for the next launch
@@ -154,7 +129,7 @@ cudaError_t launch_greedy_step(const GreedyStepParams<T>& p, cudaStream_t stream
                      p.partial_indices != nullptr;
   const int len = chunk_len(p.vocab, split);  // split: greedy_step_chunks(vocab) blocks a row
   LaunchShape shape;
-  shape.grid = dim3(static_cast<unsigned>(ceil_div(p.vocab, len)), static_cast<unsigned>(p.rows));
+  shape.grid = dim3(static_cast<unsigned>(p.rows), static_cast<unsigned>(ceil_div(p.vocab, len)));
   shape.block = dim3(kThreads);
   return launch_kernel(shape, stream, greedy_step_kernel<T>, p, len);
 }

@@ -4,7 +4,8 @@ vocabularies), the sampler (greedy == torch.argmax with ties; top-k / top-p / te
 distributions by chi-square over 20,000 draws; the tie rule; reproducibility, seed sensitivity,
 batch independence; log-probs; BLOOM's 250,880-token vocabulary) and the generation-state update
 (end ids, stop words across the prompt boundary, output limit, log-probs, finished rows); the
-engine's greedy-step kernel (warpformer.greedy_tokens) against torch.argmax."""
+engine's greedy-step kernel (warpformer.greedy_tokens) against torch.argmax; batches of more rows
+than a grid's y dimension takes (65,535)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ DEV = "cuda"
 I32, I64, F32 = torch.int32, torch.int64, torch.float32
 NEG_INF = float("-inf")
 DRAWS = 20_000
+MANY_ROWS = 70_000  # more than a grid's y dimension takes (65,535)
 
 
 def i32(v) -> torch.Tensor:
@@ -384,6 +386,31 @@ def test_greedy_step_matches_argmax(dtype, vocab, split, seed):
     assert torch.equal(ops.greedy_tokens(one, split=split).long(), ref(one))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("vocab", [8, 40, 4097])
+@pytest.mark.parametrize("split", [True, False])
+def test_greedy_step_many_rows(dtype, vocab, split, seed):
+    """70,000 rows (rows are on the grid's x dimension): torch.argmax for every row, past row
+    65,535 too, with ties (rounded rows), NaN, -inf and maxima in the last column at the end of
+    the batch, and 4,097 entries split over two blocks a row."""
+    rows = MANY_ROWS
+    logits = torch.randn(rows, vocab, device=DEV, dtype=dtype)
+    logits[::2].round_()  # many ties
+    last = rows - 5
+    logits[last, ::2] = float("nan")
+    logits[last + 1] = NEG_INF
+    logits[last + 2, : vocab // 2] = NEG_INF
+    logits[last + 3, -1] = 10.0
+    logits[last + 4, 0] = logits[last + 4, -1] = 10.0
+    logits[65_535, vocab // 2] = 10.0
+
+    def ref(x):  # in slices: an fp32 copy of the whole batch would double the memory
+        return torch.cat([torch.argmax(torch.nan_to_num(s.float(), nan=NEG_INF), dim=-1)
+                          for s in x.split(8192)])
+
+    assert torch.equal(ops.greedy_tokens(logits, split=split).long(), ref(logits))
+
+
 @pytest.mark.parametrize("vocab", [7, 1000, 50257, 250880])
 @pytest.mark.parametrize("k, p", [(0, 1.0), (50, 1.0), (0, 0.9), (1024, 0.8)])
 def test_log_probs_before_filters(vocab, k, p, seed):
@@ -552,6 +579,20 @@ def test_sampler_padded_rows(seed):
     assert int(t1.max()) < vocab
     assert torch.equal(t1, t2)
     torch.testing.assert_close(l1, l2)
+
+
+def test_sampling_many_rows(seed):
+    """The processor and the sampler with 70,000 rows: each row's own temperature, and
+    top_k = 1 gives torch.argmax, past row 65,535 too."""
+    rows, vocab = MANY_ROWS, 40
+    logits = torch.randn(rows, vocab, device=DEV)
+    temp = torch.rand(rows, device=DEV) + 0.5
+    out = ops.process_logits(logits, temperature=temp)
+    torch.testing.assert_close(out, logits / temp[:, None])
+    tokens, lp = ops.sample_tokens(out, i32(1), f32(1.0), torch.tensor(0, device=DEV), i32(0))
+    assert torch.equal(tokens.long(), torch.argmax(out, dim=-1))
+    ref_lp = torch.log_softmax(out.double(), -1).gather(1, tokens.long()[:, None])[:, 0]
+    torch.testing.assert_close(lp.double(), ref_lp, atol=1e-4, rtol=1e-5)
 
 
 # ---- token update --------------------------------------------------------------------------------
