@@ -241,6 +241,24 @@ kernels::NormParams<T> norm_params(const GemmNormedInput& in, int64_t rows, int6
   return p;
 }
 
+// The GEMV parameters of out[m, n] = in[m, k] @ weight[k, n] (+ bias): what try_gemv and
+// try_gemv_sum have in common. The caller range-checks m, n and k (int) and sets the rest.
+template <typename T>
+kernels::GemvParams<T> gemv_params(const void* in, const void* weight, const void* bias,
+                                   void* out, int64_t m, int64_t n, int64_t k,
+                                   bool prefetch_weight) {
+  kernels::GemvParams<T> p{};
+  p.out = static_cast<T*>(out);
+  p.in = static_cast<const T*>(in);
+  p.weight = static_cast<const T*>(weight);
+  p.bias = static_cast<const T*>(bias);
+  p.m = static_cast<int>(m);
+  p.n = static_cast<int>(n);
+  p.k = static_cast<int>(k);
+  p.prefetch_weight = prefetch_weight;
+  return p;
+}
+
 }  // namespace
 
 int Gemm::gemv_max_rows(bool transposed) const {
@@ -256,18 +274,11 @@ bool Gemm::try_gemv(DType dtype, const void* in, const void* weight, const void*
                     float beta, const GemmNormedInput* norm, bool launch, bool beside) {
   if (m > gemv_max_rows(transposed) || n > INT_MAX || k > INT_MAX) return false;
   return WF_DISPATCH_FLOATING(dtype, "Gemm (GEMV path)", [&] {
-    kernels::GemvParams<scalar_t> p{};
-    p.out = static_cast<scalar_t*>(out);
-    p.in = static_cast<const scalar_t*>(in);
-    p.weight = static_cast<const scalar_t*>(weight);
-    p.bias = static_cast<const scalar_t*>(bias);
-    p.m = static_cast<int>(m);
-    p.n = static_cast<int>(n);
-    p.k = static_cast<int>(k);
+    kernels::GemvParams<scalar_t> p =
+        gemv_params<scalar_t>(in, weight, bias, out, m, n, k, static_weights_);
     p.transposed = transposed;
     p.act = act;
     p.beta = beta;
-    p.prefetch_weight = static_weights_;
     p.beside = beside;
     if (norm != nullptr) {
       kernels::NormParams<scalar_t> np = norm_params<scalar_t>(*norm, m, k);
@@ -344,34 +355,40 @@ void Gemm::run_normed(DType dtype, const GemmNormedInput& in, const void* weight
   run_act(dtype, in.out, weight, bias, out, m, n, k, act);
 }
 
+bool Gemm::try_gemv_sum(DType dtype, const void* in1, const void* w1, int64_t k1,
+                        const void* in2, const void* w2, int64_t k2, void* out, int64_t m,
+                        int64_t n, bool launch) const {
+  if (m > gemv_max_rows(false) || n > INT_MAX || k1 > INT_MAX || k2 > INT_MAX) return false;
+  return WF_DISPATCH_FLOATING(dtype, "Gemm::run_sum", [&] {
+    using T = scalar_t;
+    const kernels::GemvParams<T> p =
+        gemv_params<T>(in1, w1, nullptr, out, m, n, k1, static_weights_);
+    const T* x2 = static_cast<const T*>(in2);
+    const T* v2 = static_cast<const T*>(w2);
+    if (!kernels::gemv_sum_supported(p, x2, v2, static_cast<int>(k2))) return false;
+    if (launch) {
+      WF_CUDA_CHECK(kernels::launch_gemv_sum(p, x2, v2, static_cast<int>(k2), ctx_->device(),
+                                             ctx_->stream()));
+    }
+    return true;
+  });
+}
+
 bool Gemm::run_sum(DType dtype, const void* in1, const void* w1, int64_t k1, const void* in2,
                    const void* w2, int64_t k2, void* out, int64_t m, int64_t n) {
   TORCH_CHECK(m >= 0 && n > 0 && k1 > 0 && k2 > 0, "Gemm::run_sum: bad sizes m=", m, " n=", n,
               " k1=", k1, " k2=", k2);
   if (m == 0) return false;
-  if (m <= gemv_max_rows(false) && n <= INT_MAX && k1 <= INT_MAX && k2 <= INT_MAX) {
-    const bool one = WF_DISPATCH_FLOATING(dtype, "Gemm::run_sum", [&] {
-      using T = scalar_t;
-      kernels::GemvParams<T> p{};
-      p.out = static_cast<T*>(out);
-      p.in = static_cast<const T*>(in1);
-      p.weight = static_cast<const T*>(w1);
-      p.m = static_cast<int>(m);
-      p.n = static_cast<int>(n);
-      p.k = static_cast<int>(k1);
-      p.prefetch_weight = static_weights_;
-      const T* x2 = static_cast<const T*>(in2);
-      const T* v2 = static_cast<const T*>(w2);
-      if (!kernels::gemv_sum_supported(p, x2, v2, static_cast<int>(k2))) return false;
-      WF_CUDA_CHECK(kernels::launch_gemv_sum(p, x2, v2, static_cast<int>(k2), ctx_->device(),
-                                             ctx_->stream()));
-      return true;
-    });
-    if (one) return true;
-  }
+  if (try_gemv_sum(dtype, in1, w1, k1, in2, w2, k2, out, m, n, true)) return true;
   run(dtype, in1, w1, nullptr, out, m, n, k1);
   run(dtype, in2, w2, nullptr, out, m, n, k2, GemmEpilogue::kNone, 1.f);
   return false;
+}
+
+bool Gemm::sums(DType dtype, const void* in1, const void* w1, int64_t k1, const void* in2,
+                const void* w2, int64_t k2, void* out, int64_t m, int64_t n) const {
+  return m > 0 && n > 0 && k1 > 0 && k2 > 0 &&
+         try_gemv_sum(dtype, in1, w1, k1, in2, w2, k2, out, m, n, false);
 }
 
 bool Gemm::fuses_norm(DType dtype, const GemmNormedInput& in, const void* weight,

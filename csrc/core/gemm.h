@@ -118,6 +118,11 @@ class Gemm {
   bool fuses_norm(DType dtype, const GemmNormedInput& in, const void* weight, const void* bias,
                   void* out, int64_t m, int64_t n, int64_t k, kernels::Activation act);
 
+  // Whether run_sum with these arguments would run the one joined GEMV launch (launches nothing;
+  // false for sizes run_sum rejects or skips).
+  bool sums(DType dtype, const void* in1, const void* w1, int64_t k1, const void* in2,
+            const void* w2, int64_t k2, void* out, int64_t m, int64_t n) const;
+
   // out[m, n] = in[m, k] @ weight[n, k]^T (+ bias[n]): for weights stored [out, in], such as the
   // lm_head [V, e], which the on-disk format never transposes.
   void run_transposed(DType dtype, const void* in, const void* weight, const void* bias, void* out,
@@ -172,6 +177,11 @@ class Gemm {
                 int64_t m, int64_t n, int64_t k, bool transposed, kernels::Activation act,
                 float beta, const GemmNormedInput* norm = nullptr, bool launch = true,
                 bool beside = false);
+  // Runs run_sum's joined GEMV launch (kernels::launch_gemv_sum) when m and the shape allow it;
+  // false means "two products". With launch false it only answers. Sizes must be positive.
+  bool try_gemv_sum(DType dtype, const void* in1, const void* w1, int64_t k1, const void* in2,
+                    const void* w2, int64_t k2, void* out, int64_t m, int64_t n,
+                    bool launch) const;
   // Rows up to which the GEMV runs [k, n] (or transposed [n, k]) products under the policy.
   int gemv_max_rows(bool transposed) const;
   void launch(const GemmKey& key, const void* in, const void* weight, const void* bias, void* out,

@@ -52,5 +52,16 @@ std::string gemm_fingerprint(int64_t device);
 // A new NCCL unique id, uint8 [128] on the CPU (made by one rank, shared with its group).
 at::Tensor nccl_unique_id();
 
+// Argument checks shared by the norm ops (ops_elementwise.cpp) and norm_gemm (ops_gemm.cpp), each
+// op calling them in its own order. Dtype and shape only (each op checks devices afterwards);
+// messages name `op` and the argument.
+//
+// A norm's vector operand (gamma, beta, input_bias), when given: input's dtype, 1-dimensional,
+// input.size(-1) elements; `hidden` names that size in the message ("input's last dimension").
+void check_norm_vector(const char* op, const at::Tensor& input, const OptTensor& t,
+                       const char* name, const char* hidden);
+// An add-norm's residual: input's dtype and shape.
+void check_norm_residual(const char* op, const at::Tensor& input, const at::Tensor& residual);
+
 }  // namespace ops
 }  // namespace warpformer

@@ -14,6 +14,21 @@
 
 namespace warpformer {
 namespace ops {
+
+void check_norm_vector(const char* op, const at::Tensor& input, const OptTensor& t,
+                       const char* name, const char* hidden) {
+  if (!t.has_value()) return;
+  check_dtype(*t, input.scalar_type(), op, name, "the dtype of input");
+  check_dim(*t, 1, op, name);
+  check_size(*t, 0, input.size(-1), op, name, hidden);
+}
+
+void check_norm_residual(const char* op, const at::Tensor& input, const at::Tensor& residual) {
+  check_dtype(residual, input.scalar_type(), op, "residual", "the dtype of input");
+  TORCH_CHECK(residual.sizes() == input.sizes(), op, ": residual must have input's shape ",
+              input.sizes(), ", got ", residual.sizes());
+}
+
 namespace {
 
 // Dtype/shape checks shared by the norm ops (device checks follow in run_norm).
@@ -25,14 +40,8 @@ void check_norm_args(const char* op, const at::Tensor& input, const at::Tensor& 
   TORCH_CHECK(input.size(-1) <= INT32_MAX, op, ": hidden size ", input.size(-1),
               " exceeds 2^31-1");
   TORCH_CHECK(eps >= 0.0, op, ": eps must be >= 0, got ", eps);
-  check_dtype(weight, input.scalar_type(), op, "weight", "the dtype of input");
-  check_dim(weight, 1, op, "weight");
-  check_size(weight, 0, input.size(-1), op, "weight", "input's last dimension");
-  if (bias.has_value()) {
-    check_dtype(*bias, input.scalar_type(), op, bias_name, "the dtype of input");
-    check_dim(*bias, 1, op, bias_name);
-    check_size(*bias, 0, input.size(-1), op, bias_name, "input's last dimension");
-  }
+  check_norm_vector(op, input, weight, "weight", "input's last dimension");
+  check_norm_vector(op, input, bias, bias_name, "input's last dimension");
 }
 
 at::Tensor run_norm(const char* op, kernels::NormKind kind, const at::Tensor& input,
@@ -40,16 +49,10 @@ at::Tensor run_norm(const char* op, kernels::NormKind kind, const at::Tensor& in
                     const OptTensor& bias, double eps) {
   check_norm_args(op, input, weight, bias, "bias", eps);
   if (residual != nullptr) {
-    check_dtype(*residual, input.scalar_type(), op, "residual", "the dtype of input");
-    TORCH_CHECK(residual->sizes() == input.sizes(), op, ": residual must have input's shape ",
-                input.sizes(), ", got ", residual->sizes());
+    check_norm_residual(op, input, *residual);
     check_contiguous(*residual, op, "residual");
   }
-  if (input_bias.has_value()) {
-    check_dtype(*input_bias, input.scalar_type(), op, "input_bias", "the dtype of input");
-    check_dim(*input_bias, 1, op, "input_bias");
-    check_size(*input_bias, 0, input.size(-1), op, "input_bias", "input's last dimension");
-  }
+  check_norm_vector(op, input, input_bias, "input_bias", "input's last dimension");
   check_cuda(input, op, "input");
   check_cuda(weight, op, "weight", input, "input");
   if (bias.has_value()) check_cuda(*bias, op, "bias", input, "input");

@@ -5,7 +5,6 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <cfloat>
-#include <climits>
 #include <cmath>
 #include <memory>
 #include <utility>
@@ -168,20 +167,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_gemm(
   check_dim(input, 2, op, "input");
   const c10::ScalarType st = input.scalar_type();
   const int64_t m = input.size(0), k = input.size(1);
-  auto check_row = [&](const OptTensor& t, const char* name) {  // [k] of input's dtype
-    if (!t.has_value()) return;
-    check_dtype(*t, st, op, name, "the dtype of input");
-    check_dim(*t, 1, op, name);
-    check_size(*t, 0, k, op, name, "input.shape[1]");
-  };
-  if (residual.has_value()) {
-    check_dtype(*residual, st, op, "residual", "the dtype of input");
-    TORCH_CHECK(residual->sizes() == input.sizes(), op, ": residual must have input's shape ",
-                input.sizes(), ", got ", residual->sizes());
-  }
-  check_row(input_bias, "input_bias");
-  check_row(norm_weight, "norm_weight");
-  check_row(norm_bias, "norm_bias");
+  if (residual.has_value()) check_norm_residual(op, input, *residual);
+  check_norm_vector(op, input, input_bias, "input_bias", "input.shape[1]");
+  check_norm_vector(op, input, norm_weight, "norm_weight", "input.shape[1]");
+  check_norm_vector(op, input, norm_bias, "norm_bias", "input.shape[1]");
   check_dtype(weight, st, op, "weight", "the dtype of input");
   check_dim(weight, 2, op, "weight");
   check_size(weight, 0, k, op, "weight", "input.shape[1]");
@@ -276,20 +265,8 @@ at::Tensor gemm_sum(const at::Tensor& input, const at::Tensor& weight, const at:
              GemmEpilogue::kNone, 1.f);
     return out;
   }
-  const bool fits = WF_DISPATCH_FLOATING(dtype, op, [&] {
-    using T = scalar_t;
-    kernels::GemvParams<T> p{};
-    p.out = static_cast<T*>(out.data_ptr());
-    p.in = static_cast<const T*>(x.data_ptr());
-    p.weight = static_cast<const T*>(w.data_ptr());
-    p.m = static_cast<int>(m);
-    p.n = static_cast<int>(n);
-    p.k = static_cast<int>(k);
-    return m <= kernels::kGemvMaxRows && n <= INT_MAX && k <= INT_MAX && k2 <= INT_MAX &&
-           kernels::gemv_sum_supported(p, static_cast<const T*>(x2.data_ptr()),
-                                       static_cast<const T*>(w2.data_ptr()),
-                                       static_cast<int>(k2));
-  });
+  const bool fits = gemm.sums(dtype, x.data_ptr(), w.data_ptr(), k, x2.data_ptr(), w2.data_ptr(),
+                             k2, out.data_ptr(), m, n);
   TORCH_CHECK(fits, op, ": backend 'joined' cannot run m=", m, ", n=", n, ", k=", k, ", k2=", k2,
               " in ", dtype_name(dtype), ": it needs at most ", kernels::kGemvMaxRows,
               " rows, k, k2 and n multiples of 16 bytes and 16-byte aligned tensors; use backend "
