@@ -36,6 +36,38 @@ class Communicator {
   // The n transfers as one group: they progress together, so ranks whose sends and receives
   // form a ring (each sends to one neighbour while receiving from another) cannot deadlock.
   virtual void send_recv(const P2pOp* ops, int n, cudaStream_t stream) = 0;
+  // The calls between begin_group and end_group (this communicator's, on this thread) are issued
+  // together at end_group, so NCCL fuses them into one launch. They are only enqueued until then:
+  // nothing in between may wait for one of them (stream sync, host read of its result). Groups
+  // nest. end_group reports the errors of the whole group. No-ops where there is nothing to fuse.
+  virtual void begin_group() {}
+  virtual void end_group() {}
+};
+
+// A group of calls on `comm` (null: none) for the enclosing scope: end() closes it and reports
+// errors; a scope left by an exception only closes it (an open group would swallow later calls).
+class GroupScope {
+ public:
+  explicit GroupScope(Communicator* comm) : comm_(comm) {
+    if (comm_ != nullptr) comm_->begin_group();
+  }
+  ~GroupScope() {
+    if (comm_ == nullptr) return;
+    try {
+      comm_->end_group();
+    } catch (...) {
+    }
+  }
+  void end() {
+    Communicator* c = comm_;
+    comm_ = nullptr;
+    if (c != nullptr) c->end_group();
+  }
+  GroupScope(const GroupScope&) = delete;
+  GroupScope& operator=(const GroupScope&) = delete;
+
+ private:
+  Communicator* comm_;
 };
 
 // Sum `data` over the group when there is one (size > 1); a no-op otherwise.

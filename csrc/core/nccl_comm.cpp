@@ -22,6 +22,9 @@ ncclDataType_t nccl_type(DType t) {
   TORCH_INTERNAL_ASSERT(false, "bad DType");
 }
 
+// Open ncclGroupStart calls on this thread (NCCL keeps its group state per thread).
+thread_local int t_group_depth = 0;
+
 }  // namespace
 
 std::array<char, sizeof(ncclUniqueId)> NcclCommunicator::new_unique_id() {
@@ -94,6 +97,11 @@ NcclCommunicator::~NcclCommunicator() {
 
 void NcclCommunicator::finish_call(int result, const char* what) {
   auto r = static_cast<ncclResult_t>(result);
+  if (t_group_depth > 0) {
+    TORCH_CHECK(r == ncclSuccess || r == ncclInProgress, "NcclComm: ", what, " failed on rank ",
+                rank_, " inside a group: ", nccl_result_string(static_cast<int>(r)));
+    return;
+  }
   if (r == ncclInProgress) {
     const auto deadline = std::chrono::steady_clock::now() +
                           std::chrono::duration<double>(timeout_s_);
@@ -119,13 +127,16 @@ void NcclCommunicator::all_reduce_sum(void* data, int64_t count, DType dtype,
                                       cudaStream_t stream, AllReducePath path) {
   TORCH_CHECK(comm_ != nullptr, "NcclComm: the communicator was aborted");
   if (path == AllReducePath::kPeer) {
+    TORCH_CHECK(t_group_depth == 0, "NcclComm: all_reduce path 'peer' cannot join a group of "
+                "NCCL calls");
     TORCH_CHECK(peer_ != nullptr, "NcclComm: all_reduce path 'peer' is not available in this "
                 "group (", peer_reason_, ")");
     TORCH_CHECK(peer_->supports(data, count, dtype), "NcclComm: all_reduce path 'peer' takes "
                 "16-byte aligned messages of at most ", kernels::kPeerMaxBytes, " bytes; got ",
                 count, " elements of ", dtype_name(dtype));
   }
-  if (path != AllReducePath::kNccl && peer_ != nullptr && peer_->run(data, count, dtype, stream)) {
+  if (path != AllReducePath::kNccl && t_group_depth == 0 && peer_ != nullptr &&
+      peer_->run(data, count, dtype, stream)) {
     return;
   }
   finish_call(ncclAllReduce(data, data, static_cast<size_t>(count), nccl_type(dtype), ncclSum,
@@ -173,6 +184,23 @@ void NcclCommunicator::send_recv(const P2pOp* ops, int n, cudaStream_t stream) {
   // The group is closed whatever happened inside it (an open group would swallow later calls).
   const ncclResult_t end = ncclGroupEnd();
   finish_call(ok(r) ? end : r, "grouped send/recv");
+}
+
+void NcclCommunicator::begin_group() {
+  TORCH_CHECK(comm_ != nullptr, "NcclComm: the communicator was aborted");
+  const ncclResult_t r = ncclGroupStart();
+  TORCH_CHECK(r == ncclSuccess, "NcclComm: ncclGroupStart failed on rank ", rank_, ": ",
+              nccl_result_string(static_cast<int>(r)));
+  ++t_group_depth;
+}
+
+void NcclCommunicator::end_group() {
+  TORCH_CHECK(t_group_depth > 0, "NcclComm: end_group without a matching begin_group");
+  --t_group_depth;
+  const ncclResult_t r = ncclGroupEnd();
+  TORCH_CHECK(comm_ != nullptr, "NcclComm: the communicator was aborted inside a group");
+  // At the outermost end this waits for the enqueue and aborts on errors, as a single call does.
+  finish_call(r, "ncclGroupEnd (grouped calls)");
 }
 
 void NcclCommunicator::abort() {

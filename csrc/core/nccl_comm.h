@@ -54,13 +54,20 @@ class NcclCommunicator final : public Communicator {
   void send(const void* data, int64_t bytes, int peer, cudaStream_t stream) override;
   void recv(void* data, int64_t bytes, int peer, cudaStream_t stream) override;
   void send_recv(const P2pOp* ops, int n, cudaStream_t stream) override;
+  // ncclGroupStart / ncclGroupEnd. NCCL's group is per thread: any NCCL call on this thread in
+  // between joins it. Inside a group an all-reduce takes NCCL (the peer kernel would run at once,
+  // ahead of the group's calls), and kPeer throws.
+  void begin_group() override;
+  void end_group() override;
   // Ends the group at once (pending operations fail); the object is unusable afterwards.
   void abort();
   bool aborted() const { return comm_ == nullptr; }
 
  private:
   // NCCL calls on a non-blocking communicator may return ncclInProgress: wait for completion of
-  // the enqueue (bounded by the timeout) and turn errors into exceptions.
+  // the enqueue (bounded by the timeout) and turn errors into exceptions. Inside a group the
+  // enqueue happens at ncclGroupEnd, so there it only checks for errors, and throws without
+  // aborting (the open group still refers to the communicator; end_group aborts on errors).
   void finish_call(int result, const char* what);
 
   ncclComm_t comm_ = nullptr;
