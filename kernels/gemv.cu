@@ -451,9 +451,24 @@ bool overlap(const Range& a, const Range& b) {
   return a0 < b0 + b.bytes && b0 < a0 + a.bytes;
 }
 
-// Whether the normalising kernel can run p: see gemv_normed_supported.
+}  // namespace
+
 template <typename T>
-bool normed_fits(const GemvParams<T>& p, const NormParams<T>& norm, int device) {
+bool gemv_supported(const GemvParams<T>& p) {
+  constexpr int V = 16 / sizeof(T);
+  return p.m >= 1 && p.m <= kGemvMaxRows && p.n > 0 && p.k > 0 && p.k % V == 0 &&
+         (p.transposed || p.n % V == 0) && aligned_to(p.in, 16) && aligned_to(p.weight, 16) &&
+         p.out != nullptr && !(p.transposed && p.beside);
+}
+
+template <typename T>
+cudaError_t launch_gemv(const GemvParams<T>& p, int device, cudaStream_t stream) {
+  if (!gemv_supported(p)) return cudaErrorInvalidValue;
+  return launch_any_rows<T, false>(p, GemvNorm<T>{}, GemvDepth<T>{}, device, stream);
+}
+
+template <typename T>
+bool gemv_normed_supported(const GemvParams<T>& p, const NormParams<T>& norm, int device) {
   constexpr int V = 16 / sizeof(T);
   GemvParams<T> q = p;
   q.in = norm.input;  // the pointer checks of the plain product apply to the norm's input
@@ -490,27 +505,6 @@ bool normed_fits(const GemvParams<T>& p, const NormParams<T>& norm, int device) 
   const size_t smem =
       normed_smem(p, kn_split(p, GemvDepth<T>{}, device_info(device))) + kn_static_smem<T>(p.m);
   return aligned && no_alias && smem <= kMaxBlockSmem;
-}
-
-}  // namespace
-
-template <typename T>
-bool gemv_supported(const GemvParams<T>& p) {
-  constexpr int V = 16 / sizeof(T);
-  return p.m >= 1 && p.m <= kGemvMaxRows && p.n > 0 && p.k > 0 && p.k % V == 0 &&
-         (p.transposed || p.n % V == 0) && aligned_to(p.in, 16) && aligned_to(p.weight, 16) &&
-         p.out != nullptr && !(p.transposed && p.beside);
-}
-
-template <typename T>
-cudaError_t launch_gemv(const GemvParams<T>& p, int device, cudaStream_t stream) {
-  if (!gemv_supported(p)) return cudaErrorInvalidValue;
-  return launch_any_rows<T, false>(p, GemvNorm<T>{}, GemvDepth<T>{}, device, stream);
-}
-
-template <typename T>
-bool gemv_normed_supported(const GemvParams<T>& p, const NormParams<T>& norm, int device) {
-  return normed_fits(p, norm, device);
 }
 
 template <typename T>
