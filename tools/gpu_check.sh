@@ -32,8 +32,18 @@ $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cu
 step "build"
 arch=$($PY -c "import torch; m,n=torch.cuda.get_device_capability(); print(f'{m}{n}')")
 t0=$(date +%s)
+# A tree copied onto this machine may bring a changed source with an mtime older than the object
+# an earlier copy built here, which ninja would then skip: touch every source whose content
+# differs from the last successful build's.
+hashes=build/.gpu_check_sources.sha1
+mkdir -p build
+find csrc kernels CMakeLists.txt setup.py -type f -print0 | xargs -0 sha1sum | sort >"$hashes.new"
+if [ -f "$hashes" ]; then
+  comm -13 "$hashes" "$hashes.new" | awk '{print $2}' | xargs -r touch
+fi
 if MAX_JOBS="$(nproc)" WARPFORMER_CUDA_ARCHS="${WARPFORMER_CUDA_ARCHS:-$arch}" \
    $PY -m pip install --no-build-isolation --no-deps -e . >"$OUT/build.log" 2>&1; then
+  mv "$hashes.new" "$hashes"
   summary+=("build (sm_${arch}, $(nproc) jobs)|ok|$(( $(date +%s) - t0 )) s")
 else
   tail -50 "$OUT/build.log"; summary+=("build|FAILED|see build.log"); status=1
