@@ -36,16 +36,20 @@ class Communicator {
   // The n transfers as one group: they progress together, so ranks whose sends and receives
   // form a ring (each sends to one neighbour while receiving from another) cannot deadlock.
   virtual void send_recv(const P2pOp* ops, int n, cudaStream_t stream) = 0;
-  // The calls between begin_group and end_group (this communicator's, on this thread) are issued
-  // together at end_group, so NCCL fuses them into one launch. They are only enqueued until then:
-  // nothing in between may wait for one of them (stream sync, host read of its result). Groups
-  // nest. end_group reports the errors of the whole group. No-ops where there is nothing to fuse.
+  // The calls between begin_group and end_group are issued together at end_group, so NCCL fuses
+  // them into one launch. NCCL's group is per thread: every NCCL call of the thread in between
+  // joins it, another communicator's too, and end_group waits only for this one's; so make only
+  // this communicator's calls inside. They are only enqueued until end_group: nothing in between
+  // may wait for one of them (stream sync, host read of its result). Groups nest. end_group
+  // reports the errors of the whole group. No-ops where there is nothing to fuse.
   virtual void begin_group() {}
   virtual void end_group() {}
 };
 
-// A group of calls on `comm` (null: none) for the enclosing scope: end() closes it and reports
-// errors; a scope left by an exception only closes it (an open group would swallow later calls).
+// A group of calls on `comm` (null: none) for the enclosing scope. Call end() on the normal path:
+// it closes the group and reports its errors. A scope left by an exception only closes the group
+// (an open group would swallow the thread's later calls) and drops that second error, since the
+// first one is already on its way.
 class GroupScope {
  public:
   explicit GroupScope(Communicator* comm) : comm_(comm) {

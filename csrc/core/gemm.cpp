@@ -385,8 +385,8 @@ bool Gemm::run_sum(DType dtype, const void* in1, const void* w1, int64_t k1, con
   return false;
 }
 
-bool Gemm::sums(DType dtype, const void* in1, const void* w1, int64_t k1, const void* in2,
-                const void* w2, int64_t k2, void* out, int64_t m, int64_t n) const {
+bool Gemm::joins_sum(DType dtype, const void* in1, const void* w1, int64_t k1, const void* in2,
+                     const void* w2, int64_t k2, void* out, int64_t m, int64_t n) const {
   return m > 0 && n > 0 && k1 > 0 && k2 > 0 &&
          try_gemv_sum(dtype, in1, w1, k1, in2, w2, k2, out, m, n, false);
 }

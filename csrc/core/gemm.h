@@ -120,8 +120,8 @@ class Gemm {
 
   // Whether run_sum with these arguments would run the one joined GEMV launch (launches nothing;
   // false for sizes run_sum rejects or skips).
-  bool sums(DType dtype, const void* in1, const void* w1, int64_t k1, const void* in2,
-            const void* w2, int64_t k2, void* out, int64_t m, int64_t n) const;
+  bool joins_sum(DType dtype, const void* in1, const void* w1, int64_t k1, const void* in2,
+                 const void* w2, int64_t k2, void* out, int64_t m, int64_t n) const;
 
   // out[m, n] = in[m, k] @ weight[n, k]^T (+ bias[n]): for weights stored [out, in], such as the
   // lm_head [V, e], which the on-disk format never transposes.

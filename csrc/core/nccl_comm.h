@@ -59,7 +59,8 @@ class NcclCommunicator final : public Communicator {
   // ahead of the group's calls), and kPeer throws.
   void begin_group() override;
   void end_group() override;
-  // Ends the group at once (pending operations fail); the object is unusable afterwards.
+  // Aborts the communicator at once (pending operations fail); the object is unusable
+  // afterwards. Not while another thread has a group of this communicator open.
   void abort();
   bool aborted() const { return comm_ == nullptr; }
 

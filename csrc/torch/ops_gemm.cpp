@@ -265,8 +265,8 @@ at::Tensor gemm_sum(const at::Tensor& input, const at::Tensor& weight, const at:
              GemmEpilogue::kNone, 1.f);
     return out;
   }
-  const bool fits = gemm.sums(dtype, x.data_ptr(), w.data_ptr(), k, x2.data_ptr(), w2.data_ptr(),
-                             k2, out.data_ptr(), m, n);
+  const bool fits = gemm.joins_sum(dtype, x.data_ptr(), w.data_ptr(), k, x2.data_ptr(),
+                                   w2.data_ptr(), k2, out.data_ptr(), m, n);
   TORCH_CHECK(fits, op, ": backend 'joined' cannot run m=", m, ", n=", n, ", k=", k, ", k2=", k2,
               " in ", dtype_name(dtype), ": it needs at most ", kernels::kGemvMaxRows,
               " rows, k, k2 and n multiples of 16 bytes and 16-byte aligned tensors; use backend "
