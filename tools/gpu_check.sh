@@ -33,14 +33,16 @@ step "build"
 arch=$($PY -c "import torch; m,n=torch.cuda.get_device_capability(); print(f'{m}{n}')")
 t0=$(date +%s)
 # A tree copied onto this machine may bring a changed source with an mtime older than the object
-# an earlier copy built here, which ninja would then skip: touch every source whose content
-# differs from the last successful build's.
+# an earlier copy built here, which ninja would then skip: touch every source whose content is
+# not recorded as built. The record keeps only the sources unchanged since the last successful
+# build (so a failed or killed build's files are touched again next time); no record (a first
+# run) touches everything.
 hashes=build/.gpu_check_sources.sha1
 mkdir -p build
-find csrc kernels CMakeLists.txt setup.py -type f -print0 | xargs -0 sha1sum | sort >"$hashes.new"
-if [ -f "$hashes" ]; then
-  comm -13 "$hashes" "$hashes.new" | awk '{print $2}' | xargs -r touch
-fi
+[ -f "$hashes" ] || : >"$hashes"
+find csrc kernels CMakeLists.txt setup.py -type f -print0 | xargs -0 sha1sum | LC_ALL=C sort >"$hashes.new"
+LC_ALL=C comm -13 "$hashes" "$hashes.new" | cut -c43- | tr '\n' '\0' | xargs -0 -r touch
+LC_ALL=C comm -12 "$hashes" "$hashes.new" >"$hashes.kept" && mv "$hashes.kept" "$hashes"
 if MAX_JOBS="$(nproc)" WARPFORMER_CUDA_ARCHS="${WARPFORMER_CUDA_ARCHS:-$arch}" \
    $PY -m pip install --no-build-isolation --no-deps -e . >"$OUT/build.log" 2>&1; then
   mv "$hashes.new" "$hashes"
