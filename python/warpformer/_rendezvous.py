@@ -4,6 +4,7 @@
 Three kinds, all polled with deadlines so that no wait is unbounded: a dict (one process),
 mpi4py point-to-point messages on ``MPI.COMM_WORLD`` (under mpirun), and a ``torch.distributed``
 ``TCPStore`` (torchrun, or ``MASTER_ADDR``/``MASTER_PORT``, or ``init_method="tcp://h:p"``).
+:func:`open_rendezvous` picks one for a rank from ``init_method`` and the environment.
 """
 
 from __future__ import annotations
@@ -233,3 +234,47 @@ def store_from_env(rank: int, world_size: int, launcher: str, timeout_s: float,
         prefix = f"{prefix}/attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
     return StoreRendezvous(rank, world_size, host, int(port), timeout_s, agent_store=agent,
                            prefix=prefix)
+
+
+def open_rendezvous(rank: int, world_size: int, launcher: str, *, init_method: str | None,
+                    timeout_s: float, prefix: str) -> Rendezvous:
+    """The transport for one rank of ``world_size`` (``launcher`` as in ``RankInfo.launcher``),
+    chosen as :func:`warpformer.distributed.rendezvous` documents: a dict for one process, else
+    ``init_method`` (``"tcp://host:port"``, ``"env://"``, ``"mpi"`` or None for automatic),
+    ``WARPFORMER_RENDEZVOUS`` and the launcher's variables. Store keys start with ``prefix``.
+
+    Raises ValueError for a malformed ``init_method``/``WARPFORMER_RENDEZVOUS`` or when no
+    transport applies, RuntimeError when MPI was required but is unavailable.
+    """
+    if world_size == 1:
+        return LocalRendezvous()
+    forced = os.environ.get("WARPFORMER_RENDEZVOUS", "auto").strip().lower()
+    if forced not in ("auto", "mpi", "store"):
+        raise ValueError(f"WARPFORMER_RENDEZVOUS must be auto, mpi or store, got {forced!r}")
+    if init_method is not None and init_method not in ("env://", "mpi"):
+        if not init_method.startswith("tcp://"):
+            raise ValueError(f"init_method must be 'tcp://host:port', 'env://' or 'mpi', "
+                             f"got {init_method!r}")
+        host, _, port = init_method[len("tcp://"):].rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"init_method must be 'tcp://host:port', got {init_method!r}")
+        return StoreRendezvous(rank, world_size, host.strip("[]"), int(port), timeout_s,
+                               prefix=prefix)
+    want_mpi = init_method == "mpi" or forced == "mpi" or (
+        init_method is None and forced == "auto" and mpi_launched())
+    mpi_error = None
+    if want_mpi:
+        try:
+            return MpiRendezvous(rank, world_size)
+        except (ImportError, RuntimeError) as exc:
+            if init_method == "mpi" or forced == "mpi":
+                raise RuntimeError(f"rank {rank}: MPI rendezvous unavailable: {exc}") from exc
+            mpi_error = exc
+    store = store_from_env(rank, world_size, launcher, timeout_s, prefix)
+    if store is not None:
+        return store
+    why = f" (mpi4py: {mpi_error})" if mpi_error else ""
+    raise ValueError(
+        f"rank {rank} of {world_size} (launcher {launcher}) has no rendezvous"
+        f"{why}: install mpi4py when launching with mpirun, use torchrun, or set MASTER_ADDR and "
+        "MASTER_PORT (or pass init_method='tcp://host:port') on every rank")

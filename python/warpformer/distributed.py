@@ -66,17 +66,30 @@ A rank that raises ends its process; ``torchrun`` and ``mpirun`` then stop the r
 
 from __future__ import annotations
 
-import json
 import os
-import socket
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from . import _rendezvous as _rdv
+from ._agreement import _CHECKPOINT_KEYS as _CHECKPOINT_KEYS
+from ._agreement import (
+    _agree,
+    _checkpoint_problems,
+    _failures,
+    _group_lines,
+    _next_seq,
+    _ranges,
+    describe_checkpoint,
+)
+from ._agreement import _Report as _Report
+from ._launch import _ENV_LAUNCHERS as _ENV_LAUNCHERS
+from ._launch import RankInfo, _from_env, _locate, _with_device
+from ._launch import _check_grid as _check_grid
+from ._launch import _env_int as _env_int
 from ._rendezvous import Rendezvous
 
 __all__ = [
@@ -95,84 +108,15 @@ __all__ = [
     "print0",
 ]
 
-# ---------------------------------------------------------------------------------- discovery
-@dataclass(frozen=True)
-class RankInfo:
-    """Where this process sits in the TP x PP grid (``rank = pp_rank * tp + tp_rank``)."""
-
-    rank: int
-    world_size: int
-    local_rank: int
-    tensor_para_size: int
-    pipeline_para_size: int
-    tp_rank: int
-    pp_rank: int
-    device: int
-    """Local CUDA device index this rank uses (-1 before a device is chosen)."""
-    launcher: str
-    """``"mpirun"`` (OpenMPI, MPICH/PMI), ``"torchrun"``, ``"slurm"`` (srun), ``"env"``
-    (``RANK``/``WORLD_SIZE`` set by hand), ``"explicit"`` (arguments) or ``"single"``."""
-    local_world_size: int | None = None
-    host: str = field(default_factory=socket.gethostname)
-
-    @property
-    def tp_group(self) -> list[int]:
-        """Global ranks of this rank's TP group (same ``pp_rank``), in ``tp_rank`` order."""
-        tp = self.tensor_para_size
-        return [self.pp_rank * tp + t for t in range(tp)]
-
-    @property
-    def pp_group(self) -> list[int]:
-        """Global ranks of this rank's PP group (same ``tp_rank``), in ``pp_rank`` order."""
-        tp = self.tensor_para_size
-        return [p * tp + self.tp_rank for p in range(self.pipeline_para_size)]
-
-    @property
-    def is_output_rank(self) -> bool:
-        return self.rank == 0
-
-    def where(self) -> str:
-        return (f"rank {self.rank} of {self.world_size} (host {self.host}, tp_rank "
-                f"{self.tp_rank}, pp_rank {self.pp_rank})")
+# Layout: launcher environment discovery and RankInfo are in ``_launch``, the cross-rank reports
+# and failure messages in ``_agreement``, the pre-NCCL transports (and the choice among them) in
+# ``_rendezvous``; their private names stay importable from here. This module keeps the public
+# API, the process's current context, and the hooks tests replace on this module
+# (``_cuda_device_count``, ``_device_uuid``, ``_nccl_unique_id``, ``_new_comm``) together with
+# every function that calls them, so that patching ``warpformer.distributed.<hook>`` takes effect.
 
 
-def _env_int(name: str) -> int | None:
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return None
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"environment variable {name} must be an integer, got {raw!r}") from None
-
-
-# (launcher, rank var, size var, local rank var, local size var); tried in this order.
-_ENV_LAUNCHERS = (
-    ("torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"),
-    ("mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-     "OMPI_COMM_WORLD_LOCAL_SIZE"),
-    ("mpirun", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
-    ("slurm", "SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID", None),
-    ("slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", None),
-    ("env", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"),
-)
-
-
-def _from_env() -> tuple[str, int, int, int | None, int | None, str] | None:
-    """(launcher, rank, world size, local rank, local world size, variables) from the first
-    launcher whose variables are set, or None."""
-    for launcher, rank_var, size_var, local_var, local_size_var in _ENV_LAUNCHERS:
-        if launcher == "torchrun" and "TORCHELASTIC_RUN_ID" not in os.environ:
-            continue
-        rank, size = _env_int(rank_var), _env_int(size_var)
-        if rank is None or size is None:
-            continue
-        local = _env_int(local_var)
-        local_size = _env_int(local_size_var) if local_size_var else None
-        return launcher, rank, size, local, local_size, f"{rank_var}/{size_var}"
-    return None
-
-
+# ---------------------------------------------------------------------------------- devices
 def _cuda_device_count() -> int:
     return torch.cuda.device_count()
 
@@ -180,50 +124,6 @@ def _cuda_device_count() -> int:
 def _device_uuid(device: int) -> str:
     props = torch.cuda.get_device_properties(device)
     return str(getattr(props, "uuid", f"{props.name}#{device}"))
-
-
-def _check_grid(tp: Any, pp: Any) -> None:
-    for name, value in (("tensor_para_size", tp), ("pipeline_para_size", pp)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-
-
-def _locate(tp: int, pp: int, rank: int | None, world_size: int | None,
-            local_rank: int | None) -> RankInfo:
-    """RankInfo without a device (``device = -1``); errors depend only on values all ranks share
-    (the grid and world size), so every rank raises the same one."""
-    _check_grid(tp, pp)
-    local_size = None
-    if rank is not None or world_size is not None:
-        if rank is None or world_size is None:
-            raise ValueError("explicit rank and world_size go together: got "
-                             f"rank={rank!r}, world_size={world_size!r}")
-        launcher, source = "explicit", "rank=/world_size= arguments"
-        local = rank if local_rank is None else local_rank
-    else:
-        found = _from_env()
-        if found is None:
-            launcher, rank, world_size, local, source = "single", 0, 1, 0, "no launcher found"
-        else:
-            launcher, rank, world_size, local, local_size, source = found
-            if local_rank is not None:
-                local = local_rank
-            if local is None:  # hand-made launch on one host
-                local = rank
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"rank ({rank}) must be in [0, world_size ({world_size})) "
-                         f"(from {source})")
-    if local < 0:
-        raise ValueError(f"local_rank must be >= 0, got {local} (from {source})")
-    if world_size != tp * pp:
-        hint = ("start the script with a launcher (mpirun -n N / torchrun --nproc-per-node N)"
-                if launcher == "single" else "start exactly tp * pp processes, one per GPU")
-        raise ValueError(
-            f"world size {world_size} (from {source}) must equal tensor_para_size {tp} x "
-            f"pipeline_para_size {pp} = {tp * pp}: {hint}")
-    return RankInfo(rank=rank, world_size=world_size, local_rank=local, tensor_para_size=tp,
-                    pipeline_para_size=pp, tp_rank=rank % tp, pp_rank=rank // tp, device=-1,
-                    launcher=launcher, local_world_size=local_size)
 
 
 def _pick_device(info: RankInfo) -> int:
@@ -270,12 +170,6 @@ def discover(tensor_para_size: int = 1, pipeline_para_size: int = 1, *, rank: in
     return _with_device(info, _pick_device(info))
 
 
-def _with_device(info: RankInfo, device: int) -> RankInfo:
-    fields = {k: getattr(info, k) for k in info.__dataclass_fields__}
-    fields["device"] = device
-    return RankInfo(**fields)
-
-
 # ---------------------------------------------------------------------------------- rendezvous
 _generation = 0
 
@@ -291,42 +185,11 @@ def rendezvous(info: RankInfo, *, init_method: str | None = None,
     """
     global _generation
     _generation += 1
-    prefix = f"warpformer/{_generation}"
-    if info.world_size == 1:
-        return _rdv.LocalRendezvous()
-    forced = os.environ.get("WARPFORMER_RENDEZVOUS", "auto").strip().lower()
-    if forced not in ("auto", "mpi", "store"):
-        raise ValueError(f"WARPFORMER_RENDEZVOUS must be auto, mpi or store, got {forced!r}")
-    if init_method is not None and init_method not in ("env://", "mpi"):
-        if not init_method.startswith("tcp://"):
-            raise ValueError(f"init_method must be 'tcp://host:port', 'env://' or 'mpi', "
-                             f"got {init_method!r}")
-        host, _, port = init_method[len("tcp://"):].rpartition(":")
-        if not host or not port.isdigit():
-            raise ValueError(f"init_method must be 'tcp://host:port', got {init_method!r}")
-        return _rdv.StoreRendezvous(info.rank, info.world_size, host.strip("[]"), int(port),
-                                    timeout_s, prefix=prefix)
-    want_mpi = init_method == "mpi" or forced == "mpi" or (
-        init_method is None and forced == "auto" and _rdv.mpi_launched())
-    mpi_error = None
-    if want_mpi:
-        try:
-            return _rdv.MpiRendezvous(info.rank, info.world_size)
-        except (ImportError, RuntimeError) as exc:
-            if init_method == "mpi" or forced == "mpi":
-                raise RuntimeError(f"rank {info.rank}: MPI rendezvous unavailable: {exc}") from exc
-            mpi_error = exc
-    store = _rdv.store_from_env(info.rank, info.world_size, info.launcher, timeout_s, prefix)
-    if store is not None:
-        return store
-    why = f" (mpi4py: {mpi_error})" if mpi_error else ""
-    raise ValueError(
-        f"rank {info.rank} of {info.world_size} (launcher {info.launcher}) has no rendezvous"
-        f"{why}: install mpi4py when launching with mpirun, use torchrun, or set MASTER_ADDR and "
-        "MASTER_PORT (or pass init_method='tcp://host:port') on every rank")
+    return _rdv.open_rendezvous(info.rank, info.world_size, info.launcher,
+                                init_method=init_method, timeout_s=timeout_s,
+                                prefix=f"warpformer/{_generation}")
 
 
-# ---------------------------------------------------------------------------------- agreement
 def _default_rendezvous(info: RankInfo, given: Rendezvous | None) -> Rendezvous:
     if given is not None:
         return given
@@ -337,6 +200,7 @@ def _default_rendezvous(info: RankInfo, given: Rendezvous | None) -> Rendezvous:
         return _rdv.LocalRendezvous()
     raise RuntimeError("no rendezvous: call warpformer.distributed.setup()/init() first or pass "
                        "rendezvous=warpformer.distributed.rendezvous(info)")
+
 
 
 def exchange_id(info: RankInfo, group_ranks: Sequence[int], key: str,
@@ -373,94 +237,7 @@ def exchange_id(info: RankInfo, group_ranks: Sequence[int], key: str,
     return got[root]
 
 
-@dataclass
-class _Report:
-    ok: bool
-    message: str
-    host: str
-    extra: dict[str, Any] | None
-
-
-def _agree(info: RankInfo, transport: Rendezvous, key: str, ok: bool, message: str,
-           extra: dict[str, Any] | None, timeout_s: float) -> dict[int, _Report]:
-    """Every rank publishes (ok, message, extra) and reads everyone's, until ``timeout_s``."""
-    payload = {"ok": bool(ok), "message": str(message), "host": info.host, "extra": extra}
-    everyone = list(range(info.world_size))
-    transport.put(key, json.dumps(payload).encode(), everyone)
-    deadline = time.monotonic() + timeout_s
-    raw = transport.wait_all(key, everyone, deadline)
-    reports = {r: _Report(**json.loads(v)) for r, v in raw.items()}
-    # The host waits for those who reported to finish reading; the rest have already left.
-    grace = min(timeout_s, _rdv.LINGER_MAX_S / 3)
-    transport.linger(key, len(reports), max(deadline, time.monotonic() + grace))
-    return reports
-
-
-def _group_lines(failures: dict[int, tuple[str | None, str]]) -> list[str]:
-    """``{rank: (host, message)}`` -> lines, ranks with the same message merged."""
-    by_message: dict[str, list[tuple[int, str | None]]] = {}
-    for rank, (host, message) in sorted(failures.items()):
-        by_message.setdefault(message, []).append((rank, host))
-    lines = []
-    for message, members in by_message.items():
-        ranks = [r for r, _ in members]
-        hosts = sorted({h for _, h in members if h})
-        label = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {_ranges(ranks)}"
-        if hosts:
-            label += f" (host{'s' if len(hosts) > 1 else ''} {', '.join(hosts)})"
-        lines.append(f"  {label}: {message}")
-    return lines
-
-
-def _ranges(ranks: list[int]) -> str:
-    parts, start = [], ranks[0]
-    for prev, cur in zip(ranks, ranks[1:] + [None], strict=True):
-        if cur != prev + 1:
-            parts.append(str(start) if start == prev else f"{start}-{prev}")
-            start = cur
-    return ",".join(parts)
-
-
-def _failures(info: RankInfo, reports: dict[int, _Report],
-              timeout_s: float) -> dict[int, tuple[str | None, str]]:
-    out: dict[int, tuple[str | None, str]] = {
-        r: (rep.host, rep.message) for r, rep in reports.items() if not rep.ok}
-    for r in range(info.world_size):
-        if r not in reports:
-            out[r] = (None, f"did not report within {timeout_s:g} s (crashed, hung, or still "
-                            "busy; see its log)")
-    return out
-
-
-_CHECKPOINT_KEYS = ("model_name", "model_variant", "num_layer", "head_num", "size_per_head",
-                    "inter_size", "vocab_size", "weight_data_type")
-
-
-def describe_checkpoint(config: Any, path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
-    """What :func:`checkpoint_barrier` compares across ranks: the converted dir's
-    ``tensor_para_size``, model name and shape (from a ``GptConfig``), and its path."""
-    out = {k: getattr(config, k) for k in ("tensor_para_size", *_CHECKPOINT_KEYS)}
-    out["path"] = str(path) if path is not None else None
-    return out
-
-
-def _checkpoint_problems(info: RankInfo, reports: dict[int, _Report]) -> list[str]:
-    seen = {r: rep.extra for r, rep in sorted(reports.items()) if rep.ok and rep.extra}
-    tp = info.tensor_para_size
-    wrong = {r: (None, f"loaded {c.get('path')}, converted for tensor_para_size "
-                       f"{c.get('tensor_para_size')}, but tensor_para_size {tp} was requested: "
-                       f"use the {tp}-gpu directory (convert with --tensor_para_size {tp})")
-             for r, c in seen.items() if c.get("tensor_para_size") != tp}
-    problems = _group_lines(wrong)
-    differ = [k for k in _CHECKPOINT_KEYS if len({str(c.get(k)) for c in seen.values()}) > 1]
-    if differ:
-        problems.append(f"  ranks loaded different models ({', '.join(differ)} differ):")
-        models = {r: (None, ", ".join(f"{k}={c.get(k)}" for k in differ)
-                      + f" from {c.get('path')}") for r, c in seen.items()}
-        problems.extend("  " + line for line in _group_lines(models))
-    return problems
-
-
+# ---------------------------------------------------------------------------------- barriers
 def checkpoint_barrier(info: RankInfo, status_ok: bool, message: str = "",
                        timeout_s: float = 300.0, *, checkpoint: dict[str, Any] | None = None,
                        rendezvous: Rendezvous | None = None, what: str = "loading weights"
@@ -491,12 +268,6 @@ def checkpoint_barrier(info: RankInfo, status_ok: bool, message: str = "",
         when = "before NCCL starts" if what == "loading weights" else "with this error"
         raise RuntimeError(f"warpformer.distributed, {info.where()}: " + "\n".join(lines)
                            + f"\nEvery rank stops here, {when}.")
-
-
-def _next_seq(transport: Rendezvous) -> int:
-    seq = getattr(transport, "_wf_seq", 0) + 1
-    transport._wf_seq = seq  # type: ignore[attr-defined]
-    return seq
 
 
 def _preflight(info: RankInfo, transport: Rendezvous, device_error: str | None,
