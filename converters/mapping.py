@@ -4,7 +4,8 @@ A source module lists :class:`Rule` s — target on-disk name, source tensor nam
 with ``{i}`` standing for the layer index. :func:`expand` turns them into one :class:`Task` per
 target tensor. Transforms are module-level functions ``fn(config, *tensors) -> tensor`` that return
 the full, unsplit tensor in on-disk layout (see :func:`warpformer.weights.weight_specs`); the
-writer casts, splits and writes it. Transforms here cover the layouts HF and Megatron use.
+writer casts, splits and writes it. Transforms keep the dtype they are given (the checkpoint's);
+``h`` below is ``cfg.hidden_size``. Transforms here cover the layouts HF and Megatron use.
 """
 
 from __future__ import annotations
@@ -116,46 +117,48 @@ def hf_activation(name: str, where: str) -> str:
 
 # --------------------------------------------------------------------------- transforms
 def copy(cfg: GptConfig, t: torch.Tensor) -> torch.Tensor:
-    """Unchanged (norms, biases, embeddings)."""
+    """Unchanged, any shape and dtype (norms, biases, embeddings)."""
     return t
 
 
 def linear(cfg: GptConfig, w: torch.Tensor) -> torch.Tensor:
-    """``nn.Linear`` weight ``[out, in]`` -> kernel ``[in, out]``."""
+    """``nn.Linear`` weight ``[out, in]`` -> kernel ``[in, out]`` (a transposed view, same
+    dtype)."""
     return w.t()
 
 
 def qkv_from_separate(cfg: GptConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                       ) -> torch.Tensor:
-    """Three ``nn.Linear`` weights ``[h, h]`` -> ``[h, 3, h]``."""
+    """Three ``nn.Linear`` weights ``[h, h]`` -> ``[h, 3, h]``, same dtype."""
     return torch.stack((q.t(), k.t(), v.t()), dim=1)
 
 
 def qkv_bias_from_separate(cfg: GptConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                            ) -> torch.Tensor:
-    """Three biases ``[h]`` -> ``[3, h]``."""
+    """Three biases ``[h]`` -> ``[3, h]``, same dtype."""
     return torch.stack((q, k, v))
 
 
 def qkv_from_fused(cfg: GptConfig, w: torch.Tensor) -> torch.Tensor:
-    """Fused ``[in=h, out=3h]`` kernel (GPT-2 Conv1D), outputs Q|K|V -> ``[h, 3, h]``."""
+    """Fused ``[in=h, out=3h]`` kernel (GPT-2 Conv1D), outputs Q|K|V -> ``[h, 3, h]``, same
+    dtype."""
     return w.reshape(cfg.hidden_size, 3, cfg.hidden_size)
 
 
 def qkv_bias_from_fused(cfg: GptConfig, b: torch.Tensor) -> torch.Tensor:
-    """Fused bias ``[3h]`` ordered Q|K|V -> ``[3, h]``."""
+    """Fused bias ``[3h]`` ordered Q|K|V -> ``[3, h]``, same dtype."""
     return b.reshape(3, cfg.hidden_size)
 
 
 def qkv_from_head_interleaved(cfg: GptConfig, w: torch.Tensor) -> torch.Tensor:
     """``nn.Linear`` ``[3h, h]`` whose rows are ``[heads, 3, d]`` (BLOOM, NeoX, Megatron v2+)
-    -> ``[h, 3, h]`` with all Q heads, then K, then V."""
+    -> ``[h, 3, h]`` with all Q heads, then K, then V; same dtype."""
     n, d, h = cfg.head_num, cfg.size_per_head, cfg.hidden_size
     return w.reshape(n, 3, d, h).permute(3, 1, 0, 2).reshape(h, 3, h)
 
 
 def qkv_bias_from_head_interleaved(cfg: GptConfig, b: torch.Tensor) -> torch.Tensor:
-    """Bias ``[3h]`` ordered ``[heads, 3, d]`` -> ``[3, h]``."""
+    """Bias ``[3h]`` ordered ``[heads, 3, d]`` -> ``[3, h]``, same dtype."""
     n, d = cfg.head_num, cfg.size_per_head
     return b.reshape(n, 3, d).transpose(0, 1).reshape(3, n * d)
 
@@ -169,7 +172,8 @@ def token_id(hf: dict[str, Any], key: str, default: int = 0) -> int:
 
 
 def drop_rows(count: int) -> Transform:
-    """Transform dropping the first ``count`` rows (OPT's position-embedding offset)."""
+    """Transform dropping the first ``count`` rows (OPT's position-embedding offset):
+    ``[rows, ...]`` -> ``[rows - count, ...]``, same dtype (a view)."""
     return _DropRows(count)
 
 

@@ -209,7 +209,8 @@ class MegatronReader:
         return t.reshape(nl, 3, d, *rest).transpose(0, 1)
 
     def get(self, name: str) -> torch.Tensor:
-        """Full tensor ``name`` (Megatron ``[out, in]`` orientation, global layer index)."""
+        """Full tensor ``name`` (Megatron ``[out, in]`` orientation, global layer index) on CPU in
+        the checkpoint's dtype, merged from the trained TP shards."""
         src = self.src
         m = re.fullmatch(r"layers\.(\d+)\.(.+)", name)
         if m:

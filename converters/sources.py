@@ -174,7 +174,8 @@ class TensorReader:
         return name in self.ckpt.files
 
     def get(self, name: str) -> torch.Tensor:
-        """The tensor ``name`` (for ``.bin``, a view of the mapped file: do not modify)."""
+        """The tensor ``name`` on CPU with its stored shape and dtype (for ``.bin``, a view of the
+        mapped file: do not modify)."""
         shard = self.ckpt.files.get(name)
         if shard is None:
             raise ConversionError(f"{self.ckpt.root}: checkpoint lacks tensor {name!r}")

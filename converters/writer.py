@@ -47,7 +47,8 @@ class Summary:
 
 def write_tensor(directory: Path, name: str, tensor: torch.Tensor, spec: WeightSpec, tp: int,
                  data_type: str) -> tuple[int, int]:
-    """Write ``tensor`` (full shape ``spec.shape``) as ``data_type``, split for ``tp`` ranks.
+    """Write ``tensor`` (CPU, full shape ``spec.shape``, any floating dtype) as ``data_type``
+    (``"fp32"``/``"fp16"``/``"bf16"``) into ``directory``, split for ``tp`` ranks.
 
     Returns ``(files, bytes)`` written.
     """

@@ -18,8 +18,12 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from .lambada import LambadaResult
 
 __all__ = ["add_args", "run_demo", "main_from_args", "default_dataset", "build_random_gpt2"]
 
@@ -90,8 +94,13 @@ def run_demo(model_dir: str | os.PathLike[str] | None = None, *,
              dataset: str | os.PathLike[str] | None = None, batch_size: int = 8,
              max_samples: int | None = None, backend: str = "auto",
              prompt: str = DEFAULT_PROMPT, max_new_tokens: int = 24,
-             work_dir: str | os.PathLike[str] | None = None, layers: int = 4):
-    """Run the demo; returns the LAMBADA :class:`~warpformer.lambada.LambadaResult`."""
+             work_dir: str | os.PathLike[str] | None = None, layers: int = 4) -> LambadaResult:
+    """Run the demo; returns the LAMBADA :class:`~warpformer.lambada.LambadaResult`.
+
+    ``model_dir``: a HF checkpoint (``None``: the random GPT-2-shaped model with ``layers``
+    layers); ``dataset``: LAMBADA-format JSONL (default :func:`default_dataset`); ``work_dir``:
+    where the model and converted files go (default: a temporary folder removed at the end).
+    """
     import transformers
 
     from . import lambada
@@ -180,6 +189,7 @@ def run_demo(model_dir: str | os.PathLike[str] | None = None, *,
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
+    """Add the ``warpformer demo`` arguments to ``p``."""
     p.add_argument("--model-dir", help="a HF checkpoint (config.json, weights, tokenizer) to use "
                                        "instead of the random demo model")
     p.add_argument("--dataset-path", help="LAMBADA-format JSONL (default: the bundled "
@@ -193,6 +203,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def main_from_args(args: argparse.Namespace) -> int:
+    """``warpformer demo``: :func:`run_demo` on the parsed arguments; returns 0."""
     run_demo(args.model_dir, dataset=args.dataset_path, batch_size=args.batch_size,
              max_samples=args.max_samples, backend=args.backend, prompt=args.prompt,
              max_new_tokens=args.max_new_tokens, work_dir=args.work_dir)

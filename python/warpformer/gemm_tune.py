@@ -142,7 +142,9 @@ def gemm_shapes(dims: ModelDims, batch: int, beam: int, max_input_len: int,
 
 def tune(shapes: list[GemmShape], dtype: torch.dtype, max_algos: int = 16, reps: int = 20,
          device: int = 0) -> list[tuple[GemmShape, int, float, float]]:
-    """Time each shape's candidates; returns ``(shape, best_index, best_us, heuristic_us)``."""
+    """Time each shape's candidates (at most ``max_algos``, ``reps`` launches each) on
+    ``cuda:<device>`` with random operands of ``dtype`` (fp32, fp16 or bf16); returns
+    ``(shape, best_index, best_us, heuristic_us)`` per shape that has a working candidate."""
     out = []
     gen = torch.Generator(device=f"cuda:{device}").manual_seed(0)
     for s in shapes:

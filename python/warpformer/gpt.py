@@ -19,11 +19,15 @@ import os
 import warnings
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .config import GptConfig
 from .weights import read_config, resolve_model_dir
+
+if TYPE_CHECKING:
+    from .reference_generation import ReferenceEngine
 
 __all__ = ["GPT", "GenerationOutput", "words_to_ft", "MAX_TOP_K", "MAX_BEAMS"]
 
@@ -31,6 +35,8 @@ MAX_TOP_K = 1024
 MAX_BEAMS = 16
 
 IdsLike = torch.Tensor | Sequence[Sequence[int]]
+# one list of words shared by every row, or one such list per row (see words_to_ft)
+WordsLike = Sequence[Sequence[int]] | Sequence[Sequence[Sequence[int]]]
 
 
 @dataclass
@@ -62,7 +68,7 @@ class GenerationOutput:
 
     @property
     def output_ids(self) -> torch.Tensor:
-        """FT's name for :attr:`sequences`."""
+        """FT's name for :attr:`sequences` (int64 ``[B, beams, S + max_new_tokens]``)."""
         return self.sequences
 
 
@@ -71,7 +77,8 @@ def _is_token_list(x) -> bool:
         isinstance(t, int) and not isinstance(t, bool) for t in x)
 
 
-def words_to_ft(words, batch_size: int | None = None, name: str = "stop_words") -> torch.Tensor:
+def words_to_ft(words: WordsLike, batch_size: int | None = None,
+                name: str = "stop_words") -> torch.Tensor:
     """Convert word lists to FT's ``[B, 2, L]`` int32 format.
 
     Args:
@@ -123,8 +130,8 @@ class GPT:
     """A converted GPT-family model (GPT-2, Megatron GPT, OPT, BLOOM, GPT-J, GPT-NeoX) ready to
     generate. Build it with :meth:`from_pretrained`."""
 
-    def __init__(self, engine, config: GptConfig, backend: str, dtype: torch.dtype,
-                 device: torch.device) -> None:
+    def __init__(self, engine: torch.ScriptObject | ReferenceEngine, config: GptConfig,
+                 backend: str, dtype: torch.dtype, device: torch.device) -> None:
         self.engine = engine
         """``torch.classes.warpformer.GptModel`` (cuda) or ``ReferenceEngine`` (reference)."""
         self.config = config
@@ -229,18 +236,22 @@ class GPT:
 
     @property
     def max_batch(self) -> int:
+        """The largest batch a call may use (``max_batch`` of :meth:`from_pretrained`)."""
         return int(self.engine.max_batch())
 
     @property
     def max_seq_len(self) -> int:
+        """The largest prompt length + ``max_new_tokens`` a call may use."""
         return int(self.engine.max_seq_len())
 
     @property
     def vocab_size(self) -> int:
+        """``V``: the checkpoint's vocabulary size (token ids are in ``[0, V)``)."""
         return self.config.vocab_size
 
     @property
     def end_id(self) -> int:
+        """The checkpoint's end-of-sequence id (the default ``end_id`` of :meth:`generate`)."""
         return self.config.end_id
 
     # ------------------------------------------------------------------ inputs
@@ -390,7 +401,8 @@ class GPT:
                  frequency_penalty: float | Sequence[float] = 0.0,
                  min_length: int | Sequence[int] = 0, num_beams: int = 1,
                  length_penalty: float = 1.0, diversity_rate: float = 0.0,
-                 stop_words=None, bad_words=None, end_id: int | Sequence[int] | None = None,
+                 stop_words: WordsLike | None = None, bad_words: WordsLike | None = None,
+                 end_id: int | Sequence[int] | None = None,
                  seed: int | Sequence[int] | None = None, return_log_probs: bool = False,
                  return_cum_log_probs: int = 0) -> GenerationOutput:
         """Generate ``max_new_tokens`` tokens per row (fewer when a row ends).
@@ -478,7 +490,7 @@ class GPT:
                                 log_probs=result.get("output_log_probs"))
 
     def generate_stream(self, input_ids: IdsLike, max_new_tokens: int, *, chunk_size: int = 1,
-                        **kwargs) -> Generator[torch.Tensor, None, GenerationOutput]:
+                        **kwargs: Any) -> Generator[torch.Tensor, None, GenerationOutput]:
         """Like :meth:`generate` (same arguments, ``num_beams`` must be 1) but yields the new
         tokens as they are produced: int64 ``[B, k]`` on CPU per engine call (``k <=
         chunk_size``; rows that have ended hold ``end_id``). The generator's return value (the
@@ -517,7 +529,8 @@ class GPT:
                     pass
 
     # ------------------------------------------------------------------ scoring
-    def logits(self, input_ids: IdsLike, input_lengths=None) -> torch.Tensor:
+    def logits(self, input_ids: IdsLike,
+               input_lengths: torch.Tensor | Sequence[int] | None = None) -> torch.Tensor:
         """Logits of every position: ``[B, S, V]`` (model dtype on cuda, fp32 on the reference;
         rows are zero past their length). ``input_ids``/``input_lengths`` as in
         :meth:`generate`."""

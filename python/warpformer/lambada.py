@@ -25,8 +25,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    import transformers
+
+    from .gpt import GPT
 
 __all__ = ["Sample", "LambadaResult", "split_text", "read_dataset", "tokenize_samples",
            "batches", "evaluate", "format_report", "build_word_tokenizer", "run", "add_args",
@@ -80,9 +86,10 @@ def read_dataset(path: str | os.PathLike[str], max_samples: int | None = None) -
     return samples
 
 
-def tokenize_samples(samples: list[Sample], tokenizer) -> list[Sample]:
+def tokenize_samples(samples: list[Sample], tokenizer: transformers.PreTrainedTokenizerBase
+                     ) -> list[Sample]:
     """Fill ``context_ids`` (with the tokenizer's usual special tokens, e.g. OPT's BOS) and
-    ``target_ids`` (without) using a HF tokenizer."""
+    ``target_ids`` (without) using a HF tokenizer; returns ``samples`` (filled in place)."""
     for s in samples:
         s.context_ids = list(tokenizer.encode(s.context))
         s.target_ids = list(tokenizer.encode(s.target, add_special_tokens=False))
@@ -115,7 +122,9 @@ class LambadaResult:
     agree: int | None = None
     records: list[dict] = field(default_factory=list)
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
+        """The counts and times without ``records``, plus ``accuracy``, ``hf_accuracy`` and
+        ``speedup`` (HF seconds / warpformer seconds) where they were measured."""
         out = {k: v for k, v in asdict(self).items() if k != "records"}
         if self.correct is not None:
             out["accuracy"] = self.correct / self.total
@@ -162,15 +171,19 @@ def _cut(tokens: list[int], end_id: int) -> list[int]:
     return tokens[: tokens.index(end_id) + 1] if end_id in tokens else tokens
 
 
-def warpformer_generate(gpt, batch: list[Sample]) -> list[list[int]]:
+def warpformer_generate(gpt: GPT, batch: list[Sample]) -> list[list[int]]:
     """Greedy continuation of each context for the batch's longest target (end_id included)."""
     n = max(len(s.target_ids) for s in batch)
     out = gpt.generate([s.context_ids for s in batch], n)
     return [row[0] for row in out.tokens]
 
 
-def hf_generate(model, batch: list[Sample], end_id: int, pad_id: int) -> list[list[int]]:
-    """HF greedy ``generate`` on the left-padded batch, same length and end id."""
+def hf_generate(model: transformers.PreTrainedModel, batch: list[Sample], end_id: int,
+                pad_id: int) -> list[list[int]]:
+    """HF greedy ``generate`` on the batch's contexts left padded with ``pad_id`` (int64
+    ``[B, S]`` ids and attention mask on the model's device), as many new tokens as the longest
+    target, stopping at ``end_id``; per sample the generated ids up to and including
+    ``end_id``."""
     n = max(len(s.target_ids) for s in batch)
     S = max(len(s.context_ids) for s in batch)
     dev = next(model.parameters()).device
@@ -192,7 +205,11 @@ def _teacher_forced(batch: list[Sample]) -> tuple[list[list[int]], list[int]]:
 
 def score_logits(logits_fn: Callable[[list[list[int]]], torch.Tensor], batch: list[Sample]
                  ) -> list[tuple[bool, float]]:
-    """Teacher forcing: ``(all target tokens are the arg-max, summed target NLL)`` per sample."""
+    """Teacher forcing: ``(all target tokens are the arg-max, summed target NLL)`` per sample.
+
+    ``logits_fn`` maps ``B`` token lists (context + target without its last token) to logits
+    ``[B, S, V]`` of any float dtype (scored in fp32), ``S`` at least the longest list.
+    """
     seqs, starts = _teacher_forced(batch)
     logits = logits_fn(seqs).float()
     out = []
@@ -205,7 +222,11 @@ def score_logits(logits_fn: Callable[[list[list[int]]], torch.Tensor], batch: li
     return out
 
 
-def hf_logits_fn(model) -> Callable[[list[list[int]]], torch.Tensor]:
+def hf_logits_fn(model: transformers.PreTrainedModel
+                 ) -> Callable[[list[list[int]]], torch.Tensor]:
+    """A ``logits_fn`` for :func:`score_logits` running ``model``: ``B`` token lists, right
+    padded into int64 ``[B, S]`` ids with an attention mask, -> logits ``[B, S, V]`` in the
+    model's dtype on its device (``S``: the longest list)."""
     dev = next(model.parameters()).device
 
     def run(seqs: list[list[int]]) -> torch.Tensor:
@@ -228,12 +249,15 @@ def _progress(items, show: bool, desc: str):
     return tqdm(items, desc=desc, unit="batch")
 
 
-def evaluate(gpt, samples: list[Sample], *, batch_size: int = 8, metric: str = "generate",
-             hf_model=None, show_progress: bool = False, end_id: int | None = None,
+def evaluate(gpt: GPT, samples: list[Sample], *, batch_size: int = 8, metric: str = "generate",
+             hf_model: transformers.PreTrainedModel | None = None, show_progress: bool = False,
+             end_id: int | None = None,
              pad_id: int | None = None, decode: Callable[[list[int]], str] | None = None
              ) -> LambadaResult:
     """Run LAMBADA on tokenised ``samples`` with ``gpt`` (a :class:`warpformer.GPT`) and, when
-    ``hf_model`` is given, with HF on the same batches. ``metric``: generate, logits or both."""
+    ``hf_model`` is given, with HF on the same batches. ``metric``: generate, logits or both.
+    ``end_id`` defaults to ``gpt.end_id``, HF's ``pad_id`` to ``end_id``; ``decode`` (ids ->
+    text) adds the generated text to the per-sample records."""
     if metric not in ("generate", "logits", "both"):
         raise ValueError(f"metric must be generate, logits or both, got {metric!r}")
     end_id = gpt.end_id if end_id is None else end_id
@@ -341,6 +365,7 @@ def world_rank() -> int:
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
+    """Add the ``warpformer lambada`` arguments to ``p``."""
     p.add_argument("--checkpoint-path", required=True, help="converted <tp>-gpu directory")
     p.add_argument("--tokenizer-path", required=True, help="HF tokenizer folder")
     p.add_argument("--dataset-path", required=True, help="LAMBADA-format JSONL file")
@@ -358,7 +383,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pipeline-para-size", type=int, default=1)
 
 
-def load_hf_model(path: str | os.PathLike[str], dtype: torch.dtype):
+def load_hf_model(path: str | os.PathLike[str], dtype: torch.dtype
+                  ) -> transformers.PreTrainedModel:
     """HF causal LM for the comparison: on the GPU in ``dtype`` when one is visible, else CPU
     fp32; eager attention, evaluation mode."""
     import transformers
@@ -369,12 +395,18 @@ def load_hf_model(path: str | os.PathLike[str], dtype: torch.dtype):
     return model.to("cuda" if cuda else "cpu").eval()
 
 
-def run(checkpoint_path, tokenizer_path, dataset_path, *, batch_size: int = 8,
-        test_hf: bool = False, hf_model_path=None, output_path=None, show_progress: bool = False,
+def run(checkpoint_path: str | os.PathLike[str], tokenizer_path: str | os.PathLike[str],
+        dataset_path: str | os.PathLike[str], *, batch_size: int = 8, test_hf: bool = False,
+        hf_model_path: str | os.PathLike[str] | None = None,
+        output_path: str | os.PathLike[str] | None = None, show_progress: bool = False,
         metric: str = "generate", dtype: str = "fp16", max_samples: int | None = None,
         backend: str = "auto", tensor_para_size: int = 1, pipeline_para_size: int = 1,
-        gpt=None, print_fn: Callable[[str], None] = print) -> LambadaResult:
-    """Load tokenizer, data and model (or use ``gpt``), evaluate, print on rank 0, write JSON."""
+        gpt: GPT | None = None, print_fn: Callable[[str], None] = print) -> LambadaResult:
+    """Load tokenizer, data and model (or use ``gpt``), evaluate, print on rank 0, write JSON.
+
+    ``dtype`` is ``"fp32"``, ``"fp16"`` or ``"bf16"`` (warpformer's and HF's compute dtype); the
+    other arguments are the CLI's (:func:`add_args`).
+    """
     import transformers
 
     from .gpt import GPT
@@ -424,6 +456,7 @@ def _safe_decode(tokenizer, ids: list[int]) -> str:
 
 
 def main_from_args(args: argparse.Namespace) -> int:
+    """``warpformer lambada``: :func:`run` with the parsed :func:`add_args` arguments; returns 0."""
     run(args.checkpoint_path, args.tokenizer_path, args.dataset_path,
         batch_size=args.batch_size, test_hf=args.test_hf, hf_model_path=args.hf_model_path,
         output_path=args.output_path, show_progress=args.show_progress, metric=args.metric,

@@ -53,8 +53,9 @@ _NEG = -1.0e9
 
 
 def parse_ft_words(t: torch.Tensor, batch: int, name: str) -> list[list[list[int]]]:
-    """FT's ``[B, 2, L]`` / ``[2, L]`` word list (row 0 concatenated ids, row 1 end offsets,
-    -1 padded) -> per row, a list of token lists."""
+    """FT's ``[B, 2, L]`` / ``[2, L]`` word list (integer, int32 as built by
+    :func:`warpformer.gpt.words_to_ft`; row 0 concatenated ids, row 1 end offsets, -1 padded)
+    -> per row of the ``batch``, a list of token lists. ``name`` is used in error messages."""
     if t.dim() == 2:
         t = t.unsqueeze(0).expand(batch, -1, -1)
     if t.dim() != 3 or t.shape[0] != batch or t.shape[1] != 2:
@@ -193,13 +194,16 @@ class ReferenceEngine:
         self._state: dict | None = None
 
     def max_batch(self) -> int:
+        """The largest batch a call may use."""
         return self._max_batch
 
     def max_seq_len(self) -> int:
+        """The largest prompt + output length a call may use."""
         return self._max_seq_len
 
     @property
     def device(self) -> torch.device:
+        """Where the model's weights live (inputs are moved there; outputs are returned there)."""
         return self.model.w["wte"].device
 
     # ------------------------------------------------------------------ checks
@@ -219,7 +223,11 @@ class ReferenceEngine:
     # ------------------------------------------------------------------ logits
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, input_lengths: torch.Tensor) -> torch.Tensor:
-        """Logits ``[B, S, V]`` (fp32), zero past each row's length."""
+        """Logits fp32 ``[B, S, V]``, zero past each row's length, on :attr:`device`.
+
+        ``input_ids``: integer ``[B, S]`` right padded (int32 in the engine's contract);
+        ``input_lengths``: integer ``[B]`` valid lengths (any device).
+        """
         self._check(input_ids, input_lengths, 0)
         ids = input_ids.to(self.device).long()
         lengths = input_lengths.to(self.device).long()
@@ -229,7 +237,11 @@ class ReferenceEngine:
 
     def generate(self, input_ids: torch.Tensor, input_lengths: torch.Tensor, output_len: int,
                  end_id: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
-        """Greedy: ``(output_ids int32 [B, 1, S + output_len], sequence_lengths int32 [B, 1])``."""
+        """Greedy decoding of ``output_len`` tokens (``end_id < 0``: the checkpoint's).
+
+        ``input_ids``/``input_lengths`` as in :meth:`forward`. Returns ``(output_ids int32
+        [B, 1, S + output_len], sequence_lengths int32 [B, 1])``.
+        """
         opts = {} if end_id < 0 else {"end_id": torch.tensor(end_id, dtype=torch.int32)}
         out = self.decode(input_ids, input_lengths, output_len, opts)
         return out["output_ids"], out["sequence_lengths"]
@@ -237,6 +249,8 @@ class ReferenceEngine:
     # ------------------------------------------------------------------ decoding
     def decode(self, input_ids: torch.Tensor, input_lengths: torch.Tensor, output_len: int,
                options: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """:meth:`decode_start` + :meth:`decode_step` ``(output_len)`` + :meth:`decode_finish`:
+        the whole generation, returning the result dict of :meth:`decode_finish`."""
         self.decode_start(input_ids, input_lengths, output_len, options)
         self.decode_step(output_len)
         return self.decode_finish()
@@ -244,7 +258,16 @@ class ReferenceEngine:
     @torch.no_grad()
     def decode_start(self, input_ids: torch.Tensor, input_lengths: torch.Tensor, output_len: int,
                      options: dict[str, torch.Tensor]) -> None:
-        """Validate, run the prompt (prefill) and prepare the per-row state."""
+        """Validate, run the prompt (prefill) and prepare the per-row state.
+
+        Args:
+            input_ids: integer ``[B, S]`` right padded (int32 in the engine's contract).
+            input_lengths: integer ``[B]`` prompt lengths in ``[1, S]``.
+            output_len: tokens to generate, >= 1.
+            options: ``docs/GENERATION_API.md``'s option dict (keys of :data:`OPTION_KEYS`, each
+                a scalar or a per-row ``[B]`` tensor of the dtype listed there, plus
+                ``stop_words``/``bad_words`` in FT's ``[B, 2, L]`` / ``[2, L]`` format).
+        """
         self._state = None
         if output_len < 1:
             raise RuntimeError("output_len must be >= 1")
@@ -454,7 +477,12 @@ class ReferenceEngine:
         return torch.cat(out, -1).view(st["B"], st["W"], -1).to(torch.int32)
 
     def decode_finish(self) -> dict[str, torch.Tensor]:
-        """The result dict of ``docs/GENERATION_API.md`` (releases the per-call state)."""
+        """The result dict of ``docs/GENERATION_API.md`` (releases the per-call state).
+
+        ``output_ids`` int32 ``[B, beam, S + output_len]``, ``sequence_lengths`` int32
+        ``[B, beam]``, ``cum_log_probs`` float32 ``[B, beam]`` (when asked or beam search) and
+        ``output_log_probs`` float32 ``[B, beam, output_len]`` (when asked), on :attr:`device`.
+        """
         st, self._state = self._state, None
         if st is None:
             raise RuntimeError("decode_finish called without decode_start")

@@ -240,7 +240,8 @@ def load_merged_weights(
     device: str | torch.device = "cpu",
 ) -> tuple[GptConfig, dict[str, torch.Tensor]]:
     """Load every rank of a converted directory and concatenate split tensors back to their full
-    shapes (:func:`weight_specs`). Returns ``(config, weights)``."""
+    shapes (:func:`weight_specs`, e.g. QKV ``[h, 3, h]``). Returns ``(config, weights)``, the
+    tensors cast to ``dtype`` (default: the file dtype) on ``device``."""
     config = read_config(model_dir)
     specs = weight_specs(config)
     shards = [load_weights(model_dir, r, dtype=dtype, device=device)

@@ -47,6 +47,8 @@ def build_gpt_model(config: GptConfig, weights: dict[str, torch.Tensor], *,
         dtype: inference dtype (fp32, fp16 or bf16).
         max_batch: the largest batch a call may use.
         max_seq_len: the largest input + output length (default: :func:`default_max_seq_len`).
+        tensor_para_rank, pipeline_para_size, pipeline_para_rank: this rank's place in the
+            parallel grid (``weights`` must be that rank's shards).
         gemm_config: tuning file from ``warpformer gemm-tune`` ("" = $WARPFORMER_GEMM_CONFIG or
             cuBLASLt's heuristics).
     """
@@ -68,8 +70,9 @@ def load_gpt_model(model_dir: str | os.PathLike[str], *, dtype: torch.dtype = to
     """Load a converted directory into ``torch.classes.warpformer.GptModel`` on ``device``.
 
     The class's methods: ``forward(input_ids int32 [B, S], input_lengths int32 [B]) -> logits
-    [B, S, V]`` and ``generate(input_ids, input_lengths, output_len, end_id=-1) -> (output_ids
-    int32 [B, 1, S + output_len], sequence_lengths int32 [B, 1])``.
+    [B, S, V]`` (in ``dtype``) and ``generate(input_ids, input_lengths, output_len, end_id=-1) ->
+    (output_ids int32 [B, 1, S + output_len], sequence_lengths int32 [B, 1])``; the other
+    arguments are those of :func:`build_gpt_model`.
     """
     config = read_config(model_dir)
     weights = load_weights(model_dir, tp_rank=tensor_para_rank, pp_rank=pipeline_para_rank,
