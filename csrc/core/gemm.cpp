@@ -97,12 +97,15 @@ std::vector<cublasLtMatmulHeuristicResult_t> Gemm::heuristics(const Plan& plan, 
   return results;
 }
 
-Gemm::Plan& Gemm::plan_for(const GemmKey& key) {
+std::shared_ptr<Gemm::Plan> Gemm::plan_for(const GemmKey& key) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = plans_.find(key);
-  if (it != plans_.end()) return *it->second;
+  if (it != plans_.end()) {
+    uses_.splice(uses_.begin(), uses_, it->second.use);
+    return it->second.plan;
+  }
 
-  auto plan = std::make_unique<Plan>();
+  auto plan = std::make_shared<Plan>();
   create_descriptors(key, plan.get());
   auto tuned = tuned_.find(key);
   const int index = tuned == tuned_.end() ? 0 : tuned->second;
@@ -111,9 +114,13 @@ Gemm::Plan& Gemm::plan_for(const GemmKey& key) {
               " k=", key.k, " dtype=", dtype_name(key.dtype));
   // A tuned index past the end of today's list (other cuBLAS version) falls back to the first.
   plan->algo = results[index < static_cast<int>(results.size()) ? index : 0].algo;
-  auto& ref = *plan;
-  plans_.emplace(key, std::move(plan));
-  return ref;
+  if (plans_.size() >= kMaxPlans) {  // drop the least recently used shape
+    plans_.erase(uses_.back());
+    uses_.pop_back();
+  }
+  uses_.push_front(key);
+  plans_.emplace(key, CachedPlan{plan, uses_.begin()});
+  return plan;
 }
 
 std::vector<float> Gemm::benchmark(const GemmKey& key, const void* in, const void* weight,
@@ -210,6 +217,7 @@ bool Gemm::load_tuning(const std::string& path, std::string* note) {
   std::lock_guard<std::mutex> lock(mu_);
   tuned_ = std::move(table);
   plans_.clear();  // re-plan with the tuned choices (plans are rebuilt on next use)
+  uses_.clear();
   *note = "GEMM tuning file '" + path + "': " + std::to_string(tuned_.size()) + " shapes";
   return true;
 }
@@ -412,7 +420,8 @@ void Gemm::run_transposed(DType dtype, const void* in, const void* weight, const
 
 void Gemm::launch(const GemmKey& key, const void* in, const void* weight, const void* bias,
                   void* out, float beta) {
-  Plan& plan = plan_for(key);
+  const std::shared_ptr<Plan> held = plan_for(key);
+  Plan& plan = *held;
   if (key.epilogue != GemmEpilogue::kNone) {
     WF_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                    &bias, sizeof(bias)));

@@ -11,12 +11,15 @@
 // Weights are stored [in, out] (the on-disk layout), so no transposes are needed: in cuBLASLt's
 // column-major view this is out^T[n, m] = weight^T[n, k] @ in^T[k, m]. Matmul descriptors and the
 // chosen algorithm are cached per (m, n, k, dtype, epilogue, beta != 0), so a steady-state call
-// only launches (which also makes it capturable in a CUDA graph).
+// only launches (which also makes it capturable in a CUDA graph). The cache keeps the
+// kMaxPlans most recently used shapes: a long-running server meets a new m with every prompt
+// length, and a dropped shape only costs a heuristic query when it comes back.
 #pragma once
 
 #include <cublasLt.h>
 
 #include <cstdint>
+#include <list>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -140,8 +143,9 @@ class Gemm {
   // prefetch_weight). Off by default: the `warpformer.gemm` op cannot promise it.
   void set_static_weights(bool on) { static_weights_ = on; }
 
-  // Number of distinct shapes planned so far (for tests and the tuner).
+  // Number of shapes whose plan is cached now (at most kMaxPlans).
   size_t cached_plans() const;
+  static constexpr size_t kMaxPlans = 1024;
 
   // Per-shape algorithm choices from a tuning file written by `warpformer gemm-tune`: the index
   // into cuBLASLt's heuristic list that measured fastest. Shapes not in the file use the
@@ -168,7 +172,9 @@ class Gemm {
     Plan& operator=(const Plan&) = delete;
     ~Plan();
   };
-  Plan& plan_for(const GemmKey& key);
+  // Shared: a plan dropped from the cache (by another thread's insert, or load_tuning) stays
+  // alive for a launch that already holds it.
+  std::shared_ptr<Plan> plan_for(const GemmKey& key);
   void create_descriptors(const GemmKey& key, Plan* plan) const;
   std::vector<cublasLtMatmulHeuristicResult_t> heuristics(const Plan& plan, int count) const;
   // Runs the GEMV kernel (normalising `norm` first when given) when m and the shape allow it;
@@ -192,7 +198,12 @@ class Gemm {
   bool static_weights_ = false;
   bool norm_fusion_ = true;
   mutable std::mutex mu_;
-  std::unordered_map<GemmKey, std::unique_ptr<Plan>, GemmKeyHash> plans_;
+  struct CachedPlan {
+    std::shared_ptr<Plan> plan;
+    std::list<GemmKey>::iterator use;  // its place in uses_
+  };
+  std::list<GemmKey> uses_;  // cached shapes, most recently used first
+  std::unordered_map<GemmKey, CachedPlan, GemmKeyHash> plans_;
   std::unordered_map<GemmKey, int, GemmKeyHash> tuned_;  // heuristic index per shape
 };
 

@@ -65,6 +65,10 @@ class GptModelHolder : public torch::CustomClassHolder {
   int64_t device() const { return device_; }
   // Shapes whose cuBLASLt algorithm comes from the GEMM tuning file (0: heuristics only).
   int64_t gemm_tuned_shapes() const { return static_cast<int64_t>(model_->gemm().tuned_shapes()); }
+  // cuBLASLt plans cached now (at most Gemm::kMaxPlans; least recently used shapes are dropped).
+  int64_t gemm_cached_plans() const {
+    return static_cast<int64_t>(model_->gemm().cached_plans());
+  }
   // One line about the GEMM tuning file: shapes loaded, or why it was not used ("" without one).
   std::string gemm_tuning_note() const { return gemm_note_; }
   // Bytes held for the KV cache and the workspace (grow-only; flat across equal calls).

@@ -182,6 +182,35 @@ def test_tuning_file_round_trip(tmp_path):
     assert agree > 0.9  # different algorithms may round differently in fp16
 
 
+def test_plan_cache_keeps_the_most_recent_shapes(tmp_path):
+    """A server meets a new GEMM m with every prompt length: the model's cuBLASLt plan cache stops
+    at Gemm::kMaxPlans (1024) shapes, dropping the least recently used, and a dropped shape is
+    planned again with the same result."""
+    import transformers
+
+    from warpformer.converters import convert
+    from warpformer.models.gpt import load_gpt_model
+
+    cfg = transformers.GPT2Config(vocab_size=1000, n_embd=64, n_head=2, n_layer=1,
+                                  n_positions=512)
+    transformers.GPT2LMHeadModel(cfg).save_pretrained(tmp_path / "hf")
+    convert(tmp_path / "hf", tmp_path / "wf", 1, "fp16")
+    model = load_gpt_model(tmp_path / "wf" / "1-gpu", max_batch=1, max_seq_len=512)
+    ids = torch.randint(0, 1000, (1, 500), dtype=torch.int32, device="cuda")
+
+    def logits(n: int) -> torch.Tensor:  # prefill of n tokens: GEMMs with m = n
+        return model.forward(ids[:, :n].contiguous(),
+                             torch.tensor([n], dtype=torch.int32, device="cuda"))
+
+    first = logits(20).clone()
+    counts = []
+    for n in range(21, 501):
+        logits(n)
+        counts.append(model.gemm_cached_plans())
+    assert counts[0] < 1024 and max(counts) == 1024 and counts[-1] == 1024, counts[::40]
+    assert torch.equal(logits(20), first)  # dropped long ago, planned again
+
+
 # ---- the GEMV that normalises its own input (norm_gemm) -----------------------------------------
 def _norm_case(dtype, m, n, k, residual, input_bias, norm_bias, seed=0):
     g = torch.Generator().manual_seed(seed)
