@@ -191,8 +191,8 @@ def test_plan_cache_keeps_the_most_recent_shapes(tmp_path):
     from warpformer.converters import convert
     from warpformer.models.gpt import load_gpt_model
 
-    cfg = transformers.GPT2Config(vocab_size=1000, n_embd=64, n_head=2, n_layer=1,
-                                  n_positions=512)
+    cfg = transformers.GPT2Config(vocab_size=1000, n_embd=64, n_head=1, n_layer=1,
+                                  n_positions=512, bos_token_id=1, eos_token_id=2)
     transformers.GPT2LMHeadModel(cfg).save_pretrained(tmp_path / "hf")
     convert(tmp_path / "hf", tmp_path / "wf", 1, "fp16")
     model = load_gpt_model(tmp_path / "wf" / "1-gpu", max_batch=1, max_seq_len=512)
