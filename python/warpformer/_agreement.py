@@ -91,8 +91,9 @@ _CHECKPOINT_KEYS = ("model_name", "model_variant", "num_layer", "head_num", "siz
 
 
 def describe_checkpoint(config: Any, path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
-    """What :func:`checkpoint_barrier` compares across ranks: the converted dir's
-    ``tensor_para_size``, model name and shape (from a ``GptConfig``), and its path."""
+    """What :func:`warpformer.distributed.checkpoint_barrier` compares across ranks: the
+    converted dir's ``tensor_para_size``, model name and shape (from a ``GptConfig``), and its
+    path."""
     out = {k: getattr(config, k) for k in ("tensor_para_size", *_CHECKPOINT_KEYS)}
     out["path"] = str(path) if path is not None else None
     return out

@@ -99,7 +99,9 @@ def run_demo(model_dir: str | os.PathLike[str] | None = None, *,
 
     ``model_dir``: a HF checkpoint (``None``: the random GPT-2-shaped model with ``layers``
     layers); ``dataset``: LAMBADA-format JSONL (default :func:`default_dataset`); ``work_dir``:
-    where the model and converted files go (default: a temporary folder removed at the end).
+    where the random model and its conversion go (default: a temporary folder removed at the
+    end; a given ``model_dir`` is converted into the cache, ``$WARPFORMER_CACHE`` or
+    ``$XDG_CACHE_HOME/warpformer``, by default ``~/.cache/warpformer``).
     """
     import transformers
 

@@ -110,7 +110,8 @@ __all__ = [
 
 # Layout: launcher environment discovery and RankInfo are in ``_launch``, the cross-rank reports
 # and failure messages in ``_agreement``, the pre-NCCL transports (and the choice among them) in
-# ``_rendezvous``; their private names stay importable from here. This module keeps the public
+# ``_rendezvous``; their private names stay importable from here, as read-only aliases (to
+# replace one, patch it in the module that defines it). This module keeps the public
 # API, the process's current context, and the hooks tests replace on this module
 # (``_cuda_device_count``, ``_device_uuid``, ``_nccl_unique_id``, ``_new_comm``) together with
 # every function that calls them, so that patching ``warpformer.distributed.<hook>`` takes effect.
@@ -200,7 +201,6 @@ def _default_rendezvous(info: RankInfo, given: Rendezvous | None) -> Rendezvous:
         return _rdv.LocalRendezvous()
     raise RuntimeError("no rendezvous: call warpformer.distributed.setup()/init() first or pass "
                        "rendezvous=warpformer.distributed.rendezvous(info)")
-
 
 
 def exchange_id(info: RankInfo, group_ranks: Sequence[int], key: str,

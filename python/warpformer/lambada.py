@@ -404,8 +404,9 @@ def run(checkpoint_path: str | os.PathLike[str], tokenizer_path: str | os.PathLi
         gpt: GPT | None = None, print_fn: Callable[[str], None] = print) -> LambadaResult:
     """Load tokenizer, data and model (or use ``gpt``), evaluate, print on rank 0, write JSON.
 
-    ``dtype`` is ``"fp32"``, ``"fp16"`` or ``"bf16"`` (warpformer's and HF's compute dtype); the
-    other arguments are the CLI's (:func:`add_args`).
+    ``dtype`` is ``"fp32"``, ``"fp16"`` or ``"bf16"``: warpformer's and HF's compute dtype on a
+    GPU (HF and the reference backend compute in fp32 on the CPU); the other arguments are the
+    CLI's (:func:`add_args`).
     """
     import transformers
 

@@ -264,8 +264,9 @@ class ReferenceEngine:
             input_ids: integer ``[B, S]`` right padded (int32 in the engine's contract).
             input_lengths: integer ``[B]`` prompt lengths in ``[1, S]``.
             output_len: tokens to generate, >= 1.
-            options: ``docs/GENERATION_API.md``'s option dict (keys of :data:`OPTION_KEYS`, each
-                a scalar or a per-row ``[B]`` tensor of the dtype listed there, plus
+            options: ``docs/GENERATION_API.md``'s option dict (keys of :data:`OPTION_KEYS`: the
+                per-row ones a scalar or a ``[B]`` tensor, float or integer as listed there;
+                beam_width, length_penalty, diversity_rate and the return_* flags scalars; plus
                 ``stop_words``/``bad_words`` in FT's ``[B, 2, L]`` / ``[2, L]`` format).
         """
         self._state = None
