@@ -119,7 +119,9 @@ int chunk_len(int vocab, bool split) {
 
 }  // namespace
 
-int greedy_step_chunks(int vocab) { return vocab <= 0 ? 1 : ceil_div(vocab, chunk_len(vocab, true)); }
+int greedy_step_chunks(int vocab) {
+  return vocab <= 0 ? 1 : ceil_div(vocab, chunk_len(vocab, true));
+}
 
 template <typename T>
 cudaError_t launch_greedy_step(const GreedyStepParams<T>& p, cudaStream_t stream) {

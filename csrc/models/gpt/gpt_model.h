@@ -79,7 +79,7 @@ class GptModel {
   struct Fusions {
     bool attention = true;  // the decode step's QKV preparation inside the attention kernel
     bool norms = true;      // pre-norm residual adds and norms inside the GEMVs (Gemm::run_normed)
-    bool parallel = true;   // parallel-residual decode: MLP-in beside the attention, one out product
+    bool parallel = true;   // parallel-residual decode: MLP-in beside attention, one out product
   };
 
   GptModel(GptConfig cfg, GptWeights weights, DType dtype, std::shared_ptr<CudaContext> ctx,
