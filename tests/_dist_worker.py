@@ -87,10 +87,11 @@ def _rank_order_sum(count: int, dtype: torch.dtype, ranks: int, salt: int = 0) -
 
 
 def check_all_reduce(comm) -> dict:
-    """Sums over ``comm`` of several sizes and dtypes by every path, eager, back to back without
-    host syncs, and replayed from a CUDA graph, against the fp32 rank-order sum (bit-exact on
-    the peer path, within NCCL's rounding otherwise). Returns what failed and a digest of the
-    results (equal on every rank when all ranks computed the same bits)."""
+    """Sums over ``comm`` of several sizes and dtypes by every path, eager, as one NCCL group
+    (and the group's refusals), back to back without host syncs, and replayed from a CUDA
+    graph, against the fp32 rank-order sum (bit-exact on the peer path, within NCCL's rounding
+    otherwise). Returns what failed and a digest of the results (equal on every rank when all
+    ranks computed the same bits)."""
     me, n = comm.rank(), comm.size()
     peer = comm.peer_all_reduce()
     bad: list[str] = []
@@ -122,6 +123,34 @@ def check_all_reduce(comm) -> dict:
         except RuntimeError as e:
             if "at most" not in str(e):
                 bad.append(f"unexpected error for an oversized peer message: {e}")
+
+    # One NCCL group of several sums (mixed sizes and dtypes), issued together.
+    group = [(1000, torch.float32), (4096, torch.float16), (77 * 8, torch.bfloat16),
+             (262144, torch.float16)]
+    xs = [_rank_data(c, dt, me, salt=200 + i).cuda() for i, (c, dt) in enumerate(group)]
+    back = comm.all_reduce_group_(xs, "auto")
+    same = [b.data_ptr() for b in back] == [x.data_ptr() for x in xs]
+    if not same:
+        bad.append("all_reduce_group_ did not return its tensors, summed in place")
+    for i, ((c, dt), x) in enumerate(zip(group, xs, strict=True)):
+        check(x, _rank_order_sum(c, dt, n, salt=200 + i), False, f"group member {i} {dt} {c}")
+    # The peer path cannot join a group: refused inside it, after which the group must be
+    # closed (an open one would swallow the next call, which would then never run).
+    try:
+        comm.all_reduce_group_([torch.ones(8, device="cuda")], "peer")
+        bad.append("path 'peer' was accepted inside a group")
+    except RuntimeError as e:
+        if "cannot join a group" not in str(e):
+            bad.append(f"unexpected error for 'peer' inside a group: {e}")
+    try:
+        comm.all_reduce_group_([torch.ones(8, device="cuda"), torch.ones(8)], "auto")
+        bad.append("a CPU tensor was accepted by all_reduce_group_")
+    except RuntimeError as e:
+        if "ts[1]" not in str(e):
+            bad.append(f"the error for a CPU tensor does not name ts[1]: {e}")
+    x = _rank_data(2048, torch.float16, me, salt=250).cuda()
+    comm.all_reduce_(x, "nccl")
+    check(x, _rank_order_sum(2048, torch.float16, n, salt=250), False, "call after a failed group")
 
     # Back to back: no host synchronisation, alternating sizes, so fast ranks run ahead.
     counts = [4096, 262144, 1000] * 20

@@ -171,19 +171,25 @@ void NcclCommunicator::recv(void* data, int64_t bytes, int peer, cudaStream_t st
 void NcclCommunicator::send_recv(const P2pOp* ops, int n, cudaStream_t stream) {
   TORCH_CHECK(comm_ != nullptr, "NcclComm: the communicator was aborted");
   if (n == 0) return;
-  // A non-blocking communicator may answer ncclInProgress inside the group too.
-  auto ok = [](ncclResult_t x) { return x == ncclSuccess || x == ncclInProgress; };
-  ncclResult_t r = ncclGroupStart();
-  for (int i = 0; i < n && ok(r); ++i) {
-    const P2pOp& op = ops[i];
-    r = op.send ? ncclSend(op.data, static_cast<size_t>(op.bytes), ncclInt8, op.peer, comm_,
-                           stream)
-                : ncclRecv(op.data, static_cast<size_t>(op.bytes), ncclInt8, op.peer, comm_,
-                           stream);
+  const bool outermost = t_group_depth == 0;
+  try {
+    GroupScope group(this);
+    for (int i = 0; i < n; ++i) {
+      const P2pOp& op = ops[i];
+      if (op.send) {
+        send(op.data, op.bytes, op.peer, stream);
+      } else {
+        recv(op.data, op.bytes, op.peer, stream);
+      }
+    }
+    group.end();
+  } catch (...) {
+    // A transfer that failed to enqueue leaves its peer's matching call waiting: nothing on this
+    // communicator can complete any more. The scope has closed the group by now; inside an outer
+    // group the communicator stays until that group's end_group reports the error.
+    if (outermost) abort();
+    throw;
   }
-  // The group is closed whatever happened inside it (an open group would swallow later calls).
-  const ncclResult_t end = ncclGroupEnd();
-  finish_call(ok(r) ? end : r, "grouped send/recv");
 }
 
 void NcclCommunicator::begin_group() {

@@ -7,6 +7,7 @@
 
 #include <array>
 #include <cstring>
+#include <string>
 
 #include "csrc/torch/ops.h"
 #include "csrc/torch/tensor_utils.h"
@@ -30,25 +31,54 @@ NcclCommHolder::NcclCommHolder(const at::Tensor& unique_id, int64_t world_size, 
                                              timeout_s);
 }
 
+namespace {
+
+AllReducePath parse_path(const std::string& path, const char* op) {
+  if (path == "nccl") return AllReducePath::kNccl;
+  if (path == "peer") return AllReducePath::kPeer;
+  TORCH_CHECK(path == "auto", op, ": path must be 'auto', 'nccl' or 'peer', got '", path, "'");
+  return AllReducePath::kAuto;
+}
+
+}  // namespace
+
+DType NcclCommHolder::check_tensor(const at::Tensor& t, const char* op, const char* what) const {
+  check_floating(t, op, what);
+  check_contiguous(t, op, what);
+  check_cuda(t, op, what);
+  TORCH_CHECK(t.device().index() == comm_->device(), op, ": ", what, " is on ", t.device(),
+              " but the communicator is on cuda:", comm_->device());
+  return to_dtype(t.scalar_type(), op, what);
+}
+
 at::Tensor NcclCommHolder::all_reduce_(at::Tensor t, const std::string& path) {
   const char* op = "NcclComm.all_reduce_";
-  AllReducePath how = AllReducePath::kAuto;
-  if (path == "nccl") {
-    how = AllReducePath::kNccl;
-  } else if (path == "peer") {
-    how = AllReducePath::kPeer;
-  } else {
-    TORCH_CHECK(path == "auto", op, ": path must be 'auto', 'nccl' or 'peer', got '", path, "'");
-  }
-  check_floating(t, op, "t");
-  check_contiguous(t, op, "t");
-  check_cuda(t, op, "t");
-  TORCH_CHECK(t.device().index() == comm_->device(), op, ": t is on ", t.device(),
-              " but the communicator is on cuda:", comm_->device());
+  const AllReducePath how = parse_path(path, op);
+  const DType dtype = check_tensor(t, op, "t");
   const c10::cuda::CUDAGuard guard(t.device());
-  comm_->all_reduce_sum(t.data_ptr(), t.numel(), to_dtype(t.scalar_type(), op, "t"),
-                        current_stream(t), how);
+  comm_->all_reduce_sum(t.data_ptr(), t.numel(), dtype, current_stream(t), how);
   return t;
+}
+
+std::vector<at::Tensor> NcclCommHolder::all_reduce_group_(std::vector<at::Tensor> ts,
+                                                          const std::string& path) {
+  const char* op = "NcclComm.all_reduce_group_";
+  const AllReducePath how = parse_path(path, op);
+  std::vector<DType> dtypes;
+  dtypes.reserve(ts.size());
+  for (size_t i = 0; i < ts.size(); ++i) {
+    const std::string what = "ts[" + std::to_string(i) + "]";
+    dtypes.push_back(check_tensor(ts[i], op, what.c_str()));
+  }
+  if (ts.empty()) return ts;
+  const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(comm_->device()));
+  const cudaStream_t stream = current_stream(ts[0]);
+  GroupScope group(comm_.get());
+  for (size_t i = 0; i < ts.size(); ++i) {
+    comm_->all_reduce_sum(ts[i].data_ptr(), ts[i].numel(), dtypes[i], stream, how);
+  }
+  group.end();
+  return ts;
 }
 
 void NcclCommHolder::barrier() {

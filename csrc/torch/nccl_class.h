@@ -7,6 +7,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "csrc/core/nccl_comm.h"
 
@@ -23,6 +24,10 @@ class NcclCommHolder : public torch::CustomClassHolder {
   // In-place sum over the group on the current stream (for tests and users). path: "auto" (the
   // peer all-reduce when the group has it and t fits, else NCCL), "nccl" or "peer".
   at::Tensor all_reduce_(at::Tensor t, const std::string& path);
+  // In-place sums of every tensor of ts, each taken as all_reduce_ takes it, issued as one NCCL
+  // group (one launch for all of them). Inside a group the sums take NCCL: path "auto" and
+  // "nccl" alike; "peer" is refused. Every tensor is checked before any is issued.
+  std::vector<at::Tensor> all_reduce_group_(std::vector<at::Tensor> ts, const std::string& path);
   // Whether the group set up the one-shot peer all-reduce; the reason when it did not.
   bool peer_all_reduce() const { return comm_->has_peer_all_reduce(); }
   std::string peer_all_reduce_reason() const { return comm_->peer_all_reduce_reason(); }
@@ -32,6 +37,9 @@ class NcclCommHolder : public torch::CustomClassHolder {
   NcclCommunicator* get() const { return comm_.get(); }
 
  private:
+  // Checks t as the tensor argument `what` of op and returns its dtype.
+  DType check_tensor(const at::Tensor& t, const char* op, const char* what) const;
+
   std::shared_ptr<NcclCommunicator> comm_;
 };
 

@@ -178,6 +178,8 @@ TORCH_LIBRARY(warpformer, m) {
       .def("device", &warpformer::NcclCommHolder::device)
       .def("all_reduce_", &warpformer::NcclCommHolder::all_reduce_, "",
            {torch::arg("t"), torch::arg("path") = std::string("auto")})
+      .def("all_reduce_group_", &warpformer::NcclCommHolder::all_reduce_group_, "",
+           {torch::arg("ts"), torch::arg("path") = std::string("auto")})
       .def("peer_all_reduce", &warpformer::NcclCommHolder::peer_all_reduce)
       .def("peer_all_reduce_reason", &warpformer::NcclCommHolder::peer_all_reduce_reason)
       .def("barrier", &warpformer::NcclCommHolder::barrier)
