@@ -70,16 +70,14 @@ from common import (
 
 # Extra warpformer rows (--wf-variants): GEMV off (cuBLASLt for every product), a gemm-tune file
 # made for the configuration, no kernel fusion (QKV preparation and norms as kernels of their
-# own), only the attention fusion, every fusion but the parallel-residual decode step's (MLP-in
-# product beside the attention, one launch for the two output products), and the GEMV's k-split
-# aiming at two blocks per SM instead of filling the SMs. Each environment variable is read when
-# the engine is built.
+# own), only the attention fusion, and every fusion but the parallel-residual decode step's (MLP-in
+# product beside the attention, one launch for the two output products). Each environment
+# variable is read when the engine is built.
 VARIANT_ENV = {
     "gemv-off": ("WARPFORMER_GEMV", "0"),
     "unfused": ("WARPFORMER_FUSE", "0"),
     "attention-only": ("WARPFORMER_FUSE", "attention"),
     "parallel-off": ("WARPFORMER_FUSE", "attention,norms"),
-    "gemv-split2": ("WARPFORMER_GEMV_BLOCKS_PER_SM", "2"),
 }
 VARIANTS = (*VARIANT_ENV, "tuned")
 ENGINES = ("warpformer", *(f"warpformer-{v}" for v in VARIANTS), "hf-eager", "hf-compiled")
@@ -184,9 +182,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "unfused (WARPFORMER_FUSE=0: QKV preparation and norms as kernels of "
                          "their own), attention-only (WARPFORMER_FUSE=attention: norms as "
                          "kernels of their own), parallel-off (WARPFORMER_FUSE=attention,norms: "
-                         "a parallel-residual layer's four products one after another), "
-                         "gemv-split2 (WARPFORMER_GEMV_BLOCKS_PER_SM=2: the GEMV splits k for "
-                         "two blocks per SM instead of filling the SMs)")
+                         "a parallel-residual layer's four products one after another)")
     ap.add_argument("--hf-compile", choices=("none", "target", "all"), default="target",
                     help="HF static cache + compiled forward on: none, the target configuration "
                          "(batch 1, 128/128; default) or every configuration (slow)")

@@ -18,8 +18,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <mutex>
-#include <type_traits>
 
 #include "kernels/activation_math.cuh"
 #include "kernels/common.cuh"
@@ -376,25 +374,17 @@ struct KnSplit {
   int tiles, ksplit, kchunk;
 };
 
-// Column tiles and k-splits for depth p.k + d.k. The tiles alone rarely fill the GPU at decode
-// sizes (gpt-j-6b's attention output has 64), so k is split over a cluster: at least enough for
-// two blocks per SM (rounded up), and more while the grid still fits the SMs at `target` blocks
-// each (rounded down: a second wave would be a tail). More blocks keep more weight loads in
-// flight, and the stream sets the pace. `target` is p.blocks_per_sm when set (2 reproduces the
-// rule before the fill), else `resident`: how many blocks fit on an SM at once. Every split
-// keeps at least 8 vectors of k. The split depends on the shape and rows only, never on whether
-// the kernel normalises, so a normalising product adds in the same order as norm + product.
+// Column tiles and k-splits for depth p.k + d.k.
 template <typename T>
-KnSplit kn_split(const GemvParams<T>& p, const GemvDepth<T>& dp, const DeviceInfo& d,
-                 int resident) {
+KnSplit kn_split(const GemvParams<T>& p, const GemvDepth<T>& dp, const DeviceInfo& d) {
   constexpr int V = 16 / sizeof(T);
   const int tiles = ceil_div(p.n, kColVecs * V);
   const int k = p.k + dp.k;
   int ksplit = 1;
   if (d.clusters) {
-    const int target = p.blocks_per_sm > 0 ? p.blocks_per_sm : resident;
-    const int want = std::max(ceil_div(2 * d.sms, tiles), target * d.sms / tiles);
-    ksplit = std::max(1, std::min({kMaxSplit, want, k / (8 * V)}));
+    // Enough blocks for two per SM, but at least 8 vectors of k per split.
+    ksplit = std::min({kMaxSplit, ceil_div(2 * d.sms, tiles), std::max(1, k / (8 * V))});
+    ksplit = std::max(ksplit, 1);
   }
   const int kchunk = ceil_div(k / V, ksplit) * V;
   return KnSplit{tiles, ceil_div(k, kchunk), kchunk};  // no empty splits
@@ -413,73 +403,16 @@ size_t kn_static_smem(int m) {
   return static_cast<size_t>(kWarps + 1) * m * kColVecs * V * sizeof(float) + 32 * sizeof(float);
 }
 
-// Static plus dynamic shared memory of a block, without opting in to more (a little is left for
-// the compiler's alignment of the static arrays).
-constexpr size_t kMaxBlockSmem = 48 * 1024 - 128;
-
-// Blocks of gemv_kn_kernel<T, M, NORM> that fit on one SM at once (registers, threads; a
-// normalising block counted with the most shared memory it may take); 0 when the query fails.
-template <typename T, int M, bool NORM>
-int blocks_per_sm_of() {
-  int b = 0;
-  const size_t smem = NORM ? kMaxBlockSmem - kn_static_smem<T>(M) : 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, gemv_kn_kernel<T, M, NORM>, kThreads,
-                                                    smem) != cudaSuccess) {
-    cudaGetLastError();  // a failed query must not surface in a later launch's check
-    b = 0;
-  }
-  return b;
-}
-
-// Blocks per SM that both the plain and the normalising kernel for M rows fit at once (the
-// split must not depend on which of the two runs), asked once per device.
-template <typename T, int M>
-int resident_blocks(int device) {
-  constexpr int kMaxDevices = 64;
-  static std::once_flag once[kMaxDevices];
-  static int blocks[kMaxDevices];
-  auto query = [] {
-    return std::min(blocks_per_sm_of<T, M, false>(), blocks_per_sm_of<T, M, true>());
-  };
-  if (device < 0 || device >= kMaxDevices) return query();
-  std::call_once(once[device], [&] { blocks[device] = query(); });
-  return blocks[device];
-}
-
-// f(std::integral_constant<int, M>{}) for the row count m (1..kGemvMaxRows; more run as 8).
-template <typename F>
-auto with_rows(int m, F&& f) {
-  switch (m) {
-    case 1: return f(std::integral_constant<int, 1>{});
-    case 2: return f(std::integral_constant<int, 2>{});
-    case 3: return f(std::integral_constant<int, 3>{});
-    case 4: return f(std::integral_constant<int, 4>{});
-    case 5: return f(std::integral_constant<int, 5>{});
-    case 6: return f(std::integral_constant<int, 6>{});
-    case 7: return f(std::integral_constant<int, 7>{});
-    default: return f(std::integral_constant<int, 8>{});
-  }
-}
-
-// How the [k, n] kernel splits this product on `device`.
-template <typename T>
-KnSplit kn_split_for(const GemvParams<T>& p, const GemvDepth<T>& dp, int device) {
-  const int resident = with_rows(p.m, [device](auto rows) {
-    return resident_blocks<T, decltype(rows)::value>(device);
-  });
-  return kn_split(p, dp, device_info(device), resident);
-}
-
 template <typename T, int M, bool NORM>
 cudaError_t launch_rows(const GemvParams<T>& p, const GemvNorm<T>& g, const GemvDepth<T>& dp,
-                        int device, cudaStream_t stream) {
+                        const DeviceInfo& d, cudaStream_t stream) {
   LaunchShape shape;
   shape.block = dim3(kThreads);
   if (p.transposed) {
     shape.grid = dim3(static_cast<unsigned>(ceil_div(p.n, kWarps * kRowsPerWarp)));
     return launch_kernel(shape, stream, gemv_nk_kernel<T, M>, p);
   }
-  const KnSplit s = kn_split(p, dp, device_info(device), resident_blocks<T, M>(device));
+  const KnSplit s = kn_split(p, dp, d);
   shape.grid = dim3(static_cast<unsigned>(s.tiles), static_cast<unsigned>(s.ksplit), 1);
   shape.cluster_y = static_cast<unsigned>(s.ksplit);
   shape.smem = NORM ? normed_smem(p, s) : 0;
@@ -489,10 +422,22 @@ cudaError_t launch_rows(const GemvParams<T>& p, const GemvNorm<T>& g, const Gemv
 template <typename T, bool NORM>
 cudaError_t launch_any_rows(const GemvParams<T>& p, const GemvNorm<T>& g, const GemvDepth<T>& dp,
                             int device, cudaStream_t stream) {
-  return with_rows(p.m, [&](auto rows) {
-    return launch_rows<T, decltype(rows)::value, NORM>(p, g, dp, device, stream);
-  });
+  const DeviceInfo d = device_info(device);
+  switch (p.m) {
+    case 1: return launch_rows<T, 1, NORM>(p, g, dp, d, stream);
+    case 2: return launch_rows<T, 2, NORM>(p, g, dp, d, stream);
+    case 3: return launch_rows<T, 3, NORM>(p, g, dp, d, stream);
+    case 4: return launch_rows<T, 4, NORM>(p, g, dp, d, stream);
+    case 5: return launch_rows<T, 5, NORM>(p, g, dp, d, stream);
+    case 6: return launch_rows<T, 6, NORM>(p, g, dp, d, stream);
+    case 7: return launch_rows<T, 7, NORM>(p, g, dp, d, stream);
+    default: return launch_rows<T, 8, NORM>(p, g, dp, d, stream);
+  }
 }
+
+// Static plus dynamic shared memory of a block, without opting in to more (a little is left for
+// the compiler's alignment of the static arrays).
+constexpr size_t kMaxBlockSmem = 48 * 1024 - 128;
 
 struct Range {
   const void* ptr;
@@ -558,7 +503,7 @@ bool gemv_normed_supported(const GemvParams<T>& p, const NormParams<T>& norm, in
     }
   }
   const size_t smem =
-      normed_smem(p, kn_split_for<T>(p, GemvDepth<T>{}, device)) + kn_static_smem<T>(p.m);
+      normed_smem(p, kn_split(p, GemvDepth<T>{}, device_info(device))) + kn_static_smem<T>(p.m);
   return aligned && no_alias && smem <= kMaxBlockSmem;
 }
 

@@ -47,10 +47,6 @@ struct GemvParams {
   // after the attention). The product then runs beside that kernel, not after it: it waits for
   // it only before exiting, so a kernel that waits for this one still finds both done.
   bool beside = false;
-  // Blocks per SM a [k, n] product's k-split fills up to (never fewer than 2, rounded up); 0
-  // (the default): as many as fit on an SM at once. Gemm sets it from
-  // WARPFORMER_GEMV_BLOCKS_PER_SM for A/B runs (2 is the rule before the fill).
-  int blocks_per_sm = 0;
 };
 
 // True when launch_gemv can run these parameters: 1 <= m <= kGemvMaxRows, k (and n when not

@@ -46,14 +46,6 @@ Gemm::Plan::~Plan() {
 Gemm::Gemm(const CudaContext* ctx) : ctx_(ctx) {
   const char* env = std::getenv("WARPFORMER_GEMV");
   if (env != nullptr && std::strcmp(env, "0") == 0) gemv_policy_ = GemvPolicy::kNever;
-  const char* per_sm = std::getenv("WARPFORMER_GEMV_BLOCKS_PER_SM");
-  if (per_sm != nullptr && *per_sm != '\0') {
-    char* end = nullptr;
-    const long v = std::strtol(per_sm, &end, 10);
-    TORCH_CHECK(*end == '\0' && v >= 0 && v <= 64, "WARPFORMER_GEMV_BLOCKS_PER_SM must be an "
-                "integer in [0, 64] (0: fill the SMs), got '", per_sm, "'");
-    gemv_blocks_per_sm_ = static_cast<int>(v);
-  }
 }
 
 Gemm::~Gemm() = default;
@@ -262,7 +254,7 @@ kernels::NormParams<T> norm_params(const GemmNormedInput& in, int64_t rows, int6
 template <typename T>
 kernels::GemvParams<T> gemv_params(const void* in, const void* weight, const void* bias,
                                    void* out, int64_t m, int64_t n, int64_t k,
-                                   bool prefetch_weight, int blocks_per_sm) {
+                                   bool prefetch_weight) {
   kernels::GemvParams<T> p{};
   p.out = static_cast<T*>(out);
   p.in = static_cast<const T*>(in);
@@ -272,7 +264,6 @@ kernels::GemvParams<T> gemv_params(const void* in, const void* weight, const voi
   p.n = static_cast<int>(n);
   p.k = static_cast<int>(k);
   p.prefetch_weight = prefetch_weight;
-  p.blocks_per_sm = blocks_per_sm;
   return p;
 }
 
@@ -292,8 +283,7 @@ bool Gemm::try_gemv(DType dtype, const void* in, const void* weight, const void*
   if (m > gemv_max_rows(transposed) || n > INT_MAX || k > INT_MAX) return false;
   return WF_DISPATCH_FLOATING(dtype, "Gemm (GEMV path)", [&] {
     kernels::GemvParams<scalar_t> p =
-        gemv_params<scalar_t>(in, weight, bias, out, m, n, k, static_weights_,
-                              gemv_blocks_per_sm_);
+        gemv_params<scalar_t>(in, weight, bias, out, m, n, k, static_weights_);
     p.transposed = transposed;
     p.act = act;
     p.beta = beta;
@@ -380,7 +370,7 @@ bool Gemm::try_gemv_sum(DType dtype, const void* in1, const void* w1, int64_t k1
   return WF_DISPATCH_FLOATING(dtype, "Gemm::run_sum", [&] {
     using T = scalar_t;
     const kernels::GemvParams<T> p =
-        gemv_params<T>(in1, w1, nullptr, out, m, n, k1, static_weights_, gemv_blocks_per_sm_);
+        gemv_params<T>(in1, w1, nullptr, out, m, n, k1, static_weights_);
     const T* x2 = static_cast<const T*>(in2);
     const T* v2 = static_cast<const T*>(w2);
     if (!kernels::gemv_sum_supported(p, x2, v2, static_cast<int>(k2))) return false;

@@ -133,8 +133,7 @@ class Gemm {
 
   // Which products go to the GEMV kernel: never (all cuBLASLt; the default when the environment
   // sets WARPFORMER_GEMV=0), where it measured faster (the default), or whenever the kernel can
-  // run the shape (the `warpformer.gemm` op's backend='gemv'). WARPFORMER_GEMV_BLOCKS_PER_SM=N
-  // (N >= 1) makes the GEMV split k for N blocks per SM instead of filling the SMs (A/B runs).
+  // run the shape (the `warpformer.gemm` op's backend='gemv').
   enum class GemvPolicy { kNever, kPreferred, kAlways };
   void set_gemv_policy(GemvPolicy policy) { gemv_policy_ = policy; }
 
@@ -196,7 +195,6 @@ class Gemm {
 
   const CudaContext* ctx_;
   GemvPolicy gemv_policy_ = GemvPolicy::kPreferred;
-  int gemv_blocks_per_sm_ = 0;  // kernels::GemvParams::blocks_per_sm
   bool static_weights_ = false;
   bool norm_fusion_ = true;
   mutable std::mutex mu_;

@@ -293,38 +293,6 @@ def test_norm_gemm_optional_inputs(dtype, residual, input_bias, norm_bias, act):
     assert _rel_err(fused[0], ref) <= 2 * TOL[dtype]
 
 
-def test_gemv_split_target(monkeypatch):
-    """WARPFORMER_GEMV_BLOCKS_PER_SM sets how far the GEMV splits k (default: as many blocks as
-    fit on the SMs at once; 2 the rule before that): the fp32 sum order changes, the result only
-    within rounding, the normalising product splits as the plain one does (so fused stays bit-
-    identical to norm + product), and a bad value is refused naming the variable."""
-    outs = {}
-    for per_sm in ("2", "8", "0"):
-        monkeypatch.setenv("WARPFORMER_GEMV_BLOCKS_PER_SM", per_sm)
-        for dtype in (torch.float32, torch.float16):
-            # GPT-J's MLP-out (64 tiles: 5 splits at 2 per SM, 8 at 8), a wide QKV, gpt2-medium
-            for n, k in [(4096, 16384), (12288, 4096), (3072, 1024)]:
-                a, w, b, ref = _gemv_case(dtype, 1, n, k, False, seed=n)
-                out = ops.gemm(a, w, b, False, "bias", "gemv")
-                assert _rel_err(out, ref) <= _tol(dtype, k), (per_sm, dtype, n, k)
-                outs[per_sm, dtype, n] = out
-        for n, k in [(16384, 4096), (4096, 4096)]:
-            x, res, ib, gamma, beta, w, b = _norm_case(torch.float16, 1, n, k, True, True, True)
-            fused = ops.norm_gemm(x, res, ib, gamma, beta, "layer_norm", 1e-5, w, b, "identity",
-                                  "fused")
-            unfused = ops.norm_gemm(x, res, ib, gamma, beta, "layer_norm", 1e-5, w, b,
-                                    "identity", "unfused")
-            for a, u in zip(fused, unfused, strict=True):
-                assert torch.equal(a, u), f"blocks per SM {per_sm}, {n}x{k}: fused differs"
-    # The knob reaches the kernel: fp32's 128 tiles of [16384, 4096] take 3 k-ranges at 2 per SM
-    # and 8 at 8, which add the partial sums in another order.
-    assert not torch.equal(outs["2", torch.float32, 4096], outs["8", torch.float32, 4096])
-    monkeypatch.setenv("WARPFORMER_GEMV_BLOCKS_PER_SM", "two")
-    a, w, b, _ = _gemv_case(torch.float16, 1, 64, 64, False)
-    with pytest.raises(RuntimeError, match=r"WARPFORMER_GEMV_BLOCKS_PER_SM must be an integer"):
-        ops.gemm(a, w, b, False, "bias", "gemv")
-
-
 def test_norm_gemm_fused_refuses_what_it_cannot_run():
     x, res, ib, gamma, beta, w, b = _norm_case(torch.float16, 9, 64, 1024, True, False, False)
     with pytest.raises(RuntimeError, match=r"norm_gemm: backend 'fused' cannot run m=9"):
