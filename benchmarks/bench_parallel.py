@@ -8,7 +8,9 @@ all-reduce through NCCL instead of the one-shot peer all-reduce), "-whole" with
 WARPFORMER_PP_DECODE_SPLIT=0 (pipeline stages run each decode step whole instead of splitting it
 into one micro-batch per stage), "-parallel-off" with WARPFORMER_FUSE=attention,norms (a
 parallel-residual layer's four decode products one after another, instead of the MLP-in product
-beside the attention and one launch for the two output products), to show what each is worth.
+beside the attention and one launch for the two output products), "-early-off" with
+WARPFORMER_PEER_EARLY_START=0 (the peer all-reduce lets the next kernel start only when it ends,
+not as soon as it runs), to show what each is worth.
 
 The parent builds the model once on the GPU (benchmarks/common.py), converts it for every tensor-
 parallel size needed, then launches `torchrun --nproc-per-node tp*pp` of this script in worker
@@ -37,6 +39,7 @@ VARIANTS = {
     "nccl": ({"WARPFORMER_PEER_ALLREDUCE": "0"}, "NCCL all-reduce"),
     "whole": ({"WARPFORMER_PP_DECODE_SPLIT": "0"}, "whole decode steps"),
     "parallel-off": ({"WARPFORMER_FUSE": "attention,norms"}, "parallel-residual fusion off"),
+    "early-off": ({"WARPFORMER_PEER_EARLY_START": "0"}, "peer all-reduce starts no kernel early"),
 }
 
 
@@ -93,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--grids", default="1x1,2x1,1x2",
                     help="TPxPP list; suffix -nccl: all-reduces through NCCL only, -whole: "
                          "pipeline decode steps not split, -parallel-off: parallel-residual "
-                         "decode fusion off")
+                         "decode fusion off, -early-off: no early start after the peer "
+                         "all-reduce")
     ap.add_argument("--batches", default="1,64")
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=64)

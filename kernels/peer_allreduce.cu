@@ -41,8 +41,10 @@ __device__ __forceinline__ uint32_t* flag_at(char* buffer, int block, int from_r
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     peer_allreduce_kernel(T* data, int64_t count, int64_t per_block, PeerBuffers bufs,
-                          uint32_t* sequence, int rank, int ranks, uint64_t timeout_ns) {
+                          uint32_t* sequence, int rank, int ranks, uint64_t timeout_ns,
+                          bool start_next_early) {
   wait_for_prior_kernels();
+  if (start_next_early) start_next_kernel();
   constexpr int N = 16 / sizeof(T);
   const int b = blockIdx.x;
   const int64_t begin = static_cast<int64_t>(b) * per_block;
@@ -151,7 +153,7 @@ cudaError_t launch_peer_allreduce(const PeerAllReduceParams<T>& p, cudaStream_t 
   shape.grid = dim3(blocks);
   shape.block = dim3(kThreads);
   return launch_kernel(shape, stream, peer_allreduce_kernel<T>, p.data, p.count, per, bufs,
-                       p.sequence, p.rank, p.ranks, p.timeout_ns);
+                       p.sequence, p.rank, p.ranks, p.timeout_ns, p.start_next_early);
 }
 
 #define WF_PEER_INSTANTIATE(T)                                                   \

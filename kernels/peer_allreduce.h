@@ -45,7 +45,16 @@ struct PeerAllReduceParams {
   uint32_t* sequence = nullptr;  // [kPeerMaxBlocks] this rank's call counters (device memory)
   int rank = 0, ranks = 0;
   uint64_t timeout_ns = 0;
+  // Let the next kernel on the stream be scheduled as soon as every block is running (common.cuh,
+  // start_next_kernel) instead of when the call ends: a decode step's next kernel is a GEMV that
+  // then streams its first weights while this call still waits for its peers.
+  bool start_next_early = false;
 };
+
+// Messages up to this size start the next kernel early when PeerAllReduce allows it: two rows of
+// a decode step up to 8,192 wide in fp32 (a prefill's all-reduce, ahead of cuBLASLt products,
+// is larger).
+constexpr int64_t kPeerEarlyStartBytes = 64 * 1024;
 
 // True when one call can carry the message: 16-byte aligned data, at most kPeerMaxBytes.
 template <typename T>

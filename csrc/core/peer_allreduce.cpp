@@ -40,6 +40,8 @@ std::unique_ptr<PeerAllReduce> PeerAllReduce::create(Communicator& comm, int dev
   self->ranks_ = comm.size();
   self->device_ = device;
   self->timeout_ns_ = static_cast<uint64_t>(timeout_s * 1e9);
+  const char* early = std::getenv("WARPFORMER_PEER_EARLY_START");
+  self->early_start_ = early == nullptr || std::strcmp(early, "0") != 0;
   self->buffers_.assign(self->ranks_, nullptr);
 
   Record mine{};
@@ -160,6 +162,8 @@ kernels::PeerAllReduceParams<T> PeerAllReduce::params(void* data, int64_t count)
   p.rank = rank_;
   p.ranks = ranks_;
   p.timeout_ns = timeout_ns_;
+  p.start_next_early =
+      early_start_ && count * static_cast<int64_t>(sizeof(T)) <= kernels::kPeerEarlyStartBytes;
   return p;
 }
 
