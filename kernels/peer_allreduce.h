@@ -52,8 +52,9 @@ struct PeerAllReduceParams {
 };
 
 // Messages up to this size start the next kernel early when PeerAllReduce allows it: two rows of
-// a decode step up to 8,192 wide in fp32 (a prefill's all-reduce, ahead of cuBLASLt products,
-// is larger).
+// a decode step up to 8,192 wide in fp32. A prefill's all-reduce, ahead of cuBLASLt products,
+// is larger unless the prompt is a few tokens; then the early start may cost a little time,
+// never correctness (the next kernel still waits for this one before touching its output).
 constexpr int64_t kPeerEarlyStartBytes = 64 * 1024;
 
 // True when one call can carry the message: 16-byte aligned data, at most kPeerMaxBytes.
