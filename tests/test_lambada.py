@@ -106,6 +106,23 @@ def _sample(i, ctx, tgt):
     return s
 
 
+def test_model_protocol():
+    # evaluate's model type: GPT and the stand-in have its members, a model without logits not.
+    from warpformer.gpt import GPT
+
+    assert isinstance(ScriptedGPT({}), lambada.LambadaModel)
+    assert all(callable(getattr(GPT, m)) for m in ("generate", "logits"))
+    assert isinstance(GPT.end_id, property)
+
+    class NoLogits:
+        end_id = 1
+
+        def generate(self, prompts, n):
+            return None
+
+    assert not isinstance(NoLogits(), lambada.LambadaModel)
+
+
 def test_accuracy_counting_and_batches():
     samples = [
         _sample(0, [2, 3], [4]),          # correct

@@ -25,20 +25,39 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 
 if TYPE_CHECKING:
     import transformers
 
-    from .gpt import GPT
+    from .gpt import GPT, GenerationOutput
 
-__all__ = ["Sample", "LambadaResult", "split_text", "read_dataset", "tokenize_samples",
-           "batches", "evaluate", "format_report", "build_word_tokenizer", "run", "add_args",
-           "main_from_args", "world_rank"]
+__all__ = ["LambadaModel", "Sample", "LambadaResult", "split_text", "read_dataset",
+           "tokenize_samples", "batches", "evaluate", "format_report", "build_word_tokenizer",
+           "run", "add_args", "main_from_args", "world_rank"]
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@runtime_checkable
+class LambadaModel(Protocol):
+    """What the evaluation uses of a model: :class:`warpformer.GPT` has it; tests pass stand-ins
+    with the same three members."""
+
+    @property
+    def end_id(self) -> int:
+        """The end-of-sequence id a generated target stops at."""
+        ...
+
+    def generate(self, input_ids: list[list[int]], max_new_tokens: int, /) -> GenerationOutput:
+        """Greedy continuations: ``tokens[b][0]`` holds row b's new ids."""
+        ...
+
+    def logits(self, input_ids: list[list[int]], /) -> torch.Tensor:
+        """Logits of every position, ``[B, S, V]`` (rows zero past their length)."""
+        ...
 
 
 @dataclass
@@ -171,7 +190,7 @@ def _cut(tokens: list[int], end_id: int) -> list[int]:
     return tokens[: tokens.index(end_id) + 1] if end_id in tokens else tokens
 
 
-def warpformer_generate(gpt: GPT, batch: list[Sample]) -> list[list[int]]:
+def warpformer_generate(gpt: LambadaModel, batch: list[Sample]) -> list[list[int]]:
     """Greedy continuation of each context for the batch's longest target (end_id included)."""
     n = max(len(s.target_ids) for s in batch)
     out = gpt.generate([s.context_ids for s in batch], n)
@@ -249,9 +268,9 @@ def _progress(items, show: bool, desc: str):
     return tqdm(items, desc=desc, unit="batch")
 
 
-def evaluate(gpt: GPT, samples: list[Sample], *, batch_size: int = 8, metric: str = "generate",
-             hf_model: transformers.PreTrainedModel | None = None, show_progress: bool = False,
-             end_id: int | None = None,
+def evaluate(gpt: LambadaModel, samples: list[Sample], *, batch_size: int = 8,
+             metric: str = "generate", hf_model: transformers.PreTrainedModel | None = None,
+             show_progress: bool = False, end_id: int | None = None,
              pad_id: int | None = None, decode: Callable[[list[int]], str] | None = None
              ) -> LambadaResult:
     """Run LAMBADA on tokenised ``samples`` with ``gpt`` (a :class:`warpformer.GPT`) and, when
