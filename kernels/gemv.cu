@@ -13,11 +13,14 @@
 // weight.
 //
 // [n, k] weights (lm_head): each warp owns two output columns and reads their weight rows as
-// 512-byte coalesced runs; a warp-sum gives the dot products.
+// 512-byte coalesced runs; a warp-sum gives the dot products. From kMmaMinRows rows on (16-bit
+// types) the products run on tensor cores instead (gemv_nk_mma_kernel), where the CUDA-core FMAs
+// per weight element, not the weight stream, would set the pace.
 #include <cooperative_groups.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/activation_math.cuh"
 #include "kernels/common.cuh"
@@ -36,6 +39,13 @@ constexpr int kColVecs = 8;                    // column vectors per [k, n] tile
 constexpr int kSlices = kThreads / kColVecs;   // k-slices per block
 constexpr int kMaxSplit = 8;                   // portable cluster size
 constexpr int kRowsPerWarp = 2;                // output columns per warp, [n, k] weights
+// The [n, k] tensor-core kernel: the rows from which it runs (16-bit types; at 1-2 rows the
+// CUDA-core kernel streams as fast), its block size, the mma tiles of 16 output columns per warp
+// and the 32-wide k chunks each thread loads per step.
+constexpr int kMmaMinRows = 3;
+constexpr int kNkMmaThreads = 128;
+constexpr int kNkMmaTiles = 2;
+constexpr int kNkMmaUnroll = 4;
 static_assert(kEarlyStartRows == kGemvPreferredRowsKN,
               "the kernels ahead of a GEMV start it early exactly when it runs");
 
@@ -350,23 +360,137 @@ __global__ void __launch_bounds__(kThreads) gemv_nk_kernel(const GemvParams<T> p
   }
 }
 
+// mma.sync.m16n8k16 with fp32 accumulation, d += a . b: a is a 16 x 16 tile (4 registers of
+// two 16-bit values each), b a 16 x 8 tile (2 registers), d 16 x 8 (4 floats); PTX ISA,
+// "Matrix fragments for mma.m16n8k16" gives which elements each lane holds.
+template <typename T>
+__device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                          uint32_t a3, uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (std::is_same_v<T, __half>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+#else
+  __trap();  // the launcher runs this kernel only on sm_80+ code
+#endif
+}
+
+// [n, k] weights, 16-bit T, up to 8 rows, on tensor cores: out^T [n, m] = W [n, k] . in^T, the
+// weight rows as the mma's 16 x 16 "a" tiles and the input rows as its 16 x 8 "b" tile (rows
+// m..7 zero). A warp owns kNkMmaTiles x 16 weight rows and the whole k, so no reduction
+// follows. Lane (g, q) = (lane / 4, lane % 4) loads, per 32-wide chunk of k, 16 contiguous bytes
+// at k = chunk + 8q of weight rows g and g + 8 of each tile and of input row g. A product is a
+// sum over k, so any one-to-one placement of k in the mma's 16 positions is right as long as
+// the weight and the input use the same one: the lane's halves 0-3 take the positions
+// {2q, 2q+1, 2q+8, 2q+9} of the chunk's first mma, halves 4-7 those of its second, which is what
+// keeps every load one coalesced 16-byte vector. The accumulator of a tile then holds
+// out[2q, 2q+1][weight rows g, g + 8]. Fixed order: deterministic.
+template <typename T, int M>
+__global__ void __launch_bounds__(kNkMmaThreads) gemv_nk_mma_kernel(const GemvParams<T> p) {
+  static_assert(M <= 8 && sizeof(T) == 2, "8 input rows of 16-bit values at most");
+  constexpr int V = 8;
+  constexpr int kChunk = 32;
+  constexpr int kRows = kNkMmaTiles * 16;  // weight rows per warp
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, q = lane & 3;
+  const int row0 = (blockIdx.x * (kNkMmaThreads / 32) + warp) * kRows;
+  const bool live = row0 < p.n;  // warp-uniform; a dead warp still waits and starts the next
+  const T* w[kNkMmaTiles][2];
+#pragma unroll
+  for (int t = 0; t < kNkMmaTiles; ++t) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      // A row past the end re-reads the last one; its result is never stored.
+      const int r = min(row0 + t * 16 + h * 8 + g, p.n - 1);
+      w[t][h] = p.weight + static_cast<int64_t>(r) * p.k + V * q;
+    }
+  }
+  const T* x = p.in + static_cast<int64_t>(g < M ? g : 0) * p.k + V * q;
+  float acc[kNkMmaTiles][4];
+#pragma unroll
+  for (int t = 0; t < kNkMmaTiles; ++t) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[t][i] = 0.f;
+  }
+  const int4 zero = make_int4(0, 0, 0, 0);
+  int4 wv[kNkMmaUnroll][kNkMmaTiles][2];
+  auto load_weights = [&](int c0) {
+#pragma unroll
+    for (int u = 0; u < kNkMmaUnroll; ++u) {
+      const int kk = c0 + u * kChunk;  // this lane's k is kk + 8q: in range or the chunk is out
+#pragma unroll
+      for (int t = 0; t < kNkMmaTiles; ++t) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          wv[u][t][h] = kk + V * q < p.k ? load_stream(w[t][h] + kk) : zero;
+        }
+      }
+    }
+  };
+  // The weight is static (p.prefetch_weight): its first step may stream before the wait.
+  const bool early = live && p.prefetch_weight;
+  if (early) load_weights(0);
+  wait_for_prior_kernels();
+  start_next_kernel();
+  if (!live) return;
+  for (int c0 = 0; c0 < p.k; c0 += kNkMmaUnroll * kChunk) {
+    if (!early || c0 > 0) load_weights(c0);
+#pragma unroll
+    for (int u = 0; u < kNkMmaUnroll; ++u) {
+      const int kk = c0 + u * kChunk;
+      const int4 xv = g < M && kk + V * q < p.k ? *reinterpret_cast<const int4*>(x + kk) : zero;
+#pragma unroll
+      for (int t = 0; t < kNkMmaTiles; ++t) {
+        const int4 lo = wv[u][t][0], hi = wv[u][t][1];
+        mma_16816<T>(acc[t], lo.x, hi.x, lo.y, hi.y, xv.x, xv.y);
+        mma_16816<T>(acc[t], lo.z, hi.z, lo.w, hi.w, xv.z, xv.w);
+      }
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < kNkMmaTiles; ++t) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int m = 2 * q + (i & 1);
+      const int col = row0 + t * 16 + g + (i >> 1) * 8;
+      if (m < M && col < p.n) {
+        const int64_t idx = static_cast<int64_t>(m) * p.n + col;
+        p.out[idx] = from_float<T>(finish(acc[t][i], p, idx, col));
+      }
+    }
+  }
+}
+
 struct DeviceInfo {
   int sms = 0;
   bool clusters = false;  // sm_90 hardware and sm_90 code loaded for the kernels
+  bool mma = false;       // sm_80+ hardware and code: the [n, k] tensor-core kernel may run
 };
 
 DeviceInfo device_info(int device) {
-  // Whether sm_90 code was loaded, asked once (for the current device). On a machine mixing
-  // architectures this can only switch clusters off where they would work, never on where not.
-  static const bool sm90_code = [] {
+  // The architecture of the loaded kernel code, asked once (for the current device). On a
+  // machine mixing architectures this can only switch a feature off where it would work, never
+  // on where not.
+  static const int code_arch = [] {
     cudaFuncAttributes attr{};
     const bool ok =
         cudaFuncGetAttributes(&attr, gemv_kn_kernel<float, 1, false>) == cudaSuccess;
     cudaGetLastError();  // a failed query must not surface in a later launch's check
-    return ok && attr.binaryVersion >= 90;
+    return ok ? attr.binaryVersion : 0;
   }();
   const DeviceCaps caps = device_caps(device);
-  return DeviceInfo{caps.sms, sm90_code && caps.major >= 9};
+  return DeviceInfo{caps.sms, code_arch >= 90 && caps.major >= 9,
+                    code_arch >= 80 && caps.major >= 8};
 }
 
 // How a [k, n] product is split: column tiles x k-splits of kchunk (a multiple of V) each.
@@ -409,6 +533,14 @@ cudaError_t launch_rows(const GemvParams<T>& p, const GemvNorm<T>& g, const Gemv
   LaunchShape shape;
   shape.block = dim3(kThreads);
   if (p.transposed) {
+    if constexpr (sizeof(T) == 2 && M >= kMmaMinRows) {
+      if (d.mma) {
+        shape.block = dim3(kNkMmaThreads);
+        shape.grid =
+            dim3(static_cast<unsigned>(ceil_div(p.n, kNkMmaThreads / 32 * kNkMmaTiles * 16)));
+        return launch_kernel(shape, stream, gemv_nk_mma_kernel<T, M>, p);
+      }
+    }
     shape.grid = dim3(static_cast<unsigned>(ceil_div(p.n, kWarps * kRowsPerWarp)));
     return launch_kernel(shape, stream, gemv_nk_kernel<T, M>, p);
   }

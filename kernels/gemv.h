@@ -5,7 +5,8 @@
 //
 // with W stored [k, n] (the engine's [in, out] layout) or [n, k] ("transposed": the lm_head
 // [vocab, hidden]). Every weight byte is read once, 16 bytes per load, with fp32 accumulation
-// in a fixed order (results are deterministic run to run). Bias, activation and the residual
+// in a fixed order (results are deterministic run to run). [n, k] products of 3-8 rows of 16-bit
+// values run on tensor cores (mma.sync, sm_80+), the others on CUDA cores. Bias, activation and the residual
 // accumulate are applied once per output element, so a fused call replaces GEMM + bias/act.
 #pragma once
 
@@ -22,7 +23,8 @@ namespace kernels {
 constexpr int kGemvMaxRows = 8;
 // Where the GEMV measured faster than cuBLASLt on H200 (benchmarks/bench_kernels.py, fp16 and
 // bf16, gpt2-medium and gpt-j-6b shapes): [k, n] weights up to 2 rows (at 3-4 rows its CUDA-core
-// FMAs, not the weight stream, set the pace); [n, k] weights (lm_head) up to 8 rows.
+// FMAs, not the weight stream, set the pace; a tensor-core variant was no faster than cuBLASLt
+// there either, benchmarks/README.md); [n, k] weights (lm_head) up to 8 rows.
 constexpr int kGemvPreferredRowsKN = 2;
 constexpr int kGemvPreferredRowsNK = 8;
 
