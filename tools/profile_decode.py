@@ -4,7 +4,9 @@ gaps (wall time the GPU spends idle between kernels), for a random-init model.
     python tools/profile_decode.py --model gpt2-medium --batch 1 --steps 32
 
 Runs greedy generation eagerly (WARPFORMER_CUDA_GRAPHS=0, so each kernel is visible to the
-profiler) and with CUDA graphs (timed only), and prints a per-kernel table for one step. With
+profiler) and with CUDA graphs (timed only), and prints a per-kernel table for one step.
+``--prefill`` profiles the prompt pass instead (a generate() of one new token: the prompt through
+every layer, the logits of each row's last token and the first greedy choice), per call. With
 programmatic dependent launch a kernel's duration includes the time it waits for the one ahead
 of it; run with WARPFORMER_PDL=0 for each kernel's own time.
 """
@@ -42,7 +44,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--cache-dir", type=Path, default=Path("~/.cache/warpformer-bench"))
+    ap.add_argument("--prefill", action="store_true",
+                    help="profile the prompt pass (generate of one token), per call")
     args = ap.parse_args(argv)
+    if not args.prefill and args.steps < 2:
+        ap.error("--steps must be at least 2 (a step is the time after the first token)")
     shape = common.parse_models(args.model)[0]
     prep = common.prepare_model(shape, args.cache_dir, seed=0, need_hf=False)
     model = load_gpt_model(prep.model_dir, dtype=torch.float16, max_batch=args.batch,
@@ -60,13 +66,24 @@ def main(argv: list[str] | None = None) -> int:
                                              warmup=2, reps=5))
         return (full - one) / (args.steps - 1)
 
-    with_graphs, eager = step_ms(True), step_ms(False)
     os.environ["WARPFORMER_CUDA_GRAPHS"] = "0"
-    model.generate(ids, lens, args.steps, end)
+    if args.prefill:
+        eager = common.median(common.time_cuda(lambda: model.generate(ids, lens, 1, end),
+                                               warmup=2, reps=9))
+        calls, unit = 5, "call"
+    else:
+        with_graphs, eager = step_ms(True), step_ms(False)
+        os.environ["WARPFORMER_CUDA_GRAPHS"] = "0"
+        calls, unit = args.steps, "step"
+    model.generate(ids, lens, 1 if args.prefill else args.steps, end)
     torch.cuda.synchronize()
     acts = [torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=acts) as prof:
-        model.generate(ids, lens, args.steps, end)
+        if args.prefill:
+            for _ in range(calls):
+                model.generate(ids, lens, 1, end)
+        else:
+            model.generate(ids, lens, args.steps, end)
         torch.cuda.synchronize()
     per = defaultdict(lambda: [0, 0.0])
     events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
@@ -76,14 +93,16 @@ def main(argv: list[str] | None = None) -> int:
         per[name][0] += 1
         per[name][1] += e.device_time_total / 1000.0
         busy += e.device_time_total / 1000.0
-    steps = args.steps
-    print(f"\n## Decode step profile: {shape.name}, batch {args.batch}, context "
+    steps = calls
+    what = "Prompt pass" if args.prefill else "Decode step"
+    print(f"\n## {what} profile: {shape.name}, batch {args.batch}, context "
           f"{args.input_len}, {common.gpu_name()}\n")
-    print(f"step with CUDA graphs: {with_graphs:.3f} ms; eager: {eager:.3f} ms; "
-          f"GPU busy per step (eager): {busy / steps:.3f} ms; launch gaps (eager): "
-          f"{max(eager - busy / steps, 0):.3f} ms/step; kernels per step: "
+    timing = (f"call (eager): {eager:.3f} ms" if args.prefill else
+              f"step with CUDA graphs: {with_graphs:.3f} ms; eager: {eager:.3f} ms")
+    print(f"{timing}; GPU busy per {unit} (eager): {busy / steps:.3f} ms; launch gaps (eager): "
+          f"{max(eager - busy / steps, 0):.3f} ms/{unit}; kernels per {unit}: "
           f"{len(events) / steps:.1f} ({len(events) / steps / shape.layers:.1f} per layer)\n")
-    print("| kernel | launches/step | ms/step | share of GPU time |")
+    print(f"| kernel | launches/{unit} | ms/{unit} | share of GPU time |")
     print("|---|---:|---:|---:|")
     for name, (n, t) in sorted(per.items(), key=lambda kv: -kv[1][1])[:14]:
         print(f"| {name} | {n / steps:.1f} | {t / steps:.4f} | {100 * t / busy:.1f}% |")
