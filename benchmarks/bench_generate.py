@@ -610,6 +610,7 @@ def bench_model(args: argparse.Namespace, shape: ModelShape, cfgs: list[tuple[in
                 compile_times.append(row.first_call_s)
         del hf
         reset_compiled()
+        free_gpu()
         left = torch.cuda.memory_allocated() / 1e9
         models[shape.name]["allocated_after_hf_gb"] = left
         if left > 0.5:

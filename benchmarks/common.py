@@ -305,9 +305,16 @@ def gemm_tflops(n: int = 8192, dtype: torch.dtype = torch.float16) -> float:
 
 
 def free_gpu() -> None:
+    """Frees what the previous engine left: unreferenced tensors, the caching allocator's free
+    blocks, and torch's cuBLAS/cuBLASLt workspaces (32 MiB on Hopper, allocated by the first
+    matmul and otherwise kept for the process), so that the next engine's peak memory does not
+    carry the previous one's workspace (warpformer has its own)."""
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.synchronize()
+        clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+        if clear is not None:
+            clear()
         torch.cuda.empty_cache()
 
 
