@@ -20,11 +20,11 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <type_traits>
 
 #include "kernels/activation_math.cuh"
 #include "kernels/common.cuh"
 #include "kernels/gemv.h"
+#include "kernels/mma.cuh"
 #include "kernels/norm_math.cuh"
 
 namespace warpformer {
@@ -358,31 +358,6 @@ __global__ void __launch_bounds__(kThreads) gemv_nk_kernel(const GemvParams<T> p
       }
     }
   }
-}
-
-// mma.sync.m16n8k16 with fp32 accumulation, d += a . b: a is a 16 x 16 tile (4 registers of
-// two 16-bit values each), b a 16 x 8 tile (2 registers), d 16 x 8 (4 floats); PTX ISA,
-// "Matrix fragments for mma.m16n8k16" gives which elements each lane holds.
-template <typename T>
-__device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                          uint32_t a3, uint32_t b0, uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  if constexpr (std::is_same_v<T, __half>) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
-        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  }
-#else
-  __trap();  // the launcher runs this kernel only on sm_80+ code
-#endif
 }
 
 // [n, k] weights, 16-bit T, up to 8 rows, on tensor cores: out^T [n, m] = W [n, k] . in^T, the

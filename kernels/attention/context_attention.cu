@@ -11,7 +11,18 @@
 // accumulator, so the softmax statistics of a row stay inside one half-warp (shuffle reductions)
 // and the probabilities written to shared memory are read back by the same half-warp.
 // The query-tile index is reversed so that the longest (last) tiles of a sequence start first.
+//
+// fp16 / bf16 with head sizes up to 128 run on tensor cores instead (context_attention_mma_kernel,
+// sm_80+; WARPFORMER_ATTENTION_MMA=0 keeps the CUDA-core kernel, for comparisons): 4 warps own
+// 16 queries each; K and V tiles of 64 keys are staged in shared memory as stored (16-bit) and
+// read with ldmatrix; S = Q K^T and O += P V are mma.sync m16n8k16 products with fp32
+// accumulation, the probabilities rounded to the input type for the second product (as flash
+// attention does). The softmax runs in base 2 on log2(e)-scaled scores, the same function.
+#include <cstdlib>
+#include <cstring>
+
 #include "kernels/attention/attention_common.cuh"
+#include "kernels/mma.cuh"
 
 namespace warpformer {
 namespace kernels {
@@ -189,8 +200,211 @@ __global__ void __launch_bounds__(kThreads) context_attention_kernel(
   }
 }
 
+// ---- tensor cores ---------------------------------------------------------------------------
+constexpr int kMmaWarps = 4;
+constexpr int kMmaBQ = 16 * kMmaWarps;  // queries per block, 16 per warp
+constexpr int kMmaBK = 64;              // keys per tile (= kMmaBQ: the diagonal tile is the last)
+constexpr float kLog2e = 1.4426950408889634f;
+
+// 16-bit values of 4 bytes' alignment as one register.
+template <typename T>
+__device__ __forceinline__ uint32_t load_pair(const T* p) {
+  return *reinterpret_cast<const uint32_t*>(p);
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kMmaWarps * 32)
+    context_attention_mma_kernel(const ContextAttentionParams<T> p) {
+  static_assert(D % 16 == 0 && D <= 128, "head_dim a multiple of 16, at most 128");
+  wait_for_prior_kernels();
+  constexpr int S = D + 8;          // smem row stride in elements: ldmatrix rows on distinct banks
+  constexpr int KSTEPS = D / 16;    // mma k-steps of Q K^T over the head
+  constexpr int DTILES = D / 8;     // 8-wide output tiles
+  constexpr int NT = kMmaBK / 8;    // 8-key tiles of the scores
+  constexpr int CH = D / 8;         // 16-byte chunks of a row
+  __shared__ __align__(16) T Ks[kMmaBK * S];
+  __shared__ __align__(16) T Vs[kMmaBK * S];
+
+  const int b = blockIdx.z;
+  const int h = blockIdx.y;
+  const int q0 = (gridDim.x - 1 - blockIdx.x) * kMmaBQ;
+  const int seq_begin = p.cu_seqlens[b];
+  const int len = min(p.cu_seqlens[b + 1] - seq_begin, p.max_seq);
+  if (q0 >= len) return;
+  const int slot = p.seq_slot[b];
+  if (slot < 0 || slot >= p.num_slots) return;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, q = lane & 3;
+  const int64_t row_stride = static_cast<int64_t>(p.heads) * D;  // between tokens of q / out
+  const float slope = p.alibi_slopes != nullptr ? p.alibi_slopes[h] : 0.f;
+  // This lane's two query rows (positions in the sequence); rows past len read zeros and are
+  // not written.
+  const int pos_a = q0 + warp * 16 + g, pos_b = pos_a + 8;
+  const T* qa_row = p.q + (seq_begin + min(pos_a, len - 1)) * row_stride + h * D;
+  const T* qb_row = p.q + (seq_begin + min(pos_b, len - 1)) * row_stride + h * D;
+  uint32_t qf[KSTEPS][4];
+#pragma unroll
+  for (int ks = 0; ks < KSTEPS; ++ks) {
+    const int d = ks * 16 + 2 * q;
+    qf[ks][0] = pos_a < len ? load_pair(qa_row + d) : 0u;
+    qf[ks][1] = pos_b < len ? load_pair(qb_row + d) : 0u;
+    qf[ks][2] = pos_a < len ? load_pair(qa_row + d + 8) : 0u;
+    qf[ks][3] = pos_b < len ? load_pair(qb_row + d + 8) : 0u;
+  }
+
+  float o[DTILES][4];
+#pragma unroll
+  for (int t = 0; t < DTILES; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.f;
+  // Running max (log2 units) and this lane's share of the sum, rows a and b.
+  float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.f, l_b = 0.f;
+
+  const int n_keys = min(q0 + kMmaBQ, len);  // causal: no query of this tile sees a key >= n_keys
+  const int64_t head_off = (static_cast<int64_t>(slot) * p.heads + h) * p.max_seq * D;
+  const T* __restrict__ kbase = p.k_cache + head_off;
+  const T* __restrict__ vbase = p.v_cache + head_off;
+  const int mat = lane >> 3, mrow = lane & 7;  // the ldmatrix tile and row this lane addresses
+
+  for (int k0 = 0; k0 < n_keys; k0 += kMmaBK) {
+    __syncthreads();  // the previous tile's K/V are no longer read
+    for (int idx = tid; idx < kMmaBK * CH; idx += kMmaWarps * 32) {
+      const int r = idx / CH;
+      const int c = (idx - r * CH) * 8;
+      int4 kv = make_int4(0, 0, 0, 0), vv = kv;  // never read garbage (NaN * 0 poisons sums)
+      if (k0 + r < n_keys) {
+        const int64_t off = static_cast<int64_t>(k0 + r) * D + c;
+        kv = *reinterpret_cast<const int4*>(kbase + off);
+        vv = *reinterpret_cast<const int4*>(vbase + off);
+      }
+      *reinterpret_cast<int4*>(Ks + r * S + c) = kv;
+      *reinterpret_cast<int4*>(Vs + r * S + c) = vv;
+    }
+    __syncthreads();
+
+    // Scores: 16 queries x 64 keys per warp. ldmatrix tile i of a pair of 8-key tiles: keys
+    // +8 * (i / 2), dims +8 * (i % 2) -- the "b" registers of key tiles nt and nt + 1.
+    float s[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < KSTEPS; ++ks) {
+#pragma unroll
+      for (int nt = 0; nt < NT; nt += 2) {
+        uint32_t kb[4];
+        ldmatrix_x4(kb, Ks + (nt * 8 + (mat >> 1) * 8 + mrow) * S + ks * 16 + (mat & 1) * 8);
+        mma_16816<T>(s[nt], qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], kb[0], kb[1]);
+        mma_16816<T>(s[nt + 1], qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], kb[2], kb[3]);
+      }
+    }
+
+    // Mask, bias and the online-softmax update (registers 0-1: row a, 2-3: row b).
+    float mx_a = -INFINITY, mx_b = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int key = k0 + nt * 8 + 2 * q + (i & 1);
+        const int pos = i < 2 ? pos_a : pos_b;
+        float v = s[nt][i] * p.scale + slope * static_cast<float>(key - pos);
+        v = key > pos || key >= n_keys ? -INFINITY : v * kLog2e;
+        s[nt][i] = v;
+        if (i < 2) mx_a = fmaxf(mx_a, v); else mx_b = fmaxf(mx_b, v);
+      }
+    }
+#pragma unroll
+    for (int off = 1; off <= 2; off <<= 1) {  // the four lanes of a row
+      mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, off));
+      mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, off));
+    }
+    // Every row has a key at or before its position in its first tile, so the maxima are finite.
+    const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
+    const float alpha_a = exp2f(m_a - mn_a), alpha_b = exp2f(m_b - mn_b);
+    m_a = mn_a;
+    m_b = mn_b;
+    float sum_a = 0.f, sum_b = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      s[nt][0] = exp2f(s[nt][0] - mn_a);
+      s[nt][1] = exp2f(s[nt][1] - mn_a);
+      s[nt][2] = exp2f(s[nt][2] - mn_b);
+      s[nt][3] = exp2f(s[nt][3] - mn_b);
+      sum_a += s[nt][0] + s[nt][1];
+      sum_b += s[nt][2] + s[nt][3];
+    }
+    l_a = l_a * alpha_a + sum_a;
+    l_b = l_b * alpha_b + sum_b;
+#pragma unroll
+    for (int t = 0; t < DTILES; ++t) {
+      o[t][0] *= alpha_a;
+      o[t][1] *= alpha_a;
+      o[t][2] *= alpha_b;
+      o[t][3] *= alpha_b;
+    }
+
+    // O += P V over the tile's 64 keys, 16 per k-step: P's "a" registers are the scores'
+    // accumulators of key tiles 2kk and 2kk + 1; V's "b" come transposed from ldmatrix (tile i:
+    // keys +8 * (i % 2), dims +8 * (i / 2) -- the registers of output tiles dt and dt + 1).
+#pragma unroll
+    for (int kk = 0; kk < kMmaBK / 16; ++kk) {
+      const uint32_t a0 = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
+      const uint32_t a1 = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+      const uint32_t a2 = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      const uint32_t a3 = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+      for (int dt = 0; dt < DTILES; dt += 2) {
+        uint32_t vb[4];
+        ldmatrix_x4_trans(vb, Vs + (kk * 16 + (mat & 1) * 8 + mrow) * S + dt * 8 + (mat >> 1) * 8);
+        mma_16816<T>(o[dt], a0, a1, a2, a3, vb[0], vb[1]);
+        mma_16816<T>(o[dt + 1], a0, a1, a2, a3, vb[2], vb[3]);
+      }
+    }
+  }
+
+#pragma unroll
+  for (int off = 1; off <= 2; off <<= 1) {
+    l_a += __shfl_xor_sync(0xffffffffu, l_a, off);
+    l_b += __shfl_xor_sync(0xffffffffu, l_b, off);
+  }
+  const float inv_a = 1.f / l_a, inv_b = 1.f / l_b;
+  T* __restrict__ out_a = p.out + (seq_begin + pos_a) * row_stride + h * D + 2 * q;
+  T* __restrict__ out_b = p.out + (seq_begin + pos_b) * row_stride + h * D + 2 * q;
+#pragma unroll
+  for (int t = 0; t < DTILES; ++t) {
+    if (pos_a < len) {
+      *reinterpret_cast<uint32_t*>(out_a + t * 8) = pack2<T>(o[t][0] * inv_a, o[t][1] * inv_a);
+    }
+    if (pos_b < len) {
+      *reinterpret_cast<uint32_t*>(out_b + t * 8) = pack2<T>(o[t][2] * inv_b, o[t][3] * inv_b);
+    }
+  }
+}
+
+// Whether the tensor-core kernel runs: sm_80+ device and code, not switched off.
+bool use_mma() {
+  static const bool on = [] {
+    const char* env = std::getenv("WARPFORMER_ATTENTION_MMA");
+    if (env != nullptr && std::strcmp(env, "0") == 0) return false;
+    cudaFuncAttributes attr{};
+    const bool ok = cudaFuncGetAttributes(&attr, context_attention_mma_kernel<__half, 64>) ==
+                    cudaSuccess;
+    cudaGetLastError();  // a failed query must not surface in a later launch's check
+    return ok && attr.binaryVersion >= 80;
+  }();
+  int device = 0;
+  if (!on || cudaGetDevice(&device) != cudaSuccess) return false;
+  return device_caps(device).major >= 8;
+}
+
 template <typename T, int D>
 cudaError_t launch_for_dim(const ContextAttentionParams<T>& p, cudaStream_t stream) {
+  if constexpr (sizeof(T) == 2 && D <= 128) {
+    if (aligned_to(p.out, 4) && use_mma()) {  // it stores two outputs per 4-byte write
+      LaunchShape shape;
+      shape.grid = dim3(ceil_div(p.max_seqlen, kMmaBQ), p.heads, p.batch);
+      shape.block = dim3(kMmaWarps * 32);
+      return launch_kernel(shape, stream, context_attention_mma_kernel<T, D>, p);
+    }
+  }
   constexpr size_t smem = smem_floats<D>() * sizeof(float);
   auto kernel = context_attention_kernel<T, D>;
   if (smem > 48 * 1024) {
