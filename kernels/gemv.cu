@@ -412,14 +412,13 @@ __global__ void __launch_bounds__(kNkMmaThreads) gemv_nk_mma_kernel(const GemvPa
       }
     }
   };
-  // The weight is static (p.prefetch_weight): its first step may stream before the wait.
-  const bool early = live && p.prefetch_weight;
-  if (early) load_weights(0);
+  // No weight loads before the wait: at 3+ rows the kernel ahead (the final norm) does not
+  // start this one early, so there is nothing to overlap.
   wait_for_prior_kernels();
   start_next_kernel();
   if (!live) return;
   for (int c0 = 0; c0 < p.k; c0 += kNkMmaUnroll * kChunk) {
-    if (!early || c0 > 0) load_weights(c0);
+    load_weights(c0);
 #pragma unroll
     for (int u = 0; u < kNkMmaUnroll; ++u) {
       const int kk = c0 + u * kChunk;
@@ -453,7 +452,9 @@ struct DeviceInfo {
 };
 
 DeviceInfo device_info(int device) {
-  // The architecture of the loaded kernel code, asked once (for the current device). On a
+  // The architecture the loaded kernel code was compiled for, asked once (for the current
+  // device): the lower of the binary's and the PTX's, since code JIT-compiled from older PTX
+  // reports the device's binary version but holds only what that PTX's __CUDA_ARCH__ kept. On a
   // machine mixing architectures this can only switch a feature off where it would work, never
   // on where not.
   static const int code_arch = [] {
@@ -461,7 +462,7 @@ DeviceInfo device_info(int device) {
     const bool ok =
         cudaFuncGetAttributes(&attr, gemv_kn_kernel<float, 1, false>) == cudaSuccess;
     cudaGetLastError();  // a failed query must not surface in a later launch's check
-    return ok ? attr.binaryVersion : 0;
+    return ok ? std::min(attr.binaryVersion, attr.ptxVersion) : 0;
   }();
   const DeviceCaps caps = device_caps(device);
   return DeviceInfo{caps.sms, code_arch >= 90 && caps.major >= 9,

@@ -5,8 +5,8 @@
 //
 // with W stored [k, n] (the engine's [in, out] layout) or [n, k] ("transposed": the lm_head
 // [vocab, hidden]). Every weight byte is read once, 16 bytes per load, with fp32 accumulation
-// in a fixed order (results are deterministic run to run). [n, k] products of 3-8 rows of 16-bit
-// values run on tensor cores (mma.sync, sm_80+), the others on CUDA cores. Bias, activation and the residual
+// in a fixed order (results are deterministic run to run). [n, k] products of 3-8 rows of
+// 16-bit values run on tensor cores (mma.sync, sm_80+), the others on CUDA cores. Bias, activation and the residual
 // accumulate are applied once per output element, so a fused call replaces GEMM + bias/act.
 #pragma once
 

@@ -18,6 +18,7 @@
 // read with ldmatrix; S = Q K^T and O += P V are mma.sync m16n8k16 products with fp32
 // accumulation, the probabilities rounded to the input type for the second product (as flash
 // attention does). The softmax runs in base 2 on log2(e)-scaled scores, the same function.
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -388,7 +389,8 @@ bool use_mma() {
     const bool ok = cudaFuncGetAttributes(&attr, context_attention_mma_kernel<__half, 64>) ==
                     cudaSuccess;
     cudaGetLastError();  // a failed query must not surface in a later launch's check
-    return ok && attr.binaryVersion >= 80;
+    // The lower of the binary's and the PTX's architecture (see device_info in gemv.cu).
+    return ok && std::min(attr.binaryVersion, attr.ptxVersion) >= 80;
   }();
   int device = 0;
   if (!on || cudaGetDevice(&device) != cudaSuccess) return false;

@@ -16,6 +16,10 @@ tests/tolerances.py.
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -206,6 +210,47 @@ def test_context_attention(dtype, hd, alibi, seed) -> None:
         ref64.append(attention_ref(qb.double(), kb.double(), vb.double(), scale, slopes))
         ref_lp.append(attention_ref(qb, kb, vb, scale, slopes))
     check_attention(out, torch.cat(ref64), torch.cat(ref_lp), dtype, "context_attention")
+
+
+# fp16/bf16 heads up to 128 run on tensor cores; WARPFORMER_ATTENTION_MMA=0 keeps them on the
+# CUDA-core kernel. The switch is read once per process, so that path runs in a child process:
+# the same test, and the profile must show which kernel ran.
+_CUDA_CORE_CHILD = """
+import sys, torch
+sys.path.insert(0, {root!r})
+from tests.gpu import test_attention as t
+for dtype in (torch.float16, torch.bfloat16):
+    for hd in (64, 80, 128):
+        for alibi in (False, True):
+            torch.manual_seed(0)
+            acts = [torch.profiler.ProfilerActivity.CUDA]
+            with torch.profiler.profile(activities=acts) as prof:
+                t.test_context_attention(dtype, hd, alibi, 0)
+                torch.cuda.synchronize()
+            names = {{e.name for e in prof.events() if "context_attention" in e.name}}
+            assert names and not any("mma" in n for n in names), names
+print("cuda-core kernel ok")
+"""
+
+
+def _context_kernels(dtype: torch.dtype, hd: int) -> set[str]:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        test_context_attention(dtype, hd, False, 0)
+        torch.cuda.synchronize()
+    return {e.name for e in prof.events() if "context_attention" in e.name}
+
+
+def test_context_attention_kernel_choice_and_cuda_core_path() -> None:
+    if torch.cuda.get_device_capability()[0] >= 8 and \
+            os.environ.get("WARPFORMER_ATTENTION_MMA") != "0":
+        assert all("mma" in n for n in _context_kernels(torch.float16, 64))
+    assert not any("mma" in n for n in _context_kernels(torch.float32, 64))
+    assert not any("mma" in n for n in _context_kernels(torch.float16, 256))
+    root = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ, WARPFORMER_ATTENTION_MMA="0")
+    r = subprocess.run([sys.executable, "-c", _CUDA_CORE_CHILD.format(root=root)], env=env,
+                       capture_output=True, text=True, timeout=600, cwd=root)
+    assert r.returncode == 0 and "cuda-core kernel ok" in r.stdout, r.stderr[-4000:]
 
 
 # ---- decode attention ---------------------------------------------------------------------------
