@@ -132,6 +132,13 @@ struct DeviceCaps {
 };
 DeviceCaps device_caps(int device);
 
+// The architecture (10 * major + minor) that the loaded code of kernel `func` was compiled for,
+// for the current device: the lower of the binary's and the PTX's, since code JIT-compiled from
+// older PTX reports the device's binary version but holds only what that PTX's __CUDA_ARCH__
+// kept (so on a machine mixing architectures a feature can only be switched off where it would
+// work, never on where not). 0 when the query fails. Callers ask once and keep the answer.
+int code_arch(const void* func);
+
 // True when launch_kernel() asks for programmatic dependent launch: the current device is sm_90
 // or newer and WARPFORMER_PDL is not "0" (kernels/launch.cu).
 bool pdl_enabled();

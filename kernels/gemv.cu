@@ -452,21 +452,10 @@ struct DeviceInfo {
 };
 
 DeviceInfo device_info(int device) {
-  // The architecture the loaded kernel code was compiled for, asked once (for the current
-  // device): the lower of the binary's and the PTX's, since code JIT-compiled from older PTX
-  // reports the device's binary version but holds only what that PTX's __CUDA_ARCH__ kept. On a
-  // machine mixing architectures this can only switch a feature off where it would work, never
-  // on where not.
-  static const int code_arch = [] {
-    cudaFuncAttributes attr{};
-    const bool ok =
-        cudaFuncGetAttributes(&attr, gemv_kn_kernel<float, 1, false>) == cudaSuccess;
-    cudaGetLastError();  // a failed query must not surface in a later launch's check
-    return ok ? std::min(attr.binaryVersion, attr.ptxVersion) : 0;
-  }();
+  // The architecture the loaded kernel code was compiled for, asked once (common.cuh).
+  static const int arch = code_arch(reinterpret_cast<const void*>(gemv_kn_kernel<float, 1, false>));
   const DeviceCaps caps = device_caps(device);
-  return DeviceInfo{caps.sms, code_arch >= 90 && caps.major >= 9,
-                    code_arch >= 80 && caps.major >= 8};
+  return DeviceInfo{caps.sms, arch >= 90 && caps.major >= 9, arch >= 80 && caps.major >= 8};
 }
 
 // How a [k, n] product is split: column tiles x k-splits of kchunk (a multiple of V) each.

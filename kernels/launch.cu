@@ -26,6 +26,15 @@ DeviceCaps device_caps(int device) {
   return caps[device];
 }
 
+int code_arch(const void* func) {
+  cudaFuncAttributes attr{};
+  if (cudaFuncGetAttributes(&attr, func) != cudaSuccess) {
+    cudaGetLastError();  // a failed query must not surface in a later launch's check
+    return 0;
+  }
+  return attr.binaryVersion < attr.ptxVersion ? attr.binaryVersion : attr.ptxVersion;
+}
+
 bool pdl_enabled() {
   static const bool allowed = [] {
     const char* env = std::getenv("WARPFORMER_PDL");

@@ -354,7 +354,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
 #pragma unroll
       for (int dt = 0; dt < DTILES; dt += 2) {
         uint32_t vb[4];
-        ldmatrix_x4_trans(vb, Vs + (kk * 16 + (mat & 1) * 8 + mrow) * S + dt * 8 + (mat >> 1) * 8);
+        ldmatrix_x4<true>(vb, Vs + (kk * 16 + (mat & 1) * 8 + mrow) * S + dt * 8 + (mat >> 1) * 8);
         mma_16816<T>(o[dt], a0, a1, a2, a3, vb[0], vb[1]);
         mma_16816<T>(o[dt + 1], a0, a1, a2, a3, vb[2], vb[3]);
       }
@@ -385,12 +385,8 @@ bool use_mma() {
   static const bool on = [] {
     const char* env = std::getenv("WARPFORMER_ATTENTION_MMA");
     if (env != nullptr && std::strcmp(env, "0") == 0) return false;
-    cudaFuncAttributes attr{};
-    const bool ok = cudaFuncGetAttributes(&attr, context_attention_mma_kernel<__half, 64>) ==
-                    cudaSuccess;
-    cudaGetLastError();  // a failed query must not surface in a later launch's check
-    // The lower of the binary's and the PTX's architecture (see device_info in gemv.cu).
-    return ok && std::min(attr.binaryVersion, attr.ptxVersion) >= 80;
+    return code_arch(reinterpret_cast<const void*>(context_attention_mma_kernel<__half, 64>)) >=
+           80;
   }();
   int device = 0;
   if (!on || cudaGetDevice(&device) != cudaSuccess) return false;
