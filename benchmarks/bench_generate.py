@@ -101,6 +101,7 @@ class Row:
     tokens_per_s: float | None = None
     peak_gb: float | None = None
     engine_gb: float | None = None  # warpformer: KV cache + workspace it holds
+    gemm_workspace_mb: float | None = None  # warpformer: of which the cuBLASLt workspace (MiB)
     floor_ms: float | None = None
     floor_bw_ms: float | None = None
     floor_compute_ms: float | None = None
@@ -329,6 +330,7 @@ def run_warpformer(weights, config, shape: ModelShape, row: Row,
     out, seq = res.pop("out")
     row.full_length = bool((seq == n_in + n_out).all())
     row.engine_gb = engine.memory_bytes() / 1e9
+    row.gemm_workspace_mb = engine.gemm_workspace_bytes() / 2**20
     _fill(row, res)
     return out[:, 0, n_in:].cpu()
 

@@ -60,7 +60,14 @@ CudaContext::CudaContext(int device, cudaStream_t stream,
   TORCH_CHECK(allocator_ != nullptr, "CudaContext: allocator must not be null");
   WF_CUDA_CHECK(cudaGetDeviceProperties(&props_, device));
   blaslt_ = cublaslt_handle(device);
-  workspace_ = DeviceBuffer(allocator_.get(), workspace_bytes, stream);
+  if (workspace_bytes > 0) workspace_ = DeviceBuffer(allocator_.get(), workspace_bytes, stream);
+}
+
+void CudaContext::reserve_workspace(size_t bytes) {
+  if (bytes <= workspace_.size()) return;
+  workspace_.reset();  // before allocating: the two need not be held at once
+  ++workspace_generation_;
+  workspace_ = DeviceBuffer(allocator_.get(), bytes, stream_);
 }
 
 }  // namespace warpformer

@@ -63,10 +63,11 @@ cublasLtHandle_t cublaslt_handle(int device);
 
 class CudaContext {
  public:
-  static constexpr size_t kDefaultWorkspaceBytes = 32u << 20;  // cuBLASLt's recommended on Hopper
-
+  // workspace_bytes: the cuBLASLt workspace to start with; Gemm grows it to what the algorithms
+  // it chose need (reserve_workspace), so it is usually much smaller than the 32 MiB that
+  // cuBLASLt may use on Hopper.
   CudaContext(int device, cudaStream_t stream, std::shared_ptr<DeviceAllocator> allocator,
-              size_t workspace_bytes = kDefaultWorkspaceBytes);
+              size_t workspace_bytes = 0);
 
   int device() const { return device_; }
   cudaStream_t stream() const { return stream_; }
@@ -75,6 +76,11 @@ class CudaContext {
   cublasLtHandle_t blaslt() const { return blaslt_; }
   void* workspace() const { return workspace_.data(); }
   size_t workspace_size() const { return workspace_.size(); }
+  // Grows the workspace to at least `bytes` (never shrinks; the old buffer is released in stream
+  // order). A CUDA graph that baked the old pointer must not be replayed after a growth:
+  // workspace_generation() counts them.
+  void reserve_workspace(size_t bytes);
+  size_t workspace_generation() const { return workspace_generation_; }
   DeviceAllocator* allocator() const { return allocator_.get(); }
   const cudaDeviceProp& props() const { return props_; }
 
@@ -84,6 +90,7 @@ class CudaContext {
   std::shared_ptr<DeviceAllocator> allocator_;
   cublasLtHandle_t blaslt_;
   DeviceBuffer workspace_;
+  size_t workspace_generation_ = 0;
   cudaDeviceProp props_;
 };
 

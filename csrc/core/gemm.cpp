@@ -43,7 +43,7 @@ Gemm::Plan::~Plan() {
   if (desc) cublasLtMatmulDescDestroy(desc);
 }
 
-Gemm::Gemm(const CudaContext* ctx) : ctx_(ctx) {
+Gemm::Gemm(CudaContext* ctx) : ctx_(ctx) {
   const char* env = std::getenv("WARPFORMER_GEMV");
   if (env != nullptr && std::strcmp(env, "0") == 0) gemv_policy_ = GemvPolicy::kNever;
 }
@@ -83,7 +83,7 @@ void Gemm::create_descriptors(const GemmKey& key, Plan* plan) const {
 std::vector<cublasLtMatmulHeuristicResult_t> Gemm::heuristics(const Plan& plan, int count) const {
   cublasLtMatmulPreference_t pref = nullptr;
   WF_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  const size_t ws = ctx_->workspace_size();
+  const size_t ws = kMaxWorkspaceBytes;
   WF_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
       pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
   std::vector<cublasLtMatmulHeuristicResult_t> results(count);
@@ -113,7 +113,9 @@ std::shared_ptr<Gemm::Plan> Gemm::plan_for(const GemmKey& key) {
   TORCH_CHECK(!results.empty(), "cuBLASLt found no algorithm for GEMM m=", key.m, " n=", key.n,
               " k=", key.k, " dtype=", dtype_name(key.dtype));
   // A tuned index past the end of today's list (other cuBLAS version) falls back to the first.
-  plan->algo = results[index < static_cast<int>(results.size()) ? index : 0].algo;
+  const auto& chosen = results[index < static_cast<int>(results.size()) ? index : 0];
+  plan->algo = chosen.algo;
+  plan->workspace = chosen.workspaceSize;
   if (plans_.size() >= kMaxPlans) {  // drop the least recently used shape
     plans_.erase(uses_.back());
     uses_.pop_back();
@@ -132,6 +134,9 @@ std::vector<float> Gemm::benchmark(const GemmKey& key, const void* in, const voi
                                                    &bias, sizeof(bias)));
   }
   const auto results = heuristics(plan, max_algos);
+  size_t need = 0;
+  for (const auto& r : results) need = std::max(need, r.workspaceSize);
+  reserve_workspace(need, key);
   const float alpha = 1.f, beta = key.accumulate ? 1.f : 0.f;
   cudaEvent_t start = nullptr, stop = nullptr;
   WF_CUDA_CHECK(cudaEventCreate(&start));
@@ -422,6 +427,7 @@ void Gemm::launch(const GemmKey& key, const void* in, const void* weight, const 
                   void* out, float beta) {
   const std::shared_ptr<Plan> held = plan_for(key);
   Plan& plan = *held;
+  if (plan.workspace > ctx_->workspace_size()) reserve_workspace(plan.workspace, key);
   if (key.epilogue != GemmEpilogue::kNone) {
     WF_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                    &bias, sizeof(bias)));
@@ -430,6 +436,18 @@ void Gemm::launch(const GemmKey& key, const void* in, const void* weight, const 
   WF_CUBLAS_CHECK(cublasLtMatmul(ctx_->blaslt(), plan.desc, &alpha, weight, plan.a, in, plan.b,
                                  &beta, out, plan.c, out, plan.c, &plan.algo, ctx_->workspace(),
                                  ctx_->workspace_size(), ctx_->stream()));
+}
+
+void Gemm::reserve_workspace(size_t bytes, const GemmKey& key) {
+  if (bytes <= ctx_->workspace_size()) return;
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  WF_CUDA_CHECK(cudaStreamIsCapturing(ctx_->stream(), &capturing));
+  // The engine plans every product on an eager launch before it captures one; a plan made
+  // during a capture (a shape first seen there) cannot allocate.
+  TORCH_CHECK(capturing == cudaStreamCaptureStatusNone, "Gemm: the cuBLASLt algorithm for m=",
+              key.m, " n=", key.n, " k=", key.k, " needs a ", bytes, "-byte workspace (have ",
+              ctx_->workspace_size(), "), which cannot grow while a CUDA graph is captured");
+  ctx_->reserve_workspace(bytes);
 }
 
 }  // namespace warpformer

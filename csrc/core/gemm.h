@@ -11,7 +11,10 @@
 // Weights are stored [in, out] (the on-disk layout), so no transposes are needed: in cuBLASLt's
 // column-major view this is out^T[n, m] = weight^T[n, k] @ in^T[k, m]. Matmul descriptors and the
 // chosen algorithm are cached per (m, n, k, dtype, epilogue, beta != 0), so a steady-state call
-// only launches (which also makes it capturable in a CUDA graph). The cache keeps the
+// only launches (which also makes it capturable in a CUDA graph). Algorithms are chosen among
+// those that need at most kMaxWorkspaceBytes of workspace (cuBLASLt's recommendation on Hopper),
+// and the context's workspace grows to what the chosen ones need (CudaContext::
+// reserve_workspace) on their first eager launch. The cache keeps the
 // kMaxPlans most recently used shapes: a long-running server meets a new m with every prompt
 // length, and a dropped shape only costs a heuristic query when it comes back.
 #pragma once
@@ -77,7 +80,10 @@ struct GemmKeyHash {
 
 class Gemm {
  public:
-  explicit Gemm(const CudaContext* ctx);
+  // The workspace cap of the algorithm search (the workspace itself is what the chosen need).
+  static constexpr size_t kMaxWorkspaceBytes = size_t{32} << 20;
+
+  explicit Gemm(CudaContext* ctx);
   ~Gemm();
   Gemm(const Gemm&) = delete;
   Gemm& operator=(const Gemm&) = delete;
@@ -167,6 +173,7 @@ class Gemm {
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo{};
+    size_t workspace = 0;  // bytes the algorithm needs
     Plan() = default;
     Plan(const Plan&) = delete;
     Plan& operator=(const Plan&) = delete;
@@ -192,8 +199,10 @@ class Gemm {
   int gemv_max_rows(bool transposed) const;
   void launch(const GemmKey& key, const void* in, const void* weight, const void* bias, void* out,
               float beta);
+  // Grows the context's workspace to `bytes`; refuses while the stream is capturing a graph.
+  void reserve_workspace(size_t bytes, const GemmKey& key);
 
-  const CudaContext* ctx_;
+  CudaContext* ctx_;
   GemvPolicy gemv_policy_ = GemvPolicy::kPreferred;
   bool static_weights_ = false;
   bool norm_fusion_ = true;

@@ -71,9 +71,14 @@ class GptModelHolder : public torch::CustomClassHolder {
   }
   // One line about the GEMM tuning file: shapes loaded, or why it was not used ("" without one).
   std::string gemm_tuning_note() const { return gemm_note_; }
-  // Bytes held for the KV cache and the workspace (grow-only; flat across equal calls).
+  // Bytes held for the KV cache and the workspace, the cuBLASLt one included (grow-only; flat
+  // across equal calls).
   int64_t memory_bytes() const {
     return static_cast<int64_t>(model_->kv_cache_bytes() + model_->workspace_bytes());
+  }
+  // Of which the cuBLASLt workspace: what the algorithms chosen so far need.
+  int64_t gemm_workspace_bytes() const {
+    return static_cast<int64_t>(model_->gemm_workspace_bytes());
   }
 
   using State = std::tuple<std::string, c10::Dict<std::string, at::Tensor>, int64_t, int64_t,

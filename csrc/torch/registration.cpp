@@ -216,6 +216,7 @@ TORCH_LIBRARY(warpformer, m) {
       .def("vocab_size", &GptModelHolder::vocab_size)
       .def("device", &GptModelHolder::device)
       .def("memory_bytes", &GptModelHolder::memory_bytes)
+      .def("gemm_workspace_bytes", &GptModelHolder::gemm_workspace_bytes)
       .def("gemm_tuned_shapes", &GptModelHolder::gemm_tuned_shapes)
       .def("gemm_cached_plans", &GptModelHolder::gemm_cached_plans)
       .def("gemm_tuning_note", &GptModelHolder::gemm_tuning_note)

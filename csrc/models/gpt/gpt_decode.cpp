@@ -246,7 +246,7 @@ void GptModel::decode_start(const int32_t* ids, const std::vector<int32_t>& leng
     WF_CUDA_CHECK(cudaEventCreateWithFlags(&flag_event_, cudaEventDisableTiming));
   }
   *host_flag_ = 0;
-  s.graph_generation = buffer_generation_;
+  s.graph_generation = graph_generation();
   s.active = true;
 }
 
@@ -572,7 +572,7 @@ int64_t GptModel::decode_step(int64_t max_steps) {
       decode_steps_split(run);
       ran = run;
     } else if (s.steps_done == 1 || s.graph_failed || !graphs_enabled() ||
-               s.graph_generation != buffer_generation_ || pp_comm_ != nullptr) {
+               s.graph_generation != graph_generation() || pp_comm_ != nullptr) {
       // Tensor parallelism is captured too (NCCL collectives are graph-capturable, and every
       // rank captures the same step); pipeline stages run eagerly, their send/recv pairs
       // ordered by the host.

@@ -102,9 +102,15 @@ class GptModel {
   Gemm& gemm() { return *gemm_; }
   int64_t max_batch() const { return max_batch_; }
   int64_t max_seq_len() const { return max_seq_len_; }
-  // Bytes currently held for the KV cache and for activations (both grow only).
+  // Bytes currently held for the KV cache, and for activations, session state and the cuBLASLt
+  // workspace (all grow only).
   size_t kv_cache_bytes() const { return kv_.size(); }
-  size_t workspace_bytes() const { return act_.size() + meta_.size() + state_.size(); }
+  size_t workspace_bytes() const {
+    return act_.size() + meta_.size() + state_.size() + gemm_workspace_bytes();
+  }
+  // The cuBLASLt workspace: what the algorithms chosen so far need (Gemm::kMaxWorkspaceBytes
+  // at most).
+  size_t gemm_workspace_bytes() const { return ctx_->workspace_size(); }
 
   // The prompt runs through the layers in groups of whole sequences, each group's activations
   // at most kPrefillGroupBytes (but at least kMinPrefillGroupTokens tokens; a longer sequence
@@ -300,6 +306,8 @@ class GptModel {
   void share_state();                 // pipeline parallel: state from the last stage
   Session session_;
   size_t buffer_generation_ = 0;    // bumped whenever a buffer a graph may bake is reallocated
+  // Changes whenever a buffer a graph may bake was reallocated, the GEMM workspace included.
+  size_t graph_generation() const { return buffer_generation_ + ctx_->workspace_generation(); }
 };
 
 }  // namespace gpt
