@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -71,15 +72,17 @@ from common import (
 # Extra warpformer rows (--wf-variants): GEMV off (cuBLASLt for every product), a gemm-tune file
 # made for the configuration, no kernel fusion (QKV preparation and norms as kernels of their
 # own), only the attention fusion, and every fusion but the parallel-residual decode step's (MLP-in
-# product beside the attention, one launch for the two output products). Each environment
-# variable is read when the engine is built.
+# product beside the attention, one launch for the two output products), every fusion but the
+# tanh-GELU in cuBLASLt's epilogue, and prefill-N: prompt groups of at most N tokens. Each
+# environment variable is read when the engine is built.
 VARIANT_ENV = {
     "gemv-off": ("WARPFORMER_GEMV", "0"),
     "unfused": ("WARPFORMER_FUSE", "0"),
     "attention-only": ("WARPFORMER_FUSE", "attention"),
     "parallel-off": ("WARPFORMER_FUSE", "attention,norms"),
+    "activation-off": ("WARPFORMER_FUSE", "attention,norms,parallel"),
 }
-VARIANTS = (*VARIANT_ENV, "tuned")
+VARIANTS = (*VARIANT_ENV, "tuned", "prefill-N")
 ENGINES = ("warpformer", *(f"warpformer-{v}" for v in VARIANTS), "hf-eager", "hf-compiled")
 # Issue 6 targets: decode ms/step at batch 1, 128 in / 128 out, real layer counts.
 TARGETS_MS = {"gpt2-medium": 0.26, "bloom-560m": 0.40, "gpt-j-6b": 3.3}
@@ -149,9 +152,19 @@ def _lengths(text: str) -> list[tuple[int, int]]:
     return out
 
 
+def variant_env(variant: str) -> dict[str, str]:
+    """The environment a --wf-variants name sets while the engine is built."""
+    if variant in VARIANT_ENV:
+        return dict([VARIANT_ENV[variant]])
+    if re.fullmatch(r"prefill-[1-9][0-9]*", variant):
+        return {"WARPFORMER_PREFILL_TOKENS": variant.split("-", 1)[1]}
+    return {}
+
+
 def _variants(text: str) -> list[str]:
     names = [t.strip() for t in text.split(",") if t.strip()]
-    bad = [n for n in names if n not in VARIANTS]
+    bad = [n for n in names
+           if n not in VARIANTS and not re.fullmatch(r"prefill-[1-9][0-9]*", n)]
     if bad:
         raise argparse.ArgumentTypeError(f"unknown variant(s) {bad}; choose from {VARIANTS}")
     return names
@@ -183,7 +196,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "unfused (WARPFORMER_FUSE=0: QKV preparation and norms as kernels of "
                          "their own), attention-only (WARPFORMER_FUSE=attention: norms as "
                          "kernels of their own), parallel-off (WARPFORMER_FUSE=attention,norms: "
-                         "a parallel-residual layer's four products one after another)")
+                         "a parallel-residual layer's four products one after another), "
+                         "activation-off (WARPFORMER_FUSE=attention,norms,parallel: tanh-GELU "
+                         "as a kernel after cuBLASLt's product), prefill-N "
+                         "(WARPFORMER_PREFILL_TOKENS=N: prompt groups of at most N tokens)")
     ap.add_argument("--hf-compile", choices=("none", "target", "all"), default="target",
                     help="HF static cache + compiled forward on: none, the target configuration "
                          "(batch 1, 128/128; default) or every configuration (slow)")
@@ -295,7 +311,7 @@ def tuning_file(config, cfg: tuple[int, int, int], out_dir: Path) -> tuple[str, 
     B, n_in, _ = cfg
     dims = ModelDims(config.hidden_size, config.inter_size, config.vocab_size, 1,
                      config.word_embed_proj_dim, config.parallel_residual,
-                     config.activation_type == "relu", config.has_lm_head_bias)
+                     config.activation_type, config.has_lm_head_bias)
     results = tune(gemm_shapes(dims, B, 1, n_in), torch.float16, max_algos=16, reps=10)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"gemm_tuning_{config.hidden_size}x{config.num_layer}_B{B}_in{n_in}.tsv"
@@ -313,7 +329,7 @@ def run_warpformer(weights, config, shape: ModelShape, row: Row,
     if variant == "tuned":
         gemm_config, changed = tuning_file(config, row.config, out_dir)
         row.note = f"tuned: {changed} shapes off the heuristic's first choice"
-    env = dict([VARIANT_ENV[variant]]) if variant in VARIANT_ENV else {}
+    env = variant_env(variant)
     with mock.patch.dict(os.environ, env):  # restored (or removed) when the engine is built
         engine = build_gpt_model(config, weights, dtype=torch.float16, max_batch=B,
                                  max_seq_len=n_in + n_out, gemm_config=gemm_config)
@@ -447,8 +463,7 @@ def summary_table(rows: list[Row], shapes: dict[str, ModelShape]) -> str:
 
 def variants_table(rows: list[Row]) -> str:
     """Decode ms/step and prefill ms of each warpformer variant next to the default build."""
-    names = [e for e in ENGINES if e.startswith("warpformer")]
-    present = [e for e in names if any(r.engine == e for r in rows)]
+    present = list(dict.fromkeys(r.engine for r in rows if r.engine.startswith("warpformer")))
     headers = ["model", "B", "in/out"] + [f"{e}: step (prefill) ms" for e in present]
     body = []
     for r in rows:
@@ -546,7 +561,8 @@ def main(argv: list[str] | None = None) -> int:
 
     for k, shape in enumerate(args.shapes):
         mrows = bench_model(args, shape, cfgs, budget, compile_times, args.shapes[k + 1:], models)
-        for row in sorted(mrows, key=lambda r: (cfgs.index(r.config), order[r.engine])):
+        rank = lambda r: (cfgs.index(r.config), order.get(r.engine, len(order)))  # noqa: E731
+        for row in sorted(mrows, key=rank):
             derive(row, shape, copy_gbps, gemm_rate)
             rows.append(row)
         json_path, _ = save()

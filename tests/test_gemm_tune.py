@@ -8,20 +8,34 @@ from warpformer.cli import main
 from warpformer.gemm_tune import (
     GemmShape,
     ModelDims,
+    ffn_in_epilogue,
     gemm_shapes,
     prefill_group_tokens,
     prefill_groups,
 )
 
 
-def test_shapes_gpt2_like() -> None:
+def test_shapes_gpt2_like(monkeypatch) -> None:
+    monkeypatch.delenv("WARPFORMER_FUSE", raising=False)
     dims = ModelDims(hidden=1024, inter=4096, vocab=50257)
     shapes = gemm_shapes(dims, batch=8, beam=1, max_input_len=128)
     keys = {(s.m, s.n, s.k, s.transposed, s.epilogue, s.accumulate) for s in shapes}
     assert (1024, 3072, 1024, False, "none", False) in keys      # context QKV, 8 * 128 tokens
-    assert (8, 4096, 1024, False, "none", False) in keys         # decode FFN in
+    # FFN in: tanh-GELU on cuBLASLt's epilogue (16-bit types, the activation fusion on)
+    assert (1024, 4096, 1024, False, "bias_gelu_tanh", False) in keys
+    assert (8, 4096, 1024, False, "bias_gelu_tanh", False) in keys
     assert (8, 50257, 1024, True, "none", False) in keys         # lm_head [V, h] transposed
     assert len(keys) == len(shapes)                                # deduplicated
+    # fp32 keeps warpformer's GELU kernel, and so does WARPFORMER_FUSE without "activation"
+    ffn_in = {s.epilogue for s in gemm_shapes(dims, 8, 1, 128, dtype_bytes=4)
+              if s.what.endswith("ffn in")}
+    assert ffn_in == {"none"}
+    for fuse, want in (("0", "none"), ("attention,norms", "none"),
+                       ("norms,activation", "bias_gelu_tanh"), ("1", "bias_gelu_tanh")):
+        monkeypatch.setenv("WARPFORMER_FUSE", fuse)
+        assert ffn_in_epilogue(dims) == want, fuse
+    erf = ModelDims(hidden=1024, inter=4096, vocab=50257, activation="gelu_erf")
+    assert ffn_in_epilogue(erf) == "none"
 
 
 def test_shapes_follow_switches_and_tp() -> None:
@@ -32,7 +46,8 @@ def test_shapes_follow_switches_and_tp() -> None:
                                                  what="decode ffn out")
     assert s[("decode qkv", 4)].n == 3 * 2048
     assert s[("decode lm_head", 4)].epilogue == "bias"
-    opt350 = ModelDims(hidden=1024, inter=4096, vocab=50272, word_embed_proj_dim=512, relu=True)
+    opt350 = ModelDims(hidden=1024, inter=4096, vocab=50272, word_embed_proj_dim=512,
+                       activation="relu")
     t = {x.what: x for x in gemm_shapes(opt350, batch=2, beam=3, max_input_len=8)}
     assert t["context ffn in"].epilogue == "bias_relu"
     assert (t["decode project_out"].m, t["decode project_out"].n) == (6, 512)

@@ -334,6 +334,12 @@ void Gemm::run_act(DType dtype, const void* in, const void* weight, const void* 
            0.f);
     return;
   }
+  if (act == kernels::Activation::kGeluTanh && bias != nullptr && beta == 0.f &&
+      activation_epilogue_ && dtype != DType::kFloat32) {
+    launch(GemmKey{m, n, k, dtype, GemmEpilogue::kBiasGeluTanh, false, false}, in, weight, bias,
+           out, 0.f);
+    return;
+  }
   if (act == kernels::Activation::kIdentity) {
     const GemmEpilogue epi = bias != nullptr ? GemmEpilogue::kBias : GemmEpilogue::kNone;
     launch(GemmKey{m, n, k, dtype, epi, beta != 0.f, false}, in, weight, bias, out, beta);

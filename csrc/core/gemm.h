@@ -94,9 +94,11 @@ class Gemm {
            int64_t n, int64_t k, GemmEpilogue epilogue = GemmEpilogue::kNone, float beta = 0.f);
 
   // out[m, n] = act(in[m, k] @ weight[k, n] + bias[n]) (+ beta * out). One fused kernel on the
-  // GEMV path; on cuBLASLt, ReLU rides on its bias epilogue and the other activations run as
-  // warpformer's bias/activation kernel after a plain GEMM (so both paths compute the same
-  // activation function). bias may be null.
+  // GEMV path. On cuBLASLt, ReLU rides on its bias epilogue, and so does tanh-GELU for 16-bit
+  // types while the activation epilogue is on (set_activation_epilogue): cuBLASLt applies it to
+  // the fp32 accumulator and rounds once. Other activations, fp32 (which keeps warpformer's exact
+  // tanh), and tanh-GELU with the epilogue off run warpformer's bias/activation kernel after a
+  // plain GEMM. bias may be null.
   // beside: the caller promises that the kernel just before this product on the stream neither
   // writes what it reads nor reads or writes what it writes; where the GEMV runs the product it
   // then runs beside that kernel (kernels::GemvParams::beside).
@@ -122,6 +124,10 @@ class Gemm {
   // Whether run_normed may fuse the norm into the GEMV (on by default; WARPFORMER_FUSE=0 makes
   // the engine turn it off).
   void set_norm_fusion(bool on) { norm_fusion_ = on; }
+
+  // Whether run_act may put tanh-GELU into cuBLASLt's bias epilogue (16-bit types; on by
+  // default; WARPFORMER_FUSE without `activation` makes the engine turn it off).
+  void set_activation_epilogue(bool on) { activation_epilogue_ = on; }
 
   // Whether run_normed with these arguments would run the fused kernel (launches nothing).
   bool fuses_norm(DType dtype, const GemmNormedInput& in, const void* weight, const void* bias,
@@ -206,6 +212,7 @@ class Gemm {
   GemvPolicy gemv_policy_ = GemvPolicy::kPreferred;
   bool static_weights_ = false;
   bool norm_fusion_ = true;
+  bool activation_epilogue_ = true;
   mutable std::mutex mu_;
   struct CachedPlan {
     std::shared_ptr<Plan> plan;

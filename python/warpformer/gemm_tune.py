@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["GemmShape", "gemm_shapes", "prefill_group_tokens", "prefill_groups", "tune",
-           "add_arguments", "run"]
+__all__ = ["GemmShape", "activation_epilogue_on", "ffn_in_epilogue", "gemm_shapes",
+           "prefill_group_tokens", "prefill_groups", "tune", "add_arguments", "run"]
 
 _TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -51,7 +51,7 @@ class ModelDims:
     tensor_para_size: int = 1
     word_embed_proj_dim: int = 0
     parallel_residual: bool = False
-    relu: bool = False
+    activation: str = "gelu_tanh"  # the MLP's: gelu_tanh, gelu_erf, relu or silu
     lm_head_bias: bool = False
 
 
@@ -74,6 +74,26 @@ def prefill_group_tokens(dims: ModelDims, dtype_bytes: int = 2) -> int:
     h, lh, li = dims.hidden, dims.hidden // tp, dims.inter // tp
     per_token = (4 * h + max(5 * lh, li) + dims.word_embed_proj_dim) * dtype_bytes
     return max(MIN_PREFILL_GROUP_TOKENS, PREFILL_GROUP_BYTES // per_token)
+
+
+def activation_epilogue_on() -> bool:
+    """Whether the engine puts tanh-GELU into cuBLASLt's epilogue (``WARPFORMER_FUSE`` unset,
+    ``1``, or a list naming ``activation``; mirrors ``fusions_from_env`` in gpt_model.cpp)."""
+    env = os.environ.get("WARPFORMER_FUSE")
+    if env is None or env == "1":
+        return True
+    return "activation" in env.split(",")
+
+
+def ffn_in_epilogue(dims: ModelDims, dtype_bytes: int = 2) -> str:
+    """The cuBLASLt epilogue of the engine's MLP-in product at prompt sizes (``Gemm::run_act``):
+    ReLU always rides on it, tanh-GELU for 16-bit types while the activation fusion is on, other
+    activations run as a kernel after a plain product."""
+    if dims.activation == "relu":
+        return "bias_relu"
+    if dims.activation == "gelu_tanh" and dtype_bytes == 2 and activation_epilogue_on():
+        return "bias_gelu_tanh"
+    return "none"
 
 
 def prefill_groups(lengths: list[int], size: int) -> list[int]:
@@ -100,22 +120,23 @@ def prefill_groups(lengths: list[int], size: int) -> list[int]:
 def gemm_shapes(dims: ModelDims, batch: int, beam: int, max_input_len: int,
                 dtype_bytes: int = 2) -> list[GemmShape]:
     """Every distinct GEMM the engine runs for this workload, mirroring csrc/layers and
-    csrc/models/gpt: per layer QKV, attention-out, FFN-in (ReLU on the epilogue for ReLU models),
-    FFN-out (accumulating in the parallel-residual form); OPT-350m's project_in/out; the lm_head
-    (transposed, with its bias as epilogue). Context phase at each prefill group's token count
-    (``batch`` prompts of ``max_input_len`` tokens, groups as ``prefill_groups``; ``dtype_bytes``
-    is the element size, which sets the group size), decode at ``batch * beam`` rows; logits at
-    ``batch`` rows after the prompt."""
+    csrc/models/gpt: per layer QKV, attention-out, FFN-in (its activation on the epilogue where
+    ``ffn_in_epilogue`` says so), FFN-out (accumulating in the parallel-residual form);
+    OPT-350m's project_in/out; the lm_head (transposed, with its bias as epilogue). Context
+    phase at each prefill group's token count (``batch`` prompts of ``max_input_len`` tokens,
+    groups as ``prefill_groups``), decode at ``batch * beam`` rows; logits at ``batch`` rows
+    after the prompt. ``dtype_bytes`` is the element size (it sets the group size and decides the
+    MLP-in epilogue)."""
     tp = dims.tensor_para_size
     h, lh, li = dims.hidden, dims.hidden // tp, dims.inter // tp
     e = dims.word_embed_proj_dim or h
+    ffn_in = ffn_in_epilogue(dims, dtype_bytes)
     shapes: list[GemmShape] = []
 
     def layer(m: int, phase: str) -> None:
         shapes.append(GemmShape(m, 3 * lh, h, what=f"{phase} qkv"))
         shapes.append(GemmShape(m, h, lh, what=f"{phase} attention out"))
-        shapes.append(GemmShape(m, li, h, epilogue="bias_relu" if dims.relu else "none",
-                                what=f"{phase} ffn in"))
+        shapes.append(GemmShape(m, li, h, epilogue=ffn_in, what=f"{phase} ffn in"))
         shapes.append(GemmShape(m, h, li, accumulate=dims.parallel_residual,
                                 what=f"{phase} ffn out"))
         if dims.word_embed_proj_dim:
@@ -185,7 +206,7 @@ def dims_from_args(args: argparse.Namespace) -> ModelDims:
 
         c = read_config(args.model_dir)
         return ModelDims(c.hidden_size, c.inter_size, c.vocab_size, args.tensor_para_size,
-                         c.word_embed_proj_dim, c.parallel_residual, c.activation_type == "relu",
+                         c.word_embed_proj_dim, c.parallel_residual, c.activation_type,
                          c.has_lm_head_bias)
     missing = [n for n in ("head_num", "size_per_head", "inter_size", "vocab_size")
                if getattr(args, n) is None]
@@ -193,7 +214,7 @@ def dims_from_args(args: argparse.Namespace) -> ModelDims:
         raise SystemExit("gemm-tune: give --model-dir, or all of "
                          + ", ".join("--" + m.replace("_", "-") for m in missing))
     return ModelDims(args.head_num * args.size_per_head, args.inter_size, args.vocab_size,
-                     args.tensor_para_size)
+                     args.tensor_para_size, activation=args.activation_type)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -206,6 +227,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--inter-size", type=int)
     p.add_argument("--vocab-size", type=int)
     p.add_argument("--data-type", choices=sorted(_TORCH_DTYPES), default="fp16")
+    p.add_argument("--activation-type", choices=("gelu_tanh", "gelu_erf", "relu", "silu"),
+                   default="gelu_tanh",
+                   help="the MLP's activation (sets the MLP-in product's epilogue); taken from "
+                        "the checkpoint with --model-dir")
     p.add_argument("--tensor-para-size", type=int, default=1)
     p.add_argument("--model-dir", help="converted <tp>-gpu dir: take dims and switches from it")
     p.add_argument("--output", default="gemm_config.tsv", help="tuning file to write")

@@ -45,14 +45,16 @@ class Carver {
 // list of "attention" (the decode step's QKV preparation inside the attention kernel), "norms"
 // (pre-norm layers' residual adds and norms inside the GEMVs that read them) and "parallel"
 // (a parallel-residual layer's decode step: its MLP-in product runs beside the attention kernel
-// and its attention-out and MLP-out products are one GEMV launch). Off, each runs as its own
-// kernel (for comparisons): attention and norms give bit-identical results, parallel the same
-// up to rounding (the two output products accumulate in fp32 together instead of adding two
-// rounded products).
+// and its attention-out and MLP-out products are one GEMV launch) and "activation" (a 16-bit
+// model's tanh-GELU in cuBLASLt's epilogue of the MLP-in product at prompt sizes). Off, each
+// runs as its own kernel (for comparisons): attention and norms give bit-identical results,
+// parallel and activation the same up to rounding (parallel: the two output products accumulate
+// in fp32 together instead of adding two rounded products; activation: the GELU reads the fp32
+// accumulator instead of the rounded product).
 GptModel::Fusions fusions_from_env() {
   const char* env = std::getenv("WARPFORMER_FUSE");
-  if (env == nullptr || std::strcmp(env, "1") == 0) return {true, true, true};
-  GptModel::Fusions f{false, false, false};
+  if (env == nullptr || std::strcmp(env, "1") == 0) return {true, true, true, true};
+  GptModel::Fusions f{false, false, false, false};
   if (std::strcmp(env, "0") == 0) return f;
   const std::string list = env;
   size_t start = 0;
@@ -65,9 +67,11 @@ GptModel::Fusions fusions_from_env() {
       f.norms = true;
     } else if (item == "parallel") {
       f.parallel = true;
+    } else if (item == "activation") {
+      f.activation = true;
     } else {  // includes an empty item (a stray comma)
       TORCH_CHECK(false, "WARPFORMER_FUSE must be 1, 0 or a comma list of attention, norms, "
-                  "parallel; got '", env, "'");
+                  "parallel, activation; got '", env, "'");
     }
     if (end == list.size()) break;
     start = end + 1;
@@ -110,6 +114,7 @@ GptModel::GptModel(GptConfig cfg, GptWeights weights, DType dtype,
   fusions_ = fusions_from_env();
   pp_decode_split_ = pp_decode_split_from_env();
   gemm_->set_norm_fusion(fusions_.norms);
+  gemm_->set_activation_epilogue(fusions_.activation);
   // The weights are written only before the model is built; every forward starts with the
   // embedding (or a pipeline receive), never with a product, so no product's weight is written
   // by the kernel just before it.

@@ -80,6 +80,7 @@ class GptModel {
     bool attention = true;  // the decode step's QKV preparation inside the attention kernel
     bool norms = true;      // pre-norm residual adds and norms inside the GEMVs (Gemm::run_normed)
     bool parallel = true;   // parallel-residual decode: MLP-in beside attention, one out product
+    bool activation = true;  // tanh-GELU in cuBLASLt's epilogue (16-bit, Gemm::run_act)
   };
 
   GptModel(GptConfig cfg, GptWeights weights, DType dtype, std::shared_ptr<CudaContext> ctx,
