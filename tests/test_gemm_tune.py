@@ -65,20 +65,20 @@ def test_prefill_groups_mirror_the_engine(monkeypatch) -> None:
     monkeypatch.delenv("WARPFORMER_PREFILL_TOKENS", raising=False)
     gptj = ModelDims(hidden=4096, inter=16384, vocab=50400, parallel_residual=True)
     gpt2m = ModelDims(hidden=1024, inter=4096, vocab=50257)
-    assert prefill_group_tokens(gptj, 2) == 2048               # 128 MiB / 72 KiB, floor 2048
-    assert prefill_group_tokens(gpt2m, 2) == (128 << 20) // (9 * 1024 * 2)
-    # Batch 64 x 128: gpt-j's prompt runs as four 2048-token groups, gpt2-medium's as two.
-    ctx = {s.m for s in gemm_shapes(gptj, batch=64, beam=1, max_input_len=128)
-           if s.what == "context qkv"}
-    assert ctx == {2048}
-    ctx = {s.m for s in gemm_shapes(gpt2m, batch=64, beam=1, max_input_len=128)
-           if s.what == "context qkv"}
-    assert ctx == {4096}
+    assert prefill_group_tokens() == 2048
+    # Batch 64 x 128: every model's prompt runs as four 2048-token groups.
+    for dims in (gptj, gpt2m):
+        ctx = {s.m for s in gemm_shapes(dims, batch=64, beam=1, max_input_len=128)
+               if s.what == "context qkv"}
+        assert ctx == {2048}
     monkeypatch.setenv("WARPFORMER_PREFILL_TOKENS", "1000")
-    assert prefill_group_tokens(gptj, 2) == 1000
+    assert prefill_group_tokens() == 1000
+    ctx = {s.m for s in gemm_shapes(gpt2m, batch=8, beam=1, max_input_len=300)
+           if s.what == "context qkv"}
+    assert ctx == {900, 600}  # 8 x 300 tokens as groups of 3, 3 and 2 sequences
     monkeypatch.setenv("WARPFORMER_PREFILL_TOKENS", "-3")
     with pytest.raises(ValueError, match="WARPFORMER_PREFILL_TOKENS must be a positive"):
-        prefill_group_tokens(gptj, 2)
+        prefill_group_tokens()
 
 
 def test_cli_requires_dimensions(capsys) -> None:

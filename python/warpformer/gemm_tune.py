@@ -55,25 +55,20 @@ class ModelDims:
     lm_head_bias: bool = False
 
 
-# GptModel's prefill groups (csrc/models/gpt/gpt_model.h): activations of at most this many bytes
-# per group, but at least this many tokens; WARPFORMER_PREFILL_TOKENS overrides.
-PREFILL_GROUP_BYTES = 128 << 20
-MIN_PREFILL_GROUP_TOKENS = 2048
+# GptModel's prefill groups (csrc/models/gpt/gpt_model.h): whole sequences of at most this many
+# tokens together; WARPFORMER_PREFILL_TOKENS overrides.
+PREFILL_GROUP_TOKENS = 2048
 
 
-def prefill_group_tokens(dims: ModelDims, dtype_bytes: int = 2) -> int:
-    """The engine's prefill group size in tokens for a model of ``dims`` whose activations have
-    ``dtype_bytes`` per element (mirrors ``GptModel::prefill_group_size``)."""
+def prefill_group_tokens() -> int:
+    """The engine's prefill group size in tokens (mirrors ``GptModel::prefill_group_size``)."""
     env = os.environ.get("WARPFORMER_PREFILL_TOKENS", "")
     if env:
         if not env.isdigit() or int(env) < 1:
             raise ValueError(f"WARPFORMER_PREFILL_TOKENS must be a positive number of tokens, "
                              f"got {env!r}")
         return int(env)
-    tp = dims.tensor_para_size
-    h, lh, li = dims.hidden, dims.hidden // tp, dims.inter // tp
-    per_token = (4 * h + max(5 * lh, li) + dims.word_embed_proj_dim) * dtype_bytes
-    return max(MIN_PREFILL_GROUP_TOKENS, PREFILL_GROUP_BYTES // per_token)
+    return PREFILL_GROUP_TOKENS
 
 
 def activation_epilogue_on() -> bool:
@@ -125,8 +120,7 @@ def gemm_shapes(dims: ModelDims, batch: int, beam: int, max_input_len: int,
     OPT-350m's project_in/out; the lm_head (transposed, with its bias as epilogue). Context
     phase at each prefill group's token count (``batch`` prompts of ``max_input_len`` tokens,
     groups as ``prefill_groups``), decode at ``batch * beam`` rows; logits at ``batch`` rows
-    after the prompt. ``dtype_bytes`` is the element size (it sets the group size and decides the
-    MLP-in epilogue)."""
+    after the prompt. ``dtype_bytes`` is the element size (it decides the MLP-in epilogue)."""
     tp = dims.tensor_para_size
     h, lh, li = dims.hidden, dims.hidden // tp, dims.inter // tp
     e = dims.word_embed_proj_dim or h
@@ -149,7 +143,7 @@ def gemm_shapes(dims: ModelDims, batch: int, beam: int, max_input_len: int,
                                 epilogue="bias" if dims.lm_head_bias else "none",
                                 what=f"{phase} lm_head"))
 
-    size = prefill_group_tokens(dims, dtype_bytes)
+    size = prefill_group_tokens()
     for tokens in sorted(set(prefill_groups([max_input_len] * batch, size))):
         layer(tokens, "context")
     logits(batch, "context")

@@ -234,8 +234,8 @@ def test_ragged_batch_equals_single_rows(name, workdir):
 
 
 # Prompts run through the layers in groups of whole sequences (GptModel's prefill groups; the
-# tests set the group size to 1,024 tokens with WARPFORMER_PREFILL_TOKENS, the tiny models' default
-# being far larger). Lengths chosen so that groups end before and after sequences of every size;
+# tests set the group size to 1,024 tokens with WARPFORMER_PREFILL_TOKENS, the default being
+# 2,048). Lengths chosen so that groups end before and after sequences of every size;
 # bloom (no position table) also gets sequences longer than a group.
 GROUP_LENGTHS = {
     "short": [500, 3, 480, 500, 1, 500, 497, 250, 500],  # groups of 983, 1001, 747, 500 tokens
@@ -266,8 +266,9 @@ def test_prefill_in_groups_matches_hf_and_single_rows(name, workdir, monkeypatch
 
 
 def test_prefill_activations_sized_for_one_group(workdir, monkeypatch):
-    """64 x 128 prompt tokens: the workspace holds one group's activations, not all 8,192."""
-    monkeypatch.setenv("WARPFORMER_PREFILL_TOKENS", "2048")
+    """64 x 128 prompt tokens: the workspace holds one group's activations (2,048 tokens by
+    default), not all 8,192."""
+    monkeypatch.delenv("WARPFORMER_PREFILL_TOKENS", raising=False)
     hf, path = converted("gpt2", TINY, workdir)
     cfg = hf.config
     model = load_gpt_model(path, dtype=torch.float16, max_batch=64, max_seq_len=136)

@@ -378,13 +378,7 @@ int64_t GptModel::prefill_group_size() const {
                 "(at most 2^31 - 1), got '", env, "'");
     return v;
   }
-  // Activation bytes per token of layout(): x n y p, the shared qkv/q/attention/MLP region, and
-  // OPT-350m's narrower word embeddings (python/warpformer/gemm_tune.py mirrors this).
-  const int64_t h = cfg_.hidden(), lh = cfg_.local_hidden(), li = cfg_.local_inter();
-  const int64_t per_token =
-      (4 * h + std::max(5 * lh, li) + (cfg_.word_embed_proj_dim > 0 ? cfg_.embed_dim() : 0)) *
-      static_cast<int64_t>(dtype_size(dtype_));
-  return std::max(kMinPrefillGroupTokens, static_cast<int64_t>(kPrefillGroupBytes) / per_token);
+  return kPrefillGroupTokens;
 }
 
 int64_t GptModel::plan_prefill(const std::vector<int32_t>& lengths) {

@@ -113,14 +113,15 @@ class GptModel {
   // at most).
   size_t gemm_workspace_bytes() const { return ctx_->workspace_size(); }
 
-  // The prompt runs through the layers in groups of whole sequences, each group's activations
-  // at most kPrefillGroupBytes (but at least kMinPrefillGroupTokens tokens; a longer sequence
-  // forms a group alone), so the activation buffer is sized for one group, not for the whole
-  // batch; with pipeline parallelism the groups are the micro-batches that keep the stages busy
-  // at once during the prompt. The environment variable WARPFORMER_PREFILL_TOKENS, read when
-  // the model is built, sets the group size in tokens instead.
-  static constexpr size_t kPrefillGroupBytes = size_t{128} << 20;
-  static constexpr int64_t kMinPrefillGroupTokens = 2048;
+  // The prompt runs through the layers in groups of whole sequences of at most
+  // kPrefillGroupTokens tokens together (a longer sequence forms a group alone), so the
+  // activation buffer is sized for one group, not for the whole batch; with pipeline parallelism
+  // the groups are the micro-batches that keep the stages busy at once during the prompt. 2,048
+  // tokens keep the products' row counts a multiple of the GEMM tiles at full waves on an H200,
+  // and gpt2-medium's batch-64 peak memory under HF's (benchmarks/README.md measures 4,096 and
+  // about 2,700). The environment variable WARPFORMER_PREFILL_TOKENS, read when the model is
+  // built, sets another size.
+  static constexpr int64_t kPrefillGroupTokens = 2048;
   int64_t prefill_group_tokens() const { return prefill_group_tokens_; }
 
   // Scoring pass. ids: device int32 [batch, seq] right-padded; lengths: host, 1..seq each.
@@ -181,7 +182,7 @@ class GptModel {
   // size (none over it unless one sequence is); returns the largest group's token count, which
   // is what the activation buffer must hold.
   int64_t plan_prefill(const std::vector<int32_t>& lengths);
-  // The group size: WARPFORMER_PREFILL_TOKENS, else kPrefillGroupBytes of activations.
+  // The group size: WARPFORMER_PREFILL_TOKENS, else kPrefillGroupTokens.
   int64_t prefill_group_size() const;
   // Refuses a communicator whose ranks would cut the prompt, or split decode steps, differently
   // (`group` names it).
