@@ -78,8 +78,8 @@ from common import (
 VARIANT_ENV = {
     "gemv-off": ("WARPFORMER_GEMV", "0"),
     "unfused": ("WARPFORMER_FUSE", "0"),
-    "attention-only": ("WARPFORMER_FUSE", "attention"),
-    "parallel-off": ("WARPFORMER_FUSE", "attention,norms"),
+    "attention-only": ("WARPFORMER_FUSE", "attention,activation"),
+    "parallel-off": ("WARPFORMER_FUSE", "attention,norms,activation"),
     "activation-off": ("WARPFORMER_FUSE", "attention,norms,parallel"),
 }
 VARIANTS = (*VARIANT_ENV, "tuned", "prefill-N")
@@ -194,8 +194,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="extra warpformer rows: gemv-off (WARPFORMER_GEMV=0, cuBLASLt for "
                          "every GEMM), tuned (a gemm-tune file made for the configuration), "
                          "unfused (WARPFORMER_FUSE=0: QKV preparation and norms as kernels of "
-                         "their own), attention-only (WARPFORMER_FUSE=attention: norms as "
-                         "kernels of their own), parallel-off (WARPFORMER_FUSE=attention,norms: "
+                         "their own), attention-only (WARPFORMER_FUSE=attention,activation: "
+                         "norms as kernels of their own), parallel-off "
+                         "(WARPFORMER_FUSE=attention,norms,activation: "
                          "a parallel-residual layer's four products one after another), "
                          "activation-off (WARPFORMER_FUSE=attention,norms,parallel: tanh-GELU "
                          "as a kernel after cuBLASLt's product), prefill-N "

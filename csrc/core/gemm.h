@@ -206,6 +206,7 @@ class Gemm {
   void launch(const GemmKey& key, const void* in, const void* weight, const void* bias, void* out,
               float beta);
   // Grows the context's workspace to `bytes`; refuses while the stream is capturing a graph.
+  // Like the launches, not synchronised: one thread drives a Gemm (and its context) at a time.
   void reserve_workspace(size_t bytes, const GemmKey& key);
 
   CudaContext* ctx_;

@@ -65,9 +65,11 @@ GemmArgs check_gemm(const char* op, const at::Tensor& input, const at::Tensor& w
   return a;
 }
 
+// A context per call: its workspace is reserved whole up front, since a call may be captured
+// into a CUDA graph (benchmarks time the op that way), where it could not grow.
 std::shared_ptr<CudaContext> context_for(const at::Tensor& t) {
   return std::make_shared<CudaContext>(t.device().index(), current_stream(t),
-                                       torch_cuda_allocator());
+                                       torch_cuda_allocator(), Gemm::kMaxWorkspaceBytes);
 }
 
 }  // namespace

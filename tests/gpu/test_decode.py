@@ -48,7 +48,14 @@ def test_graph_replay_equals_eager(tiny):
     _, path = tiny
     model = load_gpt_model(path, dtype=torch.float16, max_batch=4, max_seq_len=128)
     ids, lens = batch([5, 9, 1, 17])
-    with_graphs = model.decode(ids, lens, 40, opts(end_id=999))
+    # The model's first session: its eager steps plan the decode products (cuBLASLt at 4 rows)
+    # and may grow the GEMM workspace; the graph is captured after them and replayed from then.
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=acts) as prof:
+        with_graphs = model.decode(ids, lens, 40, opts(end_id=999))
+        torch.cuda.synchronize()
+    replays = sum("cudaGraphLaunch" in e.name for e in prof.events())
+    assert replays >= 30, f"{replays} graph launches in 40 steps"
     os.environ["WARPFORMER_CUDA_GRAPHS"] = "0"
     try:
         eager = model.decode(ids, lens, 40, opts(end_id=999))

@@ -278,6 +278,7 @@ def test_prefill_activations_sized_for_one_group(workdir, monkeypatch):
     all_tokens = 64 * 128 * 9 * cfg.n_embd * 2  # x, n, y, p and the qkv/q/attention region
     gemm_ws = model.gemm_workspace_bytes()
     assert 0 <= gemm_ws <= 32 << 20
+    assert model.memory_bytes() >= kv + gemm_ws  # memory_bytes() counts the cuBLASLt workspace
     workspace = model.memory_bytes() - kv - gemm_ws
     print(f"\nworkspace {workspace} bytes (+ cuBLASLt's {gemm_ws}); activations of all prompt "
           f"tokens {all_tokens} bytes")

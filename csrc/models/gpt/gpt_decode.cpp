@@ -572,7 +572,8 @@ int64_t GptModel::decode_step(int64_t max_steps) {
       decode_steps_split(run);
       ran = run;
     } else if (s.steps_done == 1 || s.graph_failed || !graphs_enabled() ||
-               s.graph_generation != graph_generation() || pp_comm_ != nullptr) {
+               (s.graph != nullptr && s.graph_generation != graph_generation()) ||
+               pp_comm_ != nullptr) {
       // Tensor parallelism is captured too (NCCL collectives are graph-capturable, and every
       // rank captures the same step); pipeline stages run eagerly, their send/recv pairs
       // ordered by the host.
@@ -610,6 +611,9 @@ void GptModel::capture_step() {
   Session& s = session_;
   cudaStream_t stream = ctx_->stream();
   cudaGraph_t graph = nullptr;
+  // The buffers the graph bakes are those of now (the eager steps before may have grown the
+  // GEMM workspace); a later reallocation stops its replay.
+  s.graph_generation = graph_generation();
   const cudaError_t begin = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
   if (begin != cudaSuccess) {
     (void)cudaGetLastError();
