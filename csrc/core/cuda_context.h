@@ -77,8 +77,8 @@ class CudaContext {
   void* workspace() const { return workspace_.data(); }
   size_t workspace_size() const { return workspace_.size(); }
   // Grows the workspace to at least `bytes` (never shrinks; the old buffer goes back to the
-  // allocator, in order with the stream it was allocated on). A CUDA graph that baked the old pointer must not be replayed after a growth:
-  // workspace_generation() counts them.
+  // allocator, in order with the stream it was allocated on). A CUDA graph that baked the old
+  // pointer must not be replayed after a growth: workspace_generation() counts them.
   void reserve_workspace(size_t bytes);
   size_t workspace_generation() const { return workspace_generation_; }
   DeviceAllocator* allocator() const { return allocator_.get(); }

@@ -35,6 +35,27 @@ constexpr int kBK = 32;       // keys per tile
 constexpr int kRows = 4;      // query rows per thread
 constexpr int kColGroups = 16;
 
+// One block's work in either context kernel: sequence blockIdx.z, head blockIdx.y and the query
+// tile of `rows` queries numbered from the sequence's end (reversed tile index, see above).
+// False when the tile starts past the sequence or the sequence's cache slot is out of range:
+// the block has nothing to do.
+struct ContextTile {
+  int h, q0, seq_begin, len, slot;
+};
+
+template <typename T>
+__device__ __forceinline__ bool context_tile(const ContextAttentionParams<T>& p, int rows,
+                                             ContextTile& t) {
+  const int b = blockIdx.z;
+  t.h = blockIdx.y;
+  t.q0 = (gridDim.x - 1 - blockIdx.x) * rows;
+  t.seq_begin = p.cu_seqlens[b];
+  t.len = min(p.cu_seqlens[b + 1] - t.seq_begin, p.max_seq);
+  if (t.q0 >= t.len) return false;
+  t.slot = p.seq_slot[b];
+  return t.slot >= 0 && t.slot < p.num_slots;
+}
+
 template <int D>
 constexpr int smem_floats() {
   return kBQ * (D + 1) + kBK * (D + 1) + kBK * D + kBQ * (kBK + 1);
@@ -56,14 +77,9 @@ __global__ void __launch_bounds__(kThreads) context_attention_kernel(
   float* Vs = Ks + kBK * QS;            // [kBK][D]
   float* Ps = Vs + kBK * D;             // [kBQ][kBK + 1]
 
-  const int b = blockIdx.z;
-  const int h = blockIdx.y;
-  const int q0 = (gridDim.x - 1 - blockIdx.x) * kBQ;
-  const int seq_begin = p.cu_seqlens[b];
-  const int len = min(p.cu_seqlens[b + 1] - seq_begin, p.max_seq);
-  if (q0 >= len) return;
-  const int slot = p.seq_slot[b];
-  if (slot < 0 || slot >= p.num_slots) return;
+  ContextTile t;
+  if (!context_tile(p, kBQ, t)) return;
+  const int h = t.h, q0 = t.q0, seq_begin = t.seq_begin, len = t.len, slot = t.slot;
 
   const int tid = threadIdx.x;
   const int rg = tid / kColGroups;
@@ -226,14 +242,9 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   __shared__ __align__(16) T Ks[kMmaBK * S];
   __shared__ __align__(16) T Vs[kMmaBK * S];
 
-  const int b = blockIdx.z;
-  const int h = blockIdx.y;
-  const int q0 = (gridDim.x - 1 - blockIdx.x) * kMmaBQ;
-  const int seq_begin = p.cu_seqlens[b];
-  const int len = min(p.cu_seqlens[b + 1] - seq_begin, p.max_seq);
-  if (q0 >= len) return;
-  const int slot = p.seq_slot[b];
-  if (slot < 0 || slot >= p.num_slots) return;
+  ContextTile t;
+  if (!context_tile(p, kMmaBQ, t)) return;
+  const int h = t.h, q0 = t.q0, seq_begin = t.seq_begin, len = t.len, slot = t.slot;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, q = lane & 3;

@@ -246,7 +246,6 @@ void GptModel::decode_start(const int32_t* ids, const std::vector<int32_t>& leng
     WF_CUDA_CHECK(cudaEventCreateWithFlags(&flag_event_, cudaEventDisableTiming));
   }
   *host_flag_ = 0;
-  s.graph_generation = graph_generation();
   s.active = true;
 }
 

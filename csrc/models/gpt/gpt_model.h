@@ -117,10 +117,10 @@ class GptModel {
   // kPrefillGroupTokens tokens together (a longer sequence forms a group alone), so the
   // activation buffer is sized for one group, not for the whole batch; with pipeline parallelism
   // the groups are the micro-batches that keep the stages busy at once during the prompt. 2,048
-  // tokens keep the products' row counts a multiple of the GEMM tiles at full waves on an H200,
-  // and gpt2-medium's batch-64 peak memory under HF's (benchmarks/README.md measures 4,096 and
-  // about 2,700). The environment variable WARPFORMER_PREFILL_TOKENS, read when the model is
-  // built, sets another size.
+  // tokens keep gpt2-medium's batch-64 peak memory under HF's at 6-9% of its prefill time
+  // against 4,096 (groups of about 2,700 were slower than both; benchmarks/README.md). The
+  // environment variable WARPFORMER_PREFILL_TOKENS, read when the model is built, sets another
+  // size.
   static constexpr int64_t kPrefillGroupTokens = 2048;
   int64_t prefill_group_tokens() const { return prefill_group_tokens_; }
 
