@@ -110,6 +110,7 @@ GEMV_SHAPES = [
     ("gpt-j-6b attn out", 4096, 4096, False),
     ("gpt-j-6b fc1", 16384, 4096, False),
     ("gpt-j-6b fc2", 4096, 16384, False),
+    ("gpt-j-6b qkv+fc1", 28672, 4096, False),
 ]
 
 

@@ -10,7 +10,10 @@
 // distributed shared memory, in a fixed order. One kernel, no workspace, no atomics.
 //
 // A sum of two products (launch_gemv_sum) continues the k range over the second input and
-// weight.
+// weight; with second_ready each k-split block takes a share of both, streams the second's
+// first and waits for the kernel ahead only between the two shares. A pair of normalised products (launch_gemv_normed_pair) appends
+// the second product's column tiles to the first's: each block picks its weight, output,
+// epilogue and norm weights by its tile.
 //
 // [n, k] weights (lm_head): each warp owns two output columns and reads their weight rows as
 // 512-byte coalesced runs; a warp-sum gives the dot products. From kMmaMinRows rows on (16-bit
@@ -63,18 +66,25 @@ __device__ __forceinline__ void prefetch_l1(const void* p) {
   asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
 }
 
+// act(v + bias[col]) (+ beta * out[idx]): an output element's epilogue.
 template <typename T>
-__device__ __forceinline__ float finish(float v, const GemvParams<T>& p, int64_t idx, int col) {
-  if (p.bias != nullptr) v += to_float(p.bias[col]);
-  switch (p.act) {
+__device__ __forceinline__ float finish(float v, const T* bias, Activation act, float beta,
+                                        const T* out, int64_t idx, int col) {
+  if (bias != nullptr) v += to_float(bias[col]);
+  switch (act) {
     case Activation::kGeluErf: v = activate<Activation::kGeluErf>(v); break;
     case Activation::kGeluTanh: v = activate<Activation::kGeluTanh>(v); break;
     case Activation::kRelu: v = activate<Activation::kRelu>(v); break;
     case Activation::kSilu: v = activate<Activation::kSilu>(v); break;
     default: break;
   }
-  if (p.beta != 0.f) v += p.beta * to_float(p.out[idx]);
+  if (beta != 0.f) v += beta * to_float(out[idx]);
   return v;
+}
+
+template <typename T>
+__device__ __forceinline__ float finish(float v, const GemvParams<T>& p, int64_t idx, int col) {
+  return finish(v, p.bias, p.act, p.beta, p.out, idx, col);
 }
 
 // The normalising prologue's arguments (launch_gemv_normed): the norm as launch_norm would run
@@ -92,8 +102,10 @@ struct GemvNorm {
 // and block_sum adds the warp sums alike (the extra warps' zeros change no bits). Blocks of the
 // first column tile also write the k-range's x to residual_out and its normalised values to out
 // when those are given; they must not alias the inputs, which the other blocks are still reading.
+// gamma / beta: the norm weights of the block's product (g.norm's, or a second product's).
 template <typename T, int M>
-__device__ __forceinline__ void normalize_input(const GemvNorm<T>& g, int k, int kbeg, int kend,
+__device__ __forceinline__ void normalize_input(const GemvNorm<T>& g, const T* gamma,
+                                                const T* beta, int k, int kbeg, int kend,
                                                 int kchunk, T* xs) {
   constexpr int V = 16 / sizeof(T);
   __shared__ float scratch[32];
@@ -132,7 +144,7 @@ __device__ __forceinline__ void normalize_input(const GemvNorm<T>& g, int k, int
     for (int c = kbeg + threadIdx.x * V; c < kend; c += kThreads * V) {
       float x[V], y[V];
       norm::load_x<T, V>(nm, row_off, c, x);
-      norm::normalize<T, V>(nm, c, x, mean, rstd, y);
+      norm::normalize<T, V>(nm.kind, gamma, beta, c, x, mean, rstd, y);
       store_vec<T, V>(xs + m * kchunk + (c - kbeg), y);
       if (writer && nm.residual_out != nullptr) store_vec<T, V>(nm.residual_out + row_off + c, x);
       if (writer && nm.out != nullptr) store_vec<T, V>(nm.out + row_off + c, y);
@@ -145,19 +157,26 @@ __device__ __forceinline__ void normalize_input(const GemvNorm<T>& g, int k, int
 // norm and p.in is unused). The plain instantiation ignores `g`, a separate argument so that the
 // main parameters are addressed alike in both (see decode_attention.cu).
 //
-// `d` continues the depth for launch_gemv_sum: the k range runs over p's k and then d.k, so every
-// step reads one input and weight or the other (both depths are multiples of V).
+// `d` continues the depth for launch_gemv_sum: a second input and weight whose rows follow p's in
+// one virtual k (row r of d is k = p.k + r; both depths are multiples of V), which the k-split
+// blocks of a tile divide into contiguous chunks. With d.ready each block instead takes a share
+// of both depths in whole steps, the shares of d's depth in reverse block order so that every
+// block has the same number of steps, and streams its share of d's first: it waits for the
+// kernel ahead only between the two shares, so every block's d share overlaps that kernel.
 template <typename T>
 struct GemvDepth {
   const T* in = nullptr;      // [m, k]
   const T* weight = nullptr;  // [k, n]
   int k = 0;                  // 0: no second depth
+  bool ready = false;         // launch_gemv_sum's second_ready
 };
+
+// The column tiles of p's product come first in the grid, then `s`'s (s.n == 0: none).
 
 template <typename T, int M, bool NORM>
 __global__ void __launch_bounds__(kThreads)
     gemv_kn_kernel(const GemvParams<T> p, int ksplit, int kchunk, const GemvNorm<T> g,
-                   const GemvDepth<T> d) {
+                   const GemvDepth<T> d, const GemvSecond<T> s2) {
   constexpr int V = 16 / sizeof(T);
   constexpr int kTileCols = kColVecs * V;
   constexpr int kOut = M * kTileCols;  // a block's outputs, [M][kTileCols]
@@ -166,14 +185,36 @@ __global__ void __launch_bounds__(kThreads)
   extern __shared__ __align__(16) unsigned char xs_bytes[];  // NORM: [M][kchunk] of T
   T* xs = reinterpret_cast<T*>(xs_bytes);
 
-  const int n = p.n;
+  // The block's product: p's, or the second one's for the tiles after p's.
+  const int tiles1 = (p.n + kTileCols - 1) / kTileCols;
+  const bool second = static_cast<int>(blockIdx.x) >= tiles1;
+  const int n = second ? s2.n : p.n;
+  const T* const wbase = second ? s2.weight : p.weight;
+  T* const out = second ? s2.out : p.out;
+  const T* const bias = second ? s2.bias : p.bias;
+  const Activation act = second ? s2.act : p.act;
+  const float beta = second ? 0.f : p.beta;
+  const T* const gamma = second && s2.gamma != nullptr ? s2.gamma : g.norm.gamma;
+  const T* const nbeta = second && s2.gamma != nullptr ? s2.beta : g.norm.beta;
+
   const int depth = p.k + d.k;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int c = threadIdx.x % kColVecs, s = threadIdx.x / kColVecs;
-  const int col0 = blockIdx.x * kTileCols;
+  const int col0 = (static_cast<int>(blockIdx.x) - (second ? tiles1 : 0)) * kTileCols;
   const int col = col0 + c * V;
-  const int kbeg = blockIdx.y * kchunk;
-  const int kend = min(depth, kbeg + kchunk);
+  constexpr int kStep = kSlices * V;  // weight rows a block streams per step
+  // [kbeg, kend): the block's rows of the virtual depth, or with d.ready its share of p's depth,
+  // streamed after the wait; [kbeg2, kend2): with d.ready its share of d's, streamed before.
+  int kbeg = blockIdx.y * kchunk, kend = min(depth, kbeg + kchunk), kbeg2 = 0, kend2 = 0;
+  if (d.ready) {
+    const int steps = (p.k + kStep - 1) / kStep, steps2 = (d.k + kStep - 1) / kStep;
+    const int y = blockIdx.y, y2 = ksplit - 1 - y;
+    kbeg = y * steps / ksplit * kStep;
+    kend = min(p.k, (y + 1) * steps / ksplit * kStep);
+    kbeg2 = p.k + y2 * steps2 / ksplit * kStep;
+    kend2 = min(depth, p.k + (y2 + 1) * steps2 / ksplit * kStep);
+  }
+  const int abeg = d.ready ? kbeg2 : kbeg, aend = d.ready ? kend2 : kend;  // streamed first
 
   float acc[M][V];
 #pragma unroll
@@ -181,13 +222,9 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int e = 0; e < V; ++e) acc[m][e] = 0.f;
   }
-  // kbeg, kchunk and k are multiples of V, so a step never crosses kend. When the weight is
-  // static, the first step's weights are loaded before waiting for the previous kernel, so they
-  // stream while it finishes; a block with at most two steps also asks L2 for its second one.
-  constexpr int kStep = kSlices * V;
   // Row kk of the weight at this thread's columns ([p.weight; d.weight] for a sum).
   auto weight_row = [&](int kk) {
-    return kk < p.k ? p.weight + col + static_cast<int64_t>(kk) * n
+    return kk < p.k ? wbase + col + static_cast<int64_t>(kk) * n
                     : d.weight + col + static_cast<int64_t>(kk - p.k) * n;
   };
   auto load_step = [&](int k0, int4 (&wv)[V]) {
@@ -216,12 +253,24 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   };
-  int k0 = kbeg + s * V;
-  const bool early = p.prefetch_weight && col < n && k0 < kend;
+  auto stream_share = [&](int k1, int end) {
+#pragma unroll(M <= 4 ? 2 : 1)
+    for (; k1 < end; k1 += kStep) {
+      int4 wv[V];
+      load_step(k1, wv);
+      fma_step(k1, wv);
+    }
+  };
+  // The share bounds and the depths are multiples of V, so a step never crosses one. When the
+  // weight is static, the first step's weights are loaded before waiting for the previous
+  // kernel, so they stream while it finishes; a block with at most two steps also asks L2 for
+  // its second one.
+  int k0 = abeg + s * V;
+  const bool early = p.prefetch_weight && col < n && k0 < aend;
   int4 first[V];
   if (early) {
     load_step(k0, first);
-    if (kend - kbeg <= 2 * kStep && k0 + kStep < kend) {
+    if (aend - abeg <= 2 * kStep && k0 + kStep < aend) {
       const T* w = weight_row(k0 + kStep);
 #pragma unroll
       for (int i = 0; i < V; ++i) prefetch_l2(w + static_cast<int64_t>(i) * n);
@@ -232,25 +281,25 @@ __global__ void __launch_bounds__(kThreads)
     // normalising pass after the two reductions does not wait on L2.
     if (p.prefetch_weight) {
       for (int kk = kbeg + static_cast<int>(threadIdx.x) * V; kk < kend; kk += kThreads * V) {
-        prefetch_l1(g.norm.gamma + kk);
-        if (g.norm.beta != nullptr) prefetch_l1(g.norm.beta + kk);
+        prefetch_l1(gamma + kk);
+        if (nbeta != nullptr) prefetch_l1(nbeta + kk);
       }
     }
   }
-  if (!p.beside) wait_for_prior_kernels();
-  start_next_kernel();
-  if constexpr (NORM) normalize_input<T, M>(g, p.k, kbeg, kend, kchunk, xs);
+  if (!p.beside && !d.ready) wait_for_prior_kernels();
+  if (!d.ready) start_next_kernel();
+  if constexpr (NORM) normalize_input<T, M>(g, gamma, nbeta, p.k, kbeg, kend, kchunk, xs);
   if (col < n) {
     if (early) {
       fma_step(k0, first);
       k0 += kStep;
     }
-#pragma unroll(M <= 4 ? 2 : 1)
-    for (; k0 < kend; k0 += kStep) {
-      int4 wv[V];
-      load_step(k0, wv);
-      fma_step(k0, wv);
-    }
+    stream_share(k0, aend);
+  }
+  if (d.ready) {  // a sum whose second input is ready: p's share after the wait
+    wait_for_prior_kernels();
+    start_next_kernel();
+    if (col < n) stream_share(kbeg + s * V, kend);
   }
 
   // Lanes l, l + 8, l + 16, l + 24 share a column vector: fold them into lane l (< 8).
@@ -281,7 +330,7 @@ __global__ void __launch_bounds__(kThreads)
     const int m = i / kTileCols, cc = col0 + i % kTileCols;
     if (m < p.m && cc < n) {
       const int64_t idx = static_cast<int64_t>(m) * n + cc;
-      p.out[idx] = from_float<T>(finish(v, p, idx, cc));
+      out[idx] = from_float<T>(finish(v, bias, act, beta, out, idx, cc));
     }
   };
   if (ksplit > 1) {
@@ -463,11 +512,12 @@ struct KnSplit {
   int tiles, ksplit, kchunk;
 };
 
-// Column tiles and k-splits for depth p.k + d.k.
+// Column tiles (p's, then a second product's of n2 columns) and k-splits for depth p.k + d.k.
 template <typename T>
-KnSplit kn_split(const GemvParams<T>& p, const GemvDepth<T>& dp, const DeviceInfo& d) {
+KnSplit kn_split(const GemvParams<T>& p, const GemvDepth<T>& dp, const DeviceInfo& d,
+                 int n2 = 0) {
   constexpr int V = 16 / sizeof(T);
-  const int tiles = ceil_div(p.n, kColVecs * V);
+  const int tiles = ceil_div(p.n, kColVecs * V) + ceil_div(n2, kColVecs * V);
   const int k = p.k + dp.k;
   int ksplit = 1;
   if (d.clusters) {
@@ -494,7 +544,7 @@ size_t kn_static_smem(int m) {
 
 template <typename T, int M, bool NORM>
 cudaError_t launch_rows(const GemvParams<T>& p, const GemvNorm<T>& g, const GemvDepth<T>& dp,
-                        const DeviceInfo& d, cudaStream_t stream) {
+                        const GemvSecond<T>& s2, const DeviceInfo& d, cudaStream_t stream) {
   LaunchShape shape;
   shape.block = dim3(kThreads);
   if (p.transposed) {
@@ -509,26 +559,28 @@ cudaError_t launch_rows(const GemvParams<T>& p, const GemvNorm<T>& g, const Gemv
     shape.grid = dim3(static_cast<unsigned>(ceil_div(p.n, kWarps * kRowsPerWarp)));
     return launch_kernel(shape, stream, gemv_nk_kernel<T, M>, p);
   }
-  const KnSplit s = kn_split(p, dp, d);
+  const KnSplit s = kn_split(p, dp, d, s2.n);
   shape.grid = dim3(static_cast<unsigned>(s.tiles), static_cast<unsigned>(s.ksplit), 1);
   shape.cluster_y = static_cast<unsigned>(s.ksplit);
   shape.smem = NORM ? normed_smem(p, s) : 0;
-  return launch_kernel(shape, stream, gemv_kn_kernel<T, M, NORM>, p, s.ksplit, s.kchunk, g, dp);
+  return launch_kernel(shape, stream, gemv_kn_kernel<T, M, NORM>, p, s.ksplit, s.kchunk, g, dp,
+                       s2);
 }
 
 template <typename T, bool NORM>
 cudaError_t launch_any_rows(const GemvParams<T>& p, const GemvNorm<T>& g, const GemvDepth<T>& dp,
-                            int device, cudaStream_t stream) {
+                            int device, cudaStream_t stream,
+                            const GemvSecond<T>& s2 = GemvSecond<T>{}) {
   const DeviceInfo d = device_info(device);
   switch (p.m) {
-    case 1: return launch_rows<T, 1, NORM>(p, g, dp, d, stream);
-    case 2: return launch_rows<T, 2, NORM>(p, g, dp, d, stream);
-    case 3: return launch_rows<T, 3, NORM>(p, g, dp, d, stream);
-    case 4: return launch_rows<T, 4, NORM>(p, g, dp, d, stream);
-    case 5: return launch_rows<T, 5, NORM>(p, g, dp, d, stream);
-    case 6: return launch_rows<T, 6, NORM>(p, g, dp, d, stream);
-    case 7: return launch_rows<T, 7, NORM>(p, g, dp, d, stream);
-    default: return launch_rows<T, 8, NORM>(p, g, dp, d, stream);
+    case 1: return launch_rows<T, 1, NORM>(p, g, dp, s2, d, stream);
+    case 2: return launch_rows<T, 2, NORM>(p, g, dp, s2, d, stream);
+    case 3: return launch_rows<T, 3, NORM>(p, g, dp, s2, d, stream);
+    case 4: return launch_rows<T, 4, NORM>(p, g, dp, s2, d, stream);
+    case 5: return launch_rows<T, 5, NORM>(p, g, dp, s2, d, stream);
+    case 6: return launch_rows<T, 6, NORM>(p, g, dp, s2, d, stream);
+    case 7: return launch_rows<T, 7, NORM>(p, g, dp, s2, d, stream);
+    default: return launch_rows<T, 8, NORM>(p, g, dp, s2, d, stream);
   }
 }
 
@@ -564,8 +616,12 @@ cudaError_t launch_gemv(const GemvParams<T>& p, int device, cudaStream_t stream)
   return launch_any_rows<T, false>(p, GemvNorm<T>{}, GemvDepth<T>{}, device, stream);
 }
 
+namespace {
+
+// gemv_normed_supported, and with `second` gemv_normed_pair_supported.
 template <typename T>
-bool gemv_normed_supported(const GemvParams<T>& p, const NormParams<T>& norm, int device) {
+bool normed_supported(const GemvParams<T>& p, const NormParams<T>& norm,
+                      const GemvSecond<T>* second, int device) {
   constexpr int V = 16 / sizeof(T);
   GemvParams<T> q = p;
   q.in = norm.input;  // the pointer checks of the plain product apply to the norm's input
@@ -576,22 +632,34 @@ bool gemv_normed_supported(const GemvParams<T>& p, const NormParams<T>& norm, in
   }
   const NormShape ns = norm_shape(norm.hidden, V);
   if (ns.items == 0 || ns.threads > kThreads) return false;  // sums the block cannot reproduce
+  const GemvSecond<T> s2 = second != nullptr ? *second : GemvSecond<T>{};
+  if (second != nullptr &&
+      (p.beta != 0.f || s2.n <= 0 || s2.n % V != 0 || s2.out == nullptr ||
+       !aligned_to(s2.weight, 16) || s2.weight == nullptr || !aligned_to(s2.gamma, 16) ||
+       !aligned_to(s2.beta, 16))) {
+    return false;
+  }
   const bool aligned = aligned_to(norm.residual, 16) && aligned_to(norm.input_bias, 16) &&
                        aligned_to(norm.gamma, 16) && aligned_to(norm.beta, 16) &&
                        aligned_to(norm.residual_out, 16) && aligned_to(norm.out, 16);
-  // Some blocks write (the first column tile: residual_out, out; every tile: the product)
+  // Some blocks write (the first column tile: residual_out, out; every tile: its product)
   // while others still read the rows for their statistics: no written range may overlap
   // another range (beta != 0 reads the product's range too, which it may share with nothing).
   const size_t row_bytes = static_cast<size_t>(p.m) * p.k * sizeof(T);
   const size_t vec_bytes = static_cast<size_t>(p.k) * sizeof(T);
   const Range written[] = {{norm.residual_out, row_bytes},
                            {norm.out, row_bytes},
-                           {p.out, static_cast<size_t>(p.m) * p.n * sizeof(T)}};
-  const Range all[] = {written[0], written[1], written[2], {norm.input, row_bytes},
-                       {norm.residual, row_bytes}, {norm.input_bias, vec_bytes},
-                       {norm.gamma, vec_bytes}, {norm.beta, vec_bytes},
+                           {p.out, static_cast<size_t>(p.m) * p.n * sizeof(T)},
+                           {s2.out, static_cast<size_t>(p.m) * s2.n * sizeof(T)}};
+  const Range all[] = {written[0], written[1], written[2], written[3],
+                       {norm.input, row_bytes}, {norm.residual, row_bytes},
+                       {norm.input_bias, vec_bytes}, {norm.gamma, vec_bytes},
+                       {norm.beta, vec_bytes},
                        {p.weight, static_cast<size_t>(p.k) * p.n * sizeof(T)},
-                       {p.bias, static_cast<size_t>(p.n) * sizeof(T)}};
+                       {p.bias, static_cast<size_t>(p.n) * sizeof(T)},
+                       {s2.weight, static_cast<size_t>(p.k) * s2.n * sizeof(T)},
+                       {s2.bias, static_cast<size_t>(s2.n) * sizeof(T)},
+                       {s2.gamma, vec_bytes}, {s2.beta, vec_bytes}};
   constexpr size_t kWritten = sizeof(written) / sizeof(written[0]);
   bool no_alias = true;
   for (size_t w = 0; w < kWritten; ++w) {
@@ -599,18 +667,43 @@ bool gemv_normed_supported(const GemvParams<T>& p, const NormParams<T>& norm, in
       if (r != w && overlap(written[w], all[r])) no_alias = false;
     }
   }
-  const size_t smem =
-      normed_smem(p, kn_split(p, GemvDepth<T>{}, device_info(device))) + kn_static_smem<T>(p.m);
+  const KnSplit split = kn_split(p, GemvDepth<T>{}, device_info(device), s2.n);
+  const size_t smem = normed_smem(p, split) + kn_static_smem<T>(p.m);
   return aligned && no_alias && smem <= kMaxBlockSmem;
+}
+
+template <typename T>
+GemvNorm<T> gemv_norm(const NormParams<T>& norm) {
+  constexpr int V = 16 / sizeof(T);
+  return GemvNorm<T>{norm, norm_shape(norm.hidden, V).threads};
+}
+
+}  // namespace
+
+template <typename T>
+bool gemv_normed_supported(const GemvParams<T>& p, const NormParams<T>& norm, int device) {
+  return normed_supported<T>(p, norm, nullptr, device);
 }
 
 template <typename T>
 cudaError_t launch_gemv_normed(const GemvParams<T>& p, const NormParams<T>& norm, int device,
                                cudaStream_t stream) {
   if (!gemv_normed_supported(p, norm, device)) return cudaErrorInvalidValue;
-  constexpr int V = 16 / sizeof(T);
-  return launch_any_rows<T, true>(p, GemvNorm<T>{norm, norm_shape(norm.hidden, V).threads},
-                                  GemvDepth<T>{}, device, stream);
+  return launch_any_rows<T, true>(p, gemv_norm(norm), GemvDepth<T>{}, device, stream);
+}
+
+template <typename T>
+bool gemv_normed_pair_supported(const GemvParams<T>& p, const NormParams<T>& norm,
+                                const GemvSecond<T>& second, int device) {
+  return normed_supported(p, norm, &second, device);
+}
+
+template <typename T>
+cudaError_t launch_gemv_normed_pair(const GemvParams<T>& p, const NormParams<T>& norm,
+                                    const GemvSecond<T>& second, int device,
+                                    cudaStream_t stream) {
+  if (!gemv_normed_pair_supported(p, norm, second, device)) return cudaErrorInvalidValue;
+  return launch_any_rows<T, true>(p, gemv_norm(norm), GemvDepth<T>{}, device, stream, second);
 }
 
 template <typename T>
@@ -629,9 +722,10 @@ bool gemv_sum_supported(const GemvParams<T>& p, const T* in2, const T* weight2, 
 
 template <typename T>
 cudaError_t launch_gemv_sum(const GemvParams<T>& p, const T* in2, const T* weight2, int k2,
-                            int device, cudaStream_t stream) {
+                            int device, cudaStream_t stream, bool second_ready) {
   if (!gemv_sum_supported(p, in2, weight2, k2)) return cudaErrorInvalidValue;
-  return launch_any_rows<T, false>(p, GemvNorm<T>{}, GemvDepth<T>{in2, weight2, k2}, device,
+  return launch_any_rows<T, false>(p, GemvNorm<T>{},
+                                   GemvDepth<T>{in2, weight2, k2, second_ready}, device,
                                    stream);
 }
 
@@ -641,9 +735,13 @@ cudaError_t launch_gemv_sum(const GemvParams<T>& p, const T* in2, const T* weigh
   template bool gemv_normed_supported<T>(const GemvParams<T>&, const NormParams<T>&, int);   \
   template cudaError_t launch_gemv_normed<T>(const GemvParams<T>&, const NormParams<T>&, int,  \
                                              cudaStream_t);                                  \
+  template bool gemv_normed_pair_supported<T>(const GemvParams<T>&, const NormParams<T>&,    \
+                                              const GemvSecond<T>&, int);                    \
+  template cudaError_t launch_gemv_normed_pair<T>(const GemvParams<T>&, const NormParams<T>&, \
+                                                  const GemvSecond<T>&, int, cudaStream_t);  \
   template bool gemv_sum_supported<T>(const GemvParams<T>&, const T*, const T*, int);        \
   template cudaError_t launch_gemv_sum<T>(const GemvParams<T>&, const T*, const T*, int, int, \
-                                          cudaStream_t);
+                                          cudaStream_t, bool);
 WF_GEMV_INSTANTIATE(float)
 WF_GEMV_INSTANTIATE(__half)
 WF_GEMV_INSTANTIATE(__nv_bfloat16)

@@ -82,6 +82,36 @@ template <typename T>
 cudaError_t launch_gemv_normed(const GemvParams<T>& p, const NormParams<T>& norm, int device,
                                cudaStream_t stream);
 
+// A second product of the same normalised rows, written to its own output:
+//
+//   out2 = act2(norm2(x) . W2 + bias2)     norm2: `norm` with gamma2 / beta2 (null gamma2: norm's)
+//
+// launch_gemv_normed_pair runs p's product and this one as one launch, the second's column tiles
+// after the first's, so that two products of one input (a parallel-residual layer's QKV and
+// MLP-in) cost one kernel and stream their weights as one wider matrix. The row statistics, and
+// residual_out and norm.out (the first product's norm), are those of launch_gemv_normed.
+template <typename T>
+struct GemvSecond {
+  T* out = nullptr;            // [m, n]
+  const T* weight = nullptr;   // [k, n]
+  const T* bias = nullptr;     // [n] or null
+  const T* gamma = nullptr;    // [k] or null (the first product's gamma and beta)
+  const T* beta = nullptr;     // [k] or null (LayerNorm only)
+  int n = 0;
+  Activation act = Activation::kIdentity;
+};
+
+// What gemv_normed_supported asks of p and norm, plus: p.beta == 0; the second product's n a
+// positive multiple of 16 bytes' worth of elements, its weight, gamma and beta 16-byte aligned;
+// its output apart from every other range; and the shared memory of the joint split in 48 KiB.
+template <typename T>
+bool gemv_normed_pair_supported(const GemvParams<T>& p, const NormParams<T>& norm,
+                                const GemvSecond<T>& second, int device);
+
+template <typename T>
+cudaError_t launch_gemv_normed_pair(const GemvParams<T>& p, const NormParams<T>& norm,
+                                    const GemvSecond<T>& second, int device, cudaStream_t stream);
+
 // out = act(in . W + in2 . W2 + bias) (+ beta * out): a [k, n] product whose depth continues
 // over a second input in2 [m, k2] and weight W2 [k2, n], summed in the same fp32 accumulation
 // and rounded once (p gives out, in, W, bias, act, beta). A parallel-residual layer's
@@ -91,9 +121,15 @@ cudaError_t launch_gemv_normed(const GemvParams<T>& p, const NormParams<T>& norm
 template <typename T>
 bool gemv_sum_supported(const GemvParams<T>& p, const T* in2, const T* weight2, int k2);
 
+//
+// second_ready: the caller promises that in2 and W2 are not written by the kernel just before
+// this one on the stream (nor by one still running ahead of it), as a parallel-residual layer's
+// MLP hidden is not by the attention kernel. Every block streams its share of the second
+// product first and waits for that kernel (programmatic dependent launch) only before its share
+// of the first, so the second product's weight streams while that kernel is still running.
 template <typename T>
 cudaError_t launch_gemv_sum(const GemvParams<T>& p, const T* in2, const T* weight2, int k2,
-                            int device, cudaStream_t stream);
+                            int device, cudaStream_t stream, bool second_ready = false);
 
 }  // namespace kernels
 }  // namespace warpformer

@@ -59,18 +59,25 @@ __device__ __forceinline__ float rstd(float total_sq, float inv_n, float eps) {
 
 // VEC normalised elements (x - mean) * rstd * gamma (+ beta for LayerNorm) of columns col...
 template <typename T, int VEC>
-__device__ __forceinline__ void normalize(const NormParams<T>& p, int col, const float (&x)[VEC],
-                                          float mean, float rstd, float (&y)[VEC]) {
+__device__ __forceinline__ void normalize(NormKind kind, const T* gamma, const T* beta, int col,
+                                          const float (&x)[VEC], float mean, float rstd,
+                                          float (&y)[VEC]) {
   float g[VEC];
-  load_vec<T, VEC>(p.gamma + col, g);
+  load_vec<T, VEC>(gamma + col, g);
 #pragma unroll
   for (int j = 0; j < VEC; ++j) y[j] = __fmul_rn(__fmul_rn(__fsub_rn(x[j], mean), rstd), g[j]);
-  if (p.kind == NormKind::kLayerNorm && p.beta != nullptr) {
+  if (kind == NormKind::kLayerNorm && beta != nullptr) {
     float b[VEC];
-    load_vec<T, VEC>(p.beta + col, b);
+    load_vec<T, VEC>(beta + col, b);
 #pragma unroll
     for (int j = 0; j < VEC; ++j) y[j] = __fadd_rn(y[j], b[j]);
   }
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ void normalize(const NormParams<T>& p, int col, const float (&x)[VEC],
+                                          float mean, float rstd, float (&y)[VEC]) {
+  normalize<T, VEC>(p.kind, p.gamma, p.beta, col, x, mean, rstd, y);
 }
 
 }  // namespace norm

@@ -10,7 +10,7 @@ import torch
 import warpformer  # noqa: F401
 
 OPS = ["layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm", "bias_act", "gated_act",
-       "embedding", "norm_gemm", "gemm_sum"]
+       "embedding", "norm_gemm", "norm_gemm_pair", "gemm_sum"]
 
 
 @pytest.mark.parametrize("name", OPS)
@@ -176,8 +176,46 @@ def test_norm_gemm_bad_arguments(over, pattern: str) -> None:
         torch.ops.warpformer.norm_gemm(*norm_gemm_args(**over))
 
 
+def norm_gemm_pair_args(**over):
+    args = dict(input=f32(2, 16), residual=None, input_bias=None, norm_weight=f32(16),
+                norm_bias=None, norm="layer_norm", eps=1e-5, weight=f32(16, 24), bias=None,
+                activation="identity", weight2=f32(16, 40), bias2=None, activation2="gelu",
+                norm_weight2=None, norm_bias2=None, backend="joined")
+    args.update(over)
+    return list(args.values())
+
+
 @pytest.mark.parametrize("over, pattern", [
     (dict(backend="fused"), r"backend must be one of joined, separate; got 'fused'"),
+    (dict(norm="batch_norm"), r"norm must be one of layer_norm, rms_norm; got 'batch_norm'"),
+    (dict(weight=f32(15, 24)), r"weight.shape\[0\] must be 16 \(input.shape\[1\]\)"),
+    (dict(activation2="tanh"), r"activation2 must be one of identity, gelu"),
+    (dict(weight2=f32(15, 40)), r"weight2.shape\[0\] must be 16 \(input.shape\[1\]\)"),
+    (dict(weight2=f32(16, 40).half()), r"weight2 must have dtype Float"),
+    (dict(weight2=f32(16)), r"weight2 must be 2-dimensional"),
+    (dict(bias2=f32(24)), r"bias2.shape\[0\] must be 40 \(weight2.shape\[1\]\)"),
+    (dict(norm_bias2=f32(16)), r"norm_bias2 needs norm_weight2"),
+    (dict(norm="rms_norm", norm_weight2=f32(16), norm_bias2=f32(16)),
+     r"norm_bias2 is for layer_norm only"),
+    (dict(norm_weight2=f32(15)), r"norm_weight2.shape\[0\] must be 16 \(input.shape\[1\]\)"),
+    (dict(weight2=f32(16, 0)), r"empty matrix weight2 \(n2=0\)"),
+    (dict(), r"input must be a CUDA tensor"),
+])
+def test_norm_gemm_pair_bad_arguments(over, pattern: str) -> None:
+    with pytest.raises(RuntimeError, match=r"warpformer.norm_gemm_pair: " + pattern):
+        torch.ops.warpformer.norm_gemm_pair(*norm_gemm_pair_args(**over))
+
+
+def test_norm_gemm_pair_fake_shapes() -> None:
+    out, out2, x = torch.ops.warpformer.norm_gemm_pair(*norm_gemm_pair_args(
+        input=meta(3, 64), norm_weight=meta(64), weight=meta(64, 40), weight2=meta(64, 24)))
+    assert out.shape == (3, 40) and out2.shape == (3, 24) and x.shape == (3, 64)
+    assert out.dtype == torch.float16
+
+
+@pytest.mark.parametrize("over, pattern", [
+    (dict(backend="fused"), r"backend must be one of joined, joined_ready, separate; got "
+                            r"'fused'"),
     (dict(input2=f32(3, 8)), r"input2.shape\[0\] must be 2 \(input.shape\[0\]\)"),
     (dict(input2=f32(2, 8).half()), r"input2 must have dtype Float"),
     (dict(weight=f32(15, 24)), r"weight.shape\[0\] must be 16 \(input.shape\[1\]\)"),

@@ -376,7 +376,7 @@ void Gemm::run_normed(DType dtype, const GemmNormedInput& in, const void* weight
 
 bool Gemm::try_gemv_sum(DType dtype, const void* in1, const void* w1, int64_t k1,
                         const void* in2, const void* w2, int64_t k2, void* out, int64_t m,
-                        int64_t n, bool launch) const {
+                        int64_t n, bool launch, bool second_ready) const {
   if (m > gemv_max_rows(false) || n > INT_MAX || k1 > INT_MAX || k2 > INT_MAX) return false;
   return WF_DISPATCH_FLOATING(dtype, "Gemm::run_sum", [&] {
     using T = scalar_t;
@@ -387,21 +387,55 @@ bool Gemm::try_gemv_sum(DType dtype, const void* in1, const void* w1, int64_t k1
     if (!kernels::gemv_sum_supported(p, x2, v2, static_cast<int>(k2))) return false;
     if (launch) {
       WF_CUDA_CHECK(kernels::launch_gemv_sum(p, x2, v2, static_cast<int>(k2), ctx_->device(),
-                                             ctx_->stream()));
+                                             ctx_->stream(), second_ready));
     }
     return true;
   });
 }
 
 bool Gemm::run_sum(DType dtype, const void* in1, const void* w1, int64_t k1, const void* in2,
-                   const void* w2, int64_t k2, void* out, int64_t m, int64_t n) {
+                   const void* w2, int64_t k2, void* out, int64_t m, int64_t n,
+                   bool second_ready) {
   TORCH_CHECK(m >= 0 && n > 0 && k1 > 0 && k2 > 0, "Gemm::run_sum: bad sizes m=", m, " n=", n,
               " k1=", k1, " k2=", k2);
   if (m == 0) return false;
-  if (try_gemv_sum(dtype, in1, w1, k1, in2, w2, k2, out, m, n, true)) return true;
+  if (try_gemv_sum(dtype, in1, w1, k1, in2, w2, k2, out, m, n, true, second_ready)) return true;
   run(dtype, in1, w1, nullptr, out, m, n, k1);
   run(dtype, in2, w2, nullptr, out, m, n, k2, GemmEpilogue::kNone, 1.f);
   return false;
+}
+
+bool Gemm::run_normed_pair(DType dtype, const GemmNormedInput& in, const GemmProduct& first,
+                           const GemmProduct& second, const void* gamma2, const void* beta2,
+                           int64_t m, int64_t k) {
+  TORCH_CHECK(m >= 0 && k > 0 && first.n > 0 && second.n > 0, "Gemm::run_normed_pair: bad sizes m=",
+              m, " k=", k, " n=", first.n, " n2=", second.n);
+  TORCH_CHECK(in.kind != kernels::NormKind::kAddOnly && in.input != nullptr && in.gamma != nullptr,
+              "Gemm::run_normed_pair: needs a LayerNorm or RMSNorm with input and gamma");
+  if (m == 0 || !norm_fusion_ || m > gemv_max_rows(false) || k > INT_MAX ||
+      first.n > INT_MAX || second.n > INT_MAX) {
+    return false;
+  }
+  return WF_DISPATCH_FLOATING(dtype, "Gemm::run_normed_pair", [&] {
+    using T = scalar_t;
+    kernels::GemvParams<T> p =
+        gemv_params<T>(nullptr, first.weight, first.bias, first.out, m, first.n, k,
+                       static_weights_);
+    p.act = first.act;
+    kernels::NormParams<T> np = norm_params<T>(in, m, k);
+    if (!in.keep_out) np.out = nullptr;
+    kernels::GemvSecond<T> s2{};
+    s2.out = static_cast<T*>(second.out);
+    s2.weight = static_cast<const T*>(second.weight);
+    s2.bias = static_cast<const T*>(second.bias);
+    s2.gamma = static_cast<const T*>(gamma2);
+    s2.beta = static_cast<const T*>(beta2);
+    s2.n = static_cast<int>(second.n);
+    s2.act = second.act;
+    if (!kernels::gemv_normed_pair_supported(p, np, s2, ctx_->device())) return false;
+    WF_CUDA_CHECK(kernels::launch_gemv_normed_pair(p, np, s2, ctx_->device(), ctx_->stream()));
+    return true;
+  });
 }
 
 bool Gemm::joins_sum(DType dtype, const void* in1, const void* w1, int64_t k1, const void* in2,

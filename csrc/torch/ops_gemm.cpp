@@ -6,6 +6,7 @@
 
 #include <cfloat>
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -150,39 +151,67 @@ at::Tensor gemm(const at::Tensor& input, const at::Tensor& weight, const OptTens
   return out;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_gemm(
-    const at::Tensor& input, const OptTensor& residual, const OptTensor& input_bias,
-    const at::Tensor& norm_weight, const OptTensor& norm_bias, const std::string& norm,
-    double eps, const at::Tensor& weight, const OptTensor& bias, const std::string& activation,
-    const std::string& backend) {
-  const char* op = "warpformer.norm_gemm";
+namespace {
+
+// norm_gemm's arguments, checked, made contiguous, and described as the product's input (x and
+// norm(x) outputs not yet set).
+struct NormGemmArgs {
+  at::Tensor input, residual, input_bias, norm_weight, norm_bias, weight, bias;
+  int64_t m = 0, n = 0, k = 0;
+  DType dtype = DType::kFloat32;
+  kernels::Activation act = kernels::Activation::kIdentity;
+  GemmNormedInput in;
+};
+
+const void* ptr_or_null(const at::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
+at::Tensor contig_or_undefined(const OptTensor& t) {
+  return t.has_value() ? t->contiguous() : at::Tensor();
+}
+
+// The product operand pair of a norm_gemm-like op: weight [k, n] and bias [n] of input's dtype.
+void check_norm_product(const char* op, const at::Tensor& input, const at::Tensor& weight,
+                        const OptTensor& bias, const char* weight_name, const char* bias_name,
+                        const char* n_name) {
+  const int64_t k = input.size(1);
+  check_dtype(weight, input.scalar_type(), op, weight_name, "the dtype of input");
+  check_dim(weight, 2, op, weight_name);
+  check_size(weight, 0, k, op, weight_name, "input.shape[1]");
+  if (bias.has_value()) {
+    check_dtype(*bias, input.scalar_type(), op, bias_name, "the dtype of input");
+    check_dim(*bias, 1, op, bias_name);
+    check_size(*bias, 0, weight.size(1), op, bias_name, n_name);
+  }
+}
+
+// more_checks: the caller's further dtype and shape checks, run before the device checks (so
+// that every dtype or shape error is reported alike with or without a GPU).
+NormGemmArgs check_norm_gemm(const char* op, const at::Tensor& input, const OptTensor& residual,
+                             const OptTensor& input_bias, const at::Tensor& norm_weight,
+                             const OptTensor& norm_bias, const std::string& norm, double eps,
+                             const at::Tensor& weight, const OptTensor& bias,
+                             const std::string& activation,
+                             const std::function<void()>& more_checks = {}) {
   TORCH_CHECK(norm == "layer_norm" || norm == "rms_norm", op,
               ": norm must be one of layer_norm, rms_norm; got '", norm, "'");
-  TORCH_CHECK(backend == "fused" || backend == "unfused", op,
-              ": backend must be one of fused, unfused; got '", backend, "'");
   TORCH_CHECK(norm == "layer_norm" || !norm_bias.has_value(), op,
               ": norm_bias is for layer_norm only (rms_norm has no bias)");
   TORCH_CHECK(eps >= 0.0 && eps <= FLT_MAX, op, ": eps must be >= 0 and finite in float32, got ",
               eps);
-  const kernels::Activation act = parse_activation(activation, "warpformer.norm_gemm: activation");
+  NormGemmArgs a;
+  a.act = parse_activation(activation, (std::string(op) + ": activation").c_str());
   check_floating(input, op, "input");
   check_dim(input, 2, op, "input");
-  const c10::ScalarType st = input.scalar_type();
-  const int64_t m = input.size(0), k = input.size(1);
+  a.m = input.size(0);
+  a.k = input.size(1);
   if (residual.has_value()) check_norm_residual(op, input, *residual);
   check_norm_vector(op, input, input_bias, "input_bias", "input.shape[1]");
   check_norm_vector(op, input, norm_weight, "norm_weight", "input.shape[1]");
   check_norm_vector(op, input, norm_bias, "norm_bias", "input.shape[1]");
-  check_dtype(weight, st, op, "weight", "the dtype of input");
-  check_dim(weight, 2, op, "weight");
-  check_size(weight, 0, k, op, "weight", "input.shape[1]");
-  const int64_t n = weight.size(1);
-  if (bias.has_value()) {
-    check_dtype(*bias, st, op, "bias", "the dtype of input");
-    check_dim(*bias, 1, op, "bias");
-    check_size(*bias, 0, n, op, "bias", "weight.shape[1]");
-  }
-  TORCH_CHECK(m > 0 && n > 0 && k > 0, op, ": empty matrices (m=", m, ", n=", n, ", k=", k, ")");
+  check_norm_product(op, input, weight, bias, "weight", "bias", "weight.shape[1]");
+  a.n = weight.size(1);
+  TORCH_CHECK(a.m > 0 && a.n > 0 && a.k > 0, op, ": empty matrices (m=", a.m, ", n=", a.n,
+              ", k=", a.k, ")");
+  if (more_checks) more_checks();
   const OptTensor* all[] = {&residual, &input_bias, &norm_bias, &bias};
   const char* names[] = {"residual", "input_bias", "norm_bias", "bias"};
   check_cuda(input, op, "input");
@@ -191,48 +220,135 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_gemm(
   for (size_t i = 0; i < 4; ++i) {
     if (all[i]->has_value()) check_cuda(**all[i], op, names[i], input, "input");
   }
+  a.input = input.contiguous();
+  a.residual = contig_or_undefined(residual);
+  a.input_bias = contig_or_undefined(input_bias);
+  a.norm_weight = norm_weight.contiguous();
+  a.norm_bias = contig_or_undefined(norm_bias);
+  a.weight = weight.contiguous();
+  a.bias = contig_or_undefined(bias);
+  a.dtype = to_dtype(input.scalar_type(), op, "input");
+  a.in.kind = norm == "layer_norm" ? kernels::NormKind::kLayerNorm : kernels::NormKind::kRmsNorm;
+  a.in.input = a.input.data_ptr();
+  a.in.residual = ptr_or_null(a.residual);
+  a.in.input_bias = ptr_or_null(a.input_bias);
+  a.in.gamma = a.norm_weight.data_ptr();
+  a.in.beta = ptr_or_null(a.norm_bias);
+  a.in.eps = static_cast<float>(eps);
+  return a;
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_gemm(
+    const at::Tensor& input, const OptTensor& residual, const OptTensor& input_bias,
+    const at::Tensor& norm_weight, const OptTensor& norm_bias, const std::string& norm,
+    double eps, const at::Tensor& weight, const OptTensor& bias, const std::string& activation,
+    const std::string& backend) {
+  const char* op = "warpformer.norm_gemm";
+  TORCH_CHECK(backend == "fused" || backend == "unfused", op,
+              ": backend must be one of fused, unfused; got '", backend, "'");
+  NormGemmArgs a = check_norm_gemm(op, input, residual, input_bias, norm_weight, norm_bias, norm,
+                                   eps, weight, bias, activation);
   const c10::cuda::CUDAGuard guard(input.device());
-  auto contig = [](const OptTensor& t) { return t.has_value() ? t->contiguous() : at::Tensor(); };
-  auto ptr = [](const at::Tensor& t) -> const void* { return t.defined() ? t.data_ptr() : nullptr; };
-  const at::Tensor x_in = input.contiguous(), res = contig(residual), ib = contig(input_bias);
-  const at::Tensor g = norm_weight.contiguous(), nb = contig(norm_bias), w = weight.contiguous();
-  const at::Tensor b = contig(bias);
-  at::Tensor out = at::empty({m, n}, x_in.options());
-  at::Tensor x = at::empty({m, k}, x_in.options());
-  at::Tensor normed = at::empty({m, k}, x_in.options());
-  const DType dtype = to_dtype(st, op, "input");
-  GemmNormedInput in;
-  in.kind = norm == "layer_norm" ? kernels::NormKind::kLayerNorm : kernels::NormKind::kRmsNorm;
-  in.input = x_in.data_ptr();
-  in.residual = ptr(res);
-  in.input_bias = ptr(ib);
-  in.gamma = g.data_ptr();
-  in.beta = ptr(nb);
-  in.eps = static_cast<float>(eps);
-  in.residual_out = x.data_ptr();
-  in.out = normed.data_ptr();
-  in.keep_out = true;
-  auto ctx = context_for(x_in);
+  const int64_t m = a.m, n = a.n, k = a.k;
+  at::Tensor out = at::empty({m, n}, a.input.options());
+  at::Tensor x = at::empty({m, k}, a.input.options());
+  at::Tensor normed = at::empty({m, k}, a.input.options());
+  a.in.residual_out = x.data_ptr();
+  a.in.out = normed.data_ptr();
+  a.in.keep_out = true;
+  auto ctx = context_for(a.input);
   Gemm gemm(ctx.get());
   gemm.set_gemv_policy(Gemm::GemvPolicy::kAlways);  // both backends: the GEMV where it can run
   gemm.set_norm_fusion(backend == "fused");
+  const void* w = a.weight.data_ptr();
+  const void* b = ptr_or_null(a.bias);
   if (backend == "fused") {
-    const bool ok = gemm.fuses_norm(dtype, in, w.data_ptr(), ptr(b), out.data_ptr(), m, n, k, act);
+    const bool ok = gemm.fuses_norm(a.dtype, a.in, w, b, out.data_ptr(), m, n, k, a.act);
     TORCH_CHECK(ok, op, ": backend 'fused' cannot run m=", m, ", n=", n, ", k=", k, " in ",
-                dtype_name(dtype), ": it needs at most ", kernels::kGemvMaxRows,
+                dtype_name(a.dtype), ": it needs at most ", kernels::kGemvMaxRows,
                 " rows, k and n multiples of 16 bytes, 16-byte aligned tensors, a row short "
                 "enough for one norms block, and the block's share of k plus its reduction "
                 "arrays within 48 KiB of shared memory; use backend 'unfused'");
   }
-  gemm.run_normed(dtype, in, w.data_ptr(), ptr(b), out.data_ptr(), m, n, k, act);
+  gemm.run_normed(a.dtype, a.in, w, b, out.data_ptr(), m, n, k, a.act);
   return {out, x, normed};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_gemm_pair(
+    const at::Tensor& input, const OptTensor& residual, const OptTensor& input_bias,
+    const at::Tensor& norm_weight, const OptTensor& norm_bias, const std::string& norm,
+    double eps, const at::Tensor& weight, const OptTensor& bias, const std::string& activation,
+    const at::Tensor& weight2, const OptTensor& bias2, const std::string& activation2,
+    const OptTensor& norm_weight2, const OptTensor& norm_bias2, const std::string& backend) {
+  const char* op = "warpformer.norm_gemm_pair";
+  TORCH_CHECK(backend == "joined" || backend == "separate", op,
+              ": backend must be one of joined, separate; got '", backend, "'");
+  kernels::Activation act2 = kernels::Activation::kIdentity;
+  NormGemmArgs a = check_norm_gemm(
+      op, input, residual, input_bias, norm_weight, norm_bias, norm, eps, weight, bias,
+      activation, [&] {
+        act2 = parse_activation(activation2, "warpformer.norm_gemm_pair: activation2");
+        check_norm_product(op, input, weight2, bias2, "weight2", "bias2", "weight2.shape[1]");
+        TORCH_CHECK(norm_weight2.has_value() || !norm_bias2.has_value(), op,
+                    ": norm_bias2 needs norm_weight2 (without it the second product uses the "
+                    "first's norm)");
+        TORCH_CHECK(norm == "layer_norm" || !norm_bias2.has_value(), op,
+                    ": norm_bias2 is for layer_norm only (rms_norm has no bias)");
+        check_norm_vector(op, input, norm_weight2, "norm_weight2", "input.shape[1]");
+        check_norm_vector(op, input, norm_bias2, "norm_bias2", "input.shape[1]");
+        TORCH_CHECK(weight2.size(1) > 0, op, ": empty matrix weight2 (n2=0)");
+      });
+  const int64_t n2 = weight2.size(1);
+  check_cuda(weight2, op, "weight2", input, "input");
+  const OptTensor* all[] = {&bias2, &norm_weight2, &norm_bias2};
+  const char* names[] = {"bias2", "norm_weight2", "norm_bias2"};
+  for (size_t i = 0; i < 3; ++i) {
+    if (all[i]->has_value()) check_cuda(**all[i], op, names[i], input, "input");
+  }
+  const c10::cuda::CUDAGuard guard(input.device());
+  const int64_t m = a.m, k = a.k;
+  const at::Tensor w2 = weight2.contiguous(), b2 = contig_or_undefined(bias2);
+  const at::Tensor g2 = contig_or_undefined(norm_weight2), nb2 = contig_or_undefined(norm_bias2);
+  at::Tensor out = at::empty({m, a.n}, a.input.options());
+  at::Tensor out2 = at::empty({m, n2}, a.input.options());
+  at::Tensor x = at::empty({m, k}, a.input.options());
+  at::Tensor normed = at::empty({m, k}, a.input.options());  // scratch of unfused products
+  a.in.residual_out = x.data_ptr();
+  a.in.out = normed.data_ptr();
+  GemmProduct first{a.weight.data_ptr(), ptr_or_null(a.bias), out.data_ptr(), a.n, a.act};
+  GemmProduct second{w2.data_ptr(), ptr_or_null(b2), out2.data_ptr(), n2, act2};
+  auto ctx = context_for(a.input);
+  Gemm gemm(ctx.get());
+  gemm.set_gemv_policy(Gemm::GemvPolicy::kAlways);
+  if (backend == "joined") {
+    const bool ran = gemm.run_normed_pair(a.dtype, a.in, first, second, ptr_or_null(g2),
+                                          ptr_or_null(nb2), m, k);
+    TORCH_CHECK(ran, op, ": backend 'joined' cannot run m=", m, ", n=", a.n, ", n2=", n2, ", k=",
+                k, " in ", dtype_name(a.dtype), ": it needs at most ", kernels::kGemvMaxRows,
+                " rows, k, n and n2 multiples of 16 bytes, 16-byte aligned tensors, a row short "
+                "enough for one norms block, and the block's share of k plus its reduction "
+                "arrays within 48 KiB of shared memory; use backend 'separate'");
+    return {out, out2, x};
+  }
+  // Each product as norm_gemm's fused backend runs it where it can (else a norms kernel first).
+  gemm.run_normed(a.dtype, a.in, first.weight, first.bias, out.data_ptr(), m, a.n, k, a.act);
+  GemmNormedInput in2 = a.in;
+  if (g2.defined()) {
+    in2.gamma = g2.data_ptr();
+    in2.beta = ptr_or_null(nb2);
+  }
+  in2.residual_out = nullptr;  // written by the first product
+  gemm.run_normed(a.dtype, in2, second.weight, second.bias, out2.data_ptr(), m, n2, k, act2);
+  return {out, out2, x};
 }
 
 at::Tensor gemm_sum(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& input2,
                     const at::Tensor& weight2, const std::string& backend) {
   const char* op = "warpformer.gemm_sum";
-  TORCH_CHECK(backend == "joined" || backend == "separate", op,
-              ": backend must be one of joined, separate; got '", backend, "'");
+  TORCH_CHECK(backend == "joined" || backend == "joined_ready" || backend == "separate", op,
+              ": backend must be one of joined, joined_ready, separate; got '", backend, "'");
   check_floating(input, op, "input");
   check_dim(input, 2, op, "input");
   check_dtype(input2, input.scalar_type(), op, "input2", "the dtype of input");
@@ -269,12 +385,14 @@ at::Tensor gemm_sum(const at::Tensor& input, const at::Tensor& weight, const at:
   }
   const bool fits = gemm.joins_sum(dtype, x.data_ptr(), w.data_ptr(), k, x2.data_ptr(),
                                    w2.data_ptr(), k2, out.data_ptr(), m, n);
-  TORCH_CHECK(fits, op, ": backend 'joined' cannot run m=", m, ", n=", n, ", k=", k, ", k2=", k2,
+  TORCH_CHECK(fits, op, ": backend '", backend, "' cannot run m=", m, ", n=", n, ", k=", k,
+              ", k2=", k2,
               " in ", dtype_name(dtype), ": it needs at most ", kernels::kGemvMaxRows,
               " rows, k, k2 and n multiples of 16 bytes and 16-byte aligned tensors; use backend "
               "'separate'");
   const bool joined = gemm.run_sum(dtype, x.data_ptr(), w.data_ptr(), k, x2.data_ptr(),
-                                   w2.data_ptr(), k2, out.data_ptr(), m, n);
+                                   w2.data_ptr(), k2, out.data_ptr(), m, n,
+                                   backend == "joined_ready");
   TORCH_CHECK(joined, op, ": internal error: the joined launch did not run");
   return out;
 }

@@ -56,9 +56,20 @@ TORCH_LIBRARY(warpformer, m) {
       "norm_gemm(Tensor input, Tensor? residual, Tensor? input_bias, Tensor norm_weight, "
       "Tensor? norm_bias, str norm, float eps, Tensor weight, Tensor? bias, str activation, "
       "str backend) -> (Tensor, Tensor, Tensor)");
+  // (act(norm(x) @ weight + bias), act2(norm2(x) @ weight2 + bias2), x): a parallel-residual
+  // layer's QKV and MLP-in products at decode sizes (norm2: norm_weight2 / norm_bias2 when given,
+  // else the first norm). backend: joined (one GEMV launch; refuses shapes it cannot run) or
+  // separate (each product as norm_gemm runs it).
+  m.def(
+      "norm_gemm_pair(Tensor input, Tensor? residual, Tensor? input_bias, Tensor norm_weight, "
+      "Tensor? norm_bias, str norm, float eps, Tensor weight, Tensor? bias, str activation, "
+      "Tensor weight2, Tensor? bias2, str activation2, Tensor? norm_weight2=None, "
+      "Tensor? norm_bias2=None, str backend='joined') -> (Tensor, Tensor, Tensor)");
   // input @ weight + input2 @ weight2, a parallel-residual layer's two output products at decode
-  // sizes. backend: joined (one GEMV launch over both depths; refuses shapes it cannot run) or
-  // separate (two products, the second accumulating).
+  // sizes. backend: joined (one GEMV launch over both depths; refuses shapes it cannot run),
+  // joined_ready (the same launch as the engine runs it beside the attention: each k-split block
+  // streams its share of input2 @ weight2 first) or separate (two products, the second
+  // accumulating).
   m.def(
       "gemm_sum(Tensor input, Tensor weight, Tensor input2, Tensor weight2, "
       "str backend='joined') -> Tensor");
@@ -243,6 +254,7 @@ TORCH_LIBRARY(warpformer, m) {
   m.impl("decode_attention_fused", &wo::decode_attention_fused); \
   m.impl("gemm", &wo::gemm);                           \
   m.impl("norm_gemm", &wo::norm_gemm);                 \
+  m.impl("norm_gemm_pair", &wo::norm_gemm_pair);       \
   m.impl("gemm_sum", &wo::gemm_sum);                   \
   m.impl("gemm_benchmark", &wo::gemm_benchmark); \
   m.impl("beam_log_softmax", &wo::beam_log_softmax); \

@@ -65,6 +65,19 @@ def _gemm_sum_fake(input, weight, input2, weight2, backend="joined"):
     return input.new_empty((input.shape[0], weight.shape[1]))
 
 
+@register_fake("warpformer::norm_gemm_pair")
+def _norm_gemm_pair_fake(input, residual, input_bias, norm_weight, norm_bias, norm, eps, weight,
+                         bias, activation, weight2, bias2, activation2, norm_weight2=None,
+                         norm_bias2=None, backend="joined"):
+    op = "warpformer.norm_gemm_pair"
+    torch._check(input.dim() == 2, lambda: f"{op}: input must be 2-dimensional")
+    torch._check(weight.dim() == 2, lambda: f"{op}: weight must be 2-dimensional")
+    torch._check(weight2.dim() == 2, lambda: f"{op}: weight2 must be 2-dimensional")
+    return (input.new_empty((input.shape[0], weight.shape[1])),
+            input.new_empty((input.shape[0], weight2.shape[1])),
+            torch.empty_like(input, memory_format=torch.contiguous_format))
+
+
 @register_fake("warpformer::norm_gemm")
 def _norm_gemm_fake(input, residual, input_bias, norm_weight, norm_bias, norm, eps, weight, bias,
                     activation, backend):

@@ -319,6 +319,95 @@ def test_norm_gemm_opcheck():
                                       "test_aot_dispatch_dynamic"))
 
 
+# ---- two products of one normalised input as one GEMV launch (norm_gemm_pair) ----------------
+# (n, n2, k): GPT-J's QKV and MLP-in (12288 | 16384 of 4096), the same at TP=2, gpt2-medium-sized,
+# NeoX-tiny-sized, partial column tiles (1000 | 40 of 96).
+PAIR_SHAPES = [(12288, 16384, 4096), (6144, 8192, 4096), (3072, 4096, 1024), (768, 1024, 256),
+               (1000, 40, 96)]
+
+
+def _pair_case(dtype, m, n, n2, k, second_norm, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+
+    def t(*shape, scale=1.0, offset=0.0):
+        return (torch.randn(*shape, generator=g, device="cuda") * scale + offset).to(dtype)
+
+    x, res, ib = t(m, k, offset=3.0), t(m, k, scale=2.0), t(k, scale=0.5)
+    gamma, beta = t(k, scale=0.3, offset=1.0), t(k, scale=0.2)
+    w, b = t(k, n, scale=k ** -0.5), t(n, scale=0.5)
+    w2, b2 = t(k, n2, scale=k ** -0.5), t(n2, scale=0.5)
+    gamma2, beta2 = (t(k, scale=0.3, offset=0.8), t(k, scale=0.2)) if second_norm else (None, None)
+    return x, res, ib, gamma, beta, w, b, w2, b2, gamma2, beta2
+
+
+@pytest.mark.parametrize("dtype", list(TOL))
+@pytest.mark.parametrize("m", [1, 2, 3, 8])
+@pytest.mark.parametrize("n,n2,k", PAIR_SHAPES)
+@pytest.mark.parametrize("second_norm", [False, True])
+def test_norm_gemm_pair_joined_matches_reference(dtype, m, n, n2, k, second_norm):
+    """QKV + MLP-in as one launch: each product against float64 (the second with its own norm
+    weights, NeoX's ln2, or the first's, GPT-J's shared norm), x bit for bit against the separate
+    products, and with one norm bit for bit against one product of the concatenated weight (the
+    same column tiles and k-split)."""
+    x, res, ib, gamma, beta, w, b, w2, b2, gamma2, beta2 = _pair_case(dtype, m, n, n2, k,
+                                                                      second_norm, m + n + k)
+    act2 = "gelu_tanh" if second_norm else "identity"
+    args = (x, res, ib, gamma, beta, "layer_norm", 1e-5, w, b, "identity", w2, b2, act2, gamma2,
+            beta2)
+    try:
+        joined = ops.norm_gemm_pair(*args, "joined")
+    except RuntimeError as e:
+        # Many rows of a wide k overflow the 48 KiB of shared memory (the engine then runs the
+        # products one by one); the engine's decode rows (1-2) must always run joined.
+        assert m > 2 and "backend 'joined' cannot run" in str(e), str(e)
+        return
+    separate = ops.norm_gemm_pair(*args, "separate")
+    assert torch.equal(joined[2], separate[2]), "x differs"
+    ref, s, _ = _norm_reference(x, res, ib, gamma, beta, "layer_norm", 1e-5, w, b, "identity",
+                                dtype)
+    ref2, _, _ = _norm_reference(x, res, ib, gamma2 if second_norm else gamma,
+                                 beta2 if second_norm else beta, "layer_norm", 1e-5, w2, b2,
+                                 act2, dtype)
+    assert _rel_err(joined[2], s) <= TOL[dtype]
+    for name, got, want in (("first", joined[0], ref), ("second", joined[1], ref2)):
+        err = _rel_err(got, want)
+        assert err <= 2 * _tol(dtype, k), f"{name} product: relative error {err:.2e}"
+    tile = 8 * 16 // x.element_size()  # columns per GEMV tile
+    if not second_norm and n % tile == 0:
+        whole, _, _ = ops.norm_gemm(x, res, ib, gamma, beta, "layer_norm", 1e-5,
+                                    torch.cat([w, w2], 1), torch.cat([b, b2]), "identity",
+                                    "fused")
+        assert torch.equal(joined[0], whole[:, :n]) and torch.equal(joined[1], whole[:, n:])
+
+
+def test_norm_gemm_pair_refuses_what_it_cannot_run():
+    x, res, ib, gamma, beta, w, b, w2, b2, _, _ = _pair_case(torch.float16, 9, 64, 64, 256,
+                                                             False, 0)
+    args = (x, res, ib, gamma, beta, "layer_norm", 1e-5, w, b, "identity", w2, b2, "relu")
+    with pytest.raises(RuntimeError, match=r"norm_gemm_pair: backend 'joined' cannot run m=9, "
+                                           r"n=64, n2=64, k=256 in float16"):
+        ops.norm_gemm_pair(*args)
+    out, out2, _ = ops.norm_gemm_pair(*args, None, None, "separate")  # runs (on cuBLASLt)
+    ref2, _, _ = _norm_reference(x, res, ib, gamma, beta, "layer_norm", 1e-5, w2, b2, "relu",
+                                 torch.float16)
+    assert _rel_err(out2, ref2) <= 2 * TOL[torch.float16]
+    w60 = torch.randn(256, 60, device="cuda", dtype=torch.float16)  # 60 columns: not 16 bytes
+    with pytest.raises(RuntimeError, match=r"norm_gemm_pair: backend 'joined' cannot run m=2, "
+                                           r"n=64, n2=60"):
+        ops.norm_gemm_pair(x[:2], res[:2], ib, gamma, beta, "layer_norm", 1e-5, w, b,
+                           "identity", w60, None, "identity")
+
+
+def test_norm_gemm_pair_opcheck():
+    x, res, ib, gamma, beta, w, b, w2, b2, gamma2, beta2 = _pair_case(torch.float16, 2, 128, 64,
+                                                                      256, True, 1)
+    torch.library.opcheck(ops.norm_gemm_pair.default,
+                          (x, res, ib, gamma, beta, "layer_norm", 1e-5, w, b, "identity", w2, b2,
+                           "gelu", gamma2, beta2, "joined"),
+                          test_utils=("test_schema", "test_faketensor",
+                                      "test_aot_dispatch_dynamic"))
+
+
 # ---- one GEMV launch for a sum of two products (gemm_sum) -------------------------------------
 # (n, k, k2): GPT-J's attention-out + MLP-out (4096 | 16384 -> 4096) at TP=1 and TP=2,
 # gpt2-medium-sized, partial column tiles (1000, 40), a short first depth (64).
@@ -329,23 +418,26 @@ SUM_SHAPES = [(4096, 4096, 16384), (4096, 2048, 8192), (1024, 1024, 4096), (1000
 @pytest.mark.parametrize("dtype", list(TOL))
 @pytest.mark.parametrize("m", [1, 2, 3, 8])
 @pytest.mark.parametrize("n,k,k2", SUM_SHAPES)
-def test_gemm_sum_joined_matches_separate_and_reference(dtype, m, n, k, k2):
-    """x @ W + x2 @ W2 as one accumulation over both depths (the k-split clusters cross the
-    boundary between the two matrices) against float64 and the two products launched alone."""
+@pytest.mark.parametrize("backend", ["joined", "joined_ready"])
+def test_gemm_sum_joined_matches_separate_and_reference(dtype, m, n, k, k2, backend):
+    """x @ W + x2 @ W2 as one accumulation over both depths against float64 and the two products
+    launched alone: the k-split clusters cross the boundary between the two matrices (joined), or
+    each block takes whole steps of both, the second first (joined_ready, the engine's layout
+    beside the attention)."""
     g = torch.Generator().manual_seed(m + n + k)
     x = torch.randn(m, k, generator=g).cuda().to(dtype)
     x2 = (torch.randn(m, k2, generator=g) + 0.5).cuda().to(dtype)
     w = (torch.randn(k, n, generator=g) * k ** -0.5).cuda().to(dtype)
     w2 = (torch.randn(k2, n, generator=g) * k2 ** -0.5).cuda().to(dtype)
-    joined = ops.gemm_sum(x, w, x2, w2, "joined")
+    joined = ops.gemm_sum(x, w, x2, w2, backend)
     separate = ops.gemm_sum(x, w, x2, w2, "separate")
     ref = x.double() @ w.double() + x2.double() @ w2.double()
     assert _rel_err(joined, ref) <= 2 * _tol(dtype, k + k2)
     assert _rel_err(separate, ref) <= 3 * _tol(dtype, k + k2)
     # Each part counts: zeroing either input leaves the other product.
-    first = ops.gemm_sum(x, w, torch.zeros_like(x2), w2, "joined")
+    first = ops.gemm_sum(x, w, torch.zeros_like(x2), w2, backend)
     assert _rel_err(first, x.double() @ w.double()) <= 2 * _tol(dtype, k)
-    second = ops.gemm_sum(torch.zeros_like(x), w, x2, w2, "joined")
+    second = ops.gemm_sum(torch.zeros_like(x), w, x2, w2, backend)
     assert _rel_err(second, x2.double() @ w2.double()) <= 2 * _tol(dtype, k2)
 
 
