@@ -73,14 +73,16 @@ from common import (
 # made for the configuration, no kernel fusion (QKV preparation and norms as kernels of their
 # own), only the attention fusion, and every fusion but the parallel-residual decode step's (MLP-in
 # product beside the attention, one launch for the two output products), every fusion but the
-# tanh-GELU in cuBLASLt's epilogue, and prefill-N: prompt groups of at most N tokens. Each
-# environment variable is read when the engine is built.
+# paired QKV and MLP-in products of that step, every fusion but the tanh-GELU in cuBLASLt's
+# epilogue, and prefill-N: prompt groups of at most N tokens. Each environment variable is read
+# when the engine is built.
 VARIANT_ENV = {
     "gemv-off": ("WARPFORMER_GEMV", "0"),
     "unfused": ("WARPFORMER_FUSE", "0"),
     "attention-only": ("WARPFORMER_FUSE", "attention,activation"),
     "parallel-off": ("WARPFORMER_FUSE", "attention,norms,activation"),
-    "activation-off": ("WARPFORMER_FUSE", "attention,norms,parallel"),
+    "pair-off": ("WARPFORMER_FUSE", "attention,norms,parallel,activation"),
+    "activation-off": ("WARPFORMER_FUSE", "attention,norms,parallel,pair"),
 }
 VARIANTS = (*VARIANT_ENV, "tuned", "prefill-N")
 ENGINES = ("warpformer", *(f"warpformer-{v}" for v in VARIANTS), "hf-eager", "hf-compiled")
@@ -198,7 +200,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "norms as kernels of their own), parallel-off "
                          "(WARPFORMER_FUSE=attention,norms,activation: "
                          "a parallel-residual layer's four products one after another), "
-                         "activation-off (WARPFORMER_FUSE=attention,norms,parallel: tanh-GELU "
+                         "pair-off (WARPFORMER_FUSE=attention,norms,parallel,activation: that "
+                         "layer's QKV and MLP-in products as two launches, the MLP-in beside "
+                         "the attention), "
+                         "activation-off (WARPFORMER_FUSE=attention,norms,parallel,pair: tanh-GELU "
                          "as a kernel after cuBLASLt's product), prefill-N "
                          "(WARPFORMER_PREFILL_TOKENS=N: prompt groups of at most N tokens)")
     ap.add_argument("--hf-compile", choices=("none", "target", "all"), default="target",

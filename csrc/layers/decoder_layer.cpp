@@ -6,8 +6,10 @@
 //   pre-norm, parallel (GPT-J with one shared norm, NeoX with two):
 //     x += pending;  n = ln1(x);  p = attn(n) @ Wo + mlp(n or ln2(x)) @ W2 [one all-reduce];
 //     pending = p, bo + b2
-//     At decode sizes (LayerContext::parallel_products) the MLP-in product runs beside the
-//     attention kernel and [attn | f] @ [Wo; W2] is one GEMV launch.
+//     At decode sizes (LayerContext::parallel_products) [attn | f] @ [Wo; W2] is one GEMV
+//     launch, and either the MLP-in product runs beside the attention kernel, or (paired_products)
+//     the QKV and MLP-in products are one launch before the attention and the output product's
+//     MLP part runs beside the attention.
 //   post-norm (OPT-350m):
 //     y = ln1(x + attn(x) @ Wo + bo);  x = ln2(y + mlp(y) + b2)
 //
@@ -167,28 +169,41 @@ void product_then_norm(const LayerContext& lc, const void* in, const void* weigh
 // The residual-stream buffer that is not `x` (the two alternate, see ResidualStream).
 void* other_stream_buffer(const LayerBuffers& b, const void* x) { return x == b.x ? b.y : b.x; }
 
-// out = act(norm(stream) @ W + bias) for a pre-norm layer: the stream's pending adds are
-// applied on the way into the other stream buffer, which then holds the stream. `normed`
-// receives norm(stream) (kept when keep_normed, else scratch). beside: see Gemm::run_normed.
+// The input of a pre-norm layer's product of norm(stream): the stream's pending adds are
+// applied on the way into the other stream buffer (residual_out). `normed` receives
+// norm(stream) (kept when keep_normed, else scratch).
+GemmNormedInput stream_input(const LayerContext& lc, const ResidualStream& s,
+                             const LayerBuffers& b, const void* gamma, const void* beta,
+                             void* normed, bool keep_normed) {
+  GemmNormedInput in;
+  in.kind = kernels::NormKind::kLayerNorm;
+  in.input = s.delta != nullptr ? s.delta : s.x;
+  in.residual = s.delta != nullptr ? s.x : nullptr;
+  in.input_bias = s.bias;
+  in.gamma = gamma;
+  in.beta = beta;
+  in.eps = static_cast<float>(lc.cfg->layernorm_eps);
+  const bool adds = s.delta != nullptr || s.bias != nullptr;
+  in.residual_out = adds ? other_stream_buffer(b, s.x) : nullptr;
+  in.out = normed;
+  in.keep_out = keep_normed;
+  return in;
+}
+
+// After a product of stream_input(s): the stream is materialised where it was written.
+void stream_written(const GemmNormedInput& in, ResidualStream* s) {
+  if (in.residual_out != nullptr) *s = ResidualStream{in.residual_out, nullptr, nullptr};
+}
+
+// out = act(norm(stream) @ W + bias) for a pre-norm layer (stream_input). beside: see
+// Gemm::run_normed.
 void normed_product(const LayerContext& lc, ResidualStream* s, const LayerBuffers& b,
                     const void* gamma, const void* beta, void* normed, bool keep_normed,
                     const void* weight, const void* bias, void* out, int64_t tokens, int64_t n,
                     kernels::Activation act, bool beside = false) {
-  const int64_t h = lc.cfg->hidden();
-  GemmNormedInput in;
-  in.kind = kernels::NormKind::kLayerNorm;
-  in.input = s->delta != nullptr ? s->delta : s->x;
-  in.residual = s->delta != nullptr ? s->x : nullptr;
-  in.input_bias = s->bias;
-  in.gamma = gamma;
-  in.beta = beta;
-  in.eps = static_cast<float>(lc.cfg->layernorm_eps);
-  const bool adds = s->delta != nullptr || s->bias != nullptr;
-  in.residual_out = adds ? other_stream_buffer(b, s->x) : nullptr;
-  in.out = normed;
-  in.keep_out = keep_normed;
-  lc.gemm->run_normed(lc.dtype, in, weight, bias, out, tokens, n, h, act, beside);
-  if (adds) *s = ResidualStream{in.residual_out, nullptr, nullptr};
+  const GemmNormedInput in = stream_input(lc, *s, b, gamma, beta, normed, keep_normed);
+  lc.gemm->run_normed(lc.dtype, in, weight, bias, out, tokens, n, lc.cfg->hidden(), act, beside);
+  stream_written(in, s);
 }
 
 // The end of a pre-norm layer: the stream is x + delta + bias. Left pending when the next layer
@@ -204,6 +219,42 @@ void finish_stream(const LayerContext& lc, const LayerBuffers& b, int64_t tokens
   run_norm<T>(lc, next.kind, next.gamma, next.beta, delta, s->x, b.x, bias, out, tokens,
               lc.cfg->hidden());
   *s = ResidualStream{b.x, nullptr, nullptr};
+}
+
+// A parallel-residual layer's decode step as two GEMV launches around the attention
+// (LayerContext::paired_products): [qkv | f] = [ln1(x) @ Wqkv | act(ln(x) @ W1 + b1)] in one
+// launch (ln: ln1 shared, or ln2), then the attention, then p = a @ Wo + f @ W2 in one launch
+// whose MLP part runs beside the attention. False (nothing launched) where the GEMV cannot pair
+// the two products; the caller then runs the layer as before.
+template <typename T>
+bool paired_parallel_layer(const LayerContext& lc, const LayerWeights& w, const LayerBuffers& b,
+                           int64_t tokens, const AttentionInputs& ai, const NextNorm& next,
+                           ResidualStream* s) {
+  const gpt::GptConfig& c = *lc.cfg;
+  const int64_t h = c.hidden(), lh = c.local_hidden(), li = c.local_inter();
+  const bool shared_norm = c.parallel_shared_layernorm;
+  const GemmNormedInput in = stream_input(lc, *s, b, w.ln1_w, w.ln1_b, b.n, false);
+  GemmProduct qkv;
+  qkv.weight = w.qkv_w;
+  qkv.out = b.qkv;
+  qkv.n = 3 * lh;
+  GemmProduct mlp;
+  mlp.weight = w.fc1_w;
+  mlp.bias = w.fc1_b;
+  mlp.out = b.fj;
+  mlp.n = li;
+  mlp.act = c.activation;
+  if (!lc.gemm->run_normed_pair(lc.dtype, in, qkv, mlp, shared_norm ? nullptr : w.ln2_w,
+                                shared_norm ? nullptr : w.ln2_b, tokens, h)) {
+    return false;
+  }
+  stream_written(in, s);
+  attention<T>(lc, w, b, tokens, ai);
+  lc.gemm->run_sum(lc.dtype, b.a, w.dense_w, lh, b.fj, w.fc2_w, li, b.p, tokens, h,
+                   /*second_ready=*/true);
+  all_reduce_if_parallel(lc.comm, b.p, tokens * h, lc.dtype, lc.ctx->stream());
+  finish_stream<T>(lc, b, tokens, next, b.p, w.residual_b, s);
+  return true;
 }
 
 // The post-norm layer (OPT-350m): y = ln1(x + attn(x) @ Wo + bo); x = ln2(y + mlp(y) + b2);
@@ -240,6 +291,12 @@ void layer_forward(const LayerContext& lc, const LayerWeights& w, const LayerBuf
   }
   const int64_t h = c.hidden(), lh = c.local_hidden(), li = c.local_inter();
   using kernels::Activation;
+  const bool decode_sized = c.parallel_residual && lc.parallel_products && b.fj != nullptr &&
+                            tokens <= kernels::kGemvMaxRows;
+  if (decode_sized && lc.paired_products &&
+      paired_parallel_layer<T>(lc, w, b, tokens, ai, next, s)) {
+    return;
+  }
 
   // Attention block: qkv = ln1(x) @ Wqkv, the pending adds applied on the way. The parallel
   // form with one shared norm keeps n = ln1(x) for its MLP.
@@ -252,8 +309,7 @@ void layer_forward(const LayerContext& lc, const LayerWeights& w, const LayerBuf
     // Decode-sized (lc.parallel_products): the MLP-in product runs beside the attention (it
     // reads neither qkv nor a, and writes bufs.fj, apart from both), then attention-out and
     // MLP-out are one product. Otherwise: attention-out, MLP-in, MLP-out accumulating.
-    const bool beside = lc.parallel_products && b.fj != nullptr &&
-                        tokens <= kernels::kGemvMaxRows;
+    const bool beside = decode_sized;
     void* const f = beside ? b.fj : b.f;
     if (!beside) lc.gemm->run(lc.dtype, b.a, w.dense_w, nullptr, b.p, tokens, h, lh);
     if (shared_norm) {

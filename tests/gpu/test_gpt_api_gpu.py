@@ -136,6 +136,7 @@ def _cuda_kernels(fn) -> list[str]:
 
 
 PARALLEL_RESIDUAL = {"gptj", "gptj-4096", "gptneox-parallel"}
+PAIR_OFF = "attention,norms,parallel,activation"  # every fusion but the paired products
 
 
 @pytest.mark.parametrize("name", list(FUSION_SHAPES))
@@ -157,7 +158,8 @@ def test_decode_fusion_bit_identical(name, root, monkeypatch):
         convert(root / f"{name}-fusion-hf", out, 1, "fp32")
     rows = prompts(1000, [9, 4], seed=4)
     runs, kernels = {}, {}
-    variants = ("1", "0", "attention", "norms", "attention,norms", "parallel", "activation")
+    variants = ("1", "0", "attention", "norms", "attention,norms", "parallel", "activation",
+                PAIR_OFF)
     for fuse in variants:
         monkeypatch.setenv("WARPFORMER_FUSE", fuse)
         gpt = GPT.from_pretrained(out, dtype=torch.float16, max_batch=2, max_seq_len=256,
@@ -189,13 +191,17 @@ def test_decode_fusion_bit_identical(name, root, monkeypatch):
     assert kernels["attention"]["normed gemv"] == 0, kernels  # WARPFORMER_FUSE=attention
     assert kernels["attention"]["fused attention"] == kernels["1"]["fused attention"], kernels
     assert kernels["norms"]["fused attention"] == 0, kernels  # WARPFORMER_FUSE=norms
-    assert kernels["norms"]["normed gemv"] == kernels["1"]["normed gemv"], kernels
+    # (the paired products normalise once for both: compare with the variant without them)
+    assert kernels["norms"]["normed gemv"] == kernels[PAIR_OFF]["normed gemv"], kernels
     # Parallel fusion: per layer and step a parallel-residual layer's four product launches
-    # become three (the two output products are one), with or without the norms fusion;
+    # become three (the two output products are one), with or without the norms fusion, and
+    # two with the paired products (QKV and MLP-in one launch; it needs the norms fusion);
     # sequential layers launch the same products either way. (Every [k, n] GEMV of these decode
     # steps is a layer product.)
-    saved = 1 if name in PARALLEL_RESIDUAL else 0
-    for fused, alone in (("1", "attention,norms"), ("parallel", "0")):
+    parallel = name in PARALLEL_RESIDUAL
+    for fused, alone, saved in (("1", "attention,norms", 2), (PAIR_OFF, "attention,norms", 1),
+                                ("parallel", "0", 1)):
+        saved = saved if parallel else 0
         assert kernels[fused]["gemv"] * 4 == kernels[alone]["gemv"] * (4 - saved), \
             (name, fused, kernels)
     # Activation fusion: the prompt's MLP-in products of a tanh-GELU model leave no activation
@@ -210,13 +216,13 @@ def test_decode_fusion_bit_identical(name, root, monkeypatch):
     # single rounding of the prompt pass's MLP hidden) give the same log-probs within rounding
     # and the same tokens up to a near-tie, where the two runs' picks are about equally likely
     # (random fp16 weights have them). The decode fusions are compared with the variant that
-    # shares their prompt pass: "1" with "activation", the rest with "0".
+    # shares their prompt pass: "1" and PAIR_OFF with "activation", the rest with "0".
     for variant in variants:
-        base = "activation" if variant == "1" else "0"
+        base = "activation" if variant in ("1", PAIR_OFF) else "0"
         if variant == base:
             continue
         fused, unfused = runs[variant], runs[base]
-        rounding = ((variant in ("1", "parallel") and name in PARALLEL_RESIDUAL)
+        rounding = ((variant in ("1", "parallel", PAIR_OFF) and name in PARALLEL_RESIDUAL)
                     or (variant == "activation" and tanh_gelu))
         if not rounding:
             assert fused[:3] == unfused[:3], f"{name} ({variant}): fusion changes the tokens"
@@ -245,7 +251,8 @@ def test_fusion_and_split_variables_checked(root, monkeypatch):
     for bad in ("yes", "attention,rotary", ",", "attention,"):
         monkeypatch.setenv("WARPFORMER_FUSE", bad)
         with pytest.raises(RuntimeError, match="WARPFORMER_FUSE must be 1, 0 or a comma list of "
-                                               "attention, norms, parallel, activation; got "
+                                               "attention, norms, parallel, activation, pair; "
+                                               "got "
                                                f"'{bad}'"):
             GPT.from_pretrained(root / "gpt2-4.0-wf", dtype=torch.float16, max_batch=1,
                                 max_seq_len=64, backend="cuda")

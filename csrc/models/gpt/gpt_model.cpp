@@ -46,15 +46,18 @@ class Carver {
 // (pre-norm layers' residual adds and norms inside the GEMVs that read them) and "parallel"
 // (a parallel-residual layer's decode step: its MLP-in product runs beside the attention kernel
 // and its attention-out and MLP-out products are one GEMV launch) and "activation" (a 16-bit
-// model's tanh-GELU in cuBLASLt's epilogue of the MLP-in product at prompt sizes). Off, each
-// runs as its own kernel (for comparisons): attention and norms give bit-identical results,
-// parallel and activation the same up to rounding (parallel: the two output products accumulate
-// in fp32 together instead of adding two rounded products; activation: the GELU reads the fp32
-// accumulator instead of the rounded product).
+// model's tanh-GELU in cuBLASLt's epilogue of the MLP-in product at prompt sizes) and "pair"
+// (with parallel and norms: that decode step's QKV and MLP-in products as one GEMV launch before
+// the attention, and the joined output product starting on its MLP part beside the attention).
+// Off, each runs as its own kernel (for comparisons): attention and norms give bit-identical
+// results, parallel, pair and activation the same up to rounding (parallel: the two output
+// products accumulate in fp32 together instead of adding two rounded products; pair: the wider
+// launch may split k differently; activation: the GELU reads the fp32 accumulator instead of
+// the rounded product).
 GptModel::Fusions fusions_from_env() {
   const char* env = std::getenv("WARPFORMER_FUSE");
-  if (env == nullptr || std::strcmp(env, "1") == 0) return {true, true, true, true};
-  GptModel::Fusions f{false, false, false, false};
+  if (env == nullptr || std::strcmp(env, "1") == 0) return {true, true, true, true, true};
+  GptModel::Fusions f{false, false, false, false, false};
   if (std::strcmp(env, "0") == 0) return f;
   const std::string list = env;
   size_t start = 0;
@@ -69,9 +72,11 @@ GptModel::Fusions fusions_from_env() {
       f.parallel = true;
     } else if (item == "activation") {
       f.activation = true;
+    } else if (item == "pair") {
+      f.pair = true;
     } else {  // includes an empty item (a stray comma)
       TORCH_CHECK(false, "WARPFORMER_FUSE must be 1, 0 or a comma list of attention, norms, "
-                  "parallel, activation; got '", env, "'");
+                  "parallel, activation, pair; got '", env, "'");
     }
     if (end == list.size()) break;
     start = end + 1;
@@ -231,7 +236,9 @@ GptModel::Scratch GptModel::scratch() const {
 }
 
 layers::LayerContext GptModel::layer_context() {
-  return layers::LayerContext{ctx_.get(), gemm_.get(), comm_, &cfg_, dtype_, fusions_.parallel};
+  layers::LayerContext lc{ctx_.get(), gemm_.get(), comm_, &cfg_, dtype_, fusions_.parallel};
+  lc.paired_products = fusions_.parallel && fusions_.pair;
+  return lc;
 }
 
 void GptModel::embed(const int32_t* token_ids, const int32_t* positions, int64_t tokens,
