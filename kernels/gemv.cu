@@ -173,8 +173,12 @@ struct GemvDepth {
 
 // The column tiles of p's product come first in the grid, then `s`'s (s.n == 0: none).
 
+// At 1-2 rows four blocks fit an SM (at most 64 registers a thread): a launch of up to 4 x SMs
+// blocks (GPT-J's QKV + MLP-in pair is 448 tiles on 132 SMs) then runs in one wave. Without the
+// bound the normalising kernel took 66 registers, three blocks per SM, and the pair's last 52
+// blocks ran as a second wave (H200: 74 against 64 us per pair launch).
 template <typename T, int M, bool NORM>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, M <= 2 ? 4 : 1)
     gemv_kn_kernel(const GemvParams<T> p, int ksplit, int kchunk, const GemvNorm<T> g,
                    const GemvDepth<T> d, const GemvSecond<T> s2) {
   constexpr int V = 16 / sizeof(T);
