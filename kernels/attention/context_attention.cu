@@ -12,10 +12,10 @@
 // and the probabilities written to shared memory are read back by the same half-warp.
 // The query-tile index is reversed so that the longest (last) tiles of a sequence start first.
 //
-// fp16 / bf16 with head sizes up to 128 run on tensor cores instead (context_attention_mma_kernel,
-// sm_80+; WARPFORMER_ATTENTION_MMA=0 keeps the CUDA-core kernel, for comparisons): 4 warps own
-// 16 queries each; K and V tiles of 64 keys are staged in shared memory as stored (16-bit) and
-// read with ldmatrix; S = Q K^T and O += P V are mma.sync m16n8k16 products with fp32
+// fp16 / bf16 run on tensor cores instead (context_attention_mma_kernel, sm_80+;
+// WARPFORMER_ATTENTION_MMA=0 keeps the CUDA-core kernel, for comparisons): 4 warps own 16
+// queries each; K and V tiles of 64 keys (32 for heads over 128) are staged in shared memory as
+// stored (16-bit) and read with ldmatrix; S = Q K^T and O += P V are mma.sync m16n8k16 products with fp32
 // accumulation, the probabilities rounded to the input type for the second product (as flash
 // attention does). The softmax runs in base 2 on log2(e)-scaled scores, the same function.
 #include <algorithm>
@@ -220,7 +220,11 @@ __global__ void __launch_bounds__(kThreads) context_attention_kernel(
 // ---- tensor cores ---------------------------------------------------------------------------
 constexpr int kMmaWarps = 4;
 constexpr int kMmaBQ = 16 * kMmaWarps;  // queries per block, 16 per warp
-constexpr int kMmaBK = 64;              // keys per tile (= kMmaBQ: the diagonal tile is the last)
+// Keys per tile: 64 (= kMmaBQ: the diagonal tile is the last), 32 for heads over 128, whose K
+// and V tiles would otherwise not fit the 48 KiB of static shared memory and whose fp32 output
+// accumulators (D / 2 registers a lane) leave no room for 64 keys' scores.
+template <int D>
+constexpr int kMmaKeys = D > 128 ? 32 : 64;
 constexpr float kLog2e = 1.4426950408889634f;
 
 // 16-bit values of 4 bytes' alignment as one register.
@@ -232,7 +236,8 @@ __device__ __forceinline__ uint32_t load_pair(const T* p) {
 template <typename T, int D>
 __global__ void __launch_bounds__(kMmaWarps * 32)
     context_attention_mma_kernel(const ContextAttentionParams<T> p) {
-  static_assert(D % 16 == 0 && D <= 128, "head_dim a multiple of 16, at most 128");
+  static_assert(D % 16 == 0 && D <= 256, "head_dim a multiple of 16, at most 256");
+  constexpr int kMmaBK = kMmaKeys<D>;
   wait_for_prior_kernels();
   constexpr int S = D + 8;          // smem row stride in elements: ldmatrix rows on distinct banks
   constexpr int KSTEPS = D / 16;    // mma k-steps of Q K^T over the head
@@ -406,7 +411,7 @@ bool use_mma() {
 
 template <typename T, int D>
 cudaError_t launch_for_dim(const ContextAttentionParams<T>& p, cudaStream_t stream) {
-  if constexpr (sizeof(T) == 2 && D <= 128) {
+  if constexpr (sizeof(T) == 2) {
     if (aligned_to(p.out, 4) && use_mma()) {  // it stores two outputs per 4-byte write
       LaunchShape shape;
       shape.grid = dim3(ceil_div(p.max_seqlen, kMmaBQ), p.heads, p.batch);

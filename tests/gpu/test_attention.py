@@ -212,15 +212,16 @@ def test_context_attention(dtype, hd, alibi, seed) -> None:
     check_attention(out, torch.cat(ref64), torch.cat(ref_lp), dtype, "context_attention")
 
 
-# fp16/bf16 heads up to 128 run on tensor cores; WARPFORMER_ATTENTION_MMA=0 keeps them on the
-# CUDA-core kernel. The switch is read once per process, so that path runs in a child process:
-# the same test, and the profile must show which kernel ran.
+# fp16/bf16 heads run on tensor cores (tiles of 32 keys for 256-wide heads, 64 otherwise);
+# WARPFORMER_ATTENTION_MMA=0 keeps them on the CUDA-core kernel. The switch is read once per
+# process, so that path runs in a child process: the same test, and the profile must show which
+# kernel ran.
 _CUDA_CORE_CHILD = """
 import sys, torch
 sys.path.insert(0, {root!r})
 from tests.gpu import test_attention as t
 for dtype in (torch.float16, torch.bfloat16):
-    for hd in (64, 80, 128):
+    for hd in (64, 80, 128, 256):
         for alibi in (False, True):
             torch.manual_seed(0)
             acts = [torch.profiler.ProfilerActivity.CUDA]
@@ -243,9 +244,9 @@ def _context_kernels(dtype: torch.dtype, hd: int) -> set[str]:
 def test_context_attention_kernel_choice_and_cuda_core_path() -> None:
     if torch.cuda.get_device_capability()[0] >= 8 and \
             os.environ.get("WARPFORMER_ATTENTION_MMA") != "0":
-        assert all("mma" in n for n in _context_kernels(torch.float16, 64))
+        for hd in (64, 256):
+            assert all("mma" in n for n in _context_kernels(torch.float16, hd)), hd
     assert not any("mma" in n for n in _context_kernels(torch.float32, 64))
-    assert not any("mma" in n for n in _context_kernels(torch.float16, 256))
     root = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ, WARPFORMER_ATTENTION_MMA="0")
     r = subprocess.run([sys.executable, "-c", _CUDA_CORE_CHILD.format(root=root)], env=env,
