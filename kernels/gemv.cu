@@ -11,9 +11,9 @@
 //
 // A sum of two products (launch_gemv_sum) continues the k range over the second input and
 // weight; with second_ready each k-split block takes a share of both, streams the second's
-// first and waits for the kernel ahead only between the two shares. A pair of normalised products (launch_gemv_normed_pair) appends
-// the second product's column tiles to the first's: each block picks its weight, output,
-// epilogue and norm weights by its tile.
+// first and waits for the kernel ahead only between the two shares. A pair of normalised
+// products (launch_gemv_normed_pair) appends the second product's column tiles to the first's:
+// each block picks its weight, output, epilogue and norm weights by its tile.
 //
 // [n, k] weights (lm_head): each warp owns two output columns and reads their weight rows as
 // 512-byte coalesced runs; a warp-sum gives the dot products. From kMmaMinRows rows on (16-bit
@@ -160,9 +160,10 @@ __device__ __forceinline__ void normalize_input(const GemvNorm<T>& g, const T* g
 // `d` continues the depth for launch_gemv_sum: a second input and weight whose rows follow p's in
 // one virtual k (row r of d is k = p.k + r; both depths are multiples of V), which the k-split
 // blocks of a tile divide into contiguous chunks. With d.ready each block instead takes a share
-// of both depths in whole steps, the shares of d's depth in reverse block order so that every
-// block has the same number of steps, and streams its share of d's first: it waits for the
-// kernel ahead only between the two shares, so every block's d share overlaps that kernel.
+// of both depths in whole steps, the shares of d's depth in reverse block order so that the
+// blocks' step counts even out (GPT-J's 16 + 64 steps over 5 blocks: 16 each), and streams its
+// share of d's first: it waits for the kernel ahead only between the two shares, so every
+// block's d share overlaps that kernel.
 template <typename T>
 struct GemvDepth {
   const T* in = nullptr;      // [m, k]
@@ -171,12 +172,12 @@ struct GemvDepth {
   bool ready = false;         // launch_gemv_sum's second_ready
 };
 
-// The column tiles of p's product come first in the grid, then `s`'s (s.n == 0: none).
-
+// The column tiles of p's product come first in the grid, then s2's (s2.n == 0: none).
 // At 1-2 rows four blocks fit an SM (at most 64 registers a thread): a launch of up to 4 x SMs
 // blocks (GPT-J's QKV + MLP-in pair is 448 tiles on 132 SMs) then runs in one wave. Without the
 // bound the normalising kernel took 66 registers, three blocks per SM, and the pair's last 52
-// blocks ran as a second wave (H200: 74 against 64 us per pair launch).
+// blocks ran as a second wave (H200: 74 against 64 us per pair launch). The plain kernel needs
+// 63 anyway; the normalising one spills 32-48 bytes (sm_90, fp16, ptxas -v).
 template <typename T, int M, bool NORM>
 __global__ void __launch_bounds__(kThreads, M <= 2 ? 4 : 1)
     gemv_kn_kernel(const GemvParams<T> p, int ksplit, int kchunk, const GemvNorm<T> g,
@@ -640,7 +641,7 @@ bool normed_supported(const GemvParams<T>& p, const NormParams<T>& norm,
   if (second != nullptr &&
       (p.beta != 0.f || s2.n <= 0 || s2.n % V != 0 || s2.out == nullptr ||
        !aligned_to(s2.weight, 16) || s2.weight == nullptr || !aligned_to(s2.gamma, 16) ||
-       !aligned_to(s2.beta, 16))) {
+       !aligned_to(s2.beta, 16) || (s2.beta != nullptr && s2.gamma == nullptr))) {
     return false;
   }
   const bool aligned = aligned_to(norm.residual, 16) && aligned_to(norm.input_bias, 16) &&
@@ -713,8 +714,10 @@ cudaError_t launch_gemv_normed_pair(const GemvParams<T>& p, const NormParams<T>&
 template <typename T>
 bool gemv_sum_supported(const GemvParams<T>& p, const T* in2, const T* weight2, int k2) {
   constexpr int V = 16 / sizeof(T);
-  if (!gemv_supported(p) || p.transposed || k2 <= 0 || k2 % V != 0 || !aligned_to(in2, 16) ||
-      !aligned_to(weight2, 16) || static_cast<int64_t>(p.k) + k2 > INT32_MAX) {
+  // (The depth leaves a step of room below INT32_MAX: second_ready's shares end on whole steps.)
+  if (!gemv_supported(p) || p.transposed || p.beside || k2 <= 0 || k2 % V != 0 ||
+      !aligned_to(in2, 16) || !aligned_to(weight2, 16) ||
+      static_cast<int64_t>(p.k) + k2 > INT32_MAX - kSlices * V) {
     return false;
   }
   // Each block writes only its own outputs (and reads them for beta), but all blocks read both

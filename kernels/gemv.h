@@ -102,7 +102,8 @@ struct GemvSecond {
 };
 
 // What gemv_normed_supported asks of p and norm, plus: p.beta == 0; the second product's n a
-// positive multiple of 16 bytes' worth of elements, its weight, gamma and beta 16-byte aligned;
+// positive multiple of 16 bytes' worth of elements, its weight, gamma and beta 16-byte aligned
+// (a beta only with a gamma);
 // its output apart from every other range; and the shared memory of the joint split in 48 KiB.
 template <typename T>
 bool gemv_normed_pair_supported(const GemvParams<T>& p, const NormParams<T>& norm,
@@ -117,11 +118,11 @@ cudaError_t launch_gemv_normed_pair(const GemvParams<T>& p, const NormParams<T>&
 // and rounded once (p gives out, in, W, bias, act, beta). A parallel-residual layer's
 // attention-out and MLP-out products are one such launch. gemv_sum_supported: what launch_gemv
 // needs of p, plus k2 a multiple of 16 bytes' worth of elements, in2 and W2 16-byte aligned,
-// p.k + k2 within int range, and the output apart from both inputs.
+// p.k + k2 a step (at most 256) below the int range, p.beside off, and the output apart from
+// both inputs.
 template <typename T>
 bool gemv_sum_supported(const GemvParams<T>& p, const T* in2, const T* weight2, int k2);
 
-//
 // second_ready: the caller promises that in2 and W2 are not written by the kernel just before
 // this one on the stream (nor by one still running ahead of it), as a parallel-residual layer's
 // MLP hidden is not by the attention kernel. Every block streams its share of the second

@@ -67,8 +67,9 @@ TORCH_LIBRARY(warpformer, m) {
       "Tensor? norm_bias2=None, str backend='joined') -> (Tensor, Tensor, Tensor)");
   // input @ weight + input2 @ weight2, a parallel-residual layer's two output products at decode
   // sizes. backend: joined (one GEMV launch over both depths; refuses shapes it cannot run),
-  // joined_ready (the same launch as the engine runs it beside the attention: each k-split block
-  // streams its share of input2 @ weight2 first) or separate (two products, the second
+  // joined_ready (the launch the engine runs beside the attention: each k-split block streams
+  // its share of input2 @ weight2 before waiting for the kernel ahead, so the caller promises
+  // that kernel does not write input2 or weight2) or separate (two products, the second
   // accumulating).
   m.def(
       "gemm_sum(Tensor input, Tensor weight, Tensor input2, Tensor weight2, "

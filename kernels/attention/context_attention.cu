@@ -298,7 +298,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
     }
     __syncthreads();
 
-    // Scores: 16 queries x 64 keys per warp. ldmatrix tile i of a pair of 8-key tiles: keys
+    // Scores: 16 queries x kMmaBK keys per warp. ldmatrix tile i of a pair of 8-key tiles: keys
     // +8 * (i / 2), dims +8 * (i % 2) -- the "b" registers of key tiles nt and nt + 1.
     float s[NT][4];
 #pragma unroll
@@ -358,7 +358,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
       o[t][3] *= alpha_b;
     }
 
-    // O += P V over the tile's 64 keys, 16 per k-step: P's "a" registers are the scores'
+    // O += P V over the tile's kMmaBK keys, 16 per k-step: P's "a" registers are the scores'
     // accumulators of key tiles 2kk and 2kk + 1; V's "b" come transposed from ldmatrix (tile i:
     // keys +8 * (i % 2), dims +8 * (i / 2) -- the registers of output tiles dt and dt + 1).
 #pragma unroll

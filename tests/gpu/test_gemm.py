@@ -441,6 +441,27 @@ def test_gemm_sum_joined_matches_separate_and_reference(dtype, m, n, k, k2, back
     assert _rel_err(second, x2.double() @ w2.double()) <= 2 * _tol(dtype, k2)
 
 
+def test_gemm_sum_ready_waits_for_the_kernel_ahead_before_the_first_input():
+    """joined_ready streams input2 @ weight2 before waiting for the kernel ahead and reads input
+    only after: here that kernel is a GEMV writing input (which lets its successor start early),
+    into memory last filled with NaN, so a read before the wait would show."""
+    g = torch.Generator(device="cuda").manual_seed(3)
+    h, inter = 4096, 16384
+    x0 = torch.randn(1, inter, generator=g, device="cuda").half()
+    w0 = (torch.randn(inter, h, generator=g, device="cuda") * inter ** -0.5).half()
+    w = (torch.randn(h, h, generator=g, device="cuda") * h ** -0.5).half()
+    x2 = torch.randn(1, inter, generator=g, device="cuda").half()
+    w2 = (torch.randn(inter, h, generator=g, device="cuda") * inter ** -0.5).half()
+    x = ops.gemm(x0, w0, None, False, "none", "gemv")
+    ref = x.double() @ w.double() + x2.double() @ w2.double()
+    for _ in range(20):
+        del x
+        torch.full((1, h), float("nan"), device="cuda", dtype=torch.float16)  # freed: reused next
+        x = ops.gemm(x0, w0, None, False, "none", "gemv")
+        out = ops.gemm_sum(x, w, x2, w2, "joined_ready")
+        assert _rel_err(out, ref) <= 2 * _tol(torch.float16, h + inter)
+
+
 def test_gemm_sum_refuses_what_it_cannot_run():
     x = torch.randn(9, 64, device="cuda", dtype=torch.float16)
     w = torch.randn(64, 64, device="cuda", dtype=torch.float16)

@@ -52,8 +52,8 @@ class Carver {
 // Off, each runs as its own kernel (for comparisons): attention and norms give bit-identical
 // results, parallel, pair and activation the same up to rounding (parallel: the two output
 // products accumulate in fp32 together instead of adding two rounded products; pair: the wider
-// launch may split k differently; activation: the GELU reads the fp32 accumulator instead of
-// the rounded product).
+// launch may split k differently, and NeoX's ln2 normalises the fp32 stream instead of its
+// rounded copy; activation: the GELU reads the fp32 accumulator instead of the rounded product).
 GptModel::Fusions fusions_from_env() {
   const char* env = std::getenv("WARPFORMER_FUSE");
   if (env == nullptr || std::strcmp(env, "1") == 0) return {true, true, true, true, true};
