@@ -7,9 +7,9 @@
 - same seed => same tokens (whatever the batch), different seeds => different tokens;
 - generate_stream yields the tokens of generate;
 - the fused decode step (QKV preparation inside the attention kernel, norms inside the GEMVs),
-  each fusion alone and WARPFORMER_FUSE=0 give bit-identical log-probs (the parallel-residual and
-  activation-epilogue fusions the same within rounding), tiny and real widths, and the profile
-  shows the fused kernels ran;
+  each fusion alone and WARPFORMER_FUSE=0 give bit-identical log-probs (the parallel-residual,
+  paired-product and activation-epilogue fusions the same within rounding), tiny and real widths,
+  and the profile shows the fused kernels ran;
 - LAMBADA (FT's method) on 5,000 synthetic LAMBADA-format samples with bloom-560m dims (2 layers)
   in fp16 and fp32: generated target tokens agree with HF for >= 99% / 100% of the samples.
 """
@@ -142,9 +142,11 @@ PAIR_OFF = "attention,norms,parallel,activation"  # every fusion but the paired 
 @pytest.mark.parametrize("name", list(FUSION_SHAPES))
 def test_decode_fusion_bit_identical(name, root, monkeypatch):
     """The fused decode step (the default: QKV preparation inside the attention kernel, the
-    residual adds and norms inside the GEMVs that read them, a parallel-residual layer's MLP-in
-    product beside the attention and its two output products as one) against WARPFORMER_FUSE=0
-    (separate QKV-preparation and norms kernels, four products one after another), in fp16,
+    residual adds and norms inside the GEMVs that read them, a parallel-residual layer's QKV and
+    MLP-in products as one launch and its two output products as one, streaming W2 beside the
+    attention; PAIR_OFF runs the MLP-in product beside the attention instead) against
+    WARPFORMER_FUSE=0 (separate QKV-preparation and norms kernels, four products one after
+    another), in fp16,
     greedy at 1 and 2 rows and in beam search (whose cache indirection the fused attention must
     respect). The attention and norms fusions are bit-identical; the parallel one changes only
     the order of fp32 sums (and nothing for sequential layers), the activation one (tanh-GELU in
