@@ -221,39 +221,30 @@ void finish_stream(const LayerContext& lc, const LayerBuffers& b, int64_t tokens
   *s = ResidualStream{b.x, nullptr, nullptr};
 }
 
-// A parallel-residual layer's decode step as two GEMV launches around the attention
-// (LayerContext::paired_products): [qkv | f] = [ln1(x) @ Wqkv | act(ln(x) @ W1 + b1)] in one
-// launch (ln: ln1 shared, or ln2), then the attention, then p = a @ Wo + f @ W2 in one launch
-// whose MLP part runs beside the attention. False (nothing launched) where the GEMV cannot pair
-// the two products; the caller then runs the layer as before.
-template <typename T>
-bool paired_parallel_layer(const LayerContext& lc, const LayerWeights& w, const LayerBuffers& b,
-                           int64_t tokens, const AttentionInputs& ai, const NextNorm& next,
-                           ResidualStream* s) {
+// The QKV and MLP-in products of a parallel-residual layer's decode step as one GEMV launch
+// (LayerContext::paired_products): [qkv | fj] = [ln1(x) @ Wqkv | act(ln(x) @ W1 + b1)], ln being
+// ln1 (shared) or ln2, the stream's pending adds applied on the way. False (nothing launched)
+// where the GEMV cannot pair the two products.
+bool paired_products(const LayerContext& lc, const LayerWeights& w, const LayerBuffers& b,
+                     int64_t tokens, ResidualStream* s) {
   const gpt::GptConfig& c = *lc.cfg;
-  const int64_t h = c.hidden(), lh = c.local_hidden(), li = c.local_inter();
   const bool shared_norm = c.parallel_shared_layernorm;
   const GemmNormedInput in = stream_input(lc, *s, b, w.ln1_w, w.ln1_b, b.n, false);
   GemmProduct qkv;
   qkv.weight = w.qkv_w;
   qkv.out = b.qkv;
-  qkv.n = 3 * lh;
+  qkv.n = 3 * c.local_hidden();
   GemmProduct mlp;
   mlp.weight = w.fc1_w;
   mlp.bias = w.fc1_b;
   mlp.out = b.fj;
-  mlp.n = li;
+  mlp.n = c.local_inter();
   mlp.act = c.activation;
   if (!lc.gemm->run_normed_pair(lc.dtype, in, qkv, mlp, shared_norm ? nullptr : w.ln2_w,
-                                shared_norm ? nullptr : w.ln2_b, tokens, h)) {
+                                shared_norm ? nullptr : w.ln2_b, tokens, c.hidden())) {
     return false;
   }
   stream_written(in, s);
-  attention<T>(lc, w, b, tokens, ai);
-  lc.gemm->run_sum(lc.dtype, b.a, w.dense_w, lh, b.fj, w.fc2_w, li, b.p, tokens, h,
-                   /*second_ready=*/true);
-  all_reduce_if_parallel(lc.comm, b.p, tokens * h, lc.dtype, lc.ctx->stream());
-  finish_stream<T>(lc, b, tokens, next, b.p, w.residual_b, s);
   return true;
 }
 
@@ -293,26 +284,30 @@ void layer_forward(const LayerContext& lc, const LayerWeights& w, const LayerBuf
   using kernels::Activation;
   const bool decode_sized = c.parallel_residual && lc.parallel_products && b.fj != nullptr &&
                             tokens <= kernels::kGemvMaxRows;
-  if (decode_sized && lc.paired_products &&
-      paired_parallel_layer<T>(lc, w, b, tokens, ai, next, s)) {
-    return;
-  }
 
-  // Attention block: qkv = ln1(x) @ Wqkv, the pending adds applied on the way. The parallel
-  // form with one shared norm keeps n = ln1(x) for its MLP.
+  // Attention block: qkv = ln1(x) @ Wqkv, the pending adds applied on the way; with paired
+  // products the MLP-in product runs in the same launch. The parallel form with one shared norm
+  // otherwise keeps n = ln1(x) for its MLP.
+  const bool paired = decode_sized && lc.paired_products && paired_products(lc, w, b, tokens, s);
   const bool shared_norm = c.parallel_residual && c.parallel_shared_layernorm;
-  normed_product(lc, s, b, w.ln1_w, w.ln1_b, b.n, shared_norm, w.qkv_w, nullptr, b.qkv, tokens,
-                 3 * lh, Activation::kIdentity);
+  if (!paired) {
+    normed_product(lc, s, b, w.ln1_w, w.ln1_b, b.n, shared_norm, w.qkv_w, nullptr, b.qkv,
+                   tokens, 3 * lh, Activation::kIdentity);
+  }
   attention<T>(lc, w, b, tokens, ai);
 
   if (c.parallel_residual) {  // p = attn @ Wo + mlp(.) @ W2 [one all-reduce]; x += p + bo + b2
-    // Decode-sized (lc.parallel_products): the MLP-in product runs beside the attention (it
-    // reads neither qkv nor a, and writes bufs.fj, apart from both), then attention-out and
-    // MLP-out are one product. Otherwise: attention-out, MLP-in, MLP-out accumulating.
+    // Decode-sized (lc.parallel_products): the MLP-in product has run with the QKV product
+    // (paired), or runs beside the attention (it reads neither qkv nor a, and writes bufs.fj,
+    // apart from both); then attention-out and MLP-out are one product, which when paired
+    // streams W2 beside the attention (second_ready). Otherwise: attention-out, MLP-in, MLP-out
+    // accumulating.
     const bool beside = decode_sized;
     void* const f = beside ? b.fj : b.f;
     if (!beside) lc.gemm->run(lc.dtype, b.a, w.dense_w, nullptr, b.p, tokens, h, lh);
-    if (shared_norm) {
+    if (paired) {
+      // the MLP hidden is in bufs.fj already
+    } else if (shared_norm) {
       lc.gemm->run_act(lc.dtype, b.n, w.fc1_w, w.fc1_b, f, tokens, li, h, c.activation, 0.f,
                        beside);
     } else {  // ln2 of the stream (materialised by the QKV product); n is free as scratch
@@ -320,7 +315,7 @@ void layer_forward(const LayerContext& lc, const LayerWeights& w, const LayerBuf
                      c.activation, beside);
     }
     if (beside) {
-      lc.gemm->run_sum(lc.dtype, b.a, w.dense_w, lh, f, w.fc2_w, li, b.p, tokens, h);
+      lc.gemm->run_sum(lc.dtype, b.a, w.dense_w, lh, f, w.fc2_w, li, b.p, tokens, h, paired);
       all_reduce_if_parallel(lc.comm, b.p, tokens * h, lc.dtype, lc.ctx->stream());
     } else {
       product(lc, f, w.fc2_w, b.p, tokens, h, li, 1.f);
