@@ -156,16 +156,16 @@ namespace {
 // norm_gemm's arguments, checked, made contiguous, and described as the product's input (x and
 // norm(x) outputs not yet set).
 struct NormGemmArgs {
-  at::Tensor input, residual, input_bias, norm_weight, norm_bias, weight, bias;
+  at::Tensor input, norm_weight, weight;
+  OptTensor residual, input_bias, norm_bias, bias;
   int64_t m = 0, n = 0, k = 0;
   DType dtype = DType::kFloat32;
   kernels::Activation act = kernels::Activation::kIdentity;
   GemmNormedInput in;
 };
 
-const void* ptr_or_null(const at::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
-at::Tensor contig_or_undefined(const OptTensor& t) {
-  return t.has_value() ? t->contiguous() : at::Tensor();
+OptTensor contiguous(const OptTensor& t) {
+  return t.has_value() ? OptTensor(t->contiguous()) : OptTensor();
 }
 
 // The product operand pair of a norm_gemm-like op: weight [k, n] and bias [n] of input's dtype.
@@ -221,19 +221,19 @@ NormGemmArgs check_norm_gemm(const char* op, const at::Tensor& input, const OptT
     if (all[i]->has_value()) check_cuda(**all[i], op, names[i], input, "input");
   }
   a.input = input.contiguous();
-  a.residual = contig_or_undefined(residual);
-  a.input_bias = contig_or_undefined(input_bias);
+  a.residual = contiguous(residual);
+  a.input_bias = contiguous(input_bias);
   a.norm_weight = norm_weight.contiguous();
-  a.norm_bias = contig_or_undefined(norm_bias);
+  a.norm_bias = contiguous(norm_bias);
   a.weight = weight.contiguous();
-  a.bias = contig_or_undefined(bias);
+  a.bias = contiguous(bias);
   a.dtype = to_dtype(input.scalar_type(), op, "input");
   a.in.kind = norm == "layer_norm" ? kernels::NormKind::kLayerNorm : kernels::NormKind::kRmsNorm;
   a.in.input = a.input.data_ptr();
-  a.in.residual = ptr_or_null(a.residual);
-  a.in.input_bias = ptr_or_null(a.input_bias);
+  a.in.residual = ptr_or_null<void>(a.residual);
+  a.in.input_bias = ptr_or_null<void>(a.input_bias);
   a.in.gamma = a.norm_weight.data_ptr();
-  a.in.beta = ptr_or_null(a.norm_bias);
+  a.in.beta = ptr_or_null<void>(a.norm_bias);
   a.in.eps = static_cast<float>(eps);
   return a;
 }
@@ -263,7 +263,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_gemm(
   gemm.set_gemv_policy(Gemm::GemvPolicy::kAlways);  // both backends: the GEMV where it can run
   gemm.set_norm_fusion(backend == "fused");
   const void* w = a.weight.data_ptr();
-  const void* b = ptr_or_null(a.bias);
+  const void* b = ptr_or_null<void>(a.bias);
   if (backend == "fused") {
     const bool ok = gemm.fuses_norm(a.dtype, a.in, w, b, out.data_ptr(), m, n, k, a.act);
     TORCH_CHECK(ok, op, ": backend 'fused' cannot run m=", m, ", n=", n, ", k=", k, " in ",
@@ -309,22 +309,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_gemm_pair(
   }
   const c10::cuda::CUDAGuard guard(input.device());
   const int64_t m = a.m, k = a.k;
-  const at::Tensor w2 = weight2.contiguous(), b2 = contig_or_undefined(bias2);
-  const at::Tensor g2 = contig_or_undefined(norm_weight2), nb2 = contig_or_undefined(norm_bias2);
+  const at::Tensor w2 = weight2.contiguous();
+  const OptTensor b2 = contiguous(bias2), g2 = contiguous(norm_weight2);
+  const OptTensor nb2 = contiguous(norm_bias2);
   at::Tensor out = at::empty({m, a.n}, a.input.options());
   at::Tensor out2 = at::empty({m, n2}, a.input.options());
   at::Tensor x = at::empty({m, k}, a.input.options());
   at::Tensor normed = at::empty({m, k}, a.input.options());  // scratch of unfused products
   a.in.residual_out = x.data_ptr();
   a.in.out = normed.data_ptr();
-  GemmProduct first{a.weight.data_ptr(), ptr_or_null(a.bias), out.data_ptr(), a.n, a.act};
-  GemmProduct second{w2.data_ptr(), ptr_or_null(b2), out2.data_ptr(), n2, act2};
+  GemmProduct first{a.weight.data_ptr(), ptr_or_null<void>(a.bias), out.data_ptr(), a.n,
+                    a.act};
+  GemmProduct second{w2.data_ptr(), ptr_or_null<void>(b2), out2.data_ptr(), n2, act2};
   auto ctx = context_for(a.input);
   Gemm gemm(ctx.get());
   gemm.set_gemv_policy(Gemm::GemvPolicy::kAlways);
   if (backend == "joined") {
-    const bool ran = gemm.run_normed_pair(a.dtype, a.in, first, second, ptr_or_null(g2),
-                                          ptr_or_null(nb2), m, k);
+    const bool ran = gemm.run_normed_pair(a.dtype, a.in, first, second, ptr_or_null<void>(g2),
+                                          ptr_or_null<void>(nb2), m, k);
     TORCH_CHECK(ran, op, ": backend 'joined' cannot run m=", m, ", n=", a.n, ", n2=", n2, ", k=",
                 k, " in ", dtype_name(a.dtype), ": it needs at most ", kernels::kGemvMaxRows,
                 " rows, k, n and n2 multiples of 16 bytes, 16-byte aligned tensors, a row short "
@@ -335,9 +337,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_gemm_pair(
   // Each product as norm_gemm's fused backend runs it where it can (else a norms kernel first).
   gemm.run_normed(a.dtype, a.in, first.weight, first.bias, out.data_ptr(), m, a.n, k, a.act);
   GemmNormedInput in2 = a.in;
-  if (g2.defined()) {
-    in2.gamma = g2.data_ptr();
-    in2.beta = ptr_or_null(nb2);
+  if (g2.has_value()) {
+    in2.gamma = g2->data_ptr();
+    in2.beta = ptr_or_null<void>(nb2);
   }
   in2.residual_out = nullptr;  // written by the first product
   gemm.run_normed(a.dtype, in2, second.weight, second.bias, out2.data_ptr(), m, n2, k, act2);
