@@ -145,12 +145,15 @@ def test_no_gpu_message_is_clear() -> None:
         torch.ops.warpformer.layer_norm(f32(2, 4), f32(4), None, 1e-5)
 
 
-def norm_gemm_args(**over):
-    args = dict(input=f32(2, 16), residual=None, input_bias=None, norm_weight=f32(16),
+def _norm_product_args() -> dict:
+    """The arguments norm_gemm and norm_gemm_pair share, valid but for the CPU device."""
+    return dict(input=f32(2, 16), residual=None, input_bias=None, norm_weight=f32(16),
                 norm_bias=None, norm="layer_norm", eps=1e-5, weight=f32(16, 24), bias=None,
-                activation="identity", backend="fused")
-    args.update(over)
-    return list(args.values())
+                activation="identity")
+
+
+def norm_gemm_args(**over):
+    return list({**_norm_product_args(), "backend": "fused", **over}.values())
 
 
 @pytest.mark.parametrize("over, pattern", [
@@ -177,12 +180,9 @@ def test_norm_gemm_bad_arguments(over, pattern: str) -> None:
 
 
 def norm_gemm_pair_args(**over):
-    args = dict(input=f32(2, 16), residual=None, input_bias=None, norm_weight=f32(16),
-                norm_bias=None, norm="layer_norm", eps=1e-5, weight=f32(16, 24), bias=None,
-                activation="identity", weight2=f32(16, 40), bias2=None, activation2="gelu",
-                norm_weight2=None, norm_bias2=None, backend="joined")
-    args.update(over)
-    return list(args.values())
+    second = dict(weight2=f32(16, 40), bias2=None, activation2="gelu", norm_weight2=None,
+                  norm_bias2=None, backend="joined")
+    return list({**_norm_product_args(), **second, **over}.values())
 
 
 @pytest.mark.parametrize("over, pattern", [
