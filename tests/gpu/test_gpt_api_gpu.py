@@ -271,6 +271,61 @@ def test_fusion_and_split_variables_checked(root, monkeypatch):
                                 max_seq_len=64, backend="cuda")
 
 
+# Parallel-residual shapes whose positions reach 4096, for caches long enough to be split.
+LONG_SHAPES = {
+    "gptj": lambda: transformers.GPTJConfig(vocab_size=1000, n_embd=256, n_head=4, n_layer=2,
+                                            rotary_dim=32, n_positions=4096, bos_token_id=1,
+                                            eos_token_id=2),
+    "gptneox-parallel": lambda: transformers.GPTNeoXConfig(
+        vocab_size=1000, hidden_size=256, num_attention_heads=4, num_hidden_layers=3,
+        intermediate_size=1024, max_position_embeddings=4096, rotary_pct=0.25,
+        use_parallel_residual=True, bos_token_id=1, eos_token_id=2),
+}
+
+
+@pytest.mark.parametrize("name", list(LONG_SHAPES))
+def test_paired_step_with_split_kv_equals_hf(name, root, monkeypatch):
+    """The paired parallel-residual decode step (QKV + MLP-in one launch, the output product
+    streaming W2 before it waits for the attention) behind the split-KV attention and its
+    combine kernel, which a cache of >= 2048 positions gets at every step: a longer chain of
+    kernels between the pair and the output product than the short-cache tests see. fp32,
+    prompts of 2,100 and 900 tokens (several 512-key chunks), greedy at 1 and 2 rows and beam
+    search of width 2 (2 rows, through the cache indirection): token for token equal to HF.
+    The profile shows the combine kernel and two GEMV launches per layer and step (the pair
+    and the joined output product)."""
+    out = root / f"{name}-long-wf"
+    hf = make_hf(LONG_SHAPES[name](), seed=23, peak=4.0)
+    if not (out / "1-gpu").exists():
+        hf.save_pretrained(root / f"{name}-long-hf")
+        convert(root / f"{name}-long-hf", out, 1, "fp32")
+    gpt = GPT.from_pretrained(out, dtype=torch.float32, max_batch=2, max_seq_len=2304,
+                              backend="cuda")
+    rows = prompts(1000, [2100, 900], seed=5)  # the cache grows to >= 2048 positions
+
+    def hf_generate(p: list[int], new: int, beams: int) -> list[list[int]]:
+        with torch.no_grad():
+            want = hf.generate(torch.tensor([p], device="cuda"), max_new_tokens=new,
+                               num_beams=beams, num_return_sequences=beams, do_sample=False,
+                               length_penalty=1.0, eos_token_id=gpt.end_id,
+                               pad_token_id=gpt.end_id)
+        return [_cut(want[k, len(p):].tolist(), gpt.end_id) for k in range(beams)]
+
+    for batch in (rows[:1], rows):
+        got = gpt.generate(batch, 24)
+        for b, p in enumerate(batch):
+            assert got.tokens[b][0] == hf_generate(p, 24, 1)[0], f"{name} greedy row {b}"
+    beam = gpt.generate(rows[1:], 16, num_beams=2, length_penalty=1.0)
+    assert beam.tokens[0] == hf_generate(rows[1], 16, 2), f"{name} beam search"
+
+    layers = LONG_SHAPES[name]().num_hidden_layers
+    monkeypatch.setenv("WARPFORMER_CUDA_GRAPHS", "0")  # each kernel visible to the profiler
+    names = _cuda_kernels(lambda: gpt.generate(rows, 4))
+    assert any("decode_combine_kernel" in k for k in names), f"{name}: no split-KV combine"
+    # 4 new tokens: the prompt pass gives the first, 3 decode steps of 2 rows the rest.
+    gemvs = sum("gemv_kn_kernel" in k for k in names)
+    assert gemvs == 2 * layers * 3, f"{name}: {gemvs} [k, n] GEMV launches, want {2 * layers * 3}"
+
+
 def _chi2_critical(df: int, z: float = 3.09) -> float:
     """Wilson-Hilferty approximation of the chi-square quantile (z = 3.09: p = 0.001)."""
     return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
