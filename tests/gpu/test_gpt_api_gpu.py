@@ -272,16 +272,17 @@ def test_fusion_and_split_variables_checked(root, monkeypatch):
                                 max_seq_len=64, backend="cuda")
 
 
-# Parallel-residual shapes whose positions reach 4096, for caches long enough to be split.
-LONG_SHAPES = {
-    "gptj": lambda: transformers.GPTJConfig(vocab_size=1000, n_embd=256, n_head=4, n_layer=2,
-                                            rotary_dim=32, n_positions=4096, bos_token_id=1,
-                                            eos_token_id=2),
-    "gptneox-parallel": lambda: transformers.GPTNeoXConfig(
-        vocab_size=1000, hidden_size=256, num_attention_heads=4, num_hidden_layers=3,
-        intermediate_size=1024, max_position_embeddings=4096, rotary_pct=0.25,
-        use_parallel_residual=True, bos_token_id=1, eos_token_id=2),
-}
+def _positions_4096(make):
+    """make(), with positions up to 4096 (a cache long enough to be split)."""
+    def build():
+        cfg = make()
+        cfg.max_position_embeddings = 4096  # GPT-J maps it onto n_positions
+        return cfg
+    return build
+
+
+# The parallel-residual fusion shapes with positions up to 4096.
+LONG_SHAPES = {name: _positions_4096(FUSION_SHAPES[name]) for name in ("gptj", "gptneox-parallel")}
 
 
 @pytest.mark.parametrize("name", list(LONG_SHAPES))
