@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/activation_math.cuh"
 #include "kernels/common.cuh"
@@ -454,8 +455,13 @@ __global__ void __launch_bounds__(kNkMmaThreads) gemv_nk_mma_kernel(const GemvPa
     for (int i = 0; i < 4; ++i) acc[t][i] = 0.f;
   }
   const int4 zero = make_int4(0, 0, 0, 0);
-  int4 wv[kNkMmaUnroll][kNkMmaTiles][2];
-  auto load_weights = [&](int c0) {
+  // One step of kNkMmaUnroll chunks: every weight load of the step is issued before its first
+  // mma, so a lane has 16 x 16 bytes in flight. FULL: the whole step lies inside k, and the loads
+  // carry no range test. (With a test on every load, ptxas sank each load to just before its
+  // mma, leaving 4 in flight: bloom-560m's 8-row lm_head streamed at 62% of copy bandwidth.)
+  auto step = [&](int c0, auto full_tag) {
+    constexpr bool full = decltype(full_tag)::value;
+    int4 wv[kNkMmaUnroll][kNkMmaTiles][2];
 #pragma unroll
     for (int u = 0; u < kNkMmaUnroll; ++u) {
       const int kk = c0 + u * kChunk;  // this lane's k is kk + 8q: in range or the chunk is out
@@ -463,8 +469,21 @@ __global__ void __launch_bounds__(kNkMmaThreads) gemv_nk_mma_kernel(const GemvPa
       for (int t = 0; t < kNkMmaTiles; ++t) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          wv[u][t][h] = kk + V * q < p.k ? load_stream(w[t][h] + kk) : zero;
+          wv[u][t][h] = full || kk + V * q < p.k ? load_stream(w[t][h] + kk) : zero;
         }
+      }
+    }
+    __syncwarp();  // keeps ptxas from sinking the loads above into the mma sequence below
+#pragma unroll
+    for (int u = 0; u < kNkMmaUnroll; ++u) {
+      const int kk = c0 + u * kChunk;
+      const int4 xv = g < M && (full || kk + V * q < p.k)
+                          ? *reinterpret_cast<const int4*>(x + kk) : zero;
+#pragma unroll
+      for (int t = 0; t < kNkMmaTiles; ++t) {
+        const int4 lo = wv[u][t][0], hi = wv[u][t][1];
+        mma_16816<T>(acc[t], lo.x, hi.x, lo.y, hi.y, xv.x, xv.y);
+        mma_16816<T>(acc[t], lo.z, hi.z, lo.w, hi.w, xv.z, xv.w);
       }
     }
   };
@@ -473,20 +492,10 @@ __global__ void __launch_bounds__(kNkMmaThreads) gemv_nk_mma_kernel(const GemvPa
   wait_for_prior_kernels();
   start_next_kernel();
   if (!live) return;
-  for (int c0 = 0; c0 < p.k; c0 += kNkMmaUnroll * kChunk) {
-    load_weights(c0);
-#pragma unroll
-    for (int u = 0; u < kNkMmaUnroll; ++u) {
-      const int kk = c0 + u * kChunk;
-      const int4 xv = g < M && kk + V * q < p.k ? *reinterpret_cast<const int4*>(x + kk) : zero;
-#pragma unroll
-      for (int t = 0; t < kNkMmaTiles; ++t) {
-        const int4 lo = wv[u][t][0], hi = wv[u][t][1];
-        mma_16816<T>(acc[t], lo.x, hi.x, lo.y, hi.y, xv.x, xv.y);
-        mma_16816<T>(acc[t], lo.z, hi.z, lo.w, hi.w, xv.z, xv.w);
-      }
-    }
-  }
+  constexpr int kStep = kNkMmaUnroll * kChunk;
+  int c0 = 0;
+  for (; c0 + kStep <= p.k; c0 += kStep) step(c0, std::true_type{});
+  if (c0 < p.k) step(c0, std::false_type{});
 #pragma unroll
   for (int t = 0; t < kNkMmaTiles; ++t) {
 #pragma unroll
