@@ -66,6 +66,41 @@ def test_graph_replay_equals_eager(tiny):
     assert torch.equal(greedy, with_graphs["output_ids"])
 
 
+def _graph_calls(fn) -> tuple[int, int]:
+    """(cudaGraphInstantiate calls, cudaGraphLaunch calls) made by fn()."""
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=acts) as prof:
+        fn()
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events()]
+    return (sum("cudaGraphInstantiate" in n for n in names),
+            sum("cudaGraphLaunch" in n for n in names))
+
+
+def test_short_sessions_skip_the_graph(tiny):
+    """A graph is captured only when at least 8 steps remain (its own included): a session of
+    9 new tokens (the first from the prompt, one eager step, then 7) runs eagerly; one of 10
+    captures at its third token and replays the graph 8 times. Tokens equal eager decoding."""
+    _, path = tiny
+    model = load_gpt_model(path, dtype=torch.float16, max_batch=4, max_seq_len=128)
+    ids, lens = batch([5, 9, 1, 17], seed=5)
+    model.generate(ids, lens, 4, 999)  # plan the products outside the profiled calls
+    out: dict[int, torch.Tensor] = {}
+
+    def run(n: int) -> None:
+        out[n] = model.generate(ids, lens, n, 999)[0]
+
+    for n, want in ((3, (0, 0)), (9, (0, 0)), (10, (1, 8))):
+        calls = _graph_calls(lambda n=n: run(n))
+        assert calls == want, f"output_len {n}: (instantiations, launches) {calls}, want {want}"
+        os.environ["WARPFORMER_CUDA_GRAPHS"] = "0"
+        try:
+            eager, _ = model.generate(ids, lens, n, 999)
+        finally:
+            del os.environ["WARPFORMER_CUDA_GRAPHS"]
+        assert torch.equal(out[n], eager)
+
+
 def test_streaming_equals_decode(tiny):
     _, path = tiny
     model = load_gpt_model(path, dtype=torch.float32, max_batch=3, max_seq_len=128)

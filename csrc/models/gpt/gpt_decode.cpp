@@ -7,7 +7,8 @@
 //   beam      processor -> log_softmax -> beam step (candidates, hypotheses) -> beam update
 //             (reorders running sequences and the KV-cache indirection the attention reads)
 // A decode step is a pure function of device state (no host-varying arguments), so after one
-// eager step it is captured into a CUDA graph and replayed (WARPFORMER_CUDA_GRAPHS=0 disables).
+// eager step it is captured into a CUDA graph and replayed when enough steps remain to repay the
+// capture (kMinGraphSteps; WARPFORMER_CUDA_GRAPHS=0 disables).
 // The host never waits inside the loop: every kPoll steps an all-finished flag is copied to
 // pinned memory behind an event and read later only if the event has completed.
 #include <c10/util/Exception.h>
@@ -38,6 +39,13 @@ constexpr int64_t kPoll = 16;
 // each costing about a whole stage pass while decode is bound by weight reads), which a run of
 // one or a few steps (streaming) would pay every call.
 constexpr int64_t kMinSplitSteps = 8;
+// A decode step is captured into a CUDA graph only when at least this many steps of the session
+// remain (the capture's own step included). A graph used once costs more than the eager step it
+// replaces: capturing launches as much as an eager step does, and instantiating it and its first
+// launch (the upload) add ~1.2 ms on an H200, where a replay saves 0.13 ms (bloom-560m, batch 8)
+// to 0.3 ms (small models at batch 1) per step. LAMBADA's batches (1-3 new tokens) captured a
+// graph for their last step and ran it once: 4.4 ms instead of 1.2.
+constexpr int64_t kMinGraphSteps = 8;
 
 size_t aligned(size_t n) { return (n + 255) / 256 * 256; }
 
@@ -572,11 +580,14 @@ int64_t GptModel::decode_step(int64_t max_steps) {
       ran = run;
     } else if (s.steps_done == 1 || s.graph_failed || !graphs_enabled() ||
                (s.graph != nullptr && s.graph_generation != graph_generation()) ||
+               (s.graph == nullptr && s.output_len - s.steps_done < kMinGraphSteps) ||
                pp_comm_ != nullptr) {
       // Tensor parallelism is captured too (NCCL collectives are graph-capturable, and every
       // rank captures the same step); pipeline stages run eagerly, their send/recv pairs
       // ordered by the host.
-      decode_step_body();  // the second step runs eagerly: it plans the GEMMs before capture
+      // The second step runs eagerly (it plans the GEMMs before capture), and so do the steps
+      // of a session too short to repay a capture.
+      decode_step_body();
     } else {
       if (s.graph == nullptr) capture_step();
       if (s.graph != nullptr) {
