@@ -88,6 +88,7 @@ std::vector<cublasLtMatmulHeuristicResult_t> Gemm::heuristics(const Plan& plan, 
       pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
   std::vector<cublasLtMatmulHeuristicResult_t> results(count);
   int found = 0;
+  ++heuristic_queries_;
   const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
       ctx_->blaslt(), plan.desc, plan.a, plan.b, plan.c, plan.c, pref, count, results.data(),
       &found);
@@ -95,6 +96,14 @@ std::vector<cublasLtMatmulHeuristicResult_t> Gemm::heuristics(const Plan& plan, 
   WF_CUBLAS_CHECK(st);
   results.resize(found);
   return results;
+}
+
+int64_t Gemm::heuristic_rows(int64_t m) {
+  if (m <= kExactRows) return m;
+  int64_t pow2 = 1;
+  while (pow2 < m) pow2 <<= 1;
+  const int64_t step = std::max<int64_t>(16, pow2 / 16);
+  return (m + step - 1) / step * step;
 }
 
 std::shared_ptr<Gemm::Plan> Gemm::plan_for(const GemmKey& key) {
@@ -108,14 +117,40 @@ std::shared_ptr<Gemm::Plan> Gemm::plan_for(const GemmKey& key) {
   auto plan = std::make_shared<Plan>();
   create_descriptors(key, plan.get());
   auto tuned = tuned_.find(key);
-  const int index = tuned == tuned_.end() ? 0 : tuned->second;
-  const auto results = heuristics(*plan, index + 1);
-  TORCH_CHECK(!results.empty(), "cuBLASLt found no algorithm for GEMM m=", key.m, " n=", key.n,
-              " k=", key.k, " dtype=", dtype_name(key.dtype));
-  // A tuned index past the end of today's list (other cuBLAS version) falls back to the first.
-  const auto& chosen = results[index < static_cast<int>(results.size()) ? index : 0];
-  plan->algo = chosen.algo;
-  plan->workspace = chosen.workspaceSize;
+  bool chosen = false;
+  if (tuned == tuned_.end() && key.m > kExactRows) {
+    // The algorithm the heuristic chose for the rounded-up row count (launch() plans the shape
+    // exactly if cuBLASLt refuses it).
+    GemmKey rounded = key;
+    rounded.m = heuristic_rows(key.m);
+    auto found = rounded_algos_.find(rounded);
+    if (found == rounded_algos_.end()) {
+      Plan probe;
+      if (rounded.m != key.m) create_descriptors(rounded, &probe);
+      const auto results = heuristics(rounded.m != key.m ? probe : *plan, 1);
+      if (!results.empty()) {
+        if (rounded_algos_.size() >= kMaxPlans) rounded_algos_.clear();
+        found = rounded_algos_.emplace(rounded, results[0]).first;
+      }
+    }
+    if (found != rounded_algos_.end()) {
+      plan->algo = found->second.algo;
+      // Workspace grows with m (split-k partial sums): the rounded-up count's is enough.
+      plan->workspace = found->second.workspaceSize;
+      plan->borrowed = rounded.m != key.m;
+      chosen = true;
+    }
+  }
+  if (!chosen) {
+    const int index = tuned == tuned_.end() ? 0 : tuned->second;
+    const auto results = heuristics(*plan, index + 1);
+    TORCH_CHECK(!results.empty(), "cuBLASLt found no algorithm for GEMM m=", key.m, " n=", key.n,
+                " k=", key.k, " dtype=", dtype_name(key.dtype));
+    // A tuned index past the end of today's list (other cuBLAS version) falls back to the first.
+    const auto& pick = results[index < static_cast<int>(results.size()) ? index : 0];
+    plan->algo = pick.algo;
+    plan->workspace = pick.workspaceSize;
+  }
   if (plans_.size() >= kMaxPlans) {  // drop the least recently used shape
     plans_.erase(uses_.back());
     uses_.pop_back();
@@ -223,6 +258,7 @@ bool Gemm::load_tuning(const std::string& path, std::string* note) {
   tuned_ = std::move(table);
   plans_.clear();  // re-plan with the tuned choices (plans are rebuilt on next use)
   uses_.clear();
+  rounded_algos_.clear();
   *note = "GEMM tuning file '" + path + "': " + std::to_string(tuned_.size()) + " shapes";
   return true;
 }
@@ -473,9 +509,30 @@ void Gemm::launch(const GemmKey& key, const void* in, const void* weight, const 
                                                    &bias, sizeof(bias)));
   }
   const float alpha = 1.f;
-  WF_CUBLAS_CHECK(cublasLtMatmul(ctx_->blaslt(), plan.desc, &alpha, weight, plan.a, in, plan.b,
-                                 &beta, out, plan.c, out, plan.c, &plan.algo, ctx_->workspace(),
-                                 ctx_->workspace_size(), ctx_->stream()));
+  const cublasStatus_t st =
+      cublasLtMatmul(ctx_->blaslt(), plan.desc, &alpha, weight, plan.a, in, plan.b, &beta, out,
+                     plan.c, out, plan.c, &plan.algo, ctx_->workspace(), ctx_->workspace_size(),
+                     ctx_->stream());
+  if (st != CUBLAS_STATUS_SUCCESS && plan.borrowed) {
+    // cuBLASLt refused the rounded-up row count's algorithm for this shape: ask for it exactly.
+    replan_exact(key);
+    launch(key, in, weight, bias, out, beta);
+    return;
+  }
+  WF_CUBLAS_CHECK(st);
+}
+
+void Gemm::replan_exact(const GemmKey& key) {
+  auto plan = std::make_shared<Plan>();
+  create_descriptors(key, plan.get());
+  const auto results = heuristics(*plan, 1);
+  TORCH_CHECK(!results.empty(), "cuBLASLt found no algorithm for GEMM m=", key.m, " n=", key.n,
+              " k=", key.k, " dtype=", dtype_name(key.dtype));
+  plan->algo = results[0].algo;
+  plan->workspace = results[0].workspaceSize;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = plans_.find(key);
+  if (it != plans_.end()) it->second.plan = plan;  // else dropped meanwhile: planned on next use
 }
 
 void Gemm::reserve_workspace(size_t bytes, const GemmKey& key) {

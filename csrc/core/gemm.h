@@ -16,11 +16,16 @@
 // and the context's workspace grows to what the chosen ones need (CudaContext::
 // reserve_workspace) on their first eager launch. The cache keeps the
 // kMaxPlans most recently used shapes: a long-running server meets a new m with every prompt
-// length, and a dropped shape only costs a heuristic query when it comes back.
+// length, and a dropped shape only costs a re-plan when it comes back. A new m above
+// kExactRows does not pay a heuristic query (~0.3 ms of host time) either: it borrows the
+// algorithm the heuristic chose for m rounded up to a step of about 6% (heuristic_rows); a shape
+// in a tuning file, or one for which cuBLASLt refuses the borrowed algorithm at launch, is
+// planned exactly.
 #pragma once
 
 #include <cublasLt.h>
 
+#include <atomic>
 #include <cstdint>
 #include <list>
 #include <memory>
@@ -180,6 +185,12 @@ class Gemm {
   // Number of shapes whose plan is cached now (at most kMaxPlans).
   size_t cached_plans() const;
   static constexpr size_t kMaxPlans = 1024;
+  // Row counts up to kExactRows are planned for exactly; above, the heuristic is asked for
+  // heuristic_rows(m): m rounded up to a multiple of max(16, bit_ceil(m) / 16).
+  static constexpr int64_t kExactRows = 64;
+  static int64_t heuristic_rows(int64_t m);
+  // cublasLtMatmulAlgoGetHeuristic calls made so far (tests count them).
+  int64_t heuristic_queries() const { return heuristic_queries_; }
 
   // Per-shape algorithm choices from a tuning file written by `warpformer gemm-tune`: the index
   // into cuBLASLt's heuristic list that measured fastest. Shapes not in the file use the
@@ -202,6 +213,7 @@ class Gemm {
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo{};
     size_t workspace = 0;  // bytes the algorithm needs
+    bool borrowed = false;  // the algorithm was chosen for heuristic_rows(m), not m
     Plan() = default;
     Plan(const Plan&) = delete;
     Plan& operator=(const Plan&) = delete;
@@ -230,6 +242,9 @@ class Gemm {
   // Grows the context's workspace to `bytes`; refuses while the stream is capturing a graph.
   // Like the launches, not synchronised: one thread drives a Gemm (and its context) at a time.
   void reserve_workspace(size_t bytes, const GemmKey& key);
+  // Replaces the cached plan of `key` by one whose algorithm the heuristic chose for exactly
+  // its m (after cuBLASLt refused a borrowed one).
+  void replan_exact(const GemmKey& key);
 
   CudaContext* ctx_;
   GemvPolicy gemv_policy_ = GemvPolicy::kPreferred;
@@ -244,6 +259,9 @@ class Gemm {
   std::list<GemmKey> uses_;  // cached shapes, most recently used first
   std::unordered_map<GemmKey, CachedPlan, GemmKeyHash> plans_;
   std::unordered_map<GemmKey, int, GemmKeyHash> tuned_;  // heuristic index per shape
+  // The heuristic's first choice per shape with m = heuristic_rows(m) (cleared when full).
+  std::unordered_map<GemmKey, cublasLtMatmulHeuristicResult_t, GemmKeyHash> rounded_algos_;
+  mutable std::atomic<int64_t> heuristic_queries_{0};
 };
 
 }  // namespace warpformer

@@ -69,6 +69,9 @@ class GptModelHolder : public torch::CustomClassHolder {
   int64_t gemm_cached_plans() const {
     return static_cast<int64_t>(model_->gemm().cached_plans());
   }
+  // cuBLASLt heuristic queries made so far: one per new shape of up to Gemm::kExactRows rows,
+  // one per rounded-up row count above (Gemm::heuristic_rows).
+  int64_t gemm_heuristic_queries() const { return model_->gemm().heuristic_queries(); }
   // One line about the GEMM tuning file: shapes loaded, or why it was not used ("" without one).
   std::string gemm_tuning_note() const { return gemm_note_; }
   // Bytes held for the KV cache and the workspace, the cuBLASLt one included (grow-only; flat

@@ -231,6 +231,7 @@ TORCH_LIBRARY(warpformer, m) {
       .def("gemm_workspace_bytes", &GptModelHolder::gemm_workspace_bytes)
       .def("gemm_tuned_shapes", &GptModelHolder::gemm_tuned_shapes)
       .def("gemm_cached_plans", &GptModelHolder::gemm_cached_plans)
+      .def("gemm_heuristic_queries", &GptModelHolder::gemm_heuristic_queries)
       .def("gemm_tuning_note", &GptModelHolder::gemm_tuning_note)
       .def_pickle(
           [](const c10::intrusive_ptr<GptModelHolder>& self) { return self->get_state(); },

@@ -216,6 +216,57 @@ def test_plan_cache_keeps_the_most_recent_shapes(tmp_path):
     assert torch.equal(logits(20), first)  # dropped long ago, planned again
 
 
+def test_new_row_counts_reuse_the_rounded_heuristic(tmp_path):
+    """Each new prompt token count is a new GEMM m. Above 64 rows the engine asks cuBLASLt's
+    heuristic once per m rounded up (to a multiple of 64 between 513 and 1024) and reuses that
+    algorithm for every m it rounds to, after cuBLASLt has checked it for the exact shape: the
+    prompts of 513 to 576 tokens make the heuristic queries of the first of them only, 577 makes
+    new ones, and the logits of a reused algorithm match HF in fp32 and fp16."""
+    import transformers
+
+    from warpformer.converters import convert
+    from warpformer.models.gpt import load_gpt_model
+
+    cfg = transformers.GPT2Config(vocab_size=1000, n_embd=128, n_head=2, n_layer=2,
+                                  n_positions=1024, bos_token_id=1, eos_token_id=2)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    hf = transformers.GPT2LMHeadModel(cfg).eval()
+    hf.save_pretrained(tmp_path / "hf")
+    hf = hf.cuda()
+    convert(tmp_path / "hf", tmp_path / "wf", 1, "fp32")
+    ids = torch.randint(0, 1000, (1, 600), dtype=torch.int32, device="cuda")
+    for dtype in (torch.float32, torch.float16):
+        model = load_gpt_model(tmp_path / "wf" / "1-gpu", dtype=dtype, max_batch=1,
+                               max_seq_len=600)
+
+        def logits(n: int, model=model) -> torch.Tensor:  # a prefill of n tokens: m = n
+            return model.forward(ids[:, :n].contiguous(),
+                                 torch.tensor([n], dtype=torch.int32, device="cuda"))[0]
+
+        logits(513)
+        first = model.gemm_heuristic_queries()
+        assert first > 0
+        for n in (514, 540, 575, 576):
+            logits(n)
+            assert model.gemm_heuristic_queries() == first, f"{n} tokens asked the heuristic"
+        logits(577)
+        assert model.gemm_heuristic_queries() > first
+        with torch.no_grad():
+            ref = hf(ids[:, :540].long()).logits[0].float()
+            ref_low = hf.to(dtype)(ids[:, :540].long()).logits[0].float()
+            hf.float()
+        got = logits(540).float()
+        span = float(ref.max() - ref.min())
+        err = float((got - ref).abs().max())
+        if dtype == torch.float32:
+            assert err <= 1e-4 * span, f"fp32: max err {err:.3e}, logit range {span:.3f}"
+        else:
+            err_hf = float((ref_low - ref).abs().max())
+            assert err <= 2 * err_hf + 2e-3 * float(ref.abs().max()), (
+                f"fp16: ours {err:.3e} vs HF fp16 {err_hf:.3e}")
+
+
 # ---- the GEMV that normalises its own input (norm_gemm) -----------------------------------------
 def _norm_case(dtype, m, n, k, residual, input_bias, norm_bias, seed=0):
     g = torch.Generator().manual_seed(seed)
