@@ -1,0 +1,196 @@
+"""Where a LAMBADA-shaped batch's time goes: the prompt pass against the decode steps, GPU busy
+time against idle time, the kernels, and the host's CUDA API calls, for the workload of
+benchmarks/bench_lambada.py (same samples, same batches, same calls).
+
+    python tools/profile_lambada.py [--batches 96] [--model bloom-560m]
+
+Prints, per batch (medians and means over ``--batches`` batches of the workload, after warm-up):
+the wall time of the benchmark's loop body (host -> device copies, ``generate``, the device ->
+host copy) on the first pass over the batches (each new prompt token count plans its GEMMs, as
+in the benchmark), on a second pass, on a third without CUDA graphs, and with one new token (the
+prompt pass alone); then, from a torch.profiler trace
+of the same batches: GPU busy time (the union of kernel intervals, so overlapping kernels under
+programmatic launch count once), idle time, the kernels and the host-side CUDA runtime calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import bench_lambada as bl  # noqa: E402
+import common  # noqa: E402
+from profile_decode import kernel_name  # noqa: E402  (same folder)
+
+from warpformer.models.gpt import load_gpt_model  # noqa: E402
+
+
+def union_us(intervals: list[tuple[float, float]]) -> float:
+    """Total length of the union of ``(start, end)`` intervals (microseconds)."""
+    total, cur_s, cur_e = 0.0, None, None
+    for s, e in sorted(intervals):
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None:
+        total += cur_e - cur_s
+    return total
+
+
+def table(rows: dict[str, list[float]], per: int, unit: str, top: int) -> str:
+    """Markdown: name, calls per batch, ms per batch, share; ``rows[name] = [count, us]``."""
+    total = sum(t for _, t in rows.values()) or 1.0
+    out = [f"| name | calls/{unit} | ms/{unit} | share |", "|---|---:|---:|---:|"]
+    for name, (n, t) in sorted(rows.items(), key=lambda kv: -kv[1][1])[:top]:
+        out.append(f"| {name} | {n / per:.1f} | {t / per / 1000:.4f} | {100 * t / total:.1f}% |")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", choices=list(common.SHAPES), default="bloom-560m")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--batches", type=int, default=96, help="batches timed and profiled")
+    ap.add_argument("--cache-dir", type=Path, default=common.DEFAULT_CACHE_DIR)
+    args = ap.parse_args(argv)
+    shape = common.SHAPES[args.model]
+    samples = bl.make_samples(bl.LAMBADA_SAMPLES, shape.vocab, 0)
+    batches = bl.make_batches(len(samples), args.batch)[: args.batches + 4]
+    prep = common.prepare_model(shape, args.cache_dir, 0, need_hf=False)
+    max_len = max(len(s.context) for s in samples) + max(bl.TARGET_LENS)
+    model = load_gpt_model(prep.model_dir, dtype=torch.float16, max_batch=args.batch,
+                           max_seq_len=max_len)
+    packed = [bl.pack(samples, b, left=False) for b in batches]
+    out_lens = [max(samples[i].target_len for i in b) for b in batches]
+    end = shape.vocab - 1
+
+    def body(i: int, n: int | None = None) -> torch.Tensor:
+        ids, lens = packed[i]
+        out, _ = model.generate(ids.cuda(), lens.cuda(), n or out_lens[i], end)
+        return out.cpu()
+
+    def walls(n: int | None) -> list[float]:
+        ms = []
+        for i in range(4, len(batches)):
+            t0 = time.perf_counter()
+            body(i, n)
+            ms.append(1000 * (time.perf_counter() - t0))
+        return ms
+
+    for i in range(4):
+        body(i)
+    torch.cuda.synchronize()
+    # The first pass meets each batch's prompt token count for the first time (its GEMM shapes
+    # are planned then, as in the benchmark); the others repeat it.
+    passes = {"benchmark loop, first pass": walls(None),
+              "benchmark loop, again": walls(None)}
+    os.environ["WARPFORMER_CUDA_GRAPHS"] = "0"
+    passes["benchmark loop, again, WARPFORMER_CUDA_GRAPHS=0"] = walls(None)
+    del os.environ["WARPFORMER_CUDA_GRAPHS"]
+    passes["one new token (the prompt pass), again"] = walls(1)
+    steps = [n - 1 for n in out_lens[4:]]
+    tokens = [int(packed[i][1].sum()) for i in range(4, len(batches))]
+    print(f"\n## LAMBADA batch profile: {shape.name}, batch {args.batch}, "
+          f"{len(steps)} batches, {common.gpu_name()}\n")
+    print(f"prompt tokens per batch: mean {statistics.mean(tokens):.0f}; decode steps per batch: "
+          f"mean {statistics.mean(steps):.2f}\n")
+    print("| loop body | median ms | mean ms |\n|---|---:|---:|")
+    for name, ms in passes.items():
+        print(f"| {name} | {statistics.median(ms):.3f} | {statistics.mean(ms):.3f} |")
+    again = passes["benchmark loop, again"]
+    prompt = passes["one new token (the prompt pass), again"]
+    dec = (statistics.mean(again) - statistics.mean(prompt)) / max(statistics.mean(steps), 1e-9)
+    print(f"| difference per decode step (again) | | {dec:.3f} |\n")
+
+    # What a new GEMM row count costs: prompt passes of one row of 150-213 tokens (counts the
+    # batches above never made), each timed on its first call and again.
+    def one_row(n: int) -> float:
+        ids = packed[4][0][:1, :1].expand(1, n).contiguous().cuda()
+        lens = torch.tensor([n], dtype=torch.int32, device="cuda")
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        model.forward(ids, lens)
+        torch.cuda.synchronize()
+        return 1000 * (time.perf_counter() - t0)
+
+    q0 = model.gemm_heuristic_queries()
+    cold = [one_row(n) for n in range(150, 214)]
+    queries = model.gemm_heuristic_queries() - q0
+    warm = [one_row(n) for n in range(150, 214)]
+    print(f"a new GEMM row count: prompt pass of one row {statistics.mean(cold):.3f} ms on the "
+          f"first call against {statistics.mean(warm):.3f} again, over {len(cold)} counts "
+          f"({queries} cuBLASLt heuristic queries)\n")
+
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=acts) as prof:
+        for i in range(4, len(batches)):
+            with torch.profiler.record_function("batch"):
+                body(i)
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        trace = json.loads(path.read_text())["traceEvents"]
+    spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in trace
+                   if e.get("name") == "batch" and e.get("cat") == "user_annotation")
+    kernels = [e for e in trace if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    runtime = [e for e in trace if e.get("cat") in ("cuda_runtime", "cuda_driver")]
+    n = len(spans)
+    wall = sum(e - s for s, e in spans)
+    busy = union_us([(e["ts"], e["ts"] + e["dur"]) for e in kernels])
+    per_k: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for e in kernels:
+        per_k[kernel_name(e["name"])][0] += 1
+        per_k[kernel_name(e["name"])][1] += e["dur"]
+    per_r: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for e in runtime:
+        per_r[e["name"]][0] += 1
+        per_r[e["name"]][1] += e["dur"]
+    # Idle stretches of the GPU inside the batches, by where they start: before the batch's
+    # first kernel, and between kernels (attributed to the pair of kernels around them).
+    starts = sorted((e["ts"], e["ts"] + e["dur"], kernel_name(e["name"])[:40]) for e in kernels)
+    lead, gaps = 0.0, 0.0
+    by_pair: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    j = 0
+    for s, e in spans:
+        while j < len(starts) and starts[j][0] < s:
+            j += 1
+        first = starts[j][0] if j < len(starts) else e
+        lead += max(min(first, e) - s, 0.0)
+        k, cur, prev = j, first, "(batch start)"
+        while k < len(starts) and starts[k][0] < e:
+            gap = starts[k][0] - cur
+            if gap > 0:
+                gaps += gap
+                by_pair[f"{prev} -> {starts[k][2]}"][0] += 1
+                by_pair[f"{prev} -> {starts[k][2]}"][1] += gap
+            if starts[k][1] > cur:
+                cur, prev = starts[k][1], starts[k][2]
+            k += 1
+    print(f"profiled (torch.profiler, CPU + CUDA): wall {wall / n / 1000:.3f} ms/batch, GPU busy "
+          f"{busy / n / 1000:.3f} ms/batch, idle before the first kernel {lead / n / 1000:.3f}, "
+          f"idle between kernels {gaps / n / 1000:.3f}; kernels per batch "
+          f"{len(kernels) / n:.1f}\n")
+    print(table(per_k, n, "batch", 18) + "\n")
+    print("GPU idle between kernels, by the kernels around it:\n")
+    print(table(by_pair, n, "batch", 12) + "\n")
+    print("Host-side CUDA calls (their duration on the CPU):\n")
+    print(table(per_r, n, "batch", 12))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
