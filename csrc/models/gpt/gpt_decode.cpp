@@ -41,10 +41,10 @@ constexpr int64_t kPoll = 16;
 constexpr int64_t kMinSplitSteps = 8;
 // A decode step is captured into a CUDA graph only when at least this many steps of the session
 // remain (the capture's own step included). A graph used once costs more than the eager step it
-// replaces: capturing launches as much as an eager step does, and instantiating it and its first
-// launch (the upload) add ~1.2 ms on an H200, where a replay saves 0.13 ms (bloom-560m, batch 8)
-// to 0.3 ms (small models at batch 1) per step. LAMBADA's batches (1-3 new tokens) captured a
-// graph for their last step and ran it once: 4.4 ms instead of 1.2.
+// replaces: capturing launches as much as an eager step does, and its instantiation, first launch
+// (the upload) and destruction took ~1.4 ms of host time more (bloom-560m, batch 8, H200,
+// tools/profile_lambada.py), where a replay saves ~0.13 ms per step against eager launches.
+// LAMBADA's batches of 3 new tokens captured a graph for their last step and ran it once.
 constexpr int64_t kMinGraphSteps = 8;
 
 size_t aligned(size_t n) { return (n + 255) / 256 * 256; }
