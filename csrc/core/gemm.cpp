@@ -119,8 +119,7 @@ std::shared_ptr<Gemm::Plan> Gemm::plan_for(const GemmKey& key) {
   auto tuned = tuned_.find(key);
   bool chosen = false;
   if (tuned == tuned_.end() && key.m > kExactRows) {
-    // The algorithm the heuristic chose for the rounded-up row count (launch() plans the shape
-    // exactly if cuBLASLt refuses it).
+    // The algorithm the heuristic chose for the rounded-up row count.
     GemmKey rounded = key;
     rounded.m = heuristic_rows(key.m);
     auto found = rounded_algos_.find(rounded);
@@ -133,12 +132,19 @@ std::shared_ptr<Gemm::Plan> Gemm::plan_for(const GemmKey& key) {
         found = rounded_algos_.emplace(rounded, results[0]).first;
       }
     }
+    // cuBLASLt checks a borrowed algorithm for the exact shape (and says what workspace it
+    // needs there); a shape it refuses is planned exactly below.
     if (found != rounded_algos_.end()) {
-      plan->algo = found->second.algo;
-      // Workspace grows with m (split-k partial sums): the rounded-up count's is enough.
-      plan->workspace = found->second.workspaceSize;
-      plan->borrowed = rounded.m != key.m;
-      chosen = true;
+      cublasLtMatmulHeuristicResult_t fit = found->second;  // m itself was asked for
+      const bool ok = rounded.m == key.m ||
+                      cublasLtMatmulAlgoCheck(ctx_->blaslt(), plan->desc, plan->a, plan->b,
+                                              plan->c, plan->c, &found->second.algo,
+                                              &fit) == CUBLAS_STATUS_SUCCESS;
+      if (ok && fit.workspaceSize <= kMaxWorkspaceBytes) {
+        plan->algo = found->second.algo;
+        plan->workspace = fit.workspaceSize;
+        chosen = true;
+      }
     }
   }
   if (!chosen) {
@@ -509,30 +515,9 @@ void Gemm::launch(const GemmKey& key, const void* in, const void* weight, const 
                                                    &bias, sizeof(bias)));
   }
   const float alpha = 1.f;
-  const cublasStatus_t st =
-      cublasLtMatmul(ctx_->blaslt(), plan.desc, &alpha, weight, plan.a, in, plan.b, &beta, out,
-                     plan.c, out, plan.c, &plan.algo, ctx_->workspace(), ctx_->workspace_size(),
-                     ctx_->stream());
-  if (st != CUBLAS_STATUS_SUCCESS && plan.borrowed) {
-    // cuBLASLt refused the rounded-up row count's algorithm for this shape: ask for it exactly.
-    replan_exact(key);
-    launch(key, in, weight, bias, out, beta);
-    return;
-  }
-  WF_CUBLAS_CHECK(st);
-}
-
-void Gemm::replan_exact(const GemmKey& key) {
-  auto plan = std::make_shared<Plan>();
-  create_descriptors(key, plan.get());
-  const auto results = heuristics(*plan, 1);
-  TORCH_CHECK(!results.empty(), "cuBLASLt found no algorithm for GEMM m=", key.m, " n=", key.n,
-              " k=", key.k, " dtype=", dtype_name(key.dtype));
-  plan->algo = results[0].algo;
-  plan->workspace = results[0].workspaceSize;
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = plans_.find(key);
-  if (it != plans_.end()) it->second.plan = plan;  // else dropped meanwhile: planned on next use
+  WF_CUBLAS_CHECK(cublasLtMatmul(ctx_->blaslt(), plan.desc, &alpha, weight, plan.a, in, plan.b,
+                                 &beta, out, plan.c, out, plan.c, &plan.algo, ctx_->workspace(),
+                                 ctx_->workspace_size(), ctx_->stream()));
 }
 
 void Gemm::reserve_workspace(size_t bytes, const GemmKey& key) {

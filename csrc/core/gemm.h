@@ -18,9 +18,9 @@
 // kMaxPlans most recently used shapes: a long-running server meets a new m with every prompt
 // length, and a dropped shape only costs a re-plan when it comes back. A new m above
 // kExactRows does not pay a heuristic query (~0.3 ms of host time) either: it borrows the
-// algorithm the heuristic chose for m rounded up to a step of about 6% (heuristic_rows); a shape
-// in a tuning file, or one for which cuBLASLt refuses the borrowed algorithm at launch, is
-// planned exactly.
+// algorithm the heuristic chose for m rounded up to a step of about 6% (heuristic_rows), once
+// cuBLASLt has checked it for the exact shape (cublasLtMatmulAlgoCheck); a shape it refuses, or
+// one in a tuning file, is planned exactly.
 #pragma once
 
 #include <cublasLt.h>
@@ -213,7 +213,6 @@ class Gemm {
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo{};
     size_t workspace = 0;  // bytes the algorithm needs
-    bool borrowed = false;  // the algorithm was chosen for heuristic_rows(m), not m
     Plan() = default;
     Plan(const Plan&) = delete;
     Plan& operator=(const Plan&) = delete;
@@ -242,9 +241,6 @@ class Gemm {
   // Grows the context's workspace to `bytes`; refuses while the stream is capturing a graph.
   // Like the launches, not synchronised: one thread drives a Gemm (and its context) at a time.
   void reserve_workspace(size_t bytes, const GemmKey& key);
-  // Replaces the cached plan of `key` by one whose algorithm the heuristic chose for exactly
-  // its m (after cuBLASLt refused a borrowed one).
-  void replan_exact(const GemmKey& key);
 
   CudaContext* ctx_;
   GemvPolicy gemv_policy_ = GemvPolicy::kPreferred;
