@@ -70,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     samples = bl.make_samples(bl.LAMBADA_SAMPLES, shape.vocab, 0)
     batches = bl.make_batches(len(samples), args.batch)[: args.batches + 4]
     prep = common.prepare_model(shape, args.cache_dir, 0, need_hf=False)
-    max_len = max(len(s.context) for s in samples) + max(bl.TARGET_LENS)
+    # The longest sample, and the one-row prompts of up to 213 tokens below.
+    max_len = max(max(len(s.context) for s in samples) + max(bl.TARGET_LENS), 214)
     model = load_gpt_model(prep.model_dir, dtype=torch.float16, max_batch=args.batch,
                            max_seq_len=max_len)
     packed = [bl.pack(samples, b, left=False) for b in batches]
@@ -97,9 +98,13 @@ def main(argv: list[str] | None = None) -> int:
     # are planned then, as in the benchmark); the others repeat it.
     passes = {"benchmark loop, first pass": walls(None),
               "benchmark loop, again": walls(None)}
+    saved = os.environ.get("WARPFORMER_CUDA_GRAPHS")
     os.environ["WARPFORMER_CUDA_GRAPHS"] = "0"
     passes["benchmark loop, again, WARPFORMER_CUDA_GRAPHS=0"] = walls(None)
-    del os.environ["WARPFORMER_CUDA_GRAPHS"]
+    if saved is None:
+        del os.environ["WARPFORMER_CUDA_GRAPHS"]
+    else:
+        os.environ["WARPFORMER_CUDA_GRAPHS"] = saved
     passes["one new token (the prompt pass), again"] = walls(1)
     steps = [n - 1 for n in out_lens[4:]]
     tokens = [int(packed[i][1].sum()) for i in range(4, len(batches))]
@@ -149,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     kernels = [e for e in trace if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
     runtime = [e for e in trace if e.get("cat") in ("cuda_runtime", "cuda_driver")]
     n = len(spans)
+    if n == 0:
+        print("the trace holds no 'batch' ranges (profiler without CPU events?)", file=sys.stderr)
+        return 1
     wall = sum(e - s for s, e in spans)
     busy = union_us([(e["ts"], e["ts"] + e["dur"]) for e in kernels])
     per_k: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
@@ -170,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
             j += 1
         first = starts[j][0] if j < len(starts) else e
         lead += max(min(first, e) - s, 0.0)
-        k, cur, prev = j, first, "(batch start)"
+        k, cur, prev = j, first, ""  # the first kernel starts at `first`: no gap before it
         while k < len(starts) and starts[k][0] < e:
             gap = starts[k][0] - cur
             if gap > 0:

@@ -99,7 +99,7 @@ std::vector<cublasLtMatmulHeuristicResult_t> Gemm::heuristics(const Plan& plan, 
 }
 
 int64_t Gemm::heuristic_rows(int64_t m) {
-  if (m <= kExactRows) return m;
+  if (m <= kExactRows || m > (int64_t{1} << 40)) return m;
   int64_t pow2 = 1;
   while (pow2 < m) pow2 <<= 1;
   const int64_t step = std::max<int64_t>(16, pow2 / 16);
@@ -125,8 +125,12 @@ std::shared_ptr<Gemm::Plan> Gemm::plan_for(const GemmKey& key) {
     auto found = rounded_algos_.find(rounded);
     if (found == rounded_algos_.end()) {
       Plan probe;
-      if (rounded.m != key.m) create_descriptors(rounded, &probe);
-      const auto results = heuristics(rounded.m != key.m ? probe : *plan, 1);
+      std::vector<cublasLtMatmulHeuristicResult_t> results;
+      try {  // a failed query of the rounded shape leaves the exact one to plan below
+        if (rounded.m != key.m) create_descriptors(rounded, &probe);
+        results = heuristics(rounded.m != key.m ? probe : *plan, 1);
+      } catch (const c10::Error&) {
+      }
       if (!results.empty()) {
         if (rounded_algos_.size() >= kMaxPlans) rounded_algos_.clear();
         found = rounded_algos_.emplace(rounded, results[0]).first;
@@ -135,7 +139,8 @@ std::shared_ptr<Gemm::Plan> Gemm::plan_for(const GemmKey& key) {
     // cuBLASLt checks a borrowed algorithm for the exact shape (and says what workspace it
     // needs there); a shape it refuses is planned exactly below.
     if (found != rounded_algos_.end()) {
-      cublasLtMatmulHeuristicResult_t fit = found->second;  // m itself was asked for
+      // Unrounded (m is a step): the heuristic's own answer for this shape.
+      cublasLtMatmulHeuristicResult_t fit = found->second;
       const bool ok = rounded.m == key.m ||
                       cublasLtMatmulAlgoCheck(ctx_->blaslt(), plan->desc, plan->a, plan->b,
                                               plan->c, plan->c, &found->second.algo,

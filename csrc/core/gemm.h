@@ -18,7 +18,7 @@
 // kMaxPlans most recently used shapes: a long-running server meets a new m with every prompt
 // length, and a dropped shape only costs a re-plan when it comes back. A new m above
 // kExactRows does not pay a heuristic query (~0.3 ms of host time) either: it borrows the
-// algorithm the heuristic chose for m rounded up to a step of about 6% (heuristic_rows), once
+// algorithm the heuristic chose for m rounded up to a step of 6-12% of m (heuristic_rows), once
 // cuBLASLt has checked it for the exact shape (cublasLtMatmulAlgoCheck); a shape it refuses, or
 // one in a tuning file, is planned exactly.
 #pragma once
@@ -186,7 +186,8 @@ class Gemm {
   size_t cached_plans() const;
   static constexpr size_t kMaxPlans = 1024;
   // Row counts up to kExactRows are planned for exactly; above, the heuristic is asked for
-  // heuristic_rows(m): m rounded up to a multiple of max(16, bit_ceil(m) / 16).
+  // heuristic_rows(m): m rounded up to a multiple of max(16, bit_ceil(m) / 16) (m itself past
+  // 2^40).
   static constexpr int64_t kExactRows = 64;
   static int64_t heuristic_rows(int64_t m);
   // cublasLtMatmulAlgoGetHeuristic calls made so far (tests count them).

@@ -70,7 +70,8 @@ class GptModelHolder : public torch::CustomClassHolder {
     return static_cast<int64_t>(model_->gemm().cached_plans());
   }
   // cuBLASLt heuristic queries made so far: one per new shape of up to Gemm::kExactRows rows,
-  // one per rounded-up row count above (Gemm::heuristic_rows).
+  // one per rounded-up row count above (Gemm::heuristic_rows), and one per shape of a tuning
+  // file or whose borrowed algorithm cuBLASLt refused.
   int64_t gemm_heuristic_queries() const { return model_->gemm().heuristic_queries(); }
   // One line about the GEMM tuning file: shapes loaded, or why it was not used ("" without one).
   std::string gemm_tuning_note() const { return gemm_note_; }
