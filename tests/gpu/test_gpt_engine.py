@@ -297,16 +297,17 @@ def test_memory_flat_over_1000_calls(workdir):
     hf, path = converted("gpt2", TINY, workdir)
     model = load_gpt_model(path, dtype=torch.float16, max_batch=8, max_seq_len=128)
     ids, lens = random_batch(1000, [20] * 8)
-    model.generate(ids, lens, 8)  # grow to the largest shape used below
+    model.generate(ids, lens, 12)  # grow to the largest shape used below
 
     def call(i: int) -> None:
+        # 1-12 new tokens: sessions of 8 or more capture (and destroy) a decode graph.
         b = 1 + i % 8
         model.generate(ids[:b, : 5 + i % 16].contiguous(), torch.full((b,), 5 + i % 16,
-                       dtype=torch.int32, device="cuda"), 1 + i % 8)
+                       dtype=torch.int32, device="cuda"), 1 + i % 12)
 
-    # Every (batch, length) pair once: the cuBLASLt workspace grows to what the algorithms of
-    # all these shapes need (a smaller product may want more than the largest).
-    for i in range(16):
+    # Every (batch, length, new tokens) combination once: the cuBLASLt workspace grows to what
+    # the algorithms of all these shapes need (a smaller product may want more than the largest).
+    for i in range(48):
         call(i)
     torch.cuda.synchronize()
     before, held = torch.cuda.memory_allocated(), model.memory_bytes()
@@ -375,11 +376,12 @@ def test_bad_weights_and_limits(workdir):
 def test_memcheck_small_generate(workdir, name):
     """Run under compute-sanitizer by tools/gpu_check.sh (also a plain smoke test): a sequential
     and a parallel-residual model (its MLP-in product beside the attention and its two output
-    products as one launch at 1 and 2 rows), 3 rows then 2 then 1."""
+    products as one launch at 1 and 2 rows), 3 rows then 2 then 1, 10 new tokens (the decode
+    step replayed from a CUDA graph from the third on)."""
     hf, path = converted(name, TINY, workdir)
     model = load_gpt_model(path, dtype=torch.float16, max_batch=3, max_seq_len=64)
     for lengths in ([3, 9, 1], [5, 2], [4]):
         ids, lens = random_batch(1000, lengths)
-        out, seq = model.generate(ids, lens, 8)
+        out, seq = model.generate(ids, lens, 10)
         torch.cuda.synchronize()
-        assert out.shape == (len(lengths), 1, max(lengths) + 8) and int(seq.min()) >= 2
+        assert out.shape == (len(lengths), 1, max(lengths) + 10) and int(seq.min()) >= 2

@@ -40,12 +40,13 @@ constexpr int64_t kPoll = 16;
 // one or a few steps (streaming) would pay every call.
 constexpr int64_t kMinSplitSteps = 8;
 // A decode step is captured into a CUDA graph only when at least this many steps of the session
-// remain (the capture's own step included). A graph used once costs more than the eager step it
-// replaces: capturing launches as much as an eager step does, and its instantiation, first launch
-// (the upload) and destruction took ~1.4 ms of host time more (bloom-560m, batch 8, H200,
-// tools/profile_lambada.py), where a replay saves ~0.13 ms per step against eager launches.
-// LAMBADA's batches of 3 new tokens captured a graph for their last step and ran it once.
-constexpr int64_t kMinGraphSteps = 8;
+// remain (the capture's own step included). Capturing launches as much as an eager step does, and
+// instantiating, uploading and destroying the graph come on top, so a graph replayed once or twice
+// costs more than it saves. Same call on an H200, bloom-560m batch 8, 80-token prompts
+// (benchmarks/bench_short.py), graphs minus eager per generate() call when the step was captured
+// at the third token: 3 new tokens +0.41 ms, 4 +0.32, 8 -0.07, 10 -0.24, 16 -0.77: break-even at
+// about 5 remaining steps.
+constexpr int64_t kMinGraphSteps = 6;
 
 size_t aligned(size_t n) { return (n + 255) / 256 * 256; }
 
