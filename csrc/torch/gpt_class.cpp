@@ -4,6 +4,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <sstream>
 #include <vector>
@@ -207,9 +208,9 @@ GptModelHolder::GptModelHolder(const std::string& config, c10::Dict<std::string,
   }
 }
 
-std::vector<int32_t> GptModelHolder::check_inputs(const char* op, const at::Tensor& input_ids,
-                                                  const at::Tensor& input_lengths,
-                                                  int64_t extra_len) const {
+GptModelHolder::Prompt GptModelHolder::check_inputs(const char* op, const at::Tensor& input_ids,
+                                                    const at::Tensor& input_lengths,
+                                                    int64_t extra_len) const {
   check_dtype(input_ids, at::kInt, op, "input_ids");
   check_dim(input_ids, 2, op, "input_ids");
   check_dtype(input_lengths, at::kInt, op, "input_lengths");
@@ -226,29 +227,48 @@ std::vector<int32_t> GptModelHolder::check_inputs(const char* op, const at::Tens
   TORCH_CHECK(seq + extra_len <= model_->max_seq_len(), op, ": input length ", seq,
               extra_len ? " + output_len " : "", extra_len ? std::to_string(extra_len) : "",
               " exceeds max_seq_len (", model_->max_seq_len(), ") of this model instance");
-  check_cuda(input_ids, op, "input_ids");
-  TORCH_CHECK(input_ids.device().index() == device_, op, ": input_ids is on ",
-              input_ids.device(), " but the model is on cuda:", device_);
+  TORCH_CHECK(input_ids.is_cpu() || input_ids.is_cuda(), op,
+              ": input_ids must be on the CPU or on the model's GPU (cuda:", device_, "), got ",
+              input_ids.device());
+  TORCH_CHECK(input_ids.is_cpu() || input_ids.device().index() == device_, op,
+              ": input_ids is on ", input_ids.device(), " but the model is on cuda:", device_);
+  // The checks run on the host: a device->host copy of each input that is on the GPU, instead
+  // of a dozen small kernels and a synchronisation per check.
+  Prompt p;
+  p.host_ids = input_ids.to(at::kCPU).contiguous();
   const at::Tensor lens = input_lengths.to(at::kCPU).contiguous();
   const int32_t* lp = lens.data_ptr<int32_t>();
-  std::vector<int32_t> host(lp, lp + batch);
+  p.lengths.assign(lp, lp + batch);
   for (int64_t b = 0; b < batch; ++b) {
-    TORCH_CHECK(host[b] >= 1 && host[b] <= seq, op, ": input_lengths[", b, "] = ", host[b],
-                " must be in [1, ", seq, "] (input_ids has ", seq, " columns)");
+    TORCH_CHECK(p.lengths[b] >= 1 && p.lengths[b] <= seq, op, ": input_lengths[", b, "] = ",
+                p.lengths[b], " must be in [1, ", seq, "] (input_ids has ", seq, " columns)");
   }
   // Token ids of the valid positions must be in the vocabulary (padding is not looked at).
   const int64_t vocab = model_->config().vocab_size;
-  const at::Tensor mask =
-      at::arange(seq, input_ids.options()).unsqueeze(0) <
-      input_lengths.to(input_ids.device()).unsqueeze(1);
-  const at::Tensor bad = ((input_ids < 0) | (input_ids >= vocab)) & mask;
-  if (bad.any().item<bool>()) {
-    const at::Tensor where = bad.nonzero().to(at::kCPU);
-    const int64_t b = where[0][0].item<int64_t>(), i = where[0][1].item<int64_t>();
-    TORCH_CHECK(false, op, ": input_ids[", b, ", ", i, "] = ",
-                input_ids[b][i].item<int32_t>(), " is outside the vocabulary [0, ", vocab, ")");
+  const int32_t* ids = p.host_ids.data_ptr<int32_t>();
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t i = 0; i < p.lengths[b]; ++i) {
+      const int32_t v = ids[b * seq + i];
+      TORCH_CHECK(v >= 0 && v < vocab, op, ": input_ids[", b, ", ", i, "] = ", v,
+                  " is outside the vocabulary [0, ", vocab, ")");
+    }
   }
-  return host;
+  return p;
+}
+
+at::Tensor GptModelHolder::prompt_then_end_ids(const Prompt& p, const int32_t* end_ids,
+                                               int64_t beam, int64_t total) {
+  const int64_t batch = p.host_ids.size(0), seq = p.host_ids.size(1);
+  at::Tensor out = at::empty({batch, beam, total}, at::TensorOptions().dtype(at::kInt));
+  int32_t* o = out.data_ptr<int32_t>();
+  const int32_t* ids = p.host_ids.data_ptr<int32_t>();
+  for (int64_t b = 0; b < batch; ++b) {
+    int32_t* row = o + b * beam * total;
+    std::copy(ids + b * seq, ids + b * seq + p.lengths[b], row);
+    std::fill(row + p.lengths[b], row + total, end_ids[b]);
+    for (int64_t k = 1; k < beam; ++k) std::copy(row, row + total, row + k * total);
+  }
+  return out;
 }
 
 at::Tensor GptModelHolder::forward(const at::Tensor& input_ids, const at::Tensor& input_lengths) {
@@ -256,13 +276,15 @@ at::Tensor GptModelHolder::forward(const at::Tensor& input_ids, const at::Tensor
   TORCH_CHECK(!model_->decode_active(), op,
               ": a generation session is running (it owns the KV cache); call decode_finish()");
   check_parallel_ready(op);
-  const std::vector<int32_t> lengths = check_inputs(op, input_ids, input_lengths, 0);
+  const Prompt p = check_inputs(op, input_ids, input_lengths, 0);
   const c10::cuda::CUDAGuard guard(device_);
   model_->context().set_stream(c10::cuda::getCurrentCUDAStream(device_).stream());
-  const at::Tensor ids = input_ids.contiguous();
-  at::Tensor logits = at::empty({ids.size(0), ids.size(1), model_->config().vocab_size},
-                                ids.options().dtype(to_scalar_type(model_->dtype())));
-  model_->forward(ids.data_ptr<int32_t>(), lengths, ids.size(1), logits.data_ptr());
+  const at::Tensor ids = input_ids.is_cuda() ? input_ids.contiguous()
+                                             : upload_together({p.host_ids}, device_)[0];
+  at::Tensor logits =
+      at::empty({ids.size(0), ids.size(1), model_->config().vocab_size},
+                ids.options().dtype(to_scalar_type(model_->dtype())));
+  model_->forward(ids.data_ptr<int32_t>(), p.lengths, ids.size(1), logits.data_ptr());
   return logits;
 }
 
@@ -277,23 +299,26 @@ std::tuple<at::Tensor, at::Tensor> GptModelHolder::generate(const at::Tensor& in
   TORCH_CHECK(end_id < vocab, op, ": end_id ", end_id, " is outside the vocabulary [0, ", vocab,
               ")");
   check_parallel_ready(op);
-  const std::vector<int32_t> lengths = check_inputs(op, input_ids, input_lengths, output_len);
+  const Prompt p = check_inputs(op, input_ids, input_lengths, output_len);
   const c10::cuda::CUDAGuard guard(device_);
   model_->context().set_stream(c10::cuda::getCurrentCUDAStream(device_).stream());
-  const at::Tensor ids = input_ids.contiguous();
-  const int64_t batch = ids.size(0), seq = ids.size(1), total = seq + output_len;
-  const int64_t eid = end_id >= 0 ? end_id : model_->config().end_id;
-  // output_ids: input ids, then end ids (also over each row's padding).
-  at::Tensor out = at::full({batch, total}, eid, ids.options());
-  const at::Tensor mask = at::arange(seq, ids.options()).unsqueeze(0) <
-                          input_lengths.to(ids.device()).unsqueeze(1);
-  out.narrow(1, 0, seq).copy_(at::where(mask, ids, at::full_like(ids, eid)));
-  at::Tensor seq_lengths = input_lengths.to(ids.device()).to(at::kInt).contiguous().clone();
-  const at::Tensor end_ids = at::full({batch}, eid, ids.options());
-  model_->generate_greedy(ids.data_ptr<int32_t>(), lengths, seq, output_len,
-                          end_ids.data_ptr<int32_t>(), out.data_ptr<int32_t>(),
-                          seq_lengths.data_ptr<int32_t>());
-  return {out.view({batch, 1, total}), seq_lengths.view({batch, 1})};
+  const int64_t batch = input_ids.size(0), seq = input_ids.size(1), total = seq + output_len;
+  const auto eid = static_cast<int32_t>(end_id >= 0 ? end_id : model_->config().end_id);
+  // output_ids (the prompt, then end ids, also over each row's padding), the sequence lengths
+  // (the prompt lengths until tokens are added), the end ids and, for CPU inputs, the ids:
+  // built on the host and sent with one copy.
+  const at::Tensor end_ids = at::full({batch}, eid, at::TensorOptions().dtype(at::kInt));
+  const at::Tensor lengths =
+      at::from_blob(const_cast<int32_t*>(p.lengths.data()), {batch, 1}, at::kInt);
+  std::vector<at::Tensor> host = {prompt_then_end_ids(p, end_ids.data_ptr<int32_t>(), 1, total),
+                                  lengths, end_ids};
+  if (!input_ids.is_cuda()) host.push_back(p.host_ids);
+  const std::vector<at::Tensor> dev = upload_together(host, device_);
+  const at::Tensor ids = input_ids.is_cuda() ? input_ids.contiguous() : dev[3];
+  model_->generate_greedy(ids.data_ptr<int32_t>(), p.lengths, seq, output_len,
+                          dev[2].data_ptr<int32_t>(), dev[0].data_ptr<int32_t>(),
+                          dev[1].data_ptr<int32_t>());
+  return {dev[0], dev[1]};
 }
 
 void GptModelHolder::check_parallel_ready(const char* op) const {

@@ -12,6 +12,7 @@
 #include <string>
 #include <tuple>
 #include <unordered_map>
+#include <vector>
 
 #include "csrc/models/gpt/gpt_model.h"
 #include "csrc/torch/nccl_class.h"
@@ -28,8 +29,10 @@ class GptModelHolder : public torch::CustomClassHolder {
                  int64_t tensor_para_rank, int64_t pipeline_para_size, int64_t pipeline_para_rank,
                  const std::string& gemm_config);
 
-  // input_ids int32 [B, S] (right-padded, on the model's GPU), input_lengths int32 [B] (any
-  // device) -> logits [B, S, V] of the model dtype; positions past a row's length are zero.
+  // input_ids int32 [B, S] (right-padded; on the model's GPU or on the CPU, which saves the
+  // device->host copy of the checks), input_lengths int32 [B] (any device) -> logits [B, S, V] of
+  // the model dtype; positions past a row's length are zero. The same inputs for generate and
+  // decode.
   at::Tensor forward(const at::Tensor& input_ids, const at::Tensor& input_lengths);
 
   // Greedy generation of output_len tokens -> (output_ids int32 [B, 1, S + output_len],
@@ -90,9 +93,23 @@ class GptModelHolder : public torch::CustomClassHolder {
   State get_state() const;
 
  private:
-  // Validates the ids/lengths pair and returns host lengths; throws naming the argument.
-  std::vector<int32_t> check_inputs(const char* op, const at::Tensor& input_ids,
-                                    const at::Tensor& input_lengths, int64_t extra_len) const;
+  // A call's prompt, validated on the host: lengths in [1, S], the ids of valid positions
+  // inside the vocabulary, batch and S + extra_len within the instance's limits.
+  struct Prompt {
+    at::Tensor host_ids;           // int32 [B, S], CPU, contiguous
+    std::vector<int32_t> lengths;  // B entries
+  };
+  // input_ids int32 [B, S] on the CPU or on the model's GPU (then copied to the host once),
+  // input_lengths int32 [B] on any device; throws naming the argument and the rule.
+  Prompt check_inputs(const char* op, const at::Tensor& input_ids,
+                      const at::Tensor& input_lengths, int64_t extra_len) const;
+  // int32 [B, beam, S + output_len] on the CPU: each row's prompt, then end_ids[b] (also over
+  // the row's padding): the output_ids a session starts from.
+  static at::Tensor prompt_then_end_ids(const Prompt& p, const int32_t* end_ids, int64_t beam,
+                                        int64_t total);
+  // decode_step's steps without its returned tokens: the number of steps run (the session is
+  // dropped when a step throws).
+  int64_t run_steps(int64_t max_steps);
 
   std::string config_json_;
   c10::Dict<std::string, at::Tensor> given_;  // as passed in, for pickling

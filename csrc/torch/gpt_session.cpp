@@ -5,6 +5,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <algorithm>
 #include <set>
 #include <string>
 
@@ -63,6 +64,14 @@ void check_range(const at::Tensor& t, const std::string& key, bool (*ok)(T), con
     TORCH_CHECK(ok(p[i]), kOp, ": option '", key, "' must be ", rule, ", got ", p[i], " (row ", i,
                 ")");
   }
+}
+
+// Whether `pred` holds for any value of a contiguous CPU per-row tensor (a host loop: a tensor
+// reduction and item() cost more than the loop at these sizes).
+template <typename T>
+bool any_row(const at::Tensor& t, bool (*pred)(T)) {
+  const T* p = t.data_ptr<T>();
+  return std::any_of(p, p + t.numel(), pred);
 }
 
 // FT word lists: [2, L] (shared) or [batch, 2, L]; row 0 token ids, row 1 end offsets (-1 pad).
@@ -124,7 +133,7 @@ void GptModelHolder::decode_start(const at::Tensor& input_ids, const at::Tensor&
   TORCH_CHECK(beam >= 1 && beam <= kernels::kMaxBeamWidth, kOp,
               ": option 'beam_width' must be in [1, ", kernels::kMaxBeamWidth, "], got ", beam);
   const int64_t batch = input_ids.dim() == 2 ? input_ids.size(0) : 0;
-  const std::vector<int32_t> lengths = check_inputs(kOp, input_ids, input_lengths, output_len);
+  const Prompt prompt = check_inputs(kOp, input_ids, input_lengths, output_len);
 
   Session s;
   s.batch = batch;
@@ -167,11 +176,12 @@ void GptModelHolder::decode_start(const at::Tensor& input_ids, const at::Tensor&
   const double length_penalty = scalar_option(options, "length_penalty", 1.0);
   const double diversity_rate = scalar_option(options, "diversity_rate", 0.0);
 
-  const bool all_greedy = (top_k == 1).all().item<bool>();
-  const bool penalties = (rep != 1).any().item<bool>() || (pres != 0).any().item<bool>() ||
-                         (freq != 0).any().item<bool>();
-  const bool process = penalties || (minl != 0).any().item<bool>() || bad.defined() ||
-                       stop.defined();
+  const bool all_greedy = !any_row<int32_t>(top_k, [](int32_t k) { return k != 1; });
+  const bool penalties = any_row<float>(rep, [](float r) { return r != 1.f; }) ||
+                         any_row<float>(pres, [](float p) { return p != 0.f; }) ||
+                         any_row<float>(freq, [](float f) { return f != 0.f; });
+  const bool process = penalties || any_row<int32_t>(minl, [](int32_t m) { return m != 0; }) ||
+                       bad.defined() || stop.defined();
   if (beam > 1) {
     TORCH_CHECK(all_greedy, kOp, ": beam search is deterministic: top_k must be 1 (the "
                 "default) when beam_width > 1");
@@ -181,43 +191,51 @@ void GptModelHolder::decode_start(const at::Tensor& input_ids, const at::Tensor&
   const c10::cuda::CUDAGuard guard(device_);
   model_->context().set_stream(c10::cuda::getCurrentCUDAStream(device_).stream());
   const auto dev = at::TensorOptions().device(at::kCUDA, device_);
-  auto up = [&](const at::Tensor& t) { return per_beam(t, beam).to(dev); };
-  s.end_ids = up(end_ids);
-  s.top_k = up(top_k);
-  s.top_p = up(top_p);
-  s.temperature = up(temp);
-  s.rep = up(rep);
-  s.pres = up(pres);
-  s.freq = up(freq);
-  s.min_len = up(minl);
-  s.seeds = up(seeds);
-  if (bad.defined()) s.bad = (bad.dim() == 3 ? per_beam(bad, beam) : bad).to(dev);
-  if (stop.defined()) s.stop = (stop.dim() == 3 ? per_beam(stop, beam) : stop).to(dev);
-
-  // Outputs: prompt then end ids (per beam); lengths = prompt lengths.
-  const at::Tensor ids = input_ids.contiguous();
+  // Every per-row array the loop reads, the outputs it starts from (the prompt then end ids per
+  // beam; the prompt lengths) and, for CPU inputs, the ids: one host->device copy.
   const int64_t total = s.seq + output_len;
-  // A copy: the session writes sequence lengths, never into the caller's input_lengths.
-  const at::Tensor lens_dev = input_lengths.to(ids.device()).to(at::kInt).clone();
-  const at::Tensor mask = at::arange(s.seq, ids.options()).unsqueeze(0) < lens_dev.unsqueeze(1);
-  const at::Tensor eid = end_ids.to(ids.device()).unsqueeze(1);
-  at::Tensor out = eid.expand({batch, total}).clone();
-  out.narrow(1, 0, s.seq).copy_(at::where(mask, ids, eid.expand({batch, s.seq})));
-  s.output_ids = per_beam(out, beam).view({batch, beam, total}).contiguous();
-  s.seq_lengths = per_beam(lens_dev, beam).view({batch, beam}).clone();
+  const at::Tensor lengths =
+      at::from_blob(const_cast<int32_t*>(prompt.lengths.data()), {batch}, at::kInt);
+  enum Slot { kEnd, kTopK, kTopP, kTemp, kRep, kPres, kFreq, kMinLen, kSeeds, kBad, kStop,
+              kLengths, kOutput, kSeqLengths, kIds };
+  std::vector<at::Tensor> host = {
+      per_beam(end_ids, beam), per_beam(top_k, beam), per_beam(top_p, beam),
+      per_beam(temp, beam), per_beam(rep, beam), per_beam(pres, beam), per_beam(freq, beam),
+      per_beam(minl, beam), per_beam(seeds, beam),
+      bad.defined() ? (bad.dim() == 3 ? per_beam(bad, beam) : bad) : at::Tensor(),
+      stop.defined() ? (stop.dim() == 3 ? per_beam(stop, beam) : stop) : at::Tensor(),
+      lengths,
+      prompt_then_end_ids(prompt, end_ids.data_ptr<int32_t>(), beam, total),
+      per_beam(lengths, beam).view({batch, beam}),
+      input_ids.is_cuda() ? at::Tensor() : prompt.host_ids};
+  const std::vector<at::Tensor> up = upload_together(host, device_);
+  s.end_ids = up[kEnd];
+  s.top_k = up[kTopK];
+  s.top_p = up[kTopP];
+  s.temperature = up[kTemp];
+  s.rep = up[kRep];
+  s.pres = up[kPres];
+  s.freq = up[kFreq];
+  s.min_len = up[kMinLen];
+  s.seeds = up[kSeeds];
+  s.bad = up[kBad];
+  s.stop = up[kStop];
+  s.output_ids = up[kOutput];
+  s.seq_lengths = up[kSeqLengths];
+  s.input_lengths = up[kLengths];
+  const at::Tensor ids = input_ids.is_cuda() ? input_ids.contiguous() : up[kIds];
   if (s.cum_mode > 0 || beam > 1) s.cum_log_probs = at::zeros({batch, beam}, dev.dtype(f32));
   if (s.return_log_probs) s.output_log_probs = at::zeros({batch, beam, output_len}, dev.dtype(f32));
   if (s.cum_mode == 2) {
     // Context log probs: log p(token_i | tokens_<i) of the prompt, i >= 1, summed per row.
-    const at::Tensor logits = forward(input_ids, input_lengths).to(f32);
+    const at::Tensor logits = forward(ids, s.input_lengths).to(f32);
     const at::Tensor lp = at::log_softmax(logits.narrow(1, 0, s.seq - 1), -1);
     const at::Tensor next = ids.narrow(1, 1, s.seq - 1).to(at::kLong).clamp(0, V - 1);
     const at::Tensor tok = lp.gather(2, next.unsqueeze(2)).squeeze(2);
     const at::Tensor valid = at::arange(1, s.seq, ids.options()).unsqueeze(0) <
-                             lens_dev.unsqueeze(1);
+                             s.input_lengths.unsqueeze(1);
     s.context_log_probs = at::where(valid, tok, at::zeros_like(tok)).sum(1);
   }
-  s.input_lengths = lens_dev;
 
   gpt::DecodeOptions opt;
   opt.beam_width = static_cast<int>(beam);
@@ -250,25 +268,29 @@ void GptModelHolder::decode_start(const at::Tensor& input_ids, const at::Tensor&
   o.cum_log_probs = s.cum_log_probs.defined() ? s.cum_log_probs.data_ptr<float>() : nullptr;
   o.output_log_probs =
       s.output_log_probs.defined() ? s.output_log_probs.data_ptr<float>() : nullptr;
-  model_->decode_start(ids.data_ptr<int32_t>(), lengths, s.seq, output_len, opt, o);
+  model_->decode_start(ids.data_ptr<int32_t>(), prompt.lengths, s.seq, output_len, opt, o);
   session_ = std::move(s);
 }
 
-at::Tensor GptModelHolder::decode_step(int64_t max_steps) {
+int64_t GptModelHolder::run_steps(int64_t max_steps) {
   TORCH_CHECK(model_->decode_active(), "GptModel.decode_step: no generation session "
               "(call decode_start first)");
   TORCH_CHECK(max_steps >= 1, "GptModel.decode_step: max_steps must be >= 1, got ", max_steps);
   const c10::cuda::CUDAGuard guard(device_);
   model_->context().set_stream(c10::cuda::getCurrentCUDAStream(device_).stream());
-  const int64_t before = model_->decode_tokens_done();
-  int64_t n = 0;
   try {
-    n = model_->decode_step(max_steps);
+    return model_->decode_step(max_steps);
   } catch (...) {
     model_->decode_abort();
     session_ = Session{};
     throw;
   }
+}
+
+at::Tensor GptModelHolder::decode_step(int64_t max_steps) {
+  const int64_t before = model_->decode_active() ? model_->decode_tokens_done() : 0;
+  const int64_t n = run_steps(max_steps);
+  const c10::cuda::CUDAGuard guard(device_);
   Session& s = session_;
   if (n == 0 || s.beam > 1) {
     // Beam search reorders beams until the end: its tokens are final only after decode_finish,
@@ -312,7 +334,7 @@ c10::Dict<std::string, at::Tensor> GptModelHolder::decode(
     const at::Tensor& input_ids, const at::Tensor& input_lengths, int64_t output_len,
     const c10::Dict<std::string, at::Tensor>& options) {
   decode_start(input_ids, input_lengths, output_len, options);
-  decode_step(output_len);
+  run_steps(output_len);  // the outputs are read from decode_finish's dict, not step by step
   return decode_finish();
 }
 

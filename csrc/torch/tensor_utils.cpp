@@ -1,8 +1,12 @@
 #include "csrc/torch/tensor_utils.h"
 
+#include <ATen/ATen.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+#include <cstring>
 #include <sstream>
 
 namespace warpformer {
@@ -75,6 +79,46 @@ void check_cuda(const at::Tensor& t, const char* op, const char* arg, const at::
     TORCH_CHECK(t.device() == ref.device(), op, ": ", arg, " is on ", t.device(), " but ",
                 ref_name, " is on ", ref.device(), "; all tensors must be on one device");
   }
+}
+
+std::vector<at::Tensor> upload_together(const std::vector<at::Tensor>& host, int64_t device) {
+  constexpr int64_t kAlign = 16;
+  std::vector<at::Tensor> src(host.size());
+  std::vector<int64_t> offset(host.size(), 0);
+  int64_t total = 0;
+  for (size_t i = 0; i < host.size(); ++i) {
+    if (!host[i].defined()) continue;
+    TORCH_CHECK(host[i].is_cpu(), "upload_together: tensor ", i, " is on ", host[i].device(),
+                ", not the CPU");
+    src[i] = host[i].contiguous();
+    offset[i] = total;
+    // At least one aligned slot, so that an empty tensor's view stays inside the buffer.
+    total += std::max<int64_t>((static_cast<int64_t>(src[i].nbytes()) + kAlign - 1) / kAlign, 1) *
+             kAlign;
+  }
+  const at::Tensor staging = at::empty(
+      {std::max<int64_t>(total, kAlign)}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+  auto* base = staging.data_ptr<uint8_t>();
+  for (size_t i = 0; i < src.size(); ++i) {
+    if (src[i].defined() && src[i].nbytes() > 0) {
+      std::memcpy(base + offset[i], src[i].data_ptr(), src[i].nbytes());
+    }
+  }
+  const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+  // Non-blocking from pinned memory: the caching host allocator keeps `staging` until the copy
+  // has run on the stream.
+  const at::Tensor all = staging.to(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device)),
+                                    /*non_blocking=*/true);
+  std::vector<at::Tensor> out(host.size());
+  for (size_t i = 0; i < src.size(); ++i) {
+    if (!src[i].defined()) continue;
+    const int64_t bytes = static_cast<int64_t>(src[i].nbytes());
+    // A 1-d byte view reinterpreted as the element type, then shaped.
+    const int64_t elem = static_cast<int64_t>(src[i].element_size());
+    at::Tensor flat = all.narrow(0, offset[i], std::max(bytes, elem)).view(src[i].scalar_type());
+    out[i] = flat.narrow(0, 0, src[i].numel()).view(src[i].sizes());
+  }
+  return out;
 }
 
 int64_t leading_rows(const at::Tensor& t) {

@@ -332,7 +332,14 @@ def test_bad_inputs_raise_and_leave_instance_usable(workdir):
          r"input_ids\[1, 5\] = 1000 is outside the vocabulary \[0, 1000\)"),
         (lambda: model.generate(ids, lens, 64), r"exceeds max_seq_len \(64\)"),
         (lambda: model.generate(ids.long(), lens, 4), r"input_ids must have dtype Int"),
-        (lambda: model.generate(ids.cpu(), lens, 4), r"input_ids must be a CUDA tensor"),
+        (lambda: model.generate(ids.to("meta"), lens, 4),
+         r"input_ids must be on the CPU or on the model's GPU \(cuda:0\), got meta"),
+        (lambda: model.generate(bad_ids.cpu(), lens.cpu(), 4),
+         r"input_ids\[1, 5\] = 1000 is outside the vocabulary \[0, 1000\)"),
+        (lambda: model.decode(bad_ids.cpu(), lens, 4, {}),
+         r"GptModel.decode: input_ids\[1, 5\] = 1000 is outside the vocabulary"),
+        (lambda: model.forward(ids.cpu(), (lens + 5).cpu()),
+         r"input_lengths\[0\] = 9 must be in \[1, 6\]"),
         (lambda: model.generate(torch.cat([ids, ids]), torch.cat([lens, lens]), 4),
          r"batch size 4 exceeds max_batch \(2\)"),
         (lambda: model.generate(ids, lens + 5, 4), r"input_lengths\[0\] = 9 must be in \[1, 6\]"),
@@ -344,6 +351,41 @@ def test_bad_inputs_raise_and_leave_instance_usable(workdir):
             call()
     again, _ = model.generate(ids, lens, 4)
     assert torch.equal(good, again)
+
+
+def test_cpu_inputs_equal_gpu_inputs(workdir):
+    """input_ids/input_lengths on the CPU (checked on the host and sent with the call's other
+    arrays in one copy) give the same outputs as on the GPU, for forward, generate and decode
+    with per-row options, beams and both log-prob outputs; the outputs are on the GPU."""
+    hf, path = converted("gpt2", TINY, workdir)
+    model = load_gpt_model(path, dtype=torch.float32, max_batch=4, max_seq_len=64)
+    ids, lens = random_batch(1000, [4, 9, 1, 6], seed=3)
+    ids[2, 1:] = -7  # padding is never looked at, on either path
+    cpu_ids, cpu_lens = ids.cpu(), lens.cpu()
+    a, b = model.forward(ids, lens), model.forward(cpu_ids, cpu_lens)
+    assert b.is_cuda and torch.equal(a, b)
+    for got, want in zip(model.generate(cpu_ids, cpu_lens, 7, -1), model.generate(ids, lens, 7, -1),
+                         strict=True):
+        assert got.is_cuda and torch.equal(got, want)
+    # Row 2 (1 prompt token, 7 new ones) holds the end id (2) from position 8 on, over what was
+    # its padding too.
+    assert model.generate(cpu_ids, cpu_lens, 7, -1)[0][2, 0, 8:].eq(2).all()
+    options = [
+        {"top_k": torch.tensor([0, 5, 1, 3], dtype=torch.int32),
+         "temperature": torch.tensor([0.7, 1.0, 1.3, 0.9]), "seed": torch.arange(4) + 11,
+         "repetition_penalty": torch.tensor(1.2), "min_length": torch.tensor(3, dtype=torch.int32),
+         "return_log_probs": torch.tensor(1, dtype=torch.int32),
+         "return_cum_log_probs": torch.tensor(2, dtype=torch.int32)},
+        {"beam_width": torch.tensor(3, dtype=torch.int32),
+         "end_id": torch.tensor([2, 5, 7, 9], dtype=torch.int32),
+         "bad_words": torch.tensor([[11, 12, 13], [1, 3, -1]], dtype=torch.int32)},
+    ]
+    for opts in options:
+        want = model.decode(ids, lens, 6, opts)
+        got = model.decode(cpu_ids, lens, 6, opts)
+        assert sorted(got) == sorted(want)
+        for key in want:
+            assert got[key].is_cuda and torch.equal(got[key], want[key]), key
 
 
 def test_bad_weights_and_limits(workdir):
