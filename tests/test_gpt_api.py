@@ -81,6 +81,7 @@ def test_option_errors_name_the_argument(gpt, kwargs, pattern):
     ([[1]] * 9, 2, r"batch size 9 exceeds max_batch \(8\)"),
     (torch.ones(2, 3, dtype=torch.float32), 2, r"input_ids must hold integers"),
     ([[1, 2.5]], 2, r"input_ids row 0 must hold ints"),
+    ([[1, 2], [3, True]], 2, r"input_ids row 1 must hold ints"),
 ])
 def test_input_errors(gpt, ids, n, pattern):
     with pytest.raises(ValueError, match=pattern):
