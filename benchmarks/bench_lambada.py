@@ -5,8 +5,11 @@ in dataset order (no length sorting, as FT's lambada example), bloom-560m dimens
 weights, greedy decoding of each batch's longest target. Both engines see the same token ids:
 warpformer right-padded with per-row lengths, HF left-padded with an attention mask (its batched
 generate convention). Timed end to end over all batches (host -> device copies, generate, the
-device -> host copy of the outputs), after a few warm-up batches. Reported: both times, the
-speedup, peak memory and the agreement of the generated target tokens.
+device -> host copy of the outputs), after a few warm-up batches. warpformer is timed twice on
+one instance: through the TorchScript class (``warpformer``: packed GPU tensors in, GPU tensors
+out) and through ``warpformer.GPT.generate`` on token lists (``warpformer-api``: what ``warpformer
+lambada`` and Python users call, input checks and list outputs included). Reported: the times, the
+speedups, peak memory and the agreement of the generated target tokens.
 
 Length model (synthetic; no dataset is downloaded): context tokens ~ lognormal with mean 80 and
 standard deviation 28, rounded and clipped to [16, 256] (LAMBADA passages average ~4.6 sentences,
@@ -142,13 +145,20 @@ def _timed_loop(step, batches: list[list[int]], warmup: int) -> tuple[float, flo
 
 
 def run_warpformer(model_dir: Path, samples: list[Sample], batches: list[list[int]],
-                   batch: int, end_id: int, warmup: int) -> tuple[float, float, list[list[int]]]:
+                   batch: int, end_id: int, warmup: int
+                   ) -> dict[str, tuple[float, float, list[list[int]]]]:
+    """(seconds, peak GB, tokens) of one engine instance, called two ways: ``warpformer``, the
+    TorchScript class's ``generate`` on packed GPU tensors, and ``warpformer-api``,
+    ``warpformer.GPT.generate`` on token lists as ``warpformer lambada`` calls it (its input
+    checks, option handling and list outputs included)."""
+    from warpformer.gpt import GPT
     from warpformer.models.gpt import build_gpt_model
     from warpformer.weights import load_weights, read_config
 
+    config = read_config(model_dir)
     weights = load_weights(model_dir, dtype=torch.float16, device="cuda")
     max_len = max(len(s.context) for s in samples) + max(TARGET_LENS)
-    engine = build_gpt_model(read_config(model_dir), weights, dtype=torch.float16,
+    engine = build_gpt_model(config, weights, dtype=torch.float16,
                              max_batch=batch, max_seq_len=max_len)
     packed = [pack(samples, b, left=False) for b in batches]
     out_lens = [max(samples[i].target_len for i in b) for b in batches]
@@ -158,13 +168,29 @@ def run_warpformer(model_dir: Path, samples: list[Sample], batches: list[list[in
         out, _ = engine.generate(ids.cuda(), lens.cuda(), out_lens[i], end_id)
         return out.cpu()
 
+    results = {}
     seconds, peak, outs = _timed_loop(step, batches, warmup)
     tokens: list[list[int]] = [[] for _ in samples]
     for (_, lens), out, b in zip(packed, outs, batches, strict=True):
         for row, i in enumerate(b):
             n = int(lens[row])
             tokens[i] = out[row, 0, n: n + samples[i].target_len].tolist()
-    return seconds, peak, tokens
+    results["warpformer"] = (seconds, peak, tokens)
+
+    gpt = GPT(engine, config, "cuda", torch.float16, torch.device("cuda"))
+    lists = [[samples[i].context.tolist() for i in b] for b in batches]
+
+    def api_step(i: int) -> list[list[int]]:
+        out = gpt.generate(lists[i], out_lens[i], end_id=end_id)
+        return [t[0] for t in out.tokens]
+
+    seconds, peak, outs = _timed_loop(api_step, batches, warmup)
+    tokens = [[] for _ in samples]
+    for out, b in zip(outs, batches, strict=True):
+        for row, i in enumerate(b):
+            tokens[i] = out[row][: samples[i].target_len]
+    results["warpformer-api"] = (seconds, peak, tokens)
+    return results
 
 
 def run_hf(hf, samples: list[Sample], batches: list[list[int]],
@@ -257,31 +283,39 @@ def main(argv: list[str] | None = None) -> int:
         results["hf-eager"]["attn"] = getattr(hf.config, "_attn_implementation", None)
         del hf
         free_gpu()
-    log(f"warpformer: {len(batches)} batches")
+    log(f"warpformer: {len(batches)} batches, engine.generate then GPT.generate")
     try:
-        sec, peak, tokens["warpformer"] = run_warpformer(
-            prep.model_dir, samples, batches, args.batch, shape.vocab - 1, args.warmup)
-        results["warpformer"] = {"seconds": sec, "peak_gb": peak}
+        for name, (sec, peak, toks) in run_warpformer(
+                prep.model_dir, samples, batches, args.batch, shape.vocab - 1,
+                args.warmup).items():
+            results[name], tokens[name] = {"seconds": sec, "peak_gb": peak}, toks
     except Exception as exc:  # noqa: BLE001
         results["warpformer"] = {"error": short_error(exc)}
     free_gpu()
 
     hf_s = results.get("hf-eager", {}).get("seconds")
-    wf_s = results["warpformer"].get("seconds")
-    speedup = hf_s / wf_s if hf_s and wf_s else None
-    agree = (agreement(tokens["warpformer"], tokens["hf-eager"])
-             if "warpformer" in tokens and "hf-eager" in tokens else None)
+    speedups = {name: hf_s / r["seconds"] for name, r in results.items()
+                if name.startswith("warpformer") and hf_s and r.get("seconds")}
+    speedup = speedups.get("warpformer")
     body = []
     for name, r in results.items():
         body.append([name, fnum(r.get("seconds")), fnum(len(samples) / r["seconds"], 0)
                      if r.get("seconds") else "—", fnum(r.get("peak_gb")),
-                     fx(speedup) if name == "warpformer" else "—", r.get("error", "")])
+                     fx(speedups[name]) if name in speedups else "—", r.get("error", "")])
     table = md_table(["engine", "time s", "samples/s", "peak GB", "speedup vs HF", "note"],
                      body, align="lrrrrl")
-    agree_line = ("agreement of the generated target tokens (warpformer vs HF eager): "
-                  f"{agree['token_pct']:.1f}% of tokens, {agree['sample_exact_pct']:.1f}% of "
-                  f"samples exact, first token {agree['first_token_pct']:.1f}%"
-                  if agree else "agreement: — (needs both engines)")
+    lines, agree = [], None
+    for name in ("warpformer", "warpformer-api"):
+        if name in tokens and "hf-eager" in tokens:
+            a = agreement(tokens[name], tokens["hf-eager"])
+            agree = agree or a
+            lines.append(f"agreement of the generated target tokens ({name} vs HF eager): "
+                         f"{a['token_pct']:.1f}% of tokens, {a['sample_exact_pct']:.1f}% of "
+                         f"samples exact, first token {a['first_token_pct']:.1f}%")
+    if "warpformer" in tokens and "warpformer-api" in tokens:
+        same = tokens["warpformer"] == tokens["warpformer-api"]
+        lines.append(f"warpformer-api tokens {'equal' if same else 'DIFFER FROM'} warpformer's")
+    agree_line = "\n\n".join(lines) or "agreement: — (needs both engines)"
     ft = md_table(["FT reference", "FT s", "HF s", "speedup"],
                   [[n, fnum(a), fnum(b), fx(b / a)] for n, a, b in FT_REFERENCE])
     doc = "\n\n".join([
@@ -294,7 +328,8 @@ def main(argv: list[str] | None = None) -> int:
                "length_model": {"context": f"lognormal mean {CTX_MEAN} std {CTX_STD} clipped "
                                            f"[{CTX_MIN}, {CTX_MAX}]",
                                 "target_lengths": TARGET_LENS, "target_p": TARGET_P},
-               "results": results, "speedup": speedup, "agreement": agree,
+               "results": results, "speedup": speedup, "speedups": speedups,
+               "agreement": agree,
                "ft_reference": [{"source": n, "ft_s": a, "hf_s": b} for n, a, b in FT_REFERENCE]}
     json_path, md_path = write_results(args.out_dir, result_stem("lambada", gpu), payload, doc)
     print(doc)

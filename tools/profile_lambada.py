@@ -2,22 +2,27 @@
 time against idle time, the kernels, and the host's CUDA API calls, for the workload of
 benchmarks/bench_lambada.py (same samples, same batches, same calls).
 
-    python tools/profile_lambada.py [--batches 96] [--model bloom-560m]
+    python tools/profile_lambada.py [--batches 96] [--model bloom-560m] [--api]
 
 Prints, per batch (medians and means over ``--batches`` batches of the workload, after warm-up):
 the wall time of the benchmark's loop body (host -> device copies, ``generate``, the device ->
 host copy) on the first pass over the batches (each new prompt token count plans its GEMMs, as
 in the benchmark), on a second pass, on a third without CUDA graphs, and with one new token (the
-prompt pass alone); then, from a torch.profiler trace
-of the same batches: GPU busy time (the union of kernel intervals, so overlapping kernels under
-programmatic launch count once), idle time, the kernels and the host-side CUDA runtime calls.
+prompt pass alone); with ``--api`` also through ``GPT.generate`` (token lists, as ``warpformer
+lambada`` calls it, and CPU tensors), with a cProfile of its host time; then, from a
+torch.profiler trace of the same batches: GPU busy time (the union of kernel intervals, so
+overlapping kernels under programmatic launch count once), idle time, the kernels and the
+host-side CUDA runtime calls.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
 import os
+import pstats
 import statistics
 import sys
 import tempfile
@@ -32,7 +37,9 @@ import bench_lambada as bl  # noqa: E402
 import common  # noqa: E402
 from profile_decode import kernel_name  # noqa: E402  (same folder)
 
+from warpformer.gpt import GPT  # noqa: E402
 from warpformer.models.gpt import load_gpt_model  # noqa: E402
+from warpformer.weights import read_config  # noqa: E402
 
 
 def union_us(intervals: list[tuple[float, float]]) -> float:
@@ -65,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--batches", type=int, default=96, help="batches timed and profiled")
     ap.add_argument("--cache-dir", type=Path, default=common.DEFAULT_CACHE_DIR)
+    ap.add_argument("--api", action="store_true",
+                    help="also time the batches through GPT.generate (token lists and tensors) "
+                         "and print a cProfile of its host time")
     args = ap.parse_args(argv)
     shape = common.SHAPES[args.model]
     samples = bl.make_samples(bl.LAMBADA_SAMPLES, shape.vocab, 0)
@@ -106,6 +116,28 @@ def main(argv: list[str] | None = None) -> int:
     else:
         os.environ["WARPFORMER_CUDA_GRAPHS"] = saved
     passes["one new token (the prompt pass), again"] = walls(1)
+    if args.api:
+        # The same batches through the Python API: token lists as `warpformer lambada` passes
+        # them, and CPU tensors with input_lengths (GPT.generate validates, then the engine).
+        gpt = GPT(model, read_config(prep.model_dir), "cuda", torch.float16,
+                  torch.device("cuda"))
+        lists = [[samples[j].context.tolist() for j in b] for b in batches]
+
+        def api_walls(tensors: bool) -> list[float]:
+            ms = []
+            for i in range(4, len(batches)):
+                t0 = time.perf_counter()
+                if tensors:
+                    gpt.generate(packed[i][0], out_lens[i], input_lengths=packed[i][1],
+                                 end_id=end)
+                else:
+                    gpt.generate(lists[i], out_lens[i], end_id=end)
+                ms.append(1000 * (time.perf_counter() - t0))
+            return ms
+
+        api_walls(False)
+        passes["GPT.generate, token lists (warpformer lambada's call), again"] = api_walls(False)
+        passes["GPT.generate, CPU tensors + input_lengths, again"] = api_walls(True)
     steps = [n - 1 for n in out_lens[4:]]
     tokens = [int(packed[i][1].sum()) for i in range(4, len(batches))]
     print(f"\n## LAMBADA batch profile: {shape.name}, batch {args.batch}, "
@@ -119,6 +151,17 @@ def main(argv: list[str] | None = None) -> int:
     prompt = passes["one new token (the prompt pass), again"]
     dec = (statistics.mean(again) - statistics.mean(prompt)) / max(statistics.mean(steps), 1e-9)
     print(f"| difference per decode step (again) | | {dec:.3f} |\n")
+
+    if args.api:
+        prof_py = cProfile.Profile()
+        prof_py.enable()
+        for i in range(4, len(batches)):
+            gpt.generate(lists[i], out_lens[i], end_id=end)
+        prof_py.disable()
+        text = io.StringIO()
+        pstats.Stats(prof_py, stream=text).sort_stats("tottime").print_stats(25)
+        print("GPT.generate with token lists under cProfile (host time by function, "
+              f"{len(batches) - 4} calls):\n\n```\n{text.getvalue().strip()}\n```\n")
 
     # What a new GEMM row count costs: prompt passes of one row of 150-213 tokens (counts the
     # batches above never made), each timed on its first call and again.
