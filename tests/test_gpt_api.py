@@ -151,6 +151,38 @@ def test_list_and_tensor_inputs_agree(gpt):
                                                   zip(PROMPTS, a.tokens, strict=True)]
 
 
+class _Calls:
+    """An engine proxy that records which generation entry point a GPT call used."""
+
+    def __init__(self, engine) -> None:
+        self.engine, self.calls = engine, []
+
+    def __getattr__(self, name):
+        if name in ("generate", "decode"):
+            self.calls.append(name)
+        return getattr(self.engine, name)
+
+
+def test_plain_greedy_takes_generate_and_equals_decode(gpt):
+    """Default options go to the engine's generate (no option arrays); anything else, even
+    options spelled out at their defaults per row, to decode; both give the same tokens."""
+    proxy = _Calls(gpt.engine)
+    routed = GPT(proxy, gpt.config, gpt.backend, gpt.dtype, gpt.device)
+    for end_id in (None, 40):
+        fast = routed.generate(PROMPTS, 9, end_id=end_id)
+        assert proxy.calls[-1] == "generate"
+        slow = routed.generate(PROMPTS, 9, end_id=end_id if end_id is None else [end_id] * 3,
+                               temperature=[1.0] * 3)
+        assert proxy.calls[-1] == "decode"
+        assert torch.equal(fast.sequences, slow.sequences) and fast.tokens == slow.tokens
+        assert torch.equal(fast.sequence_lengths, slow.sequence_lengths)
+    for kwargs in (dict(do_sample=True, seed=1), dict(num_beams=2), dict(min_length=2),
+                   dict(repetition_penalty=1.1), dict(return_log_probs=True),
+                   dict(stop_words=[[5]]), dict(end_id=[40, 41, 42])):
+        routed.generate(PROMPTS, 3, **kwargs)
+        assert proxy.calls[-1] == "decode", kwargs
+
+
 def test_greedy_equals_generate_greedy(gpt, ref):
     ids = torch.tensor([[5, 17, 42, 9, 33, 0, 0], [7, 3, 0, 0, 0, 0, 0],
                         [60, 61, 62, 11, 12, 13, 14]])

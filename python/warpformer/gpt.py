@@ -137,8 +137,10 @@ class GPT:
                  backend: str, dtype: torch.dtype, device: torch.device) -> None:
         self.engine = engine
         """``torch.classes.warpformer.GptModel`` (cuda) or ``ReferenceEngine`` (reference)."""
-        # Looked up once: ScriptObject._has_method takes ~0.4 ms, 10% of a LAMBADA batch.
+        # Looked up once: ScriptObject._has_method takes ~0.4 ms, 10% of a LAMBADA batch, and
+        # each engine method call from Python ~25 us; the limits are fixed at construction.
         self._engine_decodes = _has_method(engine, "decode")
+        self._max_batch, self._max_seq_len = int(engine.max_batch()), int(engine.max_seq_len())
         self.config = config
         self.backend = backend
         self.dtype = dtype
@@ -242,12 +244,12 @@ class GPT:
     @property
     def max_batch(self) -> int:
         """The largest batch a call may use (``max_batch`` of :meth:`from_pretrained`)."""
-        return int(self.engine.max_batch())
+        return self._max_batch
 
     @property
     def max_seq_len(self) -> int:
         """The largest prompt length + ``max_new_tokens`` a call may use."""
-        return int(self.engine.max_seq_len())
+        return self._max_seq_len
 
     @property
     def vocab_size(self) -> int:
@@ -463,9 +465,17 @@ class GPT:
             diversity_rate=diversity_rate, stop_words=stop_words, bad_words=bad_words,
             end_id=end_id, seed=seed, return_log_probs=return_log_probs,
             return_cum_log_probs=return_cum_log_probs)
+        plain = (not do_sample and num_beams == 1 and top_k in (None, 1)
+                 and top_p in (None, 1.0) and stop_words is None and bad_words is None
+                 and seed is None and not return_log_probs and return_cum_log_probs == 0
+                 and all(isinstance(v, (int, float)) and v == d for v, d in (
+                     (temperature, 1.0), (repetition_penalty, 1.0), (presence_penalty, 0.0),
+                     (frequency_penalty, 0.0), (min_length, 0)))
+                 and (end_id is None or isinstance(end_id, int)))
         with torch.no_grad():
-            if not self._engine_decodes and self._plain_greedy(opts):
-                # engine built before decode() landed: its greedy loop is equivalent
+            if plain or (not self._engine_decodes and self._plain_greedy(opts)):
+                # The engine's greedy loop without the per-row option arrays decode() parses
+                # and sends (same tokens); also engines built before decode() landed.
                 end = int(opts["end_id"].reshape(-1)[0]) if "end_id" in opts else -1
                 out_ids, seq = self.engine.generate(ids, lengths, max_new_tokens, end)
                 result = {"output_ids": out_ids, "sequence_lengths": seq}
