@@ -306,24 +306,38 @@ class GPT:
                     raise ValueError(f"input_ids row {b} must hold ints")
             if input_lengths is not None:
                 raise ValueError("input_lengths is only accepted with a tensor input_ids")
-            B, S = len(input_ids), max(len(r) for r in input_ids)
+            # Checked and converted on the Python lists (a few C-level passes): tensor ops on
+            # these small inputs cost more than the lists' own loops.
+            B, S, V = len(input_ids), max(len(r) for r in input_ids), self.vocab_size
+            if min(map(min, input_ids)) < 0 or max(map(max, input_ids)) >= V:
+                b, s = next((b, s) for b, r in enumerate(input_ids)
+                            for s, t in enumerate(r) if not 0 <= t < V)
+                raise ValueError(f"input_ids[{b}, {s}] = {input_ids[b][s]} is outside the "
+                                 f"vocabulary [0, {V})")
+            self._check_limits(B, S, new_tokens)
             ids = torch.tensor([list(r) + [0] * (S - len(r)) for r in input_ids],
-                               dtype=torch.long)
-            lengths = torch.tensor([len(r) for r in input_ids], dtype=torch.long)
+                               dtype=torch.int32)
+            lengths = torch.tensor([len(r) for r in input_ids], dtype=torch.int32)
+            return self._placed(ids, lengths)
         valid = torch.arange(S)[None] < lengths[:, None]
         bad = valid & ((ids < 0) | (ids >= self.vocab_size))
         if bool(bad.any()):
             b, s = (int(v) for v in bad.nonzero()[0])
             raise ValueError(f"input_ids[{b}, {s}] = {int(ids[b, s])} is outside the vocabulary "
                              f"[0, {self.vocab_size})")
-        if B > self.max_batch:
-            raise ValueError(f"batch size {B} exceeds max_batch ({self.max_batch}) given to "
+        self._check_limits(B, S, new_tokens)
+        return self._placed(ids.masked_fill(~valid, 0).to(torch.int32), lengths.to(torch.int32))
+
+    def _check_limits(self, batch: int, seq: int, new_tokens: int) -> None:
+        if batch > self.max_batch:
+            raise ValueError(f"batch size {batch} exceeds max_batch ({self.max_batch}) given to "
                              "from_pretrained")
-        if S + new_tokens > self.max_seq_len:
-            raise ValueError(f"input length {S} + max_new_tokens {new_tokens} = "
-                             f"{S + new_tokens} exceeds max_seq_len ({self.max_seq_len})")
-        ids = ids.masked_fill(~valid, 0).to(torch.int32)
-        lengths = lengths.to(torch.int32)
+        if seq + new_tokens > self.max_seq_len:
+            raise ValueError(f"input length {seq} + max_new_tokens {new_tokens} = "
+                             f"{seq + new_tokens} exceeds max_seq_len ({self.max_seq_len})")
+
+    def _placed(self, ids: torch.Tensor, lengths: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
         if self.backend == "cuda":  # the engine takes CPU inputs: one copy with its own arrays
             return ids, lengths
         return ids.to(self.device), lengths.to(self.device)
@@ -347,8 +361,7 @@ class GPT:
                  repetition_penalty, presence_penalty, frequency_penalty, min_length, num_beams,
                  length_penalty, diversity_rate, stop_words, bad_words, end_id, seed,
                  return_log_probs, return_cum_log_probs=0) -> dict[str, torch.Tensor]:
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+        _check_new_tokens(max_new_tokens)
         if not isinstance(num_beams, int) or not 1 <= num_beams <= MAX_BEAMS:
             raise ValueError(f"num_beams must be in [1, {MAX_BEAMS}], got {num_beams!r}")
         if num_beams > 1 and do_sample:
@@ -457,6 +470,26 @@ class GPT:
             :class:`GenerationOutput`.
         """
         ids, lengths = self._inputs(input_ids, input_lengths, max_new_tokens)
+        # Default options (as plain Python values: anything else takes the general path and its
+        # checks): the engine's greedy loop, without the per-row option arrays decode() parses
+        # and sends (same tokens), and without building them here.
+        num = lambda v, d: type(v) in (int, float) and v == d  # noqa: E731
+        if (not do_sample and type(num_beams) is int and num_beams == 1
+                and (top_k is None or (type(top_k) is int and top_k == 1))
+                and (top_p is None or num(top_p, 1.0)) and num(temperature, 1.0)
+                and num(repetition_penalty, 1.0) and num(presence_penalty, 0.0)
+                and num(frequency_penalty, 0.0) and type(min_length) is int and min_length == 0
+                and type(length_penalty) in (int, float) and type(diversity_rate) in (int, float)
+                and stop_words is None and bad_words is None and seed is None
+                and not return_log_probs and type(return_cum_log_probs) is int
+                and return_cum_log_probs == 0 and (end_id is None or type(end_id) is int)):
+            _check_new_tokens(max_new_tokens)
+            end = -1 if end_id is None else int(self._per_row(
+                "end_id", end_id, ids.shape[0], torch.int32, lambda e: 0 <= e < self.vocab_size,
+                f"a token id in [0, {self.vocab_size})"))
+            with torch.no_grad():
+                out_ids, seq = self.engine.generate(ids, lengths, max_new_tokens, end)
+            return self._output({"output_ids": out_ids, "sequence_lengths": seq}, lengths)
         opts = self._options(
             ids.shape[0], max_new_tokens, do_sample=do_sample, top_k=top_k, top_p=top_p,
             temperature=temperature, repetition_penalty=repetition_penalty,
@@ -465,17 +498,9 @@ class GPT:
             diversity_rate=diversity_rate, stop_words=stop_words, bad_words=bad_words,
             end_id=end_id, seed=seed, return_log_probs=return_log_probs,
             return_cum_log_probs=return_cum_log_probs)
-        plain = (not do_sample and num_beams == 1 and top_k in (None, 1)
-                 and top_p in (None, 1.0) and stop_words is None and bad_words is None
-                 and seed is None and not return_log_probs and return_cum_log_probs == 0
-                 and all(isinstance(v, (int, float)) and v == d for v, d in (
-                     (temperature, 1.0), (repetition_penalty, 1.0), (presence_penalty, 0.0),
-                     (frequency_penalty, 0.0), (min_length, 0)))
-                 and (end_id is None or isinstance(end_id, int)))
         with torch.no_grad():
-            if plain or (not self._engine_decodes and self._plain_greedy(opts)):
-                # The engine's greedy loop without the per-row option arrays decode() parses
-                # and sends (same tokens); also engines built before decode() landed.
+            if not self._engine_decodes and self._plain_greedy(opts):
+                # engine built before decode() landed: its greedy loop is equivalent
                 end = int(opts["end_id"].reshape(-1)[0]) if "end_id" in opts else -1
                 out_ids, seq = self.engine.generate(ids, lengths, max_new_tokens, end)
                 result = {"output_ids": out_ids, "sequence_lengths": seq}
@@ -582,6 +607,11 @@ def _option_kwargs(kwargs: dict) -> dict:
     if unknown:
         raise TypeError(f"unexpected argument(s) {sorted(unknown)}")
     return {**_OPTION_DEFAULTS, **kwargs}
+
+
+def _check_new_tokens(max_new_tokens: int) -> None:
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
 
 
 def _has_method(engine, name: str) -> bool:
