@@ -338,7 +338,9 @@ class GPT:
 
     def _placed(self, ids: torch.Tensor, lengths: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.backend == "cuda":  # the engine takes CPU inputs: one copy with its own arrays
+        if self.backend == "cuda" and self._engine_decodes:
+            # The engine takes CPU inputs: one copy with its own arrays. (An engine without
+            # decode() predates that and wants them on its device.)
             return ids, lengths
         return ids.to(self.device), lengths.to(self.device)
 
@@ -522,7 +524,7 @@ class GPT:
 
     def _output(self, result: dict[str, torch.Tensor], lengths: torch.Tensor
                 ) -> GenerationOutput:
-        # One wait for the device (the first copy), then host work only.
+        # The first copy waits for the device; the second finds it idle; then host work only.
         cpu_seqs = result["output_ids"].cpu()
         cpu_len = result["sequence_lengths"].cpu().tolist()
         cpu_in = lengths.cpu().tolist()
