@@ -137,9 +137,8 @@ class GPT:
                  backend: str, dtype: torch.dtype, device: torch.device) -> None:
         self.engine = engine
         """``torch.classes.warpformer.GptModel`` (cuda) or ``ReferenceEngine`` (reference)."""
-        # Looked up once: ScriptObject._has_method takes ~0.4 ms, 10% of a LAMBADA batch, and
-        # each engine method call from Python ~25 us; the limits are fixed at construction.
-        self._engine_decodes = _has_method(engine, "decode")
+        # Read once: each engine method call from Python costs ~25 us, and the limits are fixed
+        # at construction.
         self._max_batch, self._max_seq_len = int(engine.max_batch()), int(engine.max_seq_len())
         self.config = config
         self.backend = backend
@@ -338,9 +337,7 @@ class GPT:
 
     def _placed(self, ids: torch.Tensor, lengths: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.backend == "cuda" and self._engine_decodes:
-            # The engine takes CPU inputs: one copy with its own arrays. (An engine without
-            # decode() predates that and wants them on its device.)
+        if self.backend == "cuda":  # the engine takes CPU inputs: one copy with its own arrays
             return ids, lengths
         return ids.to(self.device), lengths.to(self.device)
 
@@ -501,26 +498,8 @@ class GPT:
             end_id=end_id, seed=seed, return_log_probs=return_log_probs,
             return_cum_log_probs=return_cum_log_probs)
         with torch.no_grad():
-            if not self._engine_decodes and self._plain_greedy(opts):
-                # engine built before decode() landed: its greedy loop is equivalent
-                end = int(opts["end_id"].reshape(-1)[0]) if "end_id" in opts else -1
-                out_ids, seq = self.engine.generate(ids, lengths, max_new_tokens, end)
-                result = {"output_ids": out_ids, "sequence_lengths": seq}
-            else:
-                result = self.engine.decode(ids, lengths, max_new_tokens, opts)
+            result = self.engine.decode(ids, lengths, max_new_tokens, opts)
         return self._output(result, lengths)
-
-    @staticmethod
-    def _plain_greedy(opts: dict[str, torch.Tensor]) -> bool:
-        defaults = {"top_k": 1, "temperature": 1.0, "repetition_penalty": 1.0,
-                    "presence_penalty": 0.0, "frequency_penalty": 0.0, "min_length": 0,
-                    "beam_width": 1, "return_log_probs": 0, "return_cum_log_probs": 0,
-                    "top_p": 1.0}
-        if "stop_words" in opts or "bad_words" in opts or "seed" in opts:
-            return False
-        if "end_id" in opts and opts["end_id"].dim() > 0 and opts["end_id"].unique().numel() > 1:
-            return False
-        return all(k not in opts or bool((opts[k] == v).all()) for k, v in defaults.items())
 
     def _output(self, result: dict[str, torch.Tensor], lengths: torch.Tensor
                 ) -> GenerationOutput:
@@ -614,9 +593,3 @@ def _option_kwargs(kwargs: dict) -> dict:
 def _check_new_tokens(max_new_tokens: int) -> None:
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-
-
-def _has_method(engine, name: str) -> bool:
-    if isinstance(engine, torch.ScriptObject):
-        return engine._has_method(name)
-    return hasattr(engine, name)
