@@ -10,11 +10,11 @@
 #   GPU_CHECK_SKIP_TESTS=1 GPU_CHECK_BENCH="generate" bash tools/gpu_check.sh
 #   GPU_CHECK_PYTEST_EXTRA="-k 'fused or beam'" bash tools/gpu_check.sh     # extra pytest args
 # GPU_CHECK_BENCH: comma list of kernels, generate, generate-nopdl, gemv, allreduce, parallel,
-# lambada, short
+# lambada, short, gemm-shapes
 # (default kernels,generate); GPU_CHECK_GENERATE_ARGS replaces bench_generate's default arguments,
 # GPU_CHECK_PARALLEL_MODELS / GPU_CHECK_PARALLEL_ARGS bench_parallel's, GPU_CHECK_GEMV_ROWS the
 # GEMV table's row counts, GPU_CHECK_ALLREDUCE_RANKS bench_allreduce's group sizes,
-# GPU_CHECK_SHORT_ARGS bench_short's arguments.
+# GPU_CHECK_SHORT_ARGS bench_short's arguments, GPU_CHECK_GEMM_SHAPES_ARGS bench_gemm_shapes'.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/gpu_check_out}"
@@ -127,6 +127,10 @@ if [ $status -eq 0 ]; then
     bench bench_short bench_short.md $PY benchmarks/bench_short.py ${GPU_CHECK_SHORT_ARGS:-} \
         --out-dir "$OUT"
   fi
+  if [[ $benches == *,gemm-shapes,* ]]; then
+    bench bench_gemm_shapes bench_gemm_shapes.md $PY benchmarks/bench_gemm_shapes.py \
+        ${GPU_CHECK_GEMM_SHAPES_ARGS:-} --out-dir "$OUT"
+  fi
   if [[ $benches == *,lambada,* ]]; then
     bench bench_lambada bench_lambada.md $PY benchmarks/bench_lambada.py --out-dir "$OUT"
   fi
@@ -145,6 +149,9 @@ for f in "$OUT"/bench_parallel_*.md "$OUT/bench_allreduce.md"; do
 done
 if [ -f "$OUT/bench_gemv.md" ]; then
   echo; grep -E "^\| (matrix|gpt)" "$OUT/bench_gemv.md" | grep -E "matrix|float16" | head -50
+fi
+if [ -f "$OUT/bench_gemm_shapes.md" ]; then
+  echo; sed -n '/^## Prompt-pass/,/^### Per shape/p' "$OUT/bench_gemm_shapes.md" | grep -E "^\|"
 fi
 for f in "$OUT/bench_generate.md" "$OUT/bench_generate_nopdl.md"; do
   [ -f "$f" ] && { echo; echo "${f##*/}:"; sed -n '/### \(warpformer variants\|Summary (warpformer)\)/,$p' "$f" | grep -v "^results:" | head -30; }

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 import torch
 
 __all__ = ["GemmShape", "activation_epilogue_on", "ffn_in_epilogue", "gemm_shapes",
-           "prefill_group_tokens", "prefill_groups", "tune", "add_arguments", "run"]
+           "layer_shapes", "logits_shapes", "prefill_group_tokens", "prefill_groups", "tune",
+           "add_arguments", "run"]
 
 _TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -39,6 +40,10 @@ class GemmShape:
     epilogue: str = "none"
     accumulate: bool = False
     what: str = ""
+
+    def key(self) -> tuple[int, int, int, bool, str, bool]:
+        """What decides the kernel (and a tuning-file line): all but the label."""
+        return (self.m, self.n, self.k, self.transposed, self.epilogue, self.accumulate)
 
 
 @dataclass(frozen=True)
@@ -112,46 +117,55 @@ def prefill_groups(lengths: list[int], size: int) -> list[int]:
     return groups
 
 
-def gemm_shapes(dims: ModelDims, batch: int, beam: int, max_input_len: int,
-                dtype_bytes: int = 2) -> list[GemmShape]:
-    """Every distinct GEMM the engine runs for this workload, mirroring csrc/layers and
-    csrc/models/gpt: per layer QKV, attention-out, FFN-in (its activation on the epilogue where
-    ``ffn_in_epilogue`` says so), FFN-out (accumulating in the parallel-residual form);
-    OPT-350m's project_in/out; the lm_head (transposed, with its bias as epilogue). Context
-    phase at each prefill group's token count (``batch`` prompts of ``max_input_len`` tokens,
-    groups as ``prefill_groups``), decode at ``batch * beam`` rows; logits at ``batch`` rows
-    after the prompt. ``dtype_bytes`` is the element size (it decides the MLP-in epilogue)."""
+def layer_shapes(dims: ModelDims, m: int, phase: str, dtype_bytes: int = 2) -> list[GemmShape]:
+    """The products of one decoder layer at ``m`` rows (mirroring csrc/layers): QKV,
+    attention-out, FFN-in (its activation on the epilogue where ``ffn_in_epilogue`` says so),
+    FFN-out (accumulating in the parallel-residual form), and OPT-350m's project_in.
+    ``phase`` ("context" or "decode") only labels them."""
     tp = dims.tensor_para_size
     h, lh, li = dims.hidden, dims.hidden // tp, dims.inter // tp
     e = dims.word_embed_proj_dim or h
-    ffn_in = ffn_in_epilogue(dims, dtype_bytes)
+    shapes = [GemmShape(m, 3 * lh, h, what=f"{phase} qkv"),
+              GemmShape(m, h, lh, what=f"{phase} attention out"),
+              GemmShape(m, li, h, epilogue=ffn_in_epilogue(dims, dtype_bytes),
+                        what=f"{phase} ffn in"),
+              GemmShape(m, h, li, accumulate=dims.parallel_residual, what=f"{phase} ffn out")]
+    if dims.word_embed_proj_dim:
+        shapes.append(GemmShape(m, h, e, what=f"{phase} project_in"))
+    return shapes
+
+
+def logits_shapes(dims: ModelDims, m: int, phase: str) -> list[GemmShape]:
+    """The products after the last layer at ``m`` rows: OPT-350m's project_out, then the lm_head
+    (``[V, e]``, transposed, its bias as the epilogue)."""
+    h, e = dims.hidden, dims.word_embed_proj_dim or dims.hidden
+    shapes = []
+    if dims.word_embed_proj_dim:
+        shapes.append(GemmShape(m, e, h, what=f"{phase} project_out"))
+    shapes.append(GemmShape(m, dims.vocab, e, transposed=True,
+                            epilogue="bias" if dims.lm_head_bias else "none",
+                            what=f"{phase} lm_head"))
+    return shapes
+
+
+def gemm_shapes(dims: ModelDims, batch: int, beam: int, max_input_len: int,
+                dtype_bytes: int = 2, group_tokens: int | None = None) -> list[GemmShape]:
+    """Every distinct GEMM the engine runs for this workload: the layers' products
+    (``layer_shapes``) in the context phase at each prefill group's token count (``batch``
+    prompts of ``max_input_len`` tokens, groups as ``prefill_groups`` with ``group_tokens``,
+    default ``prefill_group_tokens()``) and in decode at ``batch * beam`` rows; the logits'
+    (``logits_shapes``) at ``batch`` rows after the prompt and at ``batch * beam`` in decode.
+    ``dtype_bytes`` is the element size (it decides the MLP-in epilogue)."""
+    size = group_tokens or prefill_group_tokens()
     shapes: list[GemmShape] = []
-
-    def layer(m: int, phase: str) -> None:
-        shapes.append(GemmShape(m, 3 * lh, h, what=f"{phase} qkv"))
-        shapes.append(GemmShape(m, h, lh, what=f"{phase} attention out"))
-        shapes.append(GemmShape(m, li, h, epilogue=ffn_in, what=f"{phase} ffn in"))
-        shapes.append(GemmShape(m, h, li, accumulate=dims.parallel_residual,
-                                what=f"{phase} ffn out"))
-        if dims.word_embed_proj_dim:
-            shapes.append(GemmShape(m, h, e, what=f"{phase} project_in"))
-
-    def logits(m: int, phase: str) -> None:
-        if dims.word_embed_proj_dim:
-            shapes.append(GemmShape(m, e, h, what=f"{phase} project_out"))
-        shapes.append(GemmShape(m, dims.vocab, e, transposed=True,
-                                epilogue="bias" if dims.lm_head_bias else "none",
-                                what=f"{phase} lm_head"))
-
-    size = prefill_group_tokens()
     for tokens in sorted(set(prefill_groups([max_input_len] * batch, size))):
-        layer(tokens, "context")
-    logits(batch, "context")
-    layer(batch * beam, "decode")
-    logits(batch * beam, "decode")
+        shapes += layer_shapes(dims, tokens, "context", dtype_bytes)
+    shapes += logits_shapes(dims, batch, "context")
+    shapes += layer_shapes(dims, batch * beam, "decode", dtype_bytes)
+    shapes += logits_shapes(dims, batch * beam, "decode")
     seen: dict[tuple, GemmShape] = {}
     for s in shapes:
-        seen.setdefault((s.m, s.n, s.k, s.transposed, s.epilogue, s.accumulate), s)
+        seen.setdefault(s.key(), s)
     return list(seen.values())
 
 
