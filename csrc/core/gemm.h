@@ -200,8 +200,9 @@ class Gemm {
   bool load_tuning(const std::string& path, std::string* note);
   size_t tuned_shapes() const { return tuned_.size(); }
 
-  // Times the first `max_algos` heuristic candidates for one shape on the given buffers (median
-  // of `reps` launches each, microseconds; -1 for a candidate that failed). For the tuner.
+  // Times the first `max_algos` heuristic candidates for one shape on the given buffers
+  // (microseconds per launch, from a CUDA graph of `reps` launches back to back, the median of
+  // three replays; -1 for a candidate that failed). For the tuner.
   std::vector<float> benchmark(const GemmKey& key, const void* in, const void* weight,
                                const void* bias, void* out, int max_algos, int reps);
 
