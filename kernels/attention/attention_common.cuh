@@ -44,6 +44,21 @@ __device__ __forceinline__ float load_biased(const T* __restrict__ x, const T* _
   return v;
 }
 
+// VEC elements x[off ..] (+ bias[off ..]) in fp32, element for element as load_biased rounds them;
+// x + off and bias + off must be 16-byte aligned.
+template <typename T, int VEC>
+__device__ __forceinline__ void load_biased_vec(const T* __restrict__ x,
+                                                const T* __restrict__ bias, int64_t off,
+                                                float (&out)[VEC]) {
+  load_vec<T, VEC>(x + off, out);
+  if (bias != nullptr) {
+    float b[VEC];
+    load_vec<T, VEC>(bias + off, b);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) out[e] += b[e];
+  }
+}
+
 // (x, y) -> (x cos - y sin, y cos + x sin), every product and sum rounded separately (no FMA
 // contraction), so that the QKV-prep kernel and the fused decode attention round alike.
 __device__ __forceinline__ void rotate(float x, float y, float c, float s, float& ox, float& oy) {

@@ -2,9 +2,12 @@
 // q written packed, k and v written into the KV cache at (token_slot, token_pos).
 //
 // One block per token. The block first computes cos/sin of the token's position for the
-// rotary_dim/2 frequencies into shared memory; then each thread handles rotation pairs of q and k
-// (both elements of a pair are read and written by the same thread), and finally v is copied with
-// 16-byte vectors. The kernel is memory-bound and small next to the QKV GEMM that precedes it.
+// rotary_dim/2 frequencies into shared memory; then each thread handles 16-byte vectors of q and k
+// (both elements of a rotation pair are read and written by the same thread), and finally v is
+// copied with 16-byte vectors. Unaligned tensors, or a half-split rotation whose halves are not
+// whole vectors apart, take the element-by-element path (same arithmetic, same bits). The kernel
+// is memory-bound: at 2,048 prompt tokens of a 1,024-wide model it moved the QKV product at about
+// half the copy bandwidth element by element (13 us of the layer's ~130, benchmarks/README.md).
 #include "kernels/attention/attention_common.cuh"
 
 namespace warpformer {
@@ -37,57 +40,87 @@ __global__ void __launch_bounds__(kPrepThreads) qkv_prep_kernel(const QkvPrepPar
   const int64_t cache_base =
       write_cache ? (static_cast<int64_t>(slot) * heads * p.max_seq + pos) * hd : 0;
   const bool interleaved = p.rotary_style == RotaryStyle::kInterleaved;
-
-  // q and k: pairs. Pair j < rot_half is a rotary pair; the others are (rd + 2k, rd + 2k + 1),
-  // copied unchanged.
-  const int half = hd / 2;
-  for (int idx = threadIdx.x; idx < heads * half; idx += blockDim.x) {
-    const int h = idx / half;
-    const int j = idx - h * half;
-    int a, b;
-    const bool rot = attn::rotary_pair(j, rot_half, interleaved, a, b);
-    const float c = rot ? cos_s[j] : 0.f, s = rot ? sin_s[j] : 0.f;
-    const int64_t off = static_cast<int64_t>(h) * hd;
-    // q
-    {
-      const float x = attn::load_biased(qkv_t, p.bias, off + a, static_cast<int>(off) + a);
-      const float y = attn::load_biased(qkv_t, p.bias, off + b, static_cast<int>(off) + b);
-      float ox = x, oy = y;
-      if (rot) attn::rotate(x, y, c, s, ox, oy);
-      q_out_t[off + a] = from_float<T>(ox);
-      q_out_t[off + b] = from_float<T>(oy);
+  if constexpr (VEC == 1) {
+    // q and k, element by element: pairs. Pair j < rot_half is a rotary pair; the others are
+    // (rd + 2k, rd + 2k + 1), copied unchanged.
+    const int half = hd / 2;
+    for (int idx = threadIdx.x; idx < heads * half; idx += blockDim.x) {
+      const int h = idx / half;
+      const int j = idx - h * half;
+      int a, b;
+      const bool rot = attn::rotary_pair(j, rot_half, interleaved, a, b);
+      const float c = rot ? cos_s[j] : 0.f, s = rot ? sin_s[j] : 0.f;
+      const int64_t off = static_cast<int64_t>(h) * hd;
+      // q
+      {
+        const float x = attn::load_biased(qkv_t, p.bias, off + a, static_cast<int>(off) + a);
+        const float y = attn::load_biased(qkv_t, p.bias, off + b, static_cast<int>(off) + b);
+        float ox = x, oy = y;
+        if (rot) attn::rotate(x, y, c, s, ox, oy);
+        q_out_t[off + a] = from_float<T>(ox);
+        q_out_t[off + b] = from_float<T>(oy);
+      }
+      // k
+      if (write_cache) {
+        const float x = attn::load_biased(qkv_t + row, p.bias ? p.bias + row : nullptr, off + a,
+                                          static_cast<int>(off) + a);
+        const float y = attn::load_biased(qkv_t + row, p.bias ? p.bias + row : nullptr, off + b,
+                                          static_cast<int>(off) + b);
+        T* __restrict__ kc = p.k_cache + cache_base + h * cache_head_stride;
+        float ox = x, oy = y;
+        if (rot) attn::rotate(x, y, c, s, ox, oy);
+        kc[a] = from_float<T>(ox);
+        kc[b] = from_float<T>(oy);
+      }
     }
-    // k
-    if (write_cache) {
-      const float x = attn::load_biased(qkv_t + row, p.bias ? p.bias + row : nullptr, off + a,
-                                  static_cast<int>(off) + a);
-      const float y = attn::load_biased(qkv_t + row, p.bias ? p.bias + row : nullptr, off + b,
-                                  static_cast<int>(off) + b);
-      T* __restrict__ kc = p.k_cache + cache_base + h * cache_head_stride;
-      float ox = x, oy = y;
-      if (rot) attn::rotate(x, y, c, s, ox, oy);
-      kc[a] = from_float<T>(ox);
-      kc[b] = from_float<T>(oy);
+  } else {
+    // q and k in VEC-element vectors (the launcher's conditions: 16-byte aligned rows, and for
+    // the half-split style rot_half a multiple of VEC). Element for element the same arithmetic
+    // as above, so both paths write the same bits. Interleaved pairs never straddle a vector (VEC
+    // and d are even); a half-split vector below rot_half is rotated with its partner rot_half
+    // further on, which the partner's own unit then skips.
+    const int vec_per_head = hd / VEC;
+    const int units = heads * vec_per_head;  // of q, then of k
+    const int rot_dim = 2 * rot_half;
+    for (int idx = threadIdx.x; idx < 2 * units; idx += blockDim.x) {
+      const bool is_k = idx >= units;
+      if (is_k && !write_cache) break;  // idx only grows: the rest are k units too
+      const int u = is_k ? idx - units : idx;
+      const int h = u / vec_per_head;
+      const int d = (u - h * vec_per_head) * VEC;
+      if (!interleaved && d >= rot_half && d < rot_dim) continue;
+      const int64_t src_off = (is_k ? row : 0) + static_cast<int64_t>(h) * hd + d;
+      T* __restrict__ dst = is_k ? p.k_cache + cache_base + h * cache_head_stride + d
+                                 : q_out_t + static_cast<int64_t>(h) * hd + d;
+      float x[VEC];
+      attn::load_biased_vec<T, VEC>(qkv_t, p.bias, src_off, x);
+      if (d < rot_dim && interleaved) {
+#pragma unroll
+        for (int e = 0; e < VEC; e += 2) {
+          const int j = (d + e) / 2;
+          if (j < rot_half) attn::rotate(x[e], x[e + 1], cos_s[j], sin_s[j], x[e], x[e + 1]);
+        }
+      } else if (d < rot_dim) {
+        float y[VEC];
+        attn::load_biased_vec<T, VEC>(qkv_t, p.bias, src_off + rot_half, y);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          attn::rotate(x[e], y[e], cos_s[d + e], sin_s[d + e], x[e], y[e]);
+        }
+        store_vec<T, VEC>(dst + rot_half, y);
+      }
+      store_vec<T, VEC>(dst, x);
     }
   }
 
   // v: plain copy (+ bias) with VEC-element vectors; head_dim % VEC == 0 by construction.
   if (write_cache) {
-    const T* __restrict__ v_src = qkv_t + 2 * row;
-    const T* __restrict__ v_bias = p.bias ? p.bias + 2 * row : nullptr;
     const int vec_per_head = hd / VEC;
     for (int idx = threadIdx.x; idx < heads * vec_per_head; idx += blockDim.x) {
       const int h = idx / vec_per_head;
       const int d = (idx - h * vec_per_head) * VEC;
-      const int64_t off = static_cast<int64_t>(h) * hd + d;
       float v[VEC];
-      load_vec<T, VEC>(v_src + off, v);
-      if (v_bias != nullptr) {
-        float bv[VEC];
-        load_vec<T, VEC>(v_bias + off, bv);
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) v[e] += bv[e];
-      }
+      attn::load_biased_vec<T, VEC>(qkv_t, p.bias, 2 * row + static_cast<int64_t>(h) * hd + d, v);
       store_vec<T, VEC>(p.v_cache + cache_base + h * cache_head_stride + d, v);
     }
   }
@@ -125,8 +158,12 @@ cudaError_t launch_qkv_prep(const QkvPrepParams<T>& p, cudaStream_t stream) {
   }
   if (p.tokens == 0) return cudaSuccess;
   constexpr int kVec = 16 / sizeof(T);
+  // Rows and heads start on 16-byte boundaries when the bases do (head_dim is a multiple of 16
+  // bytes); a half-split rotation pairs vectors rot_half apart, which must then be aligned too.
   const bool vec_ok = aligned_to(p.qkv, 16) && aligned_to(p.bias, 16) &&
-                      aligned_to(p.v_cache, 16);  // head_dim is a multiple of 16 elements
+                      aligned_to(p.q_out, 16) && aligned_to(p.k_cache, 16) &&
+                      aligned_to(p.v_cache, 16) &&
+                      (p.rotary_style != RotaryStyle::kHalf || (p.rotary_dim / 2) % kVec == 0);
   LaunchShape shape;
   shape.grid = dim3(static_cast<unsigned>(p.tokens));
   shape.block = dim3(kPrepThreads);

@@ -168,6 +168,35 @@ def test_qkv_rotary_cache(dtype, hd, style, extent, with_bias, seed) -> None:
         assert c.permute(0, 2, 1, 3)[~written].isnan().all(), "wrote outside its positions"
 
 
+@pytest.mark.parametrize("style,rd", [("none", 0), ("interleaved", 20), ("interleaved", 128),
+                                      ("half", 32), ("half", 128)])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_qkv_rotary_cache_vector_and_element_paths(dtype, style, rd, seed) -> None:
+    """16-byte aligned tensors take the vector path (rd=20 interleaved: a vector straddles the
+    rotary end); the same values one element off alignment take the element-by-element path.
+    Both must write the same bits into q and both caches."""
+    heads, hd, slots, max_seq = 6, 128, 3, 48
+    token_slot = [2] * 9 + [0] * 5
+    token_pos = list(range(9)) + list(range(40, 45))
+    T = len(token_slot)
+    slot_t = torch.tensor(token_slot, dtype=torch.int32, device=DEV)
+    pos_t = torch.tensor(token_pos, dtype=torch.int32, device=DEV)
+    qkv = rand(T, 3, heads, hd, dtype=dtype)
+    bias = rand(3, heads, hd, dtype=dtype, scale=0.5)
+    shifted = torch.empty(qkv.numel() + 1, dtype=dtype, device=DEV)[1:].view_as(qkv)
+    shifted.copy_(qkv)
+    assert shifted.data_ptr() % 16 != 0
+    outs = []
+    for x in (qkv, shifted):
+        kc, vc = nan_cache(slots, heads, max_seq, hd, dtype)
+        q = ops.qkv_rotary_cache(x, bias, kc, vc, slot_t, pos_t, rd, style, 10000.0)
+        outs.append((q, kc, vc))
+    for what, a, b in zip(("q", "k_cache", "v_cache"), *outs, strict=True):
+        exactly_equal(a, b, f"{style} rd={rd} {what}: vector vs element path")
+    x = qkv.double() + bias.double()
+    assert_close(outs[0][0], rotary_ref(x[:, 0], pos_t.long(), rd, style), dtype)
+
+
 def test_qkv_rotary_long_positions(seed) -> None:
     """Positions in the thousands: the fp32 angle must be formed like HF's (exact same rounding)."""
     heads, hd, max_seq = 2, 128, 8192
