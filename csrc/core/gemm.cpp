@@ -188,7 +188,11 @@ struct BenchObjects {
   BenchObjects() = default;
   BenchObjects(const BenchObjects&) = delete;
   BenchObjects& operator=(const BenchObjects&) = delete;
+  // Waits for the stream first: a path that returns or throws between launches (a candidate
+  // that fails its capture, a failed check) would otherwise leave kernels running on buffers
+  // the caller frees once benchmark returns.
   ~BenchObjects() {
+    if (stream != nullptr) (void)cudaStreamSynchronize(stream);
     drop_graph();
     if (start != nullptr) cudaEventDestroy(start);
     if (stop != nullptr) cudaEventDestroy(stop);
@@ -232,6 +236,7 @@ std::vector<float> Gemm::benchmark(const GemmKey& key, const void* in, const voi
                             ctx_->workspace_size(), o.stream);
     };
     if (launch_once() != CUBLAS_STATUS_SUCCESS) {
+      (void)cudaGetLastError();  // leave no launch error for the next launcher to report
       times.push_back(-1.f);
       continue;
     }
