@@ -3,14 +3,15 @@ everything but its products were free.
 
 For each model shape, prompt batch (``BxL``: B prompts of L tokens) and prefill group size, it
 lists the cuBLASLt products the engine runs for the prompt (``warpformer.gemm_tune``'s shapes: the
-four per layer at each group's token count, the lm_head on the last tokens), times each with
+four per layer at each group's token count, and the lm_head on the last tokens unless there are
+at most ``GEMV_LM_HEAD_ROWS`` of them, which the engine's GEMV runs), times each with
 cuBLASLt's heuristic choice and with the fastest of its first ``--max-algos`` candidates
-(``warpformer.gemm_tune.tune``: CUDA events over back-to-back launches on random operands), and
-sums them per prompt pass. The sums are set against the prompt's GEMM flops (as
-``bench_generate.py`` counts them) and the fp16 GEMM rate (8192^3 ``torch.matmul``) measured in the
-same run: the "% of GEMM rate" column is the ceiling of ``bench_generate.py``'s
-``prefill_pct_gemm`` for that configuration. Group sizes other than the engine's default are what
-``WARPFORMER_PREFILL_TOKENS`` would give.
+(``warpformer.gemm_tune.tune``: a CUDA graph of back-to-back launches on random operands), and
+sums them per prompt pass. The sums are set against those products' flops and the fp16 GEMM rate
+(8192^3 ``torch.matmul``) measured in the same run. With the lm_head on cuBLASLt (more than 8
+prompts) the flops are ``bench_generate.py``'s prompt flops, and the "% of GEMM rate" column is
+the ceiling of its ``prefill_pct_gemm`` for that configuration. Group sizes other than the
+engine's default are what ``WARPFORMER_PREFILL_TOKENS`` would give.
 
     python benchmarks/bench_gemm_shapes.py --models gpt2-medium,bloom-560m,gpt-j-6b \\
         --cases 64x128,8x80 --groups 2048,4096,8192
@@ -39,6 +40,10 @@ from warpformer.gemm_tune import (  # noqa: E402
     logits_shapes,
     prefill_groups,
 )
+
+# The engine runs a transposed ([n, k]) lm_head of at most this many rows on its GEMV, not on
+# cuBLASLt (kernels::kGemvPreferredRowsNK, 16-bit types).
+GEMV_LM_HEAD_ROWS = 8
 
 # Each family's MLP activation, lm_head bias and residual form (as the converters set them).
 _FAMILY = {
@@ -81,15 +86,22 @@ def parse_cases(text: str) -> list[Case]:
 
 def prompt_products(shape: common.ModelShape, case: Case,
                     group_tokens: int) -> tuple[list[int], list[tuple[GemmShape, int]]]:
-    """The groups' token counts and every product of one prompt pass with its count:
-    ``layers`` per group for the layer products, once for the logits of the last tokens."""
+    """The groups' token counts and every cuBLASLt product of one prompt pass with its count:
+    ``layers`` per group for the layer products, once for the logits of the last tokens (but not
+    a transposed lm_head of at most ``GEMV_LM_HEAD_ROWS`` rows: the engine's GEMV runs it)."""
     dims = model_dims(shape)
     groups = prefill_groups([case.length] * case.batch, group_tokens)
     products: list[tuple[GemmShape, int]] = []
     for tokens in groups:
         products += [(s, shape.layers) for s in layer_shapes(dims, tokens, "context")]
-    products += [(s, 1) for s in logits_shapes(dims, case.batch, "context")]
+    products += [(s, 1) for s in logits_shapes(dims, case.batch, "context")
+                 if not (s.transposed and s.m <= GEMV_LM_HEAD_ROWS)]
     return groups, products
+
+
+def products_flops(products: list[tuple[GemmShape, int]]) -> float:
+    """2 m n k summed over a pass's products, each times its count."""
+    return sum(2.0 * s.m * s.n * s.k * n for s, n in products)
 
 
 def pass_ms(products: list[tuple[GemmShape, int]],
@@ -139,9 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     gpu = common.gpu_name()
     rate = common.gemm_tflops()
     common.log(f"{gpu}: fp16 GEMM rate {rate:.0f} TFLOP/s (8192^3 torch.matmul)")
-    times: dict[tuple, tuple[float, float]] = {}
+    times: dict[tuple, tuple[float, float]] = {}  # shared: models of equal widths share shapes
     shape_rows, pass_rows, records = [], [], []
     for shape in args.shapes:
+        listed: set[tuple] = set()
         for case in args.case_list:
             for g in args.groups:
                 groups, products = prompt_products(shape, case, g)
@@ -149,16 +162,20 @@ def main(argv: list[str] | None = None) -> int:
                 for s, _, best, heur in tune(list({s.key(): s for s in todo}.values()),
                                              torch.float16, args.max_algos, args.reps):
                     times[s.key()] = (heur, best)
-                    tf = 2.0 * s.m * s.n * s.k / (heur * 1e-6) / 1e12
-                    shape_rows.append([shape.name, s.what, s.m, s.n, s.k, s.epilogue,
-                                       common.fnum(heur), common.fnum(best), f"{tf:.0f}",
-                                       common.fpct(100 * tf / rate)])
+                for s, _ in products:
+                    if s.key() in times and s.key() not in listed:
+                        listed.add(s.key())
+                        heur, best = times[s.key()]
+                        tf = 2.0 * s.m * s.n * s.k / (heur * 1e-6) / 1e12
+                        shape_rows.append([shape.name, s.what, s.m, s.n, s.k, s.epilogue,
+                                           common.fnum(heur), common.fnum(best), f"{tf:.0f}",
+                                           common.fpct(100 * tf / rate)])
                 missing = [s for s, _ in products if s.key() not in times]
                 if missing:
                     raise SystemExit(f"bench_gemm_shapes: no cuBLASLt algorithm ran "
                                      f"{missing[0]}")
                 heur, best = pass_ms(products, times)
-                flops = common.prefill_gemm_flops(shape, case.batch, case.length)
+                flops = products_flops(products)
                 rec = {"model": shape.name, "case": case.label, "group_tokens": g,
                        "groups": groups, "products_ms_heuristic": heur,
                        "products_ms_best": best,

@@ -86,3 +86,14 @@ def test_cli_requires_dimensions(capsys) -> None:
         main(["gemm-tune", "--batch-size", "2"])
     with pytest.raises(SystemExit, match="--batch-size must be >= 1"):
         main(["gemm-tune", "--batch-size", "0", "--head-num", "2"])
+
+
+def test_group_tokens_override() -> None:
+    dims = ModelDims(hidden=1024, inter=4096, vocab=50257)
+    ms = {s.m for s in gemm_shapes(dims, 64, 1, 128, group_tokens=8192) if s.what == "context qkv"}
+    assert ms == {8192}
+    ms = {s.m for s in gemm_shapes(dims, 64, 1, 128, group_tokens=1000) if s.what == "context qkv"}
+    assert ms == set(prefill_groups([128] * 64, 1000))
+    for bad in (0, -5):
+        with pytest.raises(ValueError, match="group_tokens must be >= 1"):
+            gemm_shapes(dims, 64, 1, 128, group_tokens=bad)

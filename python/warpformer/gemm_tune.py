@@ -156,7 +156,10 @@ def gemm_shapes(dims: ModelDims, batch: int, beam: int, max_input_len: int,
     default ``prefill_group_tokens()``) and in decode at ``batch * beam`` rows; the logits'
     (``logits_shapes``) at ``batch`` rows after the prompt and at ``batch * beam`` in decode.
     ``dtype_bytes`` is the element size (it decides the MLP-in epilogue)."""
-    size = group_tokens or prefill_group_tokens()
+    if group_tokens is not None and group_tokens < 1:
+        raise ValueError(f"group_tokens must be >= 1 (or None for the engine's default), got "
+                         f"{group_tokens}")
+    size = prefill_group_tokens() if group_tokens is None else group_tokens
     shapes: list[GemmShape] = []
     for tokens in sorted(set(prefill_groups([max_input_len] * batch, size))):
         shapes += layer_shapes(dims, tokens, "context", dtype_bytes)
