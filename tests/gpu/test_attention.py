@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -168,13 +169,14 @@ def test_qkv_rotary_cache(dtype, hd, style, extent, with_bias, seed) -> None:
         assert c.permute(0, 2, 1, 3)[~written].isnan().all(), "wrote outside its positions"
 
 
-@pytest.mark.parametrize("style,rd", [("none", 0), ("interleaved", 20), ("interleaved", 128),
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("style,rd", [("none", 0), ("interleaved", 22), ("interleaved", 128),
                                       ("half", 32), ("half", 128)])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_qkv_rotary_cache_vector_and_element_paths(dtype, style, rd, seed) -> None:
-    """16-byte aligned tensors take the vector path (rd=20 interleaved: a vector straddles the
-    rotary end); the same values one element off alignment take the element-by-element path.
-    Both must write the same bits into q and both caches."""
+def test_qkv_rotary_cache_vector_and_element_paths(dtype, style, rd, with_bias, seed) -> None:
+    """16-byte aligned tensors take the vector kernel (rd=22 interleaved: a vector straddles the
+    rotary end for every dtype); the same values one element off alignment take the
+    element-by-element kernel. Both must write the same bits into q and both caches."""
     heads, hd, slots, max_seq = 6, 128, 3, 48
     token_slot = [2] * 9 + [0] * 5
     token_pos = list(range(9)) + list(range(40, 45))
@@ -182,18 +184,24 @@ def test_qkv_rotary_cache_vector_and_element_paths(dtype, style, rd, seed) -> No
     slot_t = torch.tensor(token_slot, dtype=torch.int32, device=DEV)
     pos_t = torch.tensor(token_pos, dtype=torch.int32, device=DEV)
     qkv = rand(T, 3, heads, hd, dtype=dtype)
-    bias = rand(3, heads, hd, dtype=dtype, scale=0.5)
+    bias = rand(3, heads, hd, dtype=dtype, scale=0.5) if with_bias else None
     shifted = torch.empty(qkv.numel() + 1, dtype=dtype, device=DEV)[1:].view_as(qkv)
     shifted.copy_(qkv)
     assert shifted.data_ptr() % 16 != 0
-    outs = []
+    outs, kernels = [], []
     for x in (qkv, shifted):
         kc, vc = nan_cache(slots, heads, max_seq, hd, dtype)
-        q = ops.qkv_rotary_cache(x, bias, kc, vc, slot_t, pos_t, rd, style, 10000.0)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            q = ops.qkv_rotary_cache(x, bias, kc, vc, slot_t, pos_t, rd, style, 10000.0)
+            torch.cuda.synchronize()
+        # the kernel's VEC template argument, from names like "qkv_prep_kernel<__half, 8>(...)"
+        kernels.append({int(m.group(1)) for e in prof.events()
+                        if (m := re.search(r"qkv_prep_kernel<[^,<>]+, (\d+)>", e.name))})
         outs.append((q, kc, vc))
+    assert kernels == [{16 // qkv.element_size()}, {1}], kernels
     for what, a, b in zip(("q", "k_cache", "v_cache"), *outs, strict=True):
         exactly_equal(a, b, f"{style} rd={rd} {what}: vector vs element path")
-    x = qkv.double() + bias.double()
+    x = qkv.double() + (bias.double() if bias is not None else 0.0)
     assert_close(outs[0][0], rotary_ref(x[:, 0], pos_t.long(), rd, style), dtype)
 
 
