@@ -10,8 +10,11 @@ from warpformer.gemm_tune import (
     ModelDims,
     ffn_in_epilogue,
     gemm_shapes,
+    heuristic_rows,
+    parse_prompt_rows,
     prefill_group_tokens,
     prefill_groups,
+    row_buckets,
 )
 
 
@@ -97,3 +100,33 @@ def test_group_tokens_override() -> None:
     for bad in (0, -5):
         with pytest.raises(ValueError, match="group_tokens must be >= 1"):
             gemm_shapes(dims, 64, 1, 128, group_tokens=bad)
+
+
+def test_rounded_row_counts_mirror_the_engine() -> None:
+    # Gemm::heuristic_rows: exact up to 64, then a step of max(16, bit_ceil(m) / 16); the GPU test
+    # of the engine's reuse (tests/gpu/test_gemm.py) has 513-576 share 576 and 577 start 640.
+    assert [heuristic_rows(m) for m in (1, 64, 65, 80, 81, 256, 257, 513, 576, 577, 1025)] == \
+        [1, 64, 80, 80, 96, 256, 288, 576, 576, 640, 1152]
+    buckets = row_buckets(60, 2100)
+    assert buckets[:6] == [60, 61, 62, 63, 64, 80] and buckets[-2:] == [2048, 2304]
+    assert all(heuristic_rows(m) in buckets for m in range(60, 2101))
+    assert buckets == sorted(set(buckets))
+    assert row_buckets(513, 600) == [576, 640]
+    for lo, hi in ((0, 5), (9, 8)):
+        with pytest.raises(ValueError, match="1 <= lo <= hi"):
+            row_buckets(lo, hi)
+
+
+def test_prompt_rows_option() -> None:
+    dims = ModelDims(hidden=1024, inter=4096, vocab=50257)
+    ms = {s.m for s in gemm_shapes(dims, 8, 1, 80, prompt_rows=(256, 700))
+          if s.what == "context ffn out"}
+    assert ms == {640} | set(row_buckets(256, 700))
+    assert parse_prompt_rows(None) is None
+    assert parse_prompt_rows("256:2048") == (256, 2048)
+    for bad in ("256", "0:4", "9:8", "a:b", "1:2:3", ":5"):
+        with pytest.raises(SystemExit, match="--prompt-rows must be LO:HI with 1 <= LO <= HI"):
+            parse_prompt_rows(bad)
+    with pytest.raises(SystemExit, match="--prompt-rows must be LO:HI"):
+        main(["gemm-tune", "--head-num", "2", "--size-per-head", "64", "--inter-size", "512",
+              "--vocab-size", "100", "--prompt-rows", "5:1"])

@@ -144,6 +144,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{len(steps)} batches, {common.gpu_name()}\n")
     print(f"prompt tokens per batch: mean {statistics.mean(tokens):.0f}; decode steps per batch: "
           f"mean {statistics.mean(steps):.2f}\n")
+    note = model.gemm_tuning_note()
+    if note:  # a tuning file ($WARPFORMER_GEMM_CONFIG): what it served
+        print(f"{note}; cuBLASLt plans from it: {model.gemm_tuned_plans()} of "
+              f"{model.gemm_cached_plans()} cached\n")
     print("| loop body | median ms | mean ms |\n|---|---:|---:|")
     for name, ms in passes.items():
         print(f"| {name} | {statistics.median(ms):.3f} | {statistics.mean(ms):.3f} |")

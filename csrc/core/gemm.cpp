@@ -118,22 +118,29 @@ std::shared_ptr<Gemm::Plan> Gemm::plan_for(const GemmKey& key) {
   create_descriptors(key, plan.get());
   auto tuned = tuned_.find(key);
   bool chosen = false;
+  bool from_file = tuned != tuned_.end();
   if (tuned == tuned_.end() && key.m > kExactRows) {
-    // The algorithm the heuristic chose for the rounded-up row count.
+    // The algorithm chosen for the rounded-up row count: the tuning file's, when it has that
+    // count (gemm-tune --prompt-rows tunes every rounded count of a range), else the
+    // heuristic's first.
     GemmKey rounded = key;
     rounded.m = heuristic_rows(key.m);
+    const auto tuned_rounded = tuned_.find(rounded);
     auto found = rounded_algos_.find(rounded);
     if (found == rounded_algos_.end()) {
+      const int index = tuned_rounded == tuned_.end() ? 0 : tuned_rounded->second;
       Plan probe;
       std::vector<cublasLtMatmulHeuristicResult_t> results;
       try {  // a failed query of the rounded shape leaves the exact one to plan below
         if (rounded.m != key.m) create_descriptors(rounded, &probe);
-        results = heuristics(rounded.m != key.m ? probe : *plan, 1);
+        results = heuristics(rounded.m != key.m ? probe : *plan, index + 1);
       } catch (const c10::Error&) {
       }
       if (!results.empty()) {
         if (rounded_algos_.size() >= kMaxPlans) rounded_algos_.clear();
-        found = rounded_algos_.emplace(rounded, results[0]).first;
+        // A tuned index past the end of today's list (other cuBLAS version): the first.
+        const auto& pick = results[index < static_cast<int>(results.size()) ? index : 0];
+        found = rounded_algos_.emplace(rounded, pick).first;
       }
     }
     // cuBLASLt checks a borrowed algorithm for the exact shape (and says what workspace it
@@ -149,6 +156,7 @@ std::shared_ptr<Gemm::Plan> Gemm::plan_for(const GemmKey& key) {
         plan->algo = found->second.algo;
         plan->workspace = fit.workspaceSize;
         chosen = true;
+        from_file = tuned_rounded != tuned_.end();
       }
     }
   }
@@ -168,6 +176,7 @@ std::shared_ptr<Gemm::Plan> Gemm::plan_for(const GemmKey& key) {
   }
   uses_.push_front(key);
   plans_.emplace(key, CachedPlan{plan, uses_.begin()});
+  if (from_file) ++tuned_plans_;
   return plan;
 }
 
@@ -323,6 +332,7 @@ bool Gemm::load_tuning(const std::string& path, std::string* note) {
   plans_.clear();  // re-plan with the tuned choices (plans are rebuilt on next use)
   uses_.clear();
   rounded_algos_.clear();
+  tuned_plans_ = 0;
   *note = "GEMM tuning file '" + path + "': " + std::to_string(tuned_.size()) + " shapes";
   return true;
 }

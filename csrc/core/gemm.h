@@ -20,7 +20,8 @@
 // kExactRows does not pay a heuristic query (~0.3 ms of host time) either: it borrows the
 // algorithm the heuristic chose for m rounded up to a step of 6-12% of m (heuristic_rows), once
 // cuBLASLt has checked it for the exact shape (cublasLtMatmulAlgoCheck); a shape it refuses, or
-// one in a tuning file, is planned exactly.
+// one in a tuning file, is planned exactly. A tuning file's entry for the rounded count itself
+// (gemm-tune --prompt-rows) replaces the heuristic's choice there, for every m it rounds from.
 #pragma once
 
 #include <cublasLt.h>
@@ -199,6 +200,9 @@ class Gemm {
   // how many shapes were loaded or why the file was ignored.
   bool load_tuning(const std::string& path, std::string* note);
   size_t tuned_shapes() const { return tuned_.size(); }
+  // Plans made so far with an algorithm from the tuning file: its own shape, or (above
+  // kExactRows) the rounded row count heuristic_rows(m) whose algorithm the shape borrows.
+  int64_t tuned_plans() const { return tuned_plans_; }
 
   // Times the first `max_algos` heuristic candidates for one shape on the given buffers
   // (microseconds per launch, from a CUDA graph of `reps` launches back to back, the median of
@@ -260,6 +264,7 @@ class Gemm {
   // The heuristic's first choice per shape with m = heuristic_rows(m) (cleared when full).
   std::unordered_map<GemmKey, cublasLtMatmulHeuristicResult_t, GemmKeyHash> rounded_algos_;
   mutable std::atomic<int64_t> heuristic_queries_{0};
+  int64_t tuned_plans_ = 0;  // guarded by mu_
 };
 
 }  // namespace warpformer

@@ -68,6 +68,9 @@ class GptModelHolder : public torch::CustomClassHolder {
   int64_t device() const { return device_; }
   // Shapes whose cuBLASLt algorithm comes from the GEMM tuning file (0: heuristics only).
   int64_t gemm_tuned_shapes() const { return static_cast<int64_t>(model_->gemm().tuned_shapes()); }
+  // cuBLASLt plans made so far whose algorithm came from the tuning file (its own shape's entry,
+  // or that of the rounded row count a prompt's shape borrows from; Gemm::tuned_plans).
+  int64_t gemm_tuned_plans() const { return model_->gemm().tuned_plans(); }
   // cuBLASLt plans cached now (at most Gemm::kMaxPlans; least recently used shapes are dropped).
   int64_t gemm_cached_plans() const {
     return static_cast<int64_t>(model_->gemm().cached_plans());

@@ -230,6 +230,7 @@ TORCH_LIBRARY(warpformer, m) {
       .def("memory_bytes", &GptModelHolder::memory_bytes)
       .def("gemm_workspace_bytes", &GptModelHolder::gemm_workspace_bytes)
       .def("gemm_tuned_shapes", &GptModelHolder::gemm_tuned_shapes)
+      .def("gemm_tuned_plans", &GptModelHolder::gemm_tuned_plans)
       .def("gemm_cached_plans", &GptModelHolder::gemm_cached_plans)
       .def("gemm_heuristic_queries", &GptModelHolder::gemm_heuristic_queries)
       .def("gemm_tuning_note", &GptModelHolder::gemm_tuning_note)

@@ -21,9 +21,10 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["GemmShape", "activation_epilogue_on", "ffn_in_epilogue", "gemm_shapes",
-           "layer_shapes", "logits_shapes", "prefill_group_tokens", "prefill_groups", "tune",
-           "add_arguments", "run"]
+__all__ = ["EXACT_ROWS", "GemmShape", "activation_epilogue_on", "ffn_in_epilogue", "gemm_shapes",
+           "heuristic_rows", "layer_shapes", "logits_shapes", "parse_prompt_rows",
+           "prefill_group_tokens", "prefill_groups", "row_buckets", "tune", "add_arguments",
+           "run"]
 
 _TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -58,6 +59,34 @@ class ModelDims:
     parallel_residual: bool = False
     activation: str = "gelu_tanh"  # the MLP's: gelu_tanh, gelu_erf, relu or silu
     lm_head_bias: bool = False
+
+
+# Gemm::kExactRows (csrc/core/gemm.h): products of more rows borrow the algorithm chosen for
+# their row count rounded up (heuristic_rows), which a tuning file's entry for that count sets.
+EXACT_ROWS = 64
+
+
+def heuristic_rows(m: int) -> int:
+    """The row count whose algorithm an ``m``-row product uses (mirrors ``Gemm::heuristic_rows``):
+    ``m`` itself up to ``EXACT_ROWS``, else ``m`` rounded up to a multiple of
+    ``max(16, bit_ceil(m) / 16)``."""
+    if m <= EXACT_ROWS:
+        return m
+    step = max(16, (1 << (m - 1).bit_length()) // 16)
+    return -(-m // step) * step
+
+
+def row_buckets(lo: int, hi: int) -> list[int]:
+    """Every row count ``heuristic_rows(m)`` for ``lo <= m <= hi``, ascending: the counts a
+    tuning file needs for prompts of ``lo`` to ``hi`` tokens in a prefill group."""
+    if not 1 <= lo <= hi:
+        raise ValueError(f"prompt rows must satisfy 1 <= lo <= hi, got {lo}:{hi}")
+    out, m = [], lo
+    while m <= hi:
+        r = heuristic_rows(m)
+        out.append(r)
+        m = r + 1
+    return out
 
 
 # GptModel's prefill groups (csrc/models/gpt/gpt_model.h): whole sequences of at most this many
@@ -149,13 +178,16 @@ def logits_shapes(dims: ModelDims, m: int, phase: str) -> list[GemmShape]:
 
 
 def gemm_shapes(dims: ModelDims, batch: int, beam: int, max_input_len: int,
-                dtype_bytes: int = 2, group_tokens: int | None = None) -> list[GemmShape]:
+                dtype_bytes: int = 2, group_tokens: int | None = None,
+                prompt_rows: tuple[int, int] | None = None) -> list[GemmShape]:
     """Every distinct GEMM the engine runs for this workload: the layers' products
     (``layer_shapes``) in the context phase at each prefill group's token count (``batch``
     prompts of ``max_input_len`` tokens, groups as ``prefill_groups`` with ``group_tokens``,
     default ``prefill_group_tokens()``) and in decode at ``batch * beam`` rows; the logits'
     (``logits_shapes``) at ``batch`` rows after the prompt and at ``batch * beam`` in decode.
-    ``dtype_bytes`` is the element size (it decides the MLP-in epilogue)."""
+    ``dtype_bytes`` is the element size (it decides the MLP-in epilogue). ``prompt_rows``
+    ``(lo, hi)`` adds the layers' products at every rounded row count of that range
+    (``row_buckets``), whose entries serve every prompt group of ``lo`` to ``hi`` tokens."""
     if group_tokens is not None and group_tokens < 1:
         raise ValueError(f"group_tokens must be >= 1 (or None for the engine's default), got "
                          f"{group_tokens}")
@@ -163,6 +195,9 @@ def gemm_shapes(dims: ModelDims, batch: int, beam: int, max_input_len: int,
     shapes: list[GemmShape] = []
     for tokens in sorted(set(prefill_groups([max_input_len] * batch, size))):
         shapes += layer_shapes(dims, tokens, "context", dtype_bytes)
+    if prompt_rows is not None:
+        for rows in row_buckets(*prompt_rows):
+            shapes += layer_shapes(dims, rows, "context", dtype_bytes)
     shapes += logits_shapes(dims, batch, "context")
     shapes += layer_shapes(dims, batch * beam, "decode", dtype_bytes)
     shapes += logits_shapes(dims, batch * beam, "decode")
@@ -244,9 +279,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "the checkpoint with --model-dir")
     p.add_argument("--tensor-para-size", type=int, default=1)
     p.add_argument("--model-dir", help="converted <tp>-gpu dir: take dims and switches from it")
+    p.add_argument("--prompt-rows", metavar="LO:HI",
+                   help="also tune the prompt's products for every rounded row count between LO "
+                        "and HI tokens a prefill group (prompts of varying length, e.g. 256:2048); "
+                        "products of other counts borrow these choices")
     p.add_argument("--output", default="gemm_config.tsv", help="tuning file to write")
     p.add_argument("--max-algos", type=int, default=16, help="candidates timed per shape")
     p.add_argument("--reps", type=int, default=20, help="timed launches per candidate")
+
+
+def parse_prompt_rows(text: str | None) -> tuple[int, int] | None:
+    """``"256:2048"`` -> (256, 2048); None stays None; anything else exits naming the option."""
+    if text is None:
+        return None
+    parts = text.split(":")
+    if len(parts) == 2 and all(p.strip().isdigit() for p in parts):
+        lo, hi = int(parts[0]), int(parts[1])
+        if 1 <= lo <= hi:
+            return lo, hi
+    raise SystemExit(f"gemm-tune: --prompt-rows must be LO:HI with 1 <= LO <= HI, got {text!r}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -254,6 +305,7 @@ def run(args: argparse.Namespace) -> int:
     for name in ("batch_size", "beam_width", "max_input_len", "tensor_para_size", "max_algos"):
         if getattr(args, name) < 1:
             raise SystemExit(f"gemm-tune: --{name.replace('_', '-')} must be >= 1")
+    prompt_rows = parse_prompt_rows(args.prompt_rows)
     dims = dims_from_args(args)
     if not torch.cuda.is_available():
         raise SystemExit("gemm-tune: needs a CUDA device (tuning times kernels on the GPU)")
@@ -261,7 +313,8 @@ def run(args: argparse.Namespace) -> int:
 
     dtype = _TORCH_DTYPES[args.data_type]
     shapes = gemm_shapes(dims, args.batch_size, args.beam_width, args.max_input_len,
-                         dtype_bytes=torch.empty(0, dtype=dtype).element_size())
+                         dtype_bytes=torch.empty(0, dtype=dtype).element_size(),
+                         prompt_rows=prompt_rows)
     results = tune(shapes, _TORCH_DTYPES[args.data_type], args.max_algos, args.reps)
     write_tuning_file(args.output, args.data_type, results)
     print(f"{'shape':<28} {'m':>7} {'n':>7} {'k':>7} {'heuristic us':>13} {'tuned us':>9} "

@@ -265,6 +265,46 @@ def test_new_row_counts_reuse_the_rounded_heuristic(tmp_path):
                 f"fp16: ours {err:.3e} vs HF fp16 {err_hf:.3e}")
 
 
+def test_tuned_rounded_row_counts_serve_every_prompt_length(tmp_path):
+    """gemm-tune --prompt-rows tunes the rounded row counts of a range; a prompt of any length in
+    it takes its products' algorithms from the file (through the count it rounds to), one plan
+    per new length, and computes what the untuned model computes (fp16: within rounding)."""
+    import transformers
+
+    from warpformer.converters import convert
+    from warpformer.gemm_tune import row_buckets
+    from warpformer.models.gpt import load_gpt_model
+
+    cfg = transformers.GPT2Config(vocab_size=1000, n_embd=128, n_head=2, n_layer=2,
+                                  n_positions=1024, bos_token_id=1, eos_token_id=2)
+    transformers.GPT2LMHeadModel(cfg).save_pretrained(tmp_path / "hf")
+    convert(tmp_path / "hf", tmp_path / "wf", 1, "fp16")
+    dims = ModelDims(hidden=128, inter=512, vocab=1000)
+    assert row_buckets(513, 600) == [576, 640]
+    shapes = gemm_shapes(dims, batch=1, beam=1, max_input_len=16, prompt_rows=(513, 600))
+    assert {s.m for s in shapes if s.what == "context qkv"} == {16, 576, 640}
+    path = tmp_path / "gemm.tsv"
+    write_tuning_file(str(path), "fp16", tune(shapes, torch.float16, max_algos=4, reps=3))
+    tuned = load_gpt_model(tmp_path / "wf" / "1-gpu", max_batch=1, max_seq_len=700,
+                           gemm_config=str(path))
+    plain = load_gpt_model(tmp_path / "wf" / "1-gpu", max_batch=1, max_seq_len=700)
+    ids = torch.randint(0, 1000, (1, 700), dtype=torch.int32, device="cuda")
+
+    def logits(model, n: int) -> torch.Tensor:  # a prefill of n tokens: m = n
+        return model.forward(ids[:, :n].contiguous(),
+                             torch.tensor([n], dtype=torch.int32, device="cuda"))[0].float()
+
+    assert tuned.gemm_tuned_plans() == 0
+    for i, n in enumerate((530, 531, 600), start=1):
+        a, b = logits(tuned, n), logits(plain, n)
+        # the four layer products of a new prompt length, borrowed from 576's or 640's entries
+        assert tuned.gemm_tuned_plans() == 4 * i, n
+        torch.testing.assert_close(a, b, rtol=2e-3, atol=2e-3 * float(b.abs().max()))
+    logits(tuned, 700)  # rounds to 704: not in the file, the heuristic's choice
+    assert tuned.gemm_tuned_plans() == 12
+    assert plain.gemm_tuned_plans() == 0
+
+
 # ---- the GEMV that normalises its own input (norm_gemm) -----------------------------------------
 def _norm_case(dtype, m, n, k, residual, input_bias, norm_bias, seed=0):
     g = torch.Generator().manual_seed(seed)
