@@ -261,10 +261,11 @@ class Gemm {
   std::list<GemmKey> uses_;  // cached shapes, most recently used first
   std::unordered_map<GemmKey, CachedPlan, GemmKeyHash> plans_;
   std::unordered_map<GemmKey, int, GemmKeyHash> tuned_;  // heuristic index per shape
-  // The heuristic's first choice per shape with m = heuristic_rows(m) (cleared when full).
+  // The algorithm chosen per shape with m = heuristic_rows(m): the tuning file's for that shape,
+  // else the heuristic's first (cleared when full).
   std::unordered_map<GemmKey, cublasLtMatmulHeuristicResult_t, GemmKeyHash> rounded_algos_;
   mutable std::atomic<int64_t> heuristic_queries_{0};
-  int64_t tuned_plans_ = 0;  // guarded by mu_
+  std::atomic<int64_t> tuned_plans_{0};
 };
 
 }  // namespace warpformer
