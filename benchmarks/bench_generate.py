@@ -74,16 +74,15 @@ from common import (
 # own), only the attention fusion, and every fusion but the parallel-residual decode step's (MLP-in
 # product beside the attention, one launch for the two output products), every fusion but the
 # paired QKV and MLP-in products of that step, every fusion but the tanh-GELU in cuBLASLt's
-# epilogue, every fusion but the persistent decode step (layers), and prefill-N: prompt groups of
-# at most N tokens. Each environment variable is read when the engine is built.
+# epilogue, and prefill-N: prompt groups of at most N tokens. Each environment variable is read
+# when the engine is built.
 VARIANT_ENV = {
     "gemv-off": ("WARPFORMER_GEMV", "0"),
     "unfused": ("WARPFORMER_FUSE", "0"),
     "attention-only": ("WARPFORMER_FUSE", "attention,activation"),
-    "parallel-off": ("WARPFORMER_FUSE", "attention,norms,activation,layers"),
-    "pair-off": ("WARPFORMER_FUSE", "attention,norms,parallel,activation,layers"),
-    "activation-off": ("WARPFORMER_FUSE", "attention,norms,parallel,pair,layers"),
-    "layers-off": ("WARPFORMER_FUSE", "attention,norms,parallel,activation,pair"),
+    "parallel-off": ("WARPFORMER_FUSE", "attention,norms,activation"),
+    "pair-off": ("WARPFORMER_FUSE", "attention,norms,parallel,activation"),
+    "activation-off": ("WARPFORMER_FUSE", "attention,norms,parallel,pair"),
 }
 VARIANTS = (*VARIANT_ENV, "tuned", "prefill-N")
 ENGINES = ("warpformer", *(f"warpformer-{v}" for v in VARIANTS), "hf-eager", "hf-compiled")
@@ -199,15 +198,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "unfused (WARPFORMER_FUSE=0: QKV preparation and norms as kernels of "
                          "their own), attention-only (WARPFORMER_FUSE=attention,activation: "
                          "norms as kernels of their own), parallel-off "
-                         "(WARPFORMER_FUSE=attention,norms,activation,layers: "
+                         "(WARPFORMER_FUSE=attention,norms,activation: "
                          "a parallel-residual layer's four products one after another), "
-                         "pair-off (WARPFORMER_FUSE=attention,norms,parallel,activation,layers: "
-                         "that layer's QKV and MLP-in products as two launches, the MLP-in "
-                         "beside the attention), activation-off "
-                         "(WARPFORMER_FUSE=attention,norms,parallel,pair,layers: tanh-GELU "
-                         "as a kernel after cuBLASLt's product), layers-off "
-                         "(WARPFORMER_FUSE=attention,norms,parallel,activation,pair: 1-2-row "
-                         "decode steps layer by layer, not in the persistent kernel), prefill-N "
+                         "pair-off (WARPFORMER_FUSE=attention,norms,parallel,activation: that "
+                         "layer's QKV and MLP-in products as two launches, the MLP-in beside "
+                         "the attention), "
+                         "activation-off (WARPFORMER_FUSE=attention,norms,parallel,pair: tanh-GELU "
+                         "as a kernel after cuBLASLt's product), prefill-N "
                          "(WARPFORMER_PREFILL_TOKENS=N: prompt groups of at most N tokens)")
     ap.add_argument("--hf-compile", choices=("none", "target", "all"), default="target",
                     help="HF static cache + compiled forward on: none, the target configuration "

@@ -433,12 +433,7 @@ void GptModel::decode_step_body() {
   } else {
     stage_recv(s.rows);
   }
-  const layers::AttentionInputs ai = decode_attention(0, s.rows);
-  if (decode_layers_fit(s.rows)) {
-    run_decode_layers(s.rows, ai);
-  } else {
-    run_layers(s.rows, ai);
-  }
+  run_layers(s.rows, decode_attention(0, s.rows));
   if (!cfg_.last_stage()) {
     stage_send(s.rows);
   } else {

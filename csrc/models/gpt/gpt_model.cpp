@@ -8,7 +8,6 @@
 #include <array>
 #include <cerrno>
 #include <climits>
-#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -49,19 +48,16 @@ class Carver {
 // and its attention-out and MLP-out products are one GEMV launch) and "activation" (a 16-bit
 // model's tanh-GELU in cuBLASLt's epilogue of the MLP-in product at prompt sizes) and "pair"
 // (with parallel and norms: that decode step's QKV and MLP-in products as one GEMV launch before
-// the attention, and the joined output product starting on its MLP part beside the attention)
-// and "layers" (a decode step of 1-2 rows of a sequential pre-norm model runs all its layers in
-// one persistent kernel, kernels/decode_layers.h).
+// the attention, and the joined output product starting on its MLP part beside the attention).
 // Off, each runs as its own kernel (for comparisons): attention and norms give bit-identical
-// results, parallel, pair, activation and layers the same up to rounding (parallel: the two
-// output products accumulate in fp32 together instead of adding two rounded products; pair: the
-// wider launch may split k differently, and NeoX's ln2 normalises the fp32 stream instead of its
-// rounded copy; activation: the GELU reads the fp32 accumulator instead of the rounded product;
-// layers: the products' fp32 sums run in another order).
+// results, parallel, pair and activation the same up to rounding (parallel: the two output
+// products accumulate in fp32 together instead of adding two rounded products; pair: the wider
+// launch may split k differently, and NeoX's ln2 normalises the fp32 stream instead of its
+// rounded copy; activation: the GELU reads the fp32 accumulator instead of the rounded product).
 GptModel::Fusions fusions_from_env() {
   const char* env = std::getenv("WARPFORMER_FUSE");
-  if (env == nullptr || std::strcmp(env, "1") == 0) return {true, true, true, true, true, true};
-  GptModel::Fusions f{false, false, false, false, false, false};
+  if (env == nullptr || std::strcmp(env, "1") == 0) return {true, true, true, true, true};
+  GptModel::Fusions f{false, false, false, false, false};
   if (std::strcmp(env, "0") == 0) return f;
   const std::string list = env;
   size_t start = 0;
@@ -78,11 +74,9 @@ GptModel::Fusions fusions_from_env() {
       f.activation = true;
     } else if (item == "pair") {
       f.pair = true;
-    } else if (item == "layers") {
-      f.layers = true;
     } else {  // includes an empty item (a stray comma)
       TORCH_CHECK(false, "WARPFORMER_FUSE must be 1, 0 or a comma list of attention, norms, "
-                  "parallel, activation, pair, layers; got '", env, "'");
+                  "parallel, activation, pair; got '", env, "'");
     }
     if (end == list.size()) break;
     start = end + 1;
@@ -152,99 +146,6 @@ GptModel::GptModel(GptConfig cfg, GptWeights weights, DType dtype,
                                                   static_cast<float>(cfg_.rotary_base),
                                                   ctx_->stream()));
   }
-  init_decode_layers();
-}
-
-// The persistent decode step applies to sequential pre-norm LayerNorm models on one rank and
-// stage in a 16-bit type whose shapes fit its plan; otherwise steps run layer by layer.
-void GptModel::init_decode_layers() {
-  const bool form = fusions_.layers && cfg_.pre_layernorm && !cfg_.parallel_residual &&
-                    cfg_.tensor_para_size == 1 && cfg_.pipeline_para_size == 1 &&
-                    cfg_.word_embed_proj_dim == 0 &&
-                    (dtype_ == DType::kFloat16 || dtype_ == DType::kBFloat16);
-  if (!form || w_.layers.empty()) return;
-  kernels::DecodeLayersShape shape;
-  shape.layers = static_cast<int>(w_.layers.size());
-  shape.hidden = static_cast<int>(cfg_.hidden());
-  shape.heads = static_cast<int>(cfg_.local_heads());
-  shape.head_dim = static_cast<int>(cfg_.size_per_head);
-  shape.inter = static_cast<int>(cfg_.local_inter());
-  shape.elem_bytes = static_cast<int>(dtype_size(dtype_));
-  const kernels::DecodeLayersPlan plan = kernels::decode_layers_plan(shape, ctx_->device());
-  if (!plan.ok) return;
-  // The pointer table: DecodeLayerWeights<T> has the same layout for both 16-bit types.
-  using Entry = kernels::DecodeLayerWeights<__half>;
-  std::vector<Entry> table(w_.layers.size());
-  for (size_t l = 0; l < table.size(); ++l) {
-    const layers::LayerWeights& lw = w_.layers[l];
-    auto h = [](const void* p) { return static_cast<const __half*>(p); };
-    table[l] = Entry{h(lw.ln1_w),   h(lw.ln1_b), h(lw.qkv_w), h(lw.qkv_b),
-                     h(lw.dense_w), h(lw.dense_b), h(lw.ln2_w), h(lw.ln2_b),
-                     h(lw.fc1_w),   h(lw.fc1_b), h(lw.fc2_w), h(lw.fc2_b)};
-  }
-  cudaStream_t stream = ctx_->stream();
-  dl_table_ = DeviceBuffer(ctx_->allocator(), table.size() * sizeof(Entry), stream);
-  WF_CUDA_CHECK(cudaMemcpyAsync(dl_table_.data(), table.data(), table.size() * sizeof(Entry),
-                                cudaMemcpyHostToDevice, stream));
-  // The copy reads pageable host memory: finish it before `table` goes.
-  WF_CUDA_CHECK(cudaStreamSynchronize(stream));
-  const size_t work = kernels::decode_layers_workspace_bytes(plan, shape,
-                                                             kernels::kDecodeLayersMaxRows);
-  const size_t counters = 2 * sizeof(unsigned);
-  const size_t at = (work + 15) / 16 * 16;
-  dl_workspace_ = DeviceBuffer(ctx_->allocator(), at + counters, stream);
-  WF_CUDA_CHECK(cudaMemsetAsync(static_cast<char*>(dl_workspace_.data()) + at, 0, counters,
-                                stream));
-  dl_shape_ = shape;
-  dl_plan_ = plan;
-}
-
-bool GptModel::decode_layers_fit(int64_t rows) const {
-  return dl_plan_.ok && rows >= 1 && rows <= kernels::kDecodeLayersMaxRows &&
-         kv_seq_ <= dl_plan_.max_seq && kv_slots_ >= 1;
-}
-
-void GptModel::run_decode_layers(int64_t rows, const layers::AttentionInputs& ai) {
-  const layers::LayerBuffers b = buffers();
-  const size_t work = kernels::decode_layers_workspace_bytes(dl_plan_, dl_shape_,
-                                                             kernels::kDecodeLayersMaxRows);
-  const size_t at = (work + 15) / 16 * 16;
-  WF_DISPATCH_FLOATING(dtype_, "GptModel.run_decode_layers", [&] {
-    if constexpr (sizeof(scalar_t) == 2) {
-      using T = scalar_t;
-      kernels::DecodeLayersParams<T> p{};
-      p.layers = static_cast<const kernels::DecodeLayerWeights<T>*>(dl_table_.data());
-      p.shape = dl_shape_;
-      p.plan = dl_plan_;
-      p.rows = static_cast<int>(rows);
-      p.eps = static_cast<float>(cfg_.layernorm_eps);
-      p.act = cfg_.activation;
-      p.x = static_cast<T*>(b.x);
-      p.y = static_cast<T*>(b.y);
-      p.n_out = static_cast<T*>(b.n);
-      if (cfg_.has_post_decoder_layernorm) {
-        p.final_gamma = static_cast<const T*>(w_.final_ln_w);
-        p.final_beta = static_cast<const T*>(w_.final_ln_b);
-      }
-      p.kv = static_cast<T*>(kv_.data());
-      p.layer_kv = kv_slots_ * cfg_.local_heads() * kv_seq_ * cfg_.size_per_head;
-      p.num_slots = static_cast<int>(kv_slots_);
-      p.max_seq = static_cast<int>(kv_seq_);
-      p.row_slot = ai.row_slot;
-      p.lengths = ai.lengths;
-      p.cache_indir = ai.cache_indir;
-      p.alibi_slopes = ai.alibi_slopes;
-      p.rotary_inv_freq = ai.rotary_inv_freq;
-      p.rotary_dim = static_cast<int>(cfg_.rotary_embedding_dim);
-      p.rotary_style = cfg_.rotary_style;
-      p.scale = 1.f / std::sqrt(static_cast<float>(cfg_.size_per_head));
-      p.workspace = dl_workspace_.data();
-      p.barrier = reinterpret_cast<unsigned*>(static_cast<char*>(dl_workspace_.data()) + at);
-      WF_CUDA_CHECK(kernels::launch_decode_layers(p, ctx_->stream()));
-    } else {
-      TORCH_CHECK(false, "GptModel: the persistent decode step runs 16-bit models only");
-    }
-  });
 }
 
 void GptModel::ensure_kv(int64_t slots, int64_t seq_total) {

@@ -18,7 +18,6 @@
 #include "csrc/core/gemm.h"
 #include "csrc/layers/decoder_layer.h"
 #include "csrc/models/gpt/gpt_config.h"
-#include "kernels/decode_layers.h"
 #include "kernels/sampling/beam_search.h"
 
 namespace warpformer {
@@ -83,7 +82,6 @@ class GptModel {
     bool parallel = true;   // parallel-residual decode: MLP-in beside attention, one out product
     bool activation = true;  // tanh-GELU in cuBLASLt's epilogue (16-bit, Gemm::run_act)
     bool pair = true;  // with parallel and norms: QKV + MLP-in one launch (run_normed_pair)
-    bool layers = true;  // 1-2-row decode steps' layers as one persistent kernel (decode_layers)
   };
 
   GptModel(GptConfig cfg, GptWeights weights, DType dtype, std::shared_ptr<CudaContext> ctx,
@@ -199,13 +197,6 @@ class GptModel {
                int64_t slot_stride, const std::function<void(const PrefillGroup&)>& done);
   void embed(const int32_t* token_ids, const int32_t* positions, int64_t tokens, int64_t seq_len);
   void run_layers(int64_t tokens, const layers::AttentionInputs& base);
-  // The persistent decode-step kernel (kernels/decode_layers.h): set up by the constructor when
-  // the model's form and shapes allow it; decode_layers_fit says whether a step of `rows` rows
-  // can run through it now, run_decode_layers runs the step's layers (as run_layers would: on
-  // exit bufs.x holds the stream and bufs.n final(x)).
-  void init_decode_layers();
-  bool decode_layers_fit(int64_t rows) const;
-  void run_decode_layers(int64_t rows, const layers::AttentionInputs& ai);
   void stage_recv(int64_t tokens);  // hidden states [tokens, h] from the previous stage into x
   void stage_send(int64_t tokens);  // x to the next stage
   void broadcast_from_last_stage(void* data, int64_t bytes);
@@ -223,10 +214,6 @@ class GptModel {
   int64_t max_seq_len_;
   DeviceBuffer alibi_;  // [local_heads] float
   DeviceBuffer rotary_inv_freq_;  // [rotary_dim / 2] float, for the fused decode attention
-  kernels::DecodeLayersShape dl_shape_;
-  kernels::DecodeLayersPlan dl_plan_;   // dl_plan_.ok: the persistent decode step is set up
-  DeviceBuffer dl_table_;      // [layers] kernels::DecodeLayerWeights
-  DeviceBuffer dl_workspace_;  // partial sums for kDecodeLayersMaxRows rows, then the counters
 
   DeviceBuffer kv_;
   int64_t kv_slots_ = 0, kv_seq_ = 0;
