@@ -74,17 +74,15 @@ from common import (
 # own), only the attention fusion, and every fusion but the parallel-residual decode step's (MLP-in
 # product beside the attention, one launch for the two output products), every fusion but the
 # paired QKV and MLP-in products of that step, every fusion but the tanh-GELU in cuBLASLt's
-# epilogue, every fusion but the prompt pass's QKV preparation inside the context attention, and
-# prefill-N: prompt groups of at most N tokens. Each environment variable is read
+# epilogue, and prefill-N: prompt groups of at most N tokens. Each environment variable is read
 # when the engine is built.
 VARIANT_ENV = {
     "gemv-off": ("WARPFORMER_GEMV", "0"),
     "unfused": ("WARPFORMER_FUSE", "0"),
     "attention-only": ("WARPFORMER_FUSE", "attention,activation"),
-    "parallel-off": ("WARPFORMER_FUSE", "attention,context,norms,activation"),
-    "pair-off": ("WARPFORMER_FUSE", "attention,context,norms,parallel,activation"),
-    "activation-off": ("WARPFORMER_FUSE", "attention,context,norms,parallel,pair"),
-    "context-off": ("WARPFORMER_FUSE", "attention,norms,parallel,activation,pair"),
+    "parallel-off": ("WARPFORMER_FUSE", "attention,norms,activation"),
+    "pair-off": ("WARPFORMER_FUSE", "attention,norms,parallel,activation"),
+    "activation-off": ("WARPFORMER_FUSE", "attention,norms,parallel,pair"),
 }
 VARIANTS = (*VARIANT_ENV, "tuned", "prefill-N")
 ENGINES = ("warpformer", *(f"warpformer-{v}" for v in VARIANTS), "hf-eager", "hf-compiled")
@@ -200,17 +198,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "unfused (WARPFORMER_FUSE=0: QKV preparation and norms as kernels of "
                          "their own), attention-only (WARPFORMER_FUSE=attention,activation: "
                          "norms as kernels of their own), parallel-off "
-                         "(WARPFORMER_FUSE=attention,context,norms,activation: "
+                         "(WARPFORMER_FUSE=attention,norms,activation: "
                          "a parallel-residual layer's four products one after another), "
-                         "pair-off (WARPFORMER_FUSE=attention,context,norms,parallel,activation: "
-                         "that "
+                         "pair-off (WARPFORMER_FUSE=attention,norms,parallel,activation: that "
                          "layer's QKV and MLP-in products as two launches, the MLP-in beside "
                          "the attention), "
-                         "activation-off (WARPFORMER_FUSE=attention,context,norms,parallel,pair: "
-                         "tanh-GELU as a kernel after cuBLASLt's product), context-off "
-                         "(WARPFORMER_FUSE=attention,norms,parallel,activation,pair: the prompt "
-                         "pass's QKV preparation as a kernel before the context attention), "
-                         "prefill-N "
+                         "activation-off (WARPFORMER_FUSE=attention,norms,parallel,pair: tanh-GELU "
+                         "as a kernel after cuBLASLt's product), prefill-N "
                          "(WARPFORMER_PREFILL_TOKENS=N: prompt groups of at most N tokens)")
     ap.add_argument("--hf-compile", choices=("none", "target", "all"), default="target",
                     help="HF static cache + compiled forward on: none, the target configuration "

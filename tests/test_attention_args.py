@@ -18,15 +18,14 @@ def cache(slots=3, heads=4, max_seq=16, hd=64, dtype=torch.float16) -> torch.Ten
     return torch.zeros(slots, heads, max_seq, hd, dtype=dtype)
 
 
-@pytest.mark.parametrize("name", ["qkv_rotary_cache", "context_attention",
-                                  "context_attention_fused", "decode_attention",
+@pytest.mark.parametrize("name", ["qkv_rotary_cache", "context_attention", "decode_attention",
                                   "decode_attention_fused", "alibi_slopes"])
 def test_registered(name: str) -> None:
     assert getattr(ops, name).default._schema.name == f"warpformer::{name}"
 
 
 def test_mutation_annotations() -> None:
-    for name in ("qkv_rotary_cache", "context_attention_fused", "decode_attention_fused"):
+    for name in ("qkv_rotary_cache", "decode_attention_fused"):
         schema = getattr(ops, name).default._schema
         writes = {a.name for a in schema.arguments
                   if a.alias_info is not None and a.alias_info.is_write}
@@ -46,10 +45,6 @@ def test_fake_shapes() -> None:
     out = ops.context_attention(meta(5, 4, 80), kc, kc, meta(3, dtype=I32), meta(2, dtype=I32),
                                 None, 0.1, 4)
     assert out.shape == (5, 4, 80)
-    out = ops.context_attention_fused(meta(5, 3, 4, 80, dtype=torch.bfloat16), None, kc, kc,
-                                      meta(3, dtype=I32), meta(2, dtype=I32), None, 0.1, 4, 16,
-                                      "half", 10000.0)
-    assert out.shape == (5, 4, 80) and out.dtype == torch.bfloat16
     out = ops.decode_attention(meta(2, 4, 80, dtype=torch.bfloat16), kc, kc, None,
                                meta(2, dtype=I32), None, None, 0.1)
     assert out.shape == (2, 4, 80) and out.dtype == torch.bfloat16
@@ -193,32 +188,3 @@ def fused_args(**over):
 def test_decode_attention_fused_validation(over, msg) -> None:
     with pytest.raises(RuntimeError, match=r"warpformer.decode_attention_fused: " + msg):
         ops.decode_attention_fused(*fused_args(**over))
-
-
-def ctx_fused_args(**over):
-    args = dict(qkv=torch.zeros(5, 3, 4, 64, dtype=torch.float16), bias=None, k_cache=cache(),
-                v_cache=cache(), cu_seqlens=torch.tensor([0, 2, 5], dtype=I32),
-                seq_slot=torch.tensor([2, 0], dtype=I32), alibi_slopes=None, scale=0.125,
-                max_seqlen=3, rotary_dim=32, rotary_style="half", rotary_base=10000.0)
-    args.update(over)
-    return list(args.values())
-
-
-@pytest.mark.parametrize("over,msg", [
-    (dict(qkv=torch.zeros(5, 4, 64, dtype=torch.float16)), r"qkv must be 4-dimensional"),
-    (dict(qkv=torch.zeros(5, 2, 4, 64, dtype=torch.float16)), r"qkv.shape\[1\] must be 3"),
-    (dict(qkv=torch.zeros(5, 3, 4, 48, dtype=torch.float16)), r"head_dim must be one of 64"),
-    (dict(bias=torch.zeros(3, 4, 64)), r"bias must have dtype Half"),
-    (dict(rotary_style="neox"), r"rotary_style must be one of 'none', 'interleaved'"),
-    (dict(rotary_dim=66), r"rotary_dim must be even and in \[0, head_dim = 64\]"),
-    (dict(k_cache=cache(dtype=torch.bfloat16)), r"k_cache must have dtype Half"),
-    (dict(k_cache=cache(heads=2), v_cache=cache(heads=2)), r"k_cache.shape\[1\] must be 4"),
-    (dict(cu_seqlens=torch.tensor([0, 2, 5])), r"cu_seqlens must have dtype Int"),
-    (dict(seq_slot=torch.tensor([0], dtype=I32)), r"seq_slot.shape\[0\] must be 2"),
-    (dict(alibi_slopes=torch.zeros(3)), r"alibi_slopes.shape\[0\] must be 4"),
-    (dict(max_seqlen=-1), r"max_seqlen must be in \[0, 2\^31\)"),
-    (dict(), r"qkv must be a CUDA tensor"),
-])
-def test_context_attention_fused_validation(over, msg) -> None:
-    with pytest.raises(RuntimeError, match=r"warpformer.context_attention_fused: " + msg):
-        ops.context_attention_fused(*ctx_fused_args(**over))

@@ -348,7 +348,7 @@ def test_parallel_grids_and_variants():
     assert bench_parallel.parse_grids("1x1,2x1-nccl,1x2,1x2-whole,2x1-parallel-off") == [
         (1, 1, "auto"), (2, 1, "nccl"), (1, 2, "auto"), (1, 2, "whole"), (2, 1, "parallel-off")]
     assert bench_parallel.VARIANTS["parallel-off"][0] == {
-        "WARPFORMER_FUSE": "attention,context,norms,activation"}
+        "WARPFORMER_FUSE": "attention,norms,activation"}
     assert bench_parallel.parse_grids("2x1-early-off") == [(2, 1, "early-off")]
     assert bench_parallel.VARIANTS["early-off"][0] == {"WARPFORMER_PEER_EARLY_START": "0"}
     assert bench_parallel.VARIANTS["whole"][0] == {"WARPFORMER_PP_DECODE_SPLIT": "0"}

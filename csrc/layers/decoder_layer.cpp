@@ -75,40 +75,6 @@ kernels::DecodeAttentionParams<T> decode_params(const LayerBuffers& b, int64_t t
 }
 
 template <typename T>
-kernels::ContextAttentionParams<T> context_params(const LayerBuffers& b, int heads, int hd,
-                                                  const AttentionInputs& ai, float scale) {
-  kernels::ContextAttentionParams<T> p{};
-  p.out = static_cast<T*>(b.a);
-  p.q = static_cast<const T*>(b.q);
-  p.k_cache = static_cast<const T*>(ai.k_cache);
-  p.v_cache = static_cast<const T*>(ai.v_cache);
-  p.cu_seqlens = ai.cu_seqlens;
-  p.seq_slot = ai.seq_slot;
-  p.alibi_slopes = ai.alibi_slopes;
-  p.batch = ai.batch;
-  p.heads = heads;
-  p.head_dim = hd;
-  p.num_slots = ai.num_slots;
-  p.max_seq = ai.max_seq;
-  p.max_seqlen = ai.max_seqlen;
-  p.scale = scale;
-  return p;
-}
-
-// The QKV product's part of a fused attention kernel's inputs.
-template <typename T>
-kernels::FusedQkvInputs<T> fused_qkv(const gpt::GptConfig& c, const LayerWeights& w,
-                                     const LayerBuffers& b, const AttentionInputs& ai) {
-  kernels::FusedQkvInputs<T> f{};
-  f.qkv = static_cast<const T*>(b.qkv);
-  f.qkv_bias = static_cast<const T*>(w.qkv_b);
-  f.rotary_dim = static_cast<int>(c.rotary_embedding_dim);
-  f.rotary_style = c.rotary_style;
-  f.rotary_inv_freq = ai.rotary_inv_freq;
-  return f;
-}
-
-template <typename T>
 void attention(const LayerContext& lc, const LayerWeights& w, const LayerBuffers& b,
                int64_t tokens, const AttentionInputs& ai) {
   const gpt::GptConfig& c = *lc.cfg;
@@ -121,19 +87,13 @@ void attention(const LayerContext& lc, const LayerWeights& w, const LayerBuffers
     kernels::DecodeAttentionFusedParams<T> p{};
     static_cast<kernels::DecodeAttentionParams<T>&>(p) =
         decode_params<T>(b, tokens, heads, hd, ai, scale);
-    static_cast<kernels::FusedQkvInputs<T>&>(p) = fused_qkv<T>(c, w, b, ai);
+    p.qkv = static_cast<const T*>(b.qkv);
+    p.qkv_bias = static_cast<const T*>(w.qkv_b);
+    p.rotary_dim = static_cast<int>(c.rotary_embedding_dim);
+    p.rotary_style = c.rotary_style;
+    p.rotary_inv_freq = ai.rotary_inv_freq;
     WF_CUDA_CHECK(kernels::launch_decode_attention_fused(p, stream));
     return;
-  }
-  if (!ai.decode && ai.fused_prep) {  // the same for the prompt, where the kernel can
-    kernels::ContextAttentionFusedParams<T> p{};
-    static_cast<kernels::ContextAttentionParams<T>&>(p) =
-        context_params<T>(b, heads, hd, ai, scale);
-    static_cast<kernels::FusedQkvInputs<T>&>(p) = fused_qkv<T>(c, w, b, ai);
-    if (kernels::context_attention_fusable(p)) {
-      WF_CUDA_CHECK(kernels::launch_context_attention_fused(p, stream));
-      return;
-    }
   }
 
   kernels::QkvPrepParams<T> qp{};
@@ -155,8 +115,22 @@ void attention(const LayerContext& lc, const LayerWeights& w, const LayerBuffers
   WF_CUDA_CHECK(kernels::launch_qkv_prep(qp, stream));
 
   if (!ai.decode) {
-    WF_CUDA_CHECK(
-        kernels::launch_context_attention(context_params<T>(b, heads, hd, ai, scale), stream));
+    kernels::ContextAttentionParams<T> p{};
+    p.out = static_cast<T*>(b.a);
+    p.q = static_cast<const T*>(b.q);
+    p.k_cache = static_cast<const T*>(ai.k_cache);
+    p.v_cache = static_cast<const T*>(ai.v_cache);
+    p.cu_seqlens = ai.cu_seqlens;
+    p.seq_slot = ai.seq_slot;
+    p.alibi_slopes = ai.alibi_slopes;
+    p.batch = ai.batch;
+    p.heads = heads;
+    p.head_dim = hd;
+    p.num_slots = ai.num_slots;
+    p.max_seq = ai.max_seq;
+    p.max_seqlen = ai.max_seqlen;
+    p.scale = scale;
+    WF_CUDA_CHECK(kernels::launch_context_attention(p, stream));
   } else {
     kernels::DecodeAttentionParams<T> p = decode_params<T>(b, tokens, heads, hd, ai, scale);
     p.q = static_cast<const T*>(b.q);

@@ -98,11 +98,8 @@ struct AttentionInputs {
   const int32_t* row_slot;       // [rows] or null
   const int32_t* lengths;        // [rows]
   const int32_t* cache_indir;    // [rows, max_seq] or null
-  // QKV preparation inside the attention kernel. Decode: requires token_slot = row_slot (or
-  // iota), token_pos = lengths - 1 and cache_indir[r, token_pos[r]] = the row's slot. Prefill:
-  // requires token_slot[t] = seq_slot[b] and token_pos[t] = t - cu_seqlens[b] (a prompt starts
-  // at position 0), and runs where kernels::context_attention_fusable holds (else the two
-  // kernels run).
+  // QKV preparation inside the decode attention kernel; requires token_slot = row_slot (or
+  // iota), token_pos = lengths - 1 and cache_indir[r, token_pos[r]] = the row's slot.
   bool fused_prep;
   const float* rotary_inv_freq;  // [rotary_dim / 2] (kernels::launch_rotary_inv_freq) or null
   float* workspace;              // split-KV scratch

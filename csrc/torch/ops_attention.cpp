@@ -103,8 +103,7 @@ T* mptr(const at::Tensor& t) {
 }
 
 // qkv [tokens, 3, heads, head_dim] with an optional bias [3, heads, head_dim] of its dtype, and
-// the rotary arguments (shared by qkv_rotary_cache and the fused attention ops). Returns the
-// style.
+// the rotary arguments (shared by qkv_rotary_cache and decode_attention_fused). Returns the style.
 kernels::RotaryStyle check_qkv(const char* op, const at::Tensor& qkv, const OptTensor& bias,
                                int64_t rotary_dim, const std::string& rotary_style,
                                double rotary_base) {
@@ -185,131 +184,6 @@ at::Tensor qkv_rotary_cache(const at::Tensor& qkv, const OptTensor& bias, at::Te
   return q;
 }
 
-namespace {
-
-// The fused attention kernels' QKV preparation (checked by the caller).
-struct FusedPrep {
-  at::Tensor qkv;  // contiguous [tokens or rows, 3, heads, head_dim]
-  OptTensor bias;  // contiguous [3, heads, head_dim]
-  int rotary_dim;
-  kernels::RotaryStyle style;
-  float rotary_base;
-};
-
-// The rotary frequencies of `prep` (launch_rotary_inv_freq) on x's device, or an undefined
-// tensor when it rotates nothing.
-at::Tensor rotary_inv_freq(const FusedPrep* prep, const at::Tensor& x) {
-  at::Tensor inv_freq;
-  if (prep != nullptr && prep->style != kernels::RotaryStyle::kNone && prep->rotary_dim > 0) {
-    inv_freq = at::empty({prep->rotary_dim / 2}, x.options().dtype(at::kFloat));
-    WF_CUDA_CHECK(kernels::launch_rotary_inv_freq(inv_freq.data_ptr<float>(), prep->rotary_dim,
-                                                  prep->rotary_base, current_stream(x)));
-  }
-  return inv_freq;
-}
-
-// context_attention and context_attention_fused after their query checks: `x` is q, or qkv when
-// `prep` is given (named `x_name` in messages).
-at::Tensor run_context_attention(const char* op, const at::Tensor& x, const char* x_name,
-                                 int64_t tokens, int64_t heads, int64_t head_dim,
-                                 const at::Tensor& k_cache, const at::Tensor& v_cache,
-                                 const at::Tensor& cu_seqlens, const at::Tensor& seq_slot,
-                                 const OptTensor& alibi_slopes, double scale,
-                                 int64_t max_seqlen, const FusedPrep* prep) {
-  const std::string dtype_why = std::string("the dtype of ") + x_name;
-  check_caches(op, k_cache, v_cache, x.scalar_type(), dtype_why.c_str(), heads, head_dim);
-  check_dtype(cu_seqlens, at::kInt, op, "cu_seqlens");
-  check_dim(cu_seqlens, 1, op, "cu_seqlens");
-  TORCH_CHECK(cu_seqlens.size(0) >= 1 && cu_seqlens.size(0) <= 65536, op,
-              ": cu_seqlens must have batch + 1 elements with batch <= 65535, got shape ",
-              cu_seqlens.sizes());
-  const int64_t batch = cu_seqlens.size(0) - 1;
-  check_index(seq_slot, batch, op, "seq_slot", "batch = cu_seqlens.shape[0] - 1");
-  check_slopes(alibi_slopes, heads, op);
-  TORCH_CHECK(max_seqlen >= 0 && max_seqlen <= INT32_MAX, op,
-              ": max_seqlen must be in [0, 2^31), got ", max_seqlen);
-  check_cuda(x, op, x_name);
-  check_cuda(k_cache, op, "k_cache", x, x_name);
-  check_cuda(v_cache, op, "v_cache", x, x_name);
-  check_cuda(cu_seqlens, op, "cu_seqlens", x, x_name);
-  check_cuda(seq_slot, op, "seq_slot", x, x_name);
-  if (alibi_slopes.has_value()) check_cuda(*alibi_slopes, op, "alibi_slopes", x, x_name);
-  if (prep != nullptr && prep->bias.has_value()) check_cuda(*prep->bias, op, "bias", x, x_name);
-
-  const c10::cuda::CUDAGuard guard(x.device());
-  const std::vector<int32_t> cu = host_values(cu_seqlens);
-  TORCH_CHECK(cu[0] == 0, op, ": cu_seqlens[0] must be 0, got ", cu[0]);
-  TORCH_CHECK(cu[batch] == tokens, op, ": cu_seqlens[-1] must equal the number of tokens of ",
-              x_name, " (", tokens, "), got ", cu[batch]);
-  for (int64_t b = 0; b < batch; ++b) {
-    const int64_t len = static_cast<int64_t>(cu[b + 1]) - cu[b];
-    TORCH_CHECK(len >= 0, op, ": cu_seqlens must be non-decreasing, got cu_seqlens[", b, "] = ",
-                cu[b], " > cu_seqlens[", b + 1, "] = ", cu[b + 1]);
-    TORCH_CHECK(len <= k_cache.size(2), op, ": sequence ", b, " has ", len,
-                " tokens, more than the cache's max_seq = ", k_cache.size(2));
-    TORCH_CHECK(len <= max_seqlen, op, ": sequence ", b, " has ", len,
-                " tokens, more than max_seqlen = ", max_seqlen);
-  }
-  const std::vector<int32_t> slots = host_values(seq_slot);
-  check_values_in(slots, 0, k_cache.size(0), op, "seq_slot", "the slots of k_cache");
-  if (prep != nullptr) {  // each sequence writes its keys into its slot while the others read
-    std::vector<int64_t> writer_of(static_cast<size_t>(k_cache.size(0)), -1);
-    for (int64_t b = 0; b < batch; ++b) {
-      int64_t& w = writer_of[slots[b]];
-      TORCH_CHECK(w < 0 || cu[b + 1] == cu[b], op, ": sequences ", w,
-                  " and ", b, " both write their keys into slot ", slots[b],
-                  "; every sequence needs its own slot (seq_slot must be distinct)");
-      if (cu[b + 1] > cu[b]) w = b;
-    }
-  }
-  check_aligned(x, op, x_name);
-  check_aligned(k_cache, op, "k_cache");
-  check_aligned(v_cache, op, "v_cache");
-  const at::Tensor cu_d = cu_seqlens.contiguous();
-  const at::Tensor slot_d = seq_slot.contiguous();
-  const OptTensor slopes =
-      alibi_slopes.has_value() ? OptTensor(alibi_slopes->contiguous()) : OptTensor();
-  at::Tensor out = at::empty({tokens, heads, head_dim}, x.options());
-  if (tokens == 0 || batch == 0) return out;
-  const at::Tensor inv_freq = rotary_inv_freq(prep, x);
-  WF_DISPATCH_FLOATING(to_dtype(x.scalar_type(), op, x_name), op, [&] {
-    kernels::ContextAttentionFusedParams<scalar_t> p{};
-    p.out = mptr<scalar_t>(out);
-    p.k_cache = cptr<scalar_t>(k_cache);
-    p.v_cache = cptr<scalar_t>(v_cache);
-    p.cu_seqlens = cu_d.data_ptr<int32_t>();
-    p.seq_slot = slot_d.data_ptr<int32_t>();
-    p.alibi_slopes = slopes.has_value() ? slopes->data_ptr<float>() : nullptr;
-    p.batch = static_cast<int>(batch);
-    p.heads = static_cast<int>(heads);
-    p.head_dim = static_cast<int>(head_dim);
-    p.num_slots = static_cast<int>(k_cache.size(0));
-    p.max_seq = static_cast<int>(k_cache.size(2));
-    p.max_seqlen = static_cast<int>(max_seqlen);
-    p.scale = static_cast<float>(scale);
-    if (prep == nullptr) {
-      p.q = cptr<scalar_t>(x);
-      WF_CUDA_CHECK(kernels::launch_context_attention<scalar_t>(p, current_stream(x)));
-      return;
-    }
-    p.qkv = cptr<scalar_t>(prep->qkv);
-    p.qkv_bias = ptr_or_null<const scalar_t>(prep->bias);
-    p.rotary_dim = prep->rotary_dim;
-    p.rotary_style = prep->style;
-    p.rotary_inv_freq = inv_freq.defined() ? inv_freq.data_ptr<float>() : nullptr;
-    TORCH_CHECK(kernels::context_attention_fusable(p), op,
-                ": runs only on the tensor-core context attention: qkv must be float16 or "
-                "bfloat16 on an sm_80+ GPU with WARPFORMER_ATTENTION_MMA not 0, and a 'half' "
-                "rotation needs rotary_dim a multiple of 16 (got dtype ", x.scalar_type(),
-                ", rotary_dim ", prep->rotary_dim, "); use qkv_rotary_cache and "
-                "context_attention instead");
-    WF_CUDA_CHECK(kernels::launch_context_attention_fused(p, current_stream(x)));
-  });
-  return out;
-}
-
-}  // namespace
-
 at::Tensor context_attention(const at::Tensor& q, const at::Tensor& k_cache,
                              const at::Tensor& v_cache, const at::Tensor& cu_seqlens,
                              const at::Tensor& seq_slot, const OptTensor& alibi_slopes,
@@ -322,29 +196,81 @@ at::Tensor context_attention(const at::Tensor& q, const at::Tensor& k_cache,
   TORCH_CHECK(heads > 0 && heads <= 65535, op, ": q must have 1 to 65535 heads, got shape ",
               q.sizes());
   check_head_dim(head_dim, op);
-  return run_context_attention(op, q.contiguous(), "q", tokens, heads, head_dim, k_cache,
-                               v_cache, cu_seqlens, seq_slot, alibi_slopes, scale, max_seqlen,
-                               nullptr);
-}
+  check_caches(op, k_cache, v_cache, q.scalar_type(), "the dtype of q", heads, head_dim);
+  check_dtype(cu_seqlens, at::kInt, op, "cu_seqlens");
+  check_dim(cu_seqlens, 1, op, "cu_seqlens");
+  TORCH_CHECK(cu_seqlens.size(0) >= 1 && cu_seqlens.size(0) <= 65536, op,
+              ": cu_seqlens must have batch + 1 elements with batch <= 65535, got shape ",
+              cu_seqlens.sizes());
+  const int64_t batch = cu_seqlens.size(0) - 1;
+  check_index(seq_slot, batch, op, "seq_slot", "batch = cu_seqlens.shape[0] - 1");
+  check_slopes(alibi_slopes, heads, op);
+  TORCH_CHECK(max_seqlen >= 0 && max_seqlen <= INT32_MAX, op,
+              ": max_seqlen must be in [0, 2^31), got ", max_seqlen);
+  check_cuda(q, op, "q");
+  check_cuda(k_cache, op, "k_cache", q, "q");
+  check_cuda(v_cache, op, "v_cache", q, "q");
+  check_cuda(cu_seqlens, op, "cu_seqlens", q, "q");
+  check_cuda(seq_slot, op, "seq_slot", q, "q");
+  if (alibi_slopes.has_value()) check_cuda(*alibi_slopes, op, "alibi_slopes", q, "q");
 
-at::Tensor context_attention_fused(const at::Tensor& qkv, const OptTensor& bias,
-                                   at::Tensor& k_cache, at::Tensor& v_cache,
-                                   const at::Tensor& cu_seqlens, const at::Tensor& seq_slot,
-                                   const OptTensor& alibi_slopes, double scale,
-                                   int64_t max_seqlen, int64_t rotary_dim,
-                                   const std::string& rotary_style, double rotary_base) {
-  const char* op = "warpformer.context_attention_fused";
-  const kernels::RotaryStyle style =
-      check_qkv(op, qkv, bias, rotary_dim, rotary_style, rotary_base);
-  const int64_t tokens = qkv.size(0), heads = qkv.size(2), head_dim = qkv.size(3);
-  TORCH_CHECK(heads <= 65535, op, ": qkv must have 1 to 65535 heads, got shape ", qkv.sizes());
-  FusedPrep prep{qkv.contiguous(), bias.has_value() ? OptTensor(bias->contiguous()) : OptTensor(),
-                 static_cast<int>(rotary_dim), style, static_cast<float>(rotary_base)};
-  return run_context_attention(op, prep.qkv, "qkv", tokens, heads, head_dim, k_cache, v_cache,
-                               cu_seqlens, seq_slot, alibi_slopes, scale, max_seqlen, &prep);
+  const c10::cuda::CUDAGuard guard(q.device());
+  const std::vector<int32_t> cu = host_values(cu_seqlens);
+  TORCH_CHECK(cu[0] == 0, op, ": cu_seqlens[0] must be 0, got ", cu[0]);
+  TORCH_CHECK(cu[batch] == tokens, op, ": cu_seqlens[-1] must equal the number of tokens of q (",
+              tokens, "), got ", cu[batch]);
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t len = static_cast<int64_t>(cu[b + 1]) - cu[b];
+    TORCH_CHECK(len >= 0, op, ": cu_seqlens must be non-decreasing, got cu_seqlens[", b, "] = ",
+                cu[b], " > cu_seqlens[", b + 1, "] = ", cu[b + 1]);
+    TORCH_CHECK(len <= k_cache.size(2), op, ": sequence ", b, " has ", len,
+                " tokens, more than the cache's max_seq = ", k_cache.size(2));
+    TORCH_CHECK(len <= max_seqlen, op, ": sequence ", b, " has ", len,
+                " tokens, more than max_seqlen = ", max_seqlen);
+  }
+  check_values_in(host_values(seq_slot), 0, k_cache.size(0), op, "seq_slot",
+                  "the slots of k_cache");
+  const at::Tensor x = q.contiguous();
+  check_aligned(x, op, "q");
+  check_aligned(k_cache, op, "k_cache");
+  check_aligned(v_cache, op, "v_cache");
+  const at::Tensor cu_d = cu_seqlens.contiguous();
+  const at::Tensor slot_d = seq_slot.contiguous();
+  const OptTensor slopes =
+      alibi_slopes.has_value() ? OptTensor(alibi_slopes->contiguous()) : OptTensor();
+  at::Tensor out = at::empty_like(x);
+  if (tokens == 0 || batch == 0) return out;
+  WF_DISPATCH_FLOATING(to_dtype(x.scalar_type(), op, "q"), op, [&] {
+    kernels::ContextAttentionParams<scalar_t> p{};
+    p.out = mptr<scalar_t>(out);
+    p.q = cptr<scalar_t>(x);
+    p.k_cache = cptr<scalar_t>(k_cache);
+    p.v_cache = cptr<scalar_t>(v_cache);
+    p.cu_seqlens = cu_d.data_ptr<int32_t>();
+    p.seq_slot = slot_d.data_ptr<int32_t>();
+    p.alibi_slopes = slopes.has_value() ? slopes->data_ptr<float>() : nullptr;
+    p.batch = static_cast<int>(batch);
+    p.heads = static_cast<int>(heads);
+    p.head_dim = static_cast<int>(head_dim);
+    p.num_slots = static_cast<int>(k_cache.size(0));
+    p.max_seq = static_cast<int>(k_cache.size(2));
+    p.max_seqlen = static_cast<int>(max_seqlen);
+    p.scale = static_cast<float>(scale);
+    WF_CUDA_CHECK(kernels::launch_context_attention(p, current_stream(x)));
+  });
+  return out;
 }
 
 namespace {
+
+// The fused decode attention's QKV preparation (checked by the caller).
+struct FusedPrep {
+  at::Tensor qkv;  // contiguous [rows, 3, heads, head_dim]
+  OptTensor bias;  // contiguous [3, heads, head_dim]
+  int rotary_dim;
+  kernels::RotaryStyle style;
+  float rotary_base;
+};
 
 // Fills the fields both launchers share.
 template <typename T>
@@ -465,7 +391,12 @@ at::Tensor run_decode_attention(const char* op, const at::Tensor& x, const char*
   if (ws_bytes > 0) {
     workspace = at::empty({static_cast<int64_t>((ws_bytes + 3) / 4)}, x.options().dtype(at::kFloat));
   }
-  const at::Tensor inv_freq = rotary_inv_freq(prep, x);
+  at::Tensor inv_freq;
+  if (prep != nullptr && prep->style != kernels::RotaryStyle::kNone && prep->rotary_dim > 0) {
+    inv_freq = at::empty({prep->rotary_dim / 2}, x.options().dtype(at::kFloat));
+    WF_CUDA_CHECK(kernels::launch_rotary_inv_freq(inv_freq.data_ptr<float>(), prep->rotary_dim,
+                                                  prep->rotary_base, current_stream(x)));
+  }
   WF_DISPATCH_FLOATING(to_dtype(x.scalar_type(), op, x_name), op, [&] {
     if (prep == nullptr) {
       kernels::DecodeAttentionParams<scalar_t> p{};

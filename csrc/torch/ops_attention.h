@@ -26,18 +26,6 @@ at::Tensor context_attention(const at::Tensor& q, const at::Tensor& k_cache,
                              const at::Tensor& seq_slot, const OptTensor& alibi_slopes,
                              double scale, int64_t max_seqlen);
 
-// context_attention with the QKV preparation fused in: q, k and v come from qkv [tokens, 3,
-// heads, head_dim] (+ bias, rotary at each token's position in its sequence), and the rotated
-// keys and the values are written in place into k_cache/v_cache at (seq_slot[b], :, position) —
-// the same as qkv_rotary_cache followed by context_attention, in one kernel (fp16/bf16 on the
-// tensor-core kernel only).
-at::Tensor context_attention_fused(const at::Tensor& qkv, const OptTensor& bias,
-                                   at::Tensor& k_cache, at::Tensor& v_cache,
-                                   const at::Tensor& cu_seqlens, const at::Tensor& seq_slot,
-                                   const OptTensor& alibi_slopes, double scale,
-                                   int64_t max_seqlen, int64_t rotary_dim,
-                                   const std::string& rotary_style, double rotary_base);
-
 // One query per row against lengths[r] cache positions (optionally through cache_indir).
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
                             const at::Tensor& v_cache, const OptTensor& row_slot,

@@ -98,14 +98,6 @@ TORCH_LIBRARY(warpformer, m) {
   m.def(
       "context_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cu_seqlens, "
       "Tensor seq_slot, Tensor? alibi_slopes, float scale, int max_seqlen) -> Tensor");
-  // context_attention with qkv_rotary_cache fused in: q, k and v come from qkv [tokens, 3, heads,
-  // head_dim] (+ bias, rotary at each token's position in its sequence); the keys and values are
-  // written into the caches at (seq_slot[b], :, position). fp16/bf16 on the tensor-core kernel;
-  // sequences need distinct slots.
-  m.def(
-      "context_attention_fused(Tensor qkv, Tensor? bias, Tensor(a!) k_cache, Tensor(b!) v_cache, "
-      "Tensor cu_seqlens, Tensor seq_slot, Tensor? alibi_slopes, float scale, int max_seqlen, "
-      "int rotary_dim, str rotary_style, float rotary_base) -> Tensor");
   // One query per row q [rows, heads, head_dim] against lengths[r] cache positions of slot
   // row_slot[r] (or cache_indir[r, p] per position); split-KV for long caches.
   m.def(
@@ -261,7 +253,6 @@ TORCH_LIBRARY(warpformer, m) {
   m.impl("embedding", &wo::embedding);             \
   m.impl("qkv_rotary_cache", &wo::qkv_rotary_cache); \
   m.impl("context_attention", &wo::context_attention); \
-  m.impl("context_attention_fused", &wo::context_attention_fused); \
   m.impl("decode_attention", &wo::decode_attention);   \
   m.impl("decode_attention_fused", &wo::decode_attention_fused); \
   m.impl("gemm", &wo::gemm);                           \

@@ -93,40 +93,6 @@ struct ContextAttentionParams {
 template <typename T>
 cudaError_t launch_context_attention(const ContextAttentionParams<T>& p, cudaStream_t stream);
 
-// The QKV inputs of an attention kernel that prepares them itself (bias, rotary, cache write),
-// passed as the kernel's own argument.
-template <typename T>
-struct FusedQkvInputs {
-  const T* qkv;                     // [tokens or rows, 3, heads, head_dim]
-  const T* qkv_bias;                // [3, heads, head_dim] or null
-  int rotary_dim;                   // as QkvPrepParams
-  RotaryStyle rotary_style;
-  const float* rotary_inv_freq;     // [rotary_dim / 2] from launch_rotary_inv_freq
-};
-
-// Context attention with the QKV preparation fused in (launch_context_attention_fused): the
-// kernel reads q, k and v from `qkv` (FusedQkvInputs), adds the bias and applies the rotary at each
-// token's position in its sequence, and the block whose query tile covers a key position writes
-// that key and value into the cache, exactly as launch_qkv_prep with token_slot[t] = seq_slot[b]
-// and token_pos[t] = t - cu_seqlens[b] followed by launch_context_attention would (bit-identical
-// outputs and caches; `q` is not read). Every key a block reads it prepares itself, so no block
-// waits for another's cache write. Runs only on the tensor-core kernel: where
-// context_attention_fusable is false the launcher returns cudaErrorNotSupported and the caller
-// runs the two kernels.
-template <typename T>
-struct ContextAttentionFusedParams : ContextAttentionParams<T>, FusedQkvInputs<T> {};
-
-// Whether launch_context_attention_fused runs these arguments on the current device: 16-bit T,
-// the tensor-core kernel in use (sm_80+, WARPFORMER_ATTENTION_MMA not 0), out 4-byte and qkv,
-// bias and the caches 16-byte aligned, and a half-split rotation whose halves are whole 16-byte
-// vectors (rotary_dim / 2 a multiple of 8).
-template <typename T>
-bool context_attention_fusable(const ContextAttentionFusedParams<T>& p);
-
-template <typename T>
-cudaError_t launch_context_attention_fused(const ContextAttentionFusedParams<T>& p,
-                                           cudaStream_t stream);
-
 // ---- 3. Decode attention ----------------------------------------------------------------------
 // One query per row (the newest token, already rotated; its K/V already in the cache at position
 // lengths[r] - 1 — or, in the fused form, prepared by the kernel, see below):
@@ -173,14 +139,24 @@ struct DecodeAttentionParams {
   float scale;
 };
 
+// The fused decode attention's QKV inputs (the kernel takes them as their own argument).
+template <typename T>
+struct DecodeQkvInputs {
+  const T* qkv;                     // [rows, 3, heads, head_dim]
+  const T* qkv_bias;                // [3, heads, head_dim] or null
+  int rotary_dim;                   // as QkvPrepParams
+  RotaryStyle rotary_style;
+  const float* rotary_inv_freq;     // [rotary_dim / 2] from launch_rotary_inv_freq
+};
+
 // Decode attention with the QKV preparation fused in (launch_decode_attention_fused; see above).
 // `q` is not read; k_cache / v_cache receive the new token's row.
 template <typename T>
-struct DecodeAttentionFusedParams : DecodeAttentionParams<T>, FusedQkvInputs<T> {};
+struct DecodeAttentionFusedParams : DecodeAttentionParams<T>, DecodeQkvInputs<T> {};
 
 // inv_freq_i of the rotary embedding (see RotaryStyle) for i < rotary_dim / 2, computed on the
-// device exactly as launch_qkv_prep computes it, into out [rotary_dim / 2] (the fused attention
-// kernels' table, made once per model).
+// device exactly as launch_qkv_prep computes it, into out [rotary_dim / 2] (the fused decode
+// attention's table, made once per model).
 cudaError_t launch_rotary_inv_freq(float* out, int rotary_dim, float rotary_base,
                                    cudaStream_t stream);
 

@@ -80,49 +80,6 @@ __device__ __forceinline__ void rotary_table(int pos, int rot_half, int rotary_d
   }
 }
 
-// Elements d .. d + VEC - 1 of one token's q or k head row (src; bias: the same head's bias or
-// null) as launch_qkv_prep prepares them, in fp32 before the rounding to T: the bias added, then
-// the rotary of position `pos` with the frequencies inv_freq (launch_rotary_inv_freq). d is a
-// multiple of VEC and the elements are 16-byte aligned; for the half-split style rot_half is a
-// multiple of VEC, so the vector and its partner rot_half away lie on opposite sides. Same
-// arithmetic as qkv_prep_kernel, so the rounded values are bit-identical to what it writes.
-template <typename T, int VEC>
-__device__ __forceinline__ void prepared_vec(const T* __restrict__ src, const T* __restrict__ bias,
-                                             int d, int pos, int rot_half, bool interleaved,
-                                             const float* __restrict__ inv_freq,
-                                             float (&x)[VEC]) {
-  load_biased_vec<T, VEC>(src, bias, d, x);
-  if (d >= 2 * rot_half) return;
-  if (interleaved) {
-#pragma unroll
-    for (int e = 0; e < VEC; e += 2) {
-      const int j = (d + e) / 2;
-      if (j < rot_half) {
-        float sn, cs;
-        sincosf(static_cast<float>(pos) * inv_freq[j], &sn, &cs);
-        rotate(x[e], x[e + 1], cs, sn, x[e], x[e + 1]);
-      }
-    }
-    return;
-  }
-  const bool low = d < rot_half;  // the pair's first half; its partner is rot_half further on
-  float y[VEC];
-  load_biased_vec<T, VEC>(src, bias, low ? d + rot_half : d - rot_half, y);
-  const int j0 = low ? d : d - rot_half;
-#pragma unroll
-  for (int e = 0; e < VEC; ++e) {
-    float sn, cs, ox, oy;
-    sincosf(static_cast<float>(pos) * inv_freq[j0 + e], &sn, &cs);
-    if (low) {
-      rotate(x[e], y[e], cs, sn, ox, oy);
-      x[e] = ox;
-    } else {
-      rotate(y[e], x[e], cs, sn, ox, oy);
-      x[e] = oy;
-    }
-  }
-}
-
 // exp(x - m) that is 0 (not NaN) when both are -inf.
 __device__ __forceinline__ float exp_shifted(float x, float m) {
   return m == -INFINITY ? 0.f : __expf(x - m);

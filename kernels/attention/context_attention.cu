@@ -233,14 +233,9 @@ __device__ __forceinline__ uint32_t load_pair(const T* p) {
   return *reinterpret_cast<const uint32_t*>(p);
 }
 
-// FUSED: the QKV preparation happens on the way in (ContextAttentionFusedParams): q, k and v are
-// read from f.qkv and prepared as launch_qkv_prep would (attn::prepared_vec), and the keys of the
-// block's own query range [q0, q0 + kMmaBQ) are written into the cache as they are staged (every
-// key position belongs to exactly one query tile, so each is written once). The fused inputs
-// travel as their own argument, as in the decode kernel.
-template <typename T, int D, bool FUSED>
+template <typename T, int D>
 __global__ void __launch_bounds__(kMmaWarps * 32)
-    context_attention_mma_kernel(const ContextAttentionParams<T> p, const FusedQkvInputs<T> f) {
+    context_attention_mma_kernel(const ContextAttentionParams<T> p) {
   static_assert(D % 16 == 0 && D <= 256, "head_dim a multiple of 16, at most 256");
   constexpr int kMmaBK = kMmaKeys<D>;
   wait_for_prior_kernels();
@@ -263,34 +258,16 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   // This lane's two query rows (positions in the sequence); rows past len read zeros and are
   // not written.
   const int pos_a = q0 + warp * 16 + g, pos_b = pos_a + 8;
-  // Fused: a token's q, k and v heads in qkv (stride 3 * row_stride), their biases, the rotary.
-  const int64_t qkv_stride = 3 * row_stride;
-  const int rot_half =
-      FUSED && f.rotary_style != RotaryStyle::kNone ? f.rotary_dim / 2 : 0;
-  const bool interleaved = f.rotary_style == RotaryStyle::kInterleaved;
-  const T* bias_q = FUSED && f.qkv_bias != nullptr ? f.qkv_bias + h * D : nullptr;
-  const T* bias_k = bias_q != nullptr ? bias_q + row_stride : nullptr;
-  const T* bias_v = bias_q != nullptr ? bias_q + 2 * row_stride : nullptr;
-  // Two elements d, d + 1 of query row `pos` as a register of the mma's "a" tile.
-  auto q_pair = [&](int pos, int d) -> uint32_t {
-    if (pos >= len) return 0u;
-    if constexpr (FUSED) {
-      float x[2];
-      attn::prepared_vec<T, 2>(f.qkv + (seq_begin + pos) * qkv_stride + h * D, bias_q, d, pos,
-                               rot_half, interleaved, f.rotary_inv_freq, x);
-      return pack2<T>(x[0], x[1]);
-    } else {
-      return load_pair(p.q + (seq_begin + pos) * row_stride + h * D + d);
-    }
-  };
+  const T* qa_row = p.q + (seq_begin + min(pos_a, len - 1)) * row_stride + h * D;
+  const T* qb_row = p.q + (seq_begin + min(pos_b, len - 1)) * row_stride + h * D;
   uint32_t qf[KSTEPS][4];
 #pragma unroll
   for (int ks = 0; ks < KSTEPS; ++ks) {
     const int d = ks * 16 + 2 * q;
-    qf[ks][0] = q_pair(pos_a, d);
-    qf[ks][1] = q_pair(pos_b, d);
-    qf[ks][2] = q_pair(pos_a, d + 8);
-    qf[ks][3] = q_pair(pos_b, d + 8);
+    qf[ks][0] = pos_a < len ? load_pair(qa_row + d) : 0u;
+    qf[ks][1] = pos_b < len ? load_pair(qb_row + d) : 0u;
+    qf[ks][2] = pos_a < len ? load_pair(qa_row + d + 8) : 0u;
+    qf[ks][3] = pos_b < len ? load_pair(qb_row + d + 8) : 0u;
   }
 
   float o[DTILES][4];
@@ -311,26 +288,10 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
       const int r = idx / CH;
       const int c = (idx - r * CH) * 8;
       int4 kv = make_int4(0, 0, 0, 0), vv = kv;  // never read garbage (NaN * 0 poisons sums)
-      const int key = k0 + r;
-      if (key < n_keys) {
-        const int64_t off = static_cast<int64_t>(key) * D + c;
-        if constexpr (FUSED) {
-          const T* tok = f.qkv + (seq_begin + key) * qkv_stride + h * D;
-          float x[8];
-          attn::prepared_vec<T, 8>(tok + row_stride, bias_k, c, key, rot_half, interleaved,
-                                   f.rotary_inv_freq, x);
-          store_vec<T, 8>(reinterpret_cast<T*>(&kv), x);
-          attn::load_biased_vec<T, 8>(tok + 2 * row_stride, bias_v, c, x);
-          store_vec<T, 8>(reinterpret_cast<T*>(&vv), x);
-          if (key >= q0) {  // this block's own key: into the cache (const in the params, which
-                            // the plain kernel only reads)
-            *reinterpret_cast<int4*>(const_cast<T*>(kbase) + off) = kv;
-            *reinterpret_cast<int4*>(const_cast<T*>(vbase) + off) = vv;
-          }
-        } else {
-          kv = *reinterpret_cast<const int4*>(kbase + off);
-          vv = *reinterpret_cast<const int4*>(vbase + off);
-        }
+      if (k0 + r < n_keys) {
+        const int64_t off = static_cast<int64_t>(k0 + r) * D + c;
+        kv = *reinterpret_cast<const int4*>(kbase + off);
+        vv = *reinterpret_cast<const int4*>(vbase + off);
       }
       *reinterpret_cast<int4*>(Ks + r * S + c) = kv;
       *reinterpret_cast<int4*>(Vs + r * S + c) = vv;
@@ -440,8 +401,7 @@ bool use_mma() {
   static const bool on = [] {
     const char* env = std::getenv("WARPFORMER_ATTENTION_MMA");
     if (env != nullptr && std::strcmp(env, "0") == 0) return false;
-    return code_arch(
-               reinterpret_cast<const void*>(context_attention_mma_kernel<__half, 64, false>)) >=
+    return code_arch(reinterpret_cast<const void*>(context_attention_mma_kernel<__half, 64>)) >=
            80;
   }();
   int device = 0;
@@ -449,24 +409,15 @@ bool use_mma() {
   return device_caps(device).major >= 8;
 }
 
-// The tensor-core kernel's launch, fused (f given) or not.
-template <typename T, int D>
-cudaError_t launch_mma(const ContextAttentionParams<T>& p, const FusedQkvInputs<T>* f,
-                       cudaStream_t stream) {
-  LaunchShape shape;
-  shape.grid = dim3(ceil_div(p.max_seqlen, kMmaBQ), p.heads, p.batch);
-  shape.block = dim3(kMmaWarps * 32);
-  return f != nullptr
-             ? launch_kernel(shape, stream, context_attention_mma_kernel<T, D, true>, p, *f)
-             : launch_kernel(shape, stream, context_attention_mma_kernel<T, D, false>, p,
-                             FusedQkvInputs<T>{});
-}
-
 template <typename T, int D>
 cudaError_t launch_for_dim(const ContextAttentionParams<T>& p, cudaStream_t stream) {
   if constexpr (sizeof(T) == 2) {
-    // it stores two outputs per 4-byte write
-    if (aligned_to(p.out, 4) && use_mma()) return launch_mma<T, D>(p, nullptr, stream);
+    if (aligned_to(p.out, 4) && use_mma()) {  // it stores two outputs per 4-byte write
+      LaunchShape shape;
+      shape.grid = dim3(ceil_div(p.max_seqlen, kMmaBQ), p.heads, p.batch);
+      shape.block = dim3(kMmaWarps * 32);
+      return launch_kernel(shape, stream, context_attention_mma_kernel<T, D>, p);
+    }
   }
   constexpr size_t smem = smem_floats<D>() * sizeof(float);
   auto kernel = context_attention_kernel<T, D>;
@@ -482,67 +433,23 @@ cudaError_t launch_for_dim(const ContextAttentionParams<T>& p, cudaStream_t stre
   return launch_kernel(shape, stream, kernel, p);
 }
 
-// Checks shared by both launchers (need_q: the unfused kernel reads p.q).
+}  // namespace
+
 template <typename T>
-cudaError_t check_context(const ContextAttentionParams<T>& p, bool need_q) {
+cudaError_t launch_context_attention(const ContextAttentionParams<T>& p, cudaStream_t stream) {
   if (p.batch < 0 || p.batch > 65535 || p.heads <= 0 || p.heads > 65535 || p.num_slots < 0 ||
-      p.max_seq < 0 || p.max_seqlen < 0 || p.out == nullptr || (need_q && p.q == nullptr) ||
+      p.max_seq < 0 || p.max_seqlen < 0 || p.out == nullptr || p.q == nullptr ||
       p.k_cache == nullptr || p.v_cache == nullptr || p.cu_seqlens == nullptr ||
       p.seq_slot == nullptr) {
     return cudaErrorInvalidValue;
   }
   // 16-byte vector loads of q and of the cache rows.
-  if ((need_q && !aligned_to(p.q, 16)) || !aligned_to(p.k_cache, 16) ||
-      !aligned_to(p.v_cache, 16)) {
+  if (!aligned_to(p.q, 16) || !aligned_to(p.k_cache, 16) || !aligned_to(p.v_cache, 16)) {
     return cudaErrorMisalignedAddress;
   }
-  return cudaSuccess;
-}
-
-}  // namespace
-
-template <typename T>
-cudaError_t launch_context_attention(const ContextAttentionParams<T>& p, cudaStream_t stream) {
-  const cudaError_t err = check_context(p, true);
-  if (err != cudaSuccess) return err;
   if (p.batch == 0 || p.max_seqlen == 0) return cudaSuccess;
   return WF_HEAD_DIM_SWITCH(p.head_dim, HEAD_DIM,
                             [&] { return launch_for_dim<T, HEAD_DIM>(p, stream); });
-}
-
-template <typename T>
-bool context_attention_fusable(const ContextAttentionFusedParams<T>& p) {
-  if constexpr (sizeof(T) != 2) {
-    return false;
-  } else {
-    const bool rotary = p.rotary_style != RotaryStyle::kNone && p.rotary_dim > 0;
-    return attention_head_dim_supported(p.head_dim) && aligned_to(p.out, 4) &&
-           aligned_to(p.qkv, 16) && aligned_to(p.qkv_bias, 16) && aligned_to(p.k_cache, 16) &&
-           aligned_to(p.v_cache, 16) &&
-           (p.rotary_style != RotaryStyle::kHalf || (p.rotary_dim / 2) % 8 == 0) &&
-           (!rotary || p.rotary_inv_freq != nullptr) && use_mma();
-  }
-}
-
-template <typename T>
-cudaError_t launch_context_attention_fused(const ContextAttentionFusedParams<T>& p,
-                                           cudaStream_t stream) {
-  const cudaError_t err = check_context<T>(p, false);
-  if (err != cudaSuccess) return err;
-  if (p.qkv == nullptr ||
-      (p.rotary_style != RotaryStyle::kNone &&
-       (p.rotary_dim < 0 || p.rotary_dim % 2 != 0 || p.rotary_dim > p.head_dim))) {
-    return cudaErrorInvalidValue;
-  }
-  if (!context_attention_fusable(p)) return cudaErrorNotSupported;
-  if (p.batch == 0 || p.max_seqlen == 0) return cudaSuccess;
-  if constexpr (sizeof(T) != 2) {
-    return cudaErrorNotSupported;  // (not reached: not fusable)
-  } else {
-    const FusedQkvInputs<T>& f = p;
-    return WF_HEAD_DIM_SWITCH(p.head_dim, HEAD_DIM,
-                              [&] { return launch_mma<T, HEAD_DIM>(p, &f, stream); });
-  }
 }
 
 template cudaError_t launch_context_attention<float>(const ContextAttentionParams<float>&,
@@ -551,16 +458,6 @@ template cudaError_t launch_context_attention<__half>(const ContextAttentionPara
                                                       cudaStream_t);
 template cudaError_t launch_context_attention<__nv_bfloat16>(
     const ContextAttentionParams<__nv_bfloat16>&, cudaStream_t);
-template bool context_attention_fusable<float>(const ContextAttentionFusedParams<float>&);
-template bool context_attention_fusable<__half>(const ContextAttentionFusedParams<__half>&);
-template bool context_attention_fusable<__nv_bfloat16>(
-    const ContextAttentionFusedParams<__nv_bfloat16>&);
-template cudaError_t launch_context_attention_fused<float>(
-    const ContextAttentionFusedParams<float>&, cudaStream_t);
-template cudaError_t launch_context_attention_fused<__half>(
-    const ContextAttentionFusedParams<__half>&, cudaStream_t);
-template cudaError_t launch_context_attention_fused<__nv_bfloat16>(
-    const ContextAttentionFusedParams<__nv_bfloat16>&, cudaStream_t);
 
 }  // namespace kernels
 }  // namespace warpformer

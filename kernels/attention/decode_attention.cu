@@ -58,7 +58,7 @@ struct DecodeShape {
 // written cache row is read back by this block's own passes.
 template <typename T, int D>
 __device__ __forceinline__ void prepare_new_token(const DecodeAttentionParams<T>& p,
-                                                  const FusedQkvInputs<T>& f, int row,
+                                                  const DecodeQkvInputs<T>& f, int row,
                                                   int h, int slot, int start, int end,
                                                   float* q_s, float* cos_s, float* sin_s) {
   const int pos = p.lengths[row] - 1;  // launch_qkv_prep's token_pos (unclamped)
@@ -116,7 +116,7 @@ __device__ __forceinline__ void prepare_new_token(const DecodeAttentionParams<T>
 template <typename T, int D, bool FUSED>
 __global__ void __launch_bounds__(kThreads, 2)
     decode_attention_kernel(const DecodeAttentionParams<T> p, int splits, int chunk,
-                            const FusedQkvInputs<T> f) {
+                            const DecodeQkvInputs<T> f) {
   wait_for_prior_kernels();
   if (gridDim.y <= kEarlyStartRows) start_next_kernel();  // 1-2 rows: a GEMV follows
   using S = DecodeShape<T, D>;
@@ -335,7 +335,7 @@ __global__ void decode_combine_kernel(const DecodeAttentionParams<T> p, int spli
 }
 
 template <typename T, int D>
-cudaError_t launch_for_dim(const DecodeAttentionParams<T>& p, const FusedQkvInputs<T>* fused,
+cudaError_t launch_for_dim(const DecodeAttentionParams<T>& p, const DecodeQkvInputs<T>* fused,
                            int splits, cudaStream_t stream) {
   using S = DecodeShape<T, D>;
   const int chunk = chunk_size(p.max_seq, splits);
@@ -353,7 +353,7 @@ cudaError_t launch_for_dim(const DecodeAttentionParams<T>& p, const FusedQkvInpu
   shape.block = dim3(kThreads);
   shape.smem = smem;
   const cudaError_t err = launch_kernel(shape, stream, kernel, p, splits, chunk,
-                                       fused != nullptr ? *fused : FusedQkvInputs<T>{});
+                                       fused != nullptr ? *fused : DecodeQkvInputs<T>{});
   if (err != cudaSuccess || splits == 1) return err;
   LaunchShape combine;
   combine.grid = dim3(p.rows * p.heads);
@@ -426,7 +426,7 @@ cudaError_t launch_decode_attention_fused(const DecodeAttentionFusedParams<T>& p
     return cudaErrorInvalidValue;
   }
   if (p.rows == 0) return cudaSuccess;
-  const FusedQkvInputs<T>& f = p;
+  const DecodeQkvInputs<T>& f = p;
   return WF_HEAD_DIM_SWITCH(p.head_dim, HEAD_DIM,
                             [&] { return launch_for_dim<T, HEAD_DIM>(p, &f, splits, stream); });
 }

@@ -26,14 +26,6 @@ def _context_attention_fake(q, k_cache, v_cache, cu_seqlens, seq_slot, alibi_slo
     return q.new_empty(q.shape)
 
 
-@register_fake("warpformer::context_attention_fused")
-def _context_attention_fused_fake(qkv, bias, k_cache, v_cache, cu_seqlens, seq_slot, alibi_slopes,
-                                  scale, max_seqlen, rotary_dim, rotary_style, rotary_base):
-    torch._check(qkv.dim() == 4,
-                 lambda: "warpformer.context_attention_fused: qkv must be 4-dimensional")
-    return qkv.new_empty((qkv.shape[0], qkv.shape[2], qkv.shape[3]))
-
-
 @register_fake("warpformer::decode_attention")
 def _decode_attention_fake(q, k_cache, v_cache, row_slot, lengths, cache_indir, alibi_slopes,
                            scale):

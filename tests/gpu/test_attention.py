@@ -1,6 +1,6 @@
-"""GPU tests of the attention ops (qkv_rotary_cache, context_attention, context_attention_fused,
-decode_attention and decode_attention_fused) against plain PyTorch references (the fused ops
-against the two unfused ops each, bit for bit).
+"""GPU tests of the attention ops (qkv_rotary_cache, context_attention, decode_attention and
+decode_attention_fused) against plain PyTorch references (the fused op against the two unfused
+ops, bit for bit).
 
 Tolerance rule (one table, FLOOR below): the reference is computed in float64 from the very
 inputs the kernel sees. fp32 kernels must be within 1e-4 of the reference's largest magnitude.
@@ -382,7 +382,6 @@ ARCHS = {  # heads, head_dim, rotary_dim, rotary_style, bias, alibi
     "gptj": (4, 256, 64, "interleaved", False, False),
     "neox": (8, 80, 20, "half", True, False),
     "neox128": (6, 128, 128, "half", True, False),
-    "neox96": (6, 96, 32, "half", True, False),
     "bloom": (20, 64, 0, "none", True, True),
     "gpt2": (12, 64, 0, "none", True, False),
 }
@@ -440,75 +439,6 @@ def test_prefill_then_decode(dtype, arch, seed) -> None:
         refs[name] = (torch.cat(ctx), torch.cat(dec))
     check_attention(out, refs["64"][0], refs["lp"][0], dtype, f"{arch} prefill")
     check_attention(out2, refs["64"][1], refs["lp"][1], dtype, f"{arch} decode")
-
-
-# ---- context attention with the QKV preparation fused in ----------------------------------------
-def context_inputs(dtype, arch, lens, seq_slot, slots, max_seq):
-    """Random qkv (+ bias) for packed sequences of `lens` in slots `seq_slot`, NaN caches, and
-    the index tensors of both forms (per token for qkv_rotary_cache, per sequence for the
-    attention)."""
-    heads, hd, rd, style, with_bias, alibi = ARCHS[arch]
-    cu = [0]
-    for n in lens:
-        cu.append(cu[-1] + n)
-    kc, vc = nan_cache(slots, heads, max_seq, hd, dtype)
-    i32 = dict(dtype=torch.int32, device=DEV)
-    return dict(
-        qkv=rand(cu[-1], 3, heads, hd, dtype=dtype, scale=2.0),
-        bias=rand(3, heads, hd, dtype=dtype, scale=0.5) if with_bias else None,
-        kc=kc, vc=vc, cu=torch.tensor(cu, **i32), slot=torch.tensor(seq_slot, **i32),
-        token_slot=torch.tensor([s for s, n in zip(seq_slot, lens, strict=True)
-                                 for _ in range(n)], **i32),
-        token_pos=torch.cat([torch.arange(n) for n in lens]).int().to(DEV),
-        slopes=slopes_for(heads) if alibi else None, scale=1.0 / math.sqrt(hd), rd=rd,
-        style=style, max_len=max(lens))
-
-
-CONTEXT_FUSED_ARCHS = ["gptj", "neox128", "neox96", "bloom", "gpt2"]  # rotary_dim / 2 % 8 == 0
-
-
-@pytest.mark.parametrize("arch", CONTEXT_FUSED_ARCHS)
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_context_attention_fused(dtype, arch, seed) -> None:
-    """qkv_rotary_cache + context_attention (each reference-tested above) against
-    context_attention_fused on copies of one cache: outputs and both caches bit-identical, every
-    position < len of each sequence's slot written once, the rest left alone (NaN). Lengths
-    around the 64- and 32-key tiles, an empty sequence, slots out of order."""
-    lens, seq_slot = [1, 7, 64, 65, 0, 97, 300, 1025], [5, 0, 3, 6, 1, 2, 7, 4]
-    x = context_inputs(dtype, arch, lens, seq_slot, 8, 1100)
-    kc2, vc2 = x["kc"].clone(), x["vc"].clone()
-    q = ops.qkv_rotary_cache(x["qkv"], x["bias"], x["kc"], x["vc"], x["token_slot"],
-                             x["token_pos"], x["rd"], x["style"], 10000.0)
-    ref = ops.context_attention(q, x["kc"], x["vc"], x["cu"], x["slot"], x["slopes"], x["scale"],
-                                x["max_len"])
-    poison(tuple(ref.shape), dtype)
-    out = ops.context_attention_fused(x["qkv"], x["bias"], kc2, vc2, x["cu"], x["slot"],
-                                      x["slopes"], x["scale"], x["max_len"], x["rd"], x["style"],
-                                      10000.0)
-    assert not out.isnan().any(), f"{arch}: fused output has unwritten elements"
-    exactly_equal(out, ref, f"{arch} fused context output")
-    exactly_equal(kc2, x["kc"], f"{arch} k_cache")
-    exactly_equal(vc2, x["vc"], f"{arch} v_cache")
-
-
-def test_context_attention_fused_refusals(seed) -> None:
-    """Where the fused kernel cannot run (fp32, a half-split rotation of 20 dims, whose halves
-    are not whole 16-byte vectors) and where it would race (two sequences writing one slot), the
-    op says so instead of launching."""
-    lens = [3, 5]
-    for dtype, arch in ((torch.float32, "gpt2"), (torch.float16, "neox")):
-        x = context_inputs(dtype, arch, lens, [0, 1], 2, 16)
-        with pytest.raises(RuntimeError, match=r"context_attention_fused: runs only on the "
-                                               r"tensor-core context attention"):
-            ops.context_attention_fused(x["qkv"], x["bias"], x["kc"], x["vc"], x["cu"], x["slot"],
-                                        None, x["scale"], 5, x["rd"], x["style"], 10000.0)
-    x = context_inputs(torch.float16, "gpt2", [3, 0, 5], [1, 1, 1], 2, 16)
-    ops.context_attention_fused(x["qkv"], None, x["kc"], x["vc"], x["cu"],
-                                torch.tensor([1, 1, 0], dtype=torch.int32, device=DEV), None,
-                                0.125, 5, 0, "none", 10000.0)  # the empty one writes nothing
-    with pytest.raises(RuntimeError, match=r"sequences 0 and 2 both write their keys into slot 1"):
-        ops.context_attention_fused(x["qkv"], None, x["kc"], x["vc"], x["cu"], x["slot"], None,
-                                    0.125, 5, 0, "none", 10000.0)
 
 
 # ---- decode attention with the QKV preparation fused in -----------------------------------------
@@ -623,10 +553,6 @@ def test_opcheck(seed) -> None:
     torch.library.opcheck(ops.context_attention.default,
                           (q, kc, vc, torch.tensor([0, 3, 5], **i32), torch.tensor([0, 2], **i32),
                            None, 0.125, 3), test_utils=utils)
-    torch.library.opcheck(ops.context_attention_fused.default,
-                          (qkv, None, kc, vc, torch.tensor([0, 3, 5], **i32),
-                           torch.tensor([0, 2], **i32), None, 0.125, 3, 32, "half", 10000.0),
-                          test_utils=utils)
     torch.library.opcheck(ops.decode_attention.default,
                           (q[:2], kc, vc, torch.tensor([0, 2], **i32), torch.tensor([3, 2], **i32),
                            None, None, 0.125), test_utils=utils)

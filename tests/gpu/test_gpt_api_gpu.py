@@ -137,7 +137,7 @@ def _cuda_kernels(fn) -> list[str]:
 
 
 PARALLEL_RESIDUAL = {"gptj", "gptj-4096", "gptneox-parallel"}
-PAIR_OFF = "attention,context,norms,parallel,activation"  # every fusion but the paired products
+PAIR_OFF = "attention,norms,parallel,activation"  # every fusion but the paired products
 
 
 @pytest.mark.parametrize("name", list(FUSION_SHAPES))
@@ -161,8 +161,8 @@ def test_decode_fusion_bit_identical(name, root, monkeypatch):
         convert(root / f"{name}-fusion-hf", out, 1, "fp32")
     rows = prompts(1000, [9, 4], seed=4)
     runs, kernels = {}, {}
-    variants = ("1", "0", "attention", "context", "norms", "attention,norms", "parallel",
-                "activation", PAIR_OFF)
+    variants = ("1", "0", "attention", "norms", "attention,norms", "parallel", "activation",
+                PAIR_OFF)
     for fuse in variants:
         monkeypatch.setenv("WARPFORMER_FUSE", fuse)
         gpt = GPT.from_pretrained(out, dtype=torch.float16, max_batch=2, max_seq_len=256,
@@ -179,10 +179,6 @@ def test_decode_fusion_bit_identical(name, root, monkeypatch):
             "normed gemv": sum("gemv_kn_kernel" in k and ", true>" in k for k in names),
             "fused attention": sum("decode_attention_kernel" in k and ", true>" in k
                                    for k in names),
-            "fused context": sum("context_attention_mma_kernel" in k and ", true>" in k
-                                 for k in names),
-            "context": sum("context_attention" in k for k in names),
-            "qkv prep": sum("qkv_prep_kernel" in k for k in names),
             "norm": sum("norm_kernel" in k for k in names),
             "gemv": sum("gemv_kn_kernel" in k for k in names),
             "activation": sum("::act_kernel<" in k for k in names),
@@ -198,17 +194,6 @@ def test_decode_fusion_bit_identical(name, root, monkeypatch):
     assert kernels["attention"]["normed gemv"] == 0, kernels  # WARPFORMER_FUSE=attention
     assert kernels["attention"]["fused attention"] == kernels["1"]["fused attention"], kernels
     assert kernels["norms"]["fused attention"] == 0, kernels  # WARPFORMER_FUSE=norms
-    # The prompt pass (one group here): every layer's context attention prepares its own QKV
-    # ("context"), and then no QKV-preparation kernel runs for the prompt or the fused decode
-    # steps; without it each layer's prompt runs qkv_prep first.
-    layers = kernels["0"]["context"]
-    assert layers >= 2 and kernels["0"]["fused context"] == 0, kernels
-    for fuse in ("1", "context", PAIR_OFF):
-        assert kernels[fuse]["fused context"] == layers, (fuse, kernels)
-    assert kernels["1"]["qkv prep"] == 0, kernels
-    assert kernels["attention"]["qkv prep"] == layers, kernels
-    assert kernels["context"]["fused context"] + kernels["context"]["qkv prep"] == \
-        kernels["0"]["qkv prep"], kernels
     # (the paired products normalise once for both: compare with the variant without them)
     assert kernels["norms"]["normed gemv"] == kernels[PAIR_OFF]["normed gemv"], kernels
     # Parallel fusion: per layer and step a parallel-residual layer's four product launches
@@ -272,8 +257,7 @@ def test_fusion_and_split_variables_checked(root, monkeypatch):
     for bad in ("yes", "attention,rotary", ",", "attention,"):
         monkeypatch.setenv("WARPFORMER_FUSE", bad)
         with pytest.raises(RuntimeError, match="WARPFORMER_FUSE must be 1, 0 or a comma list of "
-                                               "attention, context, norms, parallel, activation, "
-                                               "pair; "
+                                               "attention, norms, parallel, activation, pair; "
                                                "got "
                                                f"'{bad}'"):
             GPT.from_pretrained(root / "gpt2-4.0-wf", dtype=torch.float16, max_batch=1,

@@ -42,24 +42,22 @@ class Carver {
 };
 
 // WARPFORMER_FUSE: which kernel fusions the engine uses: unset or "1" all, "0" none, or a comma
-// list of "attention" (the decode step's QKV preparation inside the attention kernel), "context"
-// (the prompt pass's QKV preparation inside the tensor-core context attention kernel), "norms"
+// list of "attention" (the decode step's QKV preparation inside the attention kernel), "norms"
 // (pre-norm layers' residual adds and norms inside the GEMVs that read them) and "parallel"
 // (a parallel-residual layer's decode step: its MLP-in product runs beside the attention kernel
 // and its attention-out and MLP-out products are one GEMV launch) and "activation" (a 16-bit
 // model's tanh-GELU in cuBLASLt's epilogue of the MLP-in product at prompt sizes) and "pair"
 // (with parallel and norms: that decode step's QKV and MLP-in products as one GEMV launch before
 // the attention, and the joined output product starting on its MLP part beside the attention).
-// Off, each runs as its own kernel (for comparisons): attention, context and norms give
-// bit-identical results, parallel, pair and activation the same up to rounding (parallel: the
-// two output products accumulate in fp32 together instead of adding two rounded products; pair:
-// the wider launch may split k differently, and NeoX's ln2 normalises the fp32 stream instead of
-// its rounded copy; activation: the GELU reads the fp32 accumulator instead of the rounded
-// product).
+// Off, each runs as its own kernel (for comparisons): attention and norms give bit-identical
+// results, parallel, pair and activation the same up to rounding (parallel: the two output
+// products accumulate in fp32 together instead of adding two rounded products; pair: the wider
+// launch may split k differently, and NeoX's ln2 normalises the fp32 stream instead of its
+// rounded copy; activation: the GELU reads the fp32 accumulator instead of the rounded product).
 GptModel::Fusions fusions_from_env() {
   const char* env = std::getenv("WARPFORMER_FUSE");
-  if (env == nullptr || std::strcmp(env, "1") == 0) return {true, true, true, true, true, true};
-  GptModel::Fusions f{false, false, false, false, false, false};
+  if (env == nullptr || std::strcmp(env, "1") == 0) return {true, true, true, true, true};
+  GptModel::Fusions f{false, false, false, false, false};
   if (std::strcmp(env, "0") == 0) return f;
   const std::string list = env;
   size_t start = 0;
@@ -68,8 +66,6 @@ GptModel::Fusions fusions_from_env() {
     const std::string item = list.substr(start, end - start);
     if (item == "attention") {
       f.attention = true;
-    } else if (item == "context") {
-      f.context = true;
     } else if (item == "norms") {
       f.norms = true;
     } else if (item == "parallel") {
@@ -79,8 +75,8 @@ GptModel::Fusions fusions_from_env() {
     } else if (item == "pair") {
       f.pair = true;
     } else {  // includes an empty item (a stray comma)
-      TORCH_CHECK(false, "WARPFORMER_FUSE must be 1, 0 or a comma list of attention, context, "
-                  "norms, parallel, activation, pair; got '", env, "'");
+      TORCH_CHECK(false, "WARPFORMER_FUSE must be 1, 0 or a comma list of attention, norms, "
+                  "parallel, activation, pair; got '", env, "'");
     }
     if (end == list.size()) break;
     start = end + 1;
@@ -516,8 +512,6 @@ void GptModel::prefill(const int32_t* ids, const std::vector<int32_t>& lengths, 
     ai.seq_slot = d_iota_ + g.b0;
     ai.batch = static_cast<int>(g.b1 - g.b0);
     ai.max_seqlen = g.max_len;
-    ai.fused_prep = fusions_.context;  // token_slot / token_pos as that requires (above)
-    ai.rotary_inv_freq = rotary_inv_freq_.as<float>();
     run_layers(g.tokens(), ai);
     if (cfg_.last_stage()) {
       done(g);

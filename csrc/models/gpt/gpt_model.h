@@ -78,7 +78,6 @@ class GptModel {
   // The kernel fusions in use (WARPFORMER_FUSE, read by the constructor; gpt_model.cpp).
   struct Fusions {
     bool attention = true;  // the decode step's QKV preparation inside the attention kernel
-    bool context = true;    // the prompt pass's QKV preparation inside the context attention
     bool norms = true;      // pre-norm residual adds and norms inside the GEMVs (Gemm::run_normed)
     bool parallel = true;   // parallel-residual decode: MLP-in beside attention, one out product
     bool activation = true;  // tanh-GELU in cuBLASLt's epilogue (16-bit, Gemm::run_act)
@@ -214,7 +213,7 @@ class GptModel {
   int64_t max_batch_;
   int64_t max_seq_len_;
   DeviceBuffer alibi_;  // [local_heads] float
-  DeviceBuffer rotary_inv_freq_;  // [rotary_dim / 2] float, for the fused attention kernels
+  DeviceBuffer rotary_inv_freq_;  // [rotary_dim / 2] float, for the fused decode attention
 
   DeviceBuffer kv_;
   int64_t kv_slots_ = 0, kv_seq_ = 0;
