@@ -34,6 +34,13 @@ cublasLtEpilogue_t lt_epilogue(GemmEpilogue e) {
   TORCH_INTERNAL_ASSERT(false, "bad GemmEpilogue");
 }
 
+// Entry `index` of a heuristic list (a tuning file's choice), or the first when the list is
+// shorter (a file made with another cuBLAS version).
+const cublasLtMatmulHeuristicResult_t& tuned_or_first(
+    const std::vector<cublasLtMatmulHeuristicResult_t>& results, int index) {
+  return results[index < static_cast<int>(results.size()) ? index : 0];
+}
+
 }  // namespace
 
 Gemm::Plan::~Plan() {
@@ -138,9 +145,7 @@ std::shared_ptr<Gemm::Plan> Gemm::plan_for(const GemmKey& key) {
       }
       if (!results.empty()) {
         if (rounded_algos_.size() >= kMaxPlans) rounded_algos_.clear();
-        // A tuned index past the end of today's list (other cuBLAS version): the first.
-        const auto& pick = results[index < static_cast<int>(results.size()) ? index : 0];
-        found = rounded_algos_.emplace(rounded, pick).first;
+        found = rounded_algos_.emplace(rounded, tuned_or_first(results, index)).first;
       }
     }
     // cuBLASLt checks a borrowed algorithm for the exact shape (and says what workspace it
@@ -165,8 +170,7 @@ std::shared_ptr<Gemm::Plan> Gemm::plan_for(const GemmKey& key) {
     const auto results = heuristics(*plan, index + 1);
     TORCH_CHECK(!results.empty(), "cuBLASLt found no algorithm for GEMM m=", key.m, " n=", key.n,
                 " k=", key.k, " dtype=", dtype_name(key.dtype));
-    // A tuned index past the end of today's list (other cuBLAS version) falls back to the first.
-    const auto& pick = results[index < static_cast<int>(results.size()) ? index : 0];
+    const auto& pick = tuned_or_first(results, index);
     plan->algo = pick.algo;
     plan->workspace = pick.workspaceSize;
   }
