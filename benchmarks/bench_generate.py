@@ -70,12 +70,12 @@ from common import (
 )
 
 # Extra warpformer rows (--wf-variants): GEMV off (cuBLASLt for every product), a gemm-tune file
-# made for the configuration, no kernel fusion (QKV preparation and norms as kernels of their
-# own), only the attention fusion, and every fusion but the parallel-residual decode step's (MLP-in
-# product beside the attention, one launch for the two output products), every fusion but the
-# paired QKV and MLP-in products of that step, every fusion but the tanh-GELU in cuBLASLt's
-# epilogue, and prefill-N: prompt groups of at most N tokens. Each environment variable is read
-# when the engine is built.
+# made for the configuration (tuned-warm: made with --warm-weights), no kernel fusion (QKV
+# preparation and norms as kernels of their own), only the attention fusion, and every fusion
+# but the parallel-residual decode step's (MLP-in product beside the attention, one launch for
+# the two output products), every fusion but the paired QKV and MLP-in products of that step,
+# every fusion but the tanh-GELU in cuBLASLt's epilogue, and prefill-N: prompt groups of at most
+# N tokens. Each environment variable is read when the engine is built.
 VARIANT_ENV = {
     "gemv-off": ("WARPFORMER_GEMV", "0"),
     "unfused": ("WARPFORMER_FUSE", "0"),
@@ -84,7 +84,7 @@ VARIANT_ENV = {
     "pair-off": ("WARPFORMER_FUSE", "attention,norms,parallel,activation"),
     "activation-off": ("WARPFORMER_FUSE", "attention,norms,parallel,pair"),
 }
-VARIANTS = (*VARIANT_ENV, "tuned", "prefill-N")
+VARIANTS = (*VARIANT_ENV, "tuned", "tuned-warm", "prefill-N")
 ENGINES = ("warpformer", *(f"warpformer-{v}" for v in VARIANTS), "hf-eager", "hf-compiled")
 # Issue 6 targets: decode ms/step at batch 1, 128 in / 128 out, real layer counts.
 TARGETS_MS = {"gpt2-medium": 0.26, "bloom-560m": 0.40, "gpt-j-6b": 3.3}
@@ -195,6 +195,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--wf-variants", type=_variants, default=[],
                     help="extra warpformer rows: gemv-off (WARPFORMER_GEMV=0, cuBLASLt for "
                          "every GEMM), tuned (a gemm-tune file made for the configuration), "
+                         "tuned-warm (the same, timed on one weight copy, warm in L2), "
                          "unfused (WARPFORMER_FUSE=0: QKV preparation and norms as kernels of "
                          "their own), attention-only (WARPFORMER_FUSE=attention,activation: "
                          "norms as kernels of their own), parallel-off "
@@ -309,18 +310,22 @@ def run_hf(hf, row: Row, prompts: torch.Tensor, reps: int, compiled: bool) -> to
     return out[:, n_in:].cpu()
 
 
-def tuning_file(config, cfg: tuple[int, int, int], out_dir: Path) -> tuple[str, int]:
-    """A `warpformer gemm-tune` file for this model and configuration (fp16, beam 1); returns
-    (path, number of shapes where a non-default algorithm measured faster)."""
+def tuning_file(config, cfg: tuple[int, int, int], out_dir: Path,
+                warm: bool = False) -> tuple[str, int]:
+    """A `warpformer gemm-tune` file for this model and configuration (fp16, beam 1; ``warm``:
+    timed as `gemm-tune --warm-weights` does); returns (path, number of shapes where a
+    non-default algorithm measured faster)."""
     from warpformer.gemm_tune import ModelDims, gemm_shapes, tune, write_tuning_file
 
     B, n_in, _ = cfg
     dims = ModelDims(config.hidden_size, config.inter_size, config.vocab_size, 1,
                      config.word_embed_proj_dim, config.parallel_residual,
                      config.activation_type, config.has_lm_head_bias)
-    results = tune(gemm_shapes(dims, B, 1, n_in), torch.float16, max_algos=16, reps=10)
+    results = tune(gemm_shapes(dims, B, 1, n_in), torch.float16, max_algos=16, reps=10,
+                   cold_bytes=0 if warm else None)
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"gemm_tuning_{config.hidden_size}x{config.num_layer}_B{B}_in{n_in}.tsv"
+    path = out_dir / (f"gemm_tuning_{config.hidden_size}x{config.num_layer}_B{B}_in{n_in}"
+                      f"{'_warm' if warm else ''}.tsv")
     write_tuning_file(str(path), "fp16", results)
     return str(path), sum(1 for _, i, _, _ in results if i != 0)
 
@@ -332,9 +337,9 @@ def run_warpformer(weights, config, shape: ModelShape, row: Row,
 
     B, n_in, n_out = row.config
     gemm_config = ""
-    if variant == "tuned":
-        gemm_config, changed = tuning_file(config, row.config, out_dir)
-        row.note = f"tuned: {changed} shapes off the heuristic's first choice"
+    if variant in ("tuned", "tuned-warm"):
+        gemm_config, changed = tuning_file(config, row.config, out_dir, variant == "tuned-warm")
+        row.note = f"{variant}: {changed} shapes off the heuristic's first choice"
     env = variant_env(variant)
     with mock.patch.dict(os.environ, env):  # restored (or removed) when the engine is built
         engine = build_gpt_model(config, weights, dtype=torch.float16, max_batch=B,

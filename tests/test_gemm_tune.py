@@ -6,6 +6,7 @@ import pytest
 
 from warpformer.cli import main
 from warpformer.gemm_tune import (
+    MAX_WEIGHT_COPIES,
     GemmShape,
     ModelDims,
     ffn_in_epilogue,
@@ -15,6 +16,7 @@ from warpformer.gemm_tune import (
     prefill_group_tokens,
     prefill_groups,
     row_buckets,
+    weight_copies,
 )
 
 
@@ -130,3 +132,20 @@ def test_prompt_rows_option() -> None:
     with pytest.raises(SystemExit, match="--prompt-rows must be LO:HI"):
         main(["gemm-tune", "--head-num", "2", "--size-per-head", "64", "--inter-size", "512",
               "--vocab-size", "100", "--prompt-rows", "5:1"])
+
+
+def test_weight_copies_span_the_cold_bytes() -> None:
+    """The tuner times a weight smaller than L2 on copies that together span cold_bytes, so each
+    launch reads its copy from DRAM as a model's pass does; a larger weight needs one copy."""
+    l2_twice = 2 * 50 * 2**20
+    assert weight_copies(6 * 2**20, l2_twice) == 17  # ceil(100 / 6)
+    assert weight_copies(2 * 2**20, l2_twice) == 50
+    assert weight_copies(128 * 2**20, l2_twice) == 1
+    assert weight_copies(l2_twice, l2_twice) == 1
+    assert weight_copies(l2_twice - 1, l2_twice) == 2
+    assert weight_copies(4096, l2_twice) == MAX_WEIGHT_COPIES  # tiny weights: capped
+    assert weight_copies(4096, 0) == 1  # warm: one copy
+    with pytest.raises(ValueError, match="weight_bytes must be >= 1"):
+        weight_copies(0, l2_twice)
+    with pytest.raises(ValueError, match="cold_bytes must be >= 0"):
+        weight_copies(4096, -1)

@@ -216,14 +216,17 @@ struct BenchObjects {
 }  // namespace
 
 // Each candidate's `reps` launches are captured back to back in one CUDA graph and the replay is
-// timed (median of three replays, divided by reps): the kernels' own time on warm operands. Timing
+// timed (median of three replays, divided by reps): the kernels' own time, with the weight as
+// cold as the caller's copies make it. Timing
 // launch by launch between events also counted the host's per-launch work, ~10 us, which
 // swamped the shapes that take 10-40 us (a 2,048 x 1,024 x 1,024 product measured 19 us that
 // way and runs in ~11 inside a prompt pass). The capture runs on a stream of its own, ordered
 // after the context's stream, since that may be the legacy default stream, which cannot be
 // captured.
-std::vector<float> Gemm::benchmark(const GemmKey& key, const void* in, const void* weight,
-                                   const void* bias, void* out, int max_algos, int reps) {
+std::vector<float> Gemm::benchmark(const GemmKey& key, const void* in,
+                                   const std::vector<const void*>& weights, const void* bias,
+                                   void* out, int max_algos, int reps) {
+  TORCH_CHECK(!weights.empty(), "Gemm::benchmark: weights must hold at least one copy");
   Plan plan;
   create_descriptors(key, &plan);
   if (key.epilogue != GemmEpilogue::kNone) {
@@ -243,20 +246,21 @@ std::vector<float> Gemm::benchmark(const GemmKey& key, const void* in, const voi
   WF_CUDA_CHECK(cudaStreamWaitEvent(o.stream, o.start, 0));
   std::vector<float> times;
   for (const auto& r : results) {
-    auto launch_once = [&] {
+    auto launch_once = [&](int i) {
+      const void* weight = weights[static_cast<size_t>(i) % weights.size()];
       return cublasLtMatmul(ctx_->blaslt(), plan.desc, &alpha, weight, plan.a, in, plan.b, &beta,
                             out, plan.c, out, plan.c, &r.algo, ctx_->workspace(),
                             ctx_->workspace_size(), o.stream);
     };
-    if (launch_once() != CUBLAS_STATUS_SUCCESS) {
+    if (launch_once(0) != CUBLAS_STATUS_SUCCESS) {
       (void)cudaGetLastError();  // leave no launch error for the next launcher to report
       times.push_back(-1.f);
       continue;
     }
-    WF_CUBLAS_CHECK(launch_once());  // warm-up
+    WF_CUBLAS_CHECK(launch_once(0));  // warm-up
     WF_CUDA_CHECK(cudaStreamBeginCapture(o.stream, cudaStreamCaptureModeThreadLocal));
     cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
-    for (int i = 0; i < reps && st == CUBLAS_STATUS_SUCCESS; ++i) st = launch_once();
+    for (int i = 0; i < reps && st == CUBLAS_STATUS_SUCCESS; ++i) st = launch_once(i);
     const cudaError_t end = cudaStreamEndCapture(o.stream, &o.graph);
     if (st != CUBLAS_STATUS_SUCCESS || end != cudaSuccess || o.graph == nullptr ||
         cudaGraphInstantiate(&o.exec, o.graph, 0) != cudaSuccess) {

@@ -206,9 +206,12 @@ class Gemm {
 
   // Times the first `max_algos` heuristic candidates for one shape on the given buffers
   // (microseconds per launch, from a CUDA graph of `reps` launches back to back, the median of
-  // three replays; -1 for a candidate that failed). For the tuner.
-  std::vector<float> benchmark(const GemmKey& key, const void* in, const void* weight,
-                               const void* bias, void* out, int max_algos, int reps);
+  // three replays; -1 for a candidate that failed). Launch i reads weights[i % size]: copies
+  // whose bytes together exceed the L2 cache time the weight as a model's pass meets it, read
+  // from DRAM, where one copy would be timed from L2 after its first launch. For the tuner.
+  std::vector<float> benchmark(const GemmKey& key, const void* in,
+                               const std::vector<const void*>& weights, const void* bias,
+                               void* out, int max_algos, int reps);
 
   // Identifies the GPU and cuBLASLt version a tuning file was made for.
   std::string tuning_fingerprint() const;

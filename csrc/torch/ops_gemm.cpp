@@ -406,13 +406,22 @@ at::Tensor gemm_benchmark(const at::Tensor& input, const at::Tensor& weight, con
   TORCH_CHECK(max_algos >= 1 && max_algos <= 64, op, ": max_algos must be in [1, 64], got ",
               max_algos);
   TORCH_CHECK(reps >= 1 && reps <= 1000, op, ": reps must be in [1, 1000], got ", reps);
-  GemmArgs a = check_gemm(op, input, weight, bias, transposed, epilogue, accumulate);
+  // weight [k, n] ([n, k] transposed), or copies of it stacked [copies, k, n] that the timed
+  // launches take in turn (a weight read from DRAM rather than from L2).
+  TORCH_CHECK(weight.dim() == 2 || (weight.dim() == 3 && weight.size(0) >= 1), op,
+              ": weight must be 2-D, or 3-D [copies, ...] with at least one copy; got shape ",
+              weight.sizes());
+  const at::Tensor copies =
+      weight.dim() == 3 ? weight.contiguous() : weight.contiguous().unsqueeze(0);
+  GemmArgs a = check_gemm(op, input, copies[0], bias, transposed, epilogue, accumulate);
+  std::vector<const void*> weights;
+  for (int64_t c = 0; c < copies.size(0); ++c) weights.push_back(copies[c].data_ptr());
   const c10::cuda::CUDAGuard guard(input.device());
   auto ctx = context_for(a.in);
   Gemm g(ctx.get());
   at::Tensor out = at::randn({a.key.m, a.key.n}, a.in.options());
   const std::vector<float> t =
-      g.benchmark(a.key, a.in.data_ptr(), a.w.data_ptr(),
+      g.benchmark(a.key, a.in.data_ptr(), weights,
                   a.bias.defined() ? a.bias.data_ptr() : nullptr, out.data_ptr(),
                   static_cast<int>(max_algos), static_cast<int>(reps));
   at::Tensor res = at::empty({static_cast<int64_t>(t.size())}, at::TensorOptions().dtype(at::kFloat));

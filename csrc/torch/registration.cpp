@@ -74,7 +74,8 @@ TORCH_LIBRARY(warpformer, m) {
   m.def(
       "gemm_sum(Tensor input, Tensor weight, Tensor input2, Tensor weight2, "
       "str backend='joined') -> Tensor");
-  // Median us of each of cuBLASLt's first max_algos candidates for this shape (gemm-tune).
+  // Median us of each of cuBLASLt's first max_algos candidates for this shape (gemm-tune);
+  // weight may be copies stacked [copies, ...], taken in turn by the timed launches.
   m.def(
       "gemm_benchmark(Tensor input, Tensor weight, Tensor? bias, bool transposed, str epilogue, "
       "bool accumulate, int max_algos, int reps) -> Tensor");

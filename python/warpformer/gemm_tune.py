@@ -6,7 +6,9 @@ size, inter size, vocab, data type, tensor-parallel size); ``--model-dir`` takes
 architecture switches from a converted checkpoint instead. The engine reads the file from the
 ``gemm_config`` argument of ``GptModel`` (``load_gpt_model(..., gemm_config=PATH)``) or from
 ``$WARPFORMER_GEMM_CONFIG``; shapes absent from it, or a file made on another GPU or cuBLASLt
-version, fall back to cuBLASLt's heuristic with a one-line warning.
+version, fall back to cuBLASLt's heuristic with a one-line warning. Each candidate is timed with
+its weight read from DRAM (copies spanning twice the L2 cache, taken in turn), as a model's pass
+reads it; ``--warm-weights`` times one copy instead.
 
 File format (text): ``# fingerprint gpu=<name>;cublaslt=<version>`` then one line per shape:
 ``dtype m n k transposed epilogue accumulate algo_index best_us heuristic_us``, where algo_index
@@ -21,10 +23,10 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["EXACT_ROWS", "GemmShape", "activation_epilogue_on", "ffn_in_epilogue", "gemm_shapes",
-           "heuristic_rows", "layer_shapes", "logits_shapes", "parse_prompt_rows",
-           "prefill_group_tokens", "prefill_groups", "row_buckets", "tune", "add_arguments",
-           "run"]
+__all__ = ["EXACT_ROWS", "MAX_WEIGHT_COPIES", "GemmShape", "activation_epilogue_on",
+           "default_cold_bytes", "ffn_in_epilogue", "gemm_shapes", "heuristic_rows",
+           "layer_shapes", "logits_shapes", "parse_prompt_rows", "prefill_group_tokens",
+           "prefill_groups", "row_buckets", "tune", "weight_copies", "add_arguments", "run"]
 
 _TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -207,21 +209,54 @@ def gemm_shapes(dims: ModelDims, batch: int, beam: int, max_input_len: int,
     return list(seen.values())
 
 
+# At most this many weight copies per shape (the op's limit on launches per timing is 1,000).
+MAX_WEIGHT_COPIES = 256
+
+
+def weight_copies(weight_bytes: int, cold_bytes: int) -> int:
+    """How many copies of a ``weight_bytes`` weight the tuner's launches take in turn so that
+    together they span ``cold_bytes`` (each copy is then evicted from L2 before it is read
+    again): ``ceil(cold_bytes / weight_bytes)``, at least 1 and at most ``MAX_WEIGHT_COPIES``."""
+    if weight_bytes < 1:
+        raise ValueError(f"weight_bytes must be >= 1, got {weight_bytes}")
+    if cold_bytes < 0:
+        raise ValueError(f"cold_bytes must be >= 0, got {cold_bytes}")
+    return max(1, min(MAX_WEIGHT_COPIES, -(-cold_bytes // weight_bytes)))
+
+
+def default_cold_bytes(device: int = 0) -> int:
+    """Twice the L2 cache of ``cuda:<device>``: the bytes of weight copies that make each timed
+    launch read its weight from DRAM, as the engine's passes over a model larger than L2 do."""
+    return 2 * int(torch.cuda.get_device_properties(device).L2_cache_size)
+
+
+TuneResult = tuple[GemmShape, int, float, float]
+
+
 def tune(shapes: list[GemmShape], dtype: torch.dtype, max_algos: int = 16, reps: int = 20,
-         device: int = 0) -> list[tuple[GemmShape, int, float, float]]:
+         device: int = 0, cold_bytes: int | None = None) -> list[TuneResult]:
     """Time each shape's candidates (at most ``max_algos``, ``reps`` launches each) on
     ``cuda:<device>`` with random operands of ``dtype`` (fp32, fp16 or bf16); returns
-    ``(shape, best_index, best_us, heuristic_us)`` per shape that has a working candidate."""
+    ``(shape, best_index, best_us, heuristic_us)`` per shape that has a working candidate.
+
+    The launches take ``weight_copies(weight bytes, cold_bytes)`` copies of the weight in turn
+    (and at least one launch per copy), so a weight smaller than L2 is timed read from DRAM as in
+    a model's pass, not from L2 after its first launch; ``cold_bytes`` defaults to
+    ``default_cold_bytes(device)``, and 0 times one copy, warm."""
     out = []
     gen = torch.Generator(device=f"cuda:{device}").manual_seed(0)
+    if cold_bytes is None:
+        cold_bytes = default_cold_bytes(device)
     for s in shapes:
         a = torch.randn(s.m, s.k, device=f"cuda:{device}", generator=gen).to(dtype)
         wshape = (s.n, s.k) if s.transposed else (s.k, s.n)
-        w = (torch.randn(*wshape, device=f"cuda:{device}", generator=gen) * 0.05).to(dtype)
+        copies = weight_copies(s.n * s.k * a.element_size(), cold_bytes)
+        w = (torch.randn(copies, *wshape, device=f"cuda:{device}", generator=gen) * 0.05).to(dtype)
         bias = (torch.randn(s.n, device=f"cuda:{device}", generator=gen).to(dtype)
                 if s.epilogue != "none" else None)
         times = torch.ops.warpformer.gemm_benchmark(a, w, bias, s.transposed, s.epilogue,
-                                                    s.accumulate, max_algos, reps).tolist()
+                                                    s.accumulate, max_algos,
+                                                    max(reps, copies)).tolist()
         valid = [(t, i) for i, t in enumerate(times) if t > 0]
         if not valid:
             continue
@@ -285,7 +320,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "products of other counts borrow these choices")
     p.add_argument("--output", default="gemm_config.tsv", help="tuning file to write")
     p.add_argument("--max-algos", type=int, default=16, help="candidates timed per shape")
-    p.add_argument("--reps", type=int, default=20, help="timed launches per candidate")
+    p.add_argument("--reps", type=int, default=20,
+                   help="timed launches per candidate (at least one per weight copy)")
+    p.add_argument("--warm-weights", action="store_true",
+                   help="time every launch on one copy of the weight, which stays in L2 when it "
+                        "fits (the default takes copies spanning twice the L2 cache in turn, so "
+                        "each weight is read from DRAM as in a model's pass)")
 
 
 def parse_prompt_rows(text: str | None) -> tuple[int, int] | None:
@@ -315,7 +355,8 @@ def run(args: argparse.Namespace) -> int:
     shapes = gemm_shapes(dims, args.batch_size, args.beam_width, args.max_input_len,
                          dtype_bytes=torch.empty(0, dtype=dtype).element_size(),
                          prompt_rows=prompt_rows)
-    results = tune(shapes, _TORCH_DTYPES[args.data_type], args.max_algos, args.reps)
+    results = tune(shapes, _TORCH_DTYPES[args.data_type], args.max_algos, args.reps,
+                   cold_bytes=0 if args.warm_weights else None)
     write_tuning_file(args.output, args.data_type, results)
     print(f"{'shape':<28} {'m':>7} {'n':>7} {'k':>7} {'heuristic us':>13} {'tuned us':>9} "
           f"{'gain':>6}")

@@ -187,6 +187,46 @@ def test_tuning_file_round_trip(tmp_path):
     assert agree > 0.9  # different algorithms may round differently in fp16
 
 
+def test_benchmark_takes_stacked_weight_copies(monkeypatch):
+    """gemm_benchmark times launches over copies stacked [copies, k, n] ([copies, n, k]
+    transposed); tune() passes copies spanning cold_bytes and at least one launch per copy, and
+    cold_bytes=0 times one copy."""
+    a = torch.randn(8, 256, device="cuda", dtype=torch.float16)
+    for transposed, shape in ((False, (3, 256, 512)), (True, (3, 512, 256))):
+        w = torch.randn(*shape, device="cuda", dtype=torch.float16)
+        t = ops.gemm_benchmark(a, w, None, transposed, "none", False, 4, 5)
+        assert 1 <= t.numel() <= 4 and float(t[0]) > 0
+    with pytest.raises(RuntimeError, match="weight must be 2-D, or 3-D"):
+        ops.gemm_benchmark(a, torch.randn(1, 1, 256, 512, device="cuda", dtype=torch.float16),
+                           None, False, "none", False, 4, 5)
+    with pytest.raises(RuntimeError, match="weight must be 2-D, or 3-D"):
+        ops.gemm_benchmark(a, torch.randn(0, 256, 512, device="cuda", dtype=torch.float16),
+                           None, False, "none", False, 4, 5)
+    with pytest.raises(RuntimeError, match="weight"):
+        ops.gemm_benchmark(a, torch.randn(2, 128, 512, device="cuda", dtype=torch.float16),
+                           None, False, "none", False, 4, 5)
+
+    import warpformer.gemm_tune as gt
+
+    seen = []
+    real = ops.gemm_benchmark
+
+    def recorder(inp, weight, *args):
+        seen.append((tuple(weight.shape), args[-1]))
+        return real(inp, weight, *args)
+
+    monkeypatch.setattr(ops, "gemm_benchmark", recorder)
+    shapes = [gt.GemmShape(8, 1024, 1024, what="decode"), gt.GemmShape(8, 1024, 1024, True)]
+    cold = 8 * 2**20  # a 2 MiB weight: 4 copies
+    gt.tune(shapes, torch.float16, max_algos=2, reps=3, cold_bytes=cold)
+    gt.tune(shapes[:1], torch.float16, max_algos=2, reps=3, cold_bytes=0)
+    gt.tune(shapes[:1], torch.float16, max_algos=2, reps=3)  # default: twice the L2 cache
+    copies = gt.weight_copies(2 * 2**20, gt.default_cold_bytes())
+    assert seen == [((4, 1024, 1024), 4), ((4, 1024, 1024), 4), ((1, 1024, 1024), 3),
+                    ((copies, 1024, 1024), max(3, copies))]
+    assert copies > 1  # every GPU this runs on has more than 1 MiB of L2
+
+
 def test_plan_cache_keeps_the_most_recent_shapes(tmp_path):
     """A server meets a new GEMM m with every prompt length: the model's cuBLASLt plan cache stops
     at Gemm::kMaxPlans (1024) shapes, dropping the least recently used, and a dropped shape is
