@@ -74,27 +74,83 @@ def _graph_calls(fn) -> tuple[int, int]:
             sum("cudaGraphLaunch" in n for n in names))
 
 
-def test_short_sessions_skip_the_graph(tiny, monkeypatch):
-    """A graph is captured only when at least 6 steps remain (its own included): a session of
-    7 new tokens (the first from the prompt, one eager step, then 5) runs eagerly; one of 8
-    captures at its third token and replays the graph 6 times. Tokens equal eager decoding."""
+def test_short_sessions_share_a_graph(tiny, monkeypatch):
+    """Greedy sessions of one batch size share one step graph (their tokens are staged in the
+    model's state): short sessions run eagerly until together they have run 6 eager steps
+    (kMinGraphSteps), the next captures once, and every later session of that size replays it
+    from its first step, whatever its prompts and lengths. A long session of a new batch size
+    captures at its third token (its first step plans the products). A sampling session's graph
+    dies with it. Tokens and lengths equal eager decoding every time."""
     _, path = tiny
     monkeypatch.delenv("WARPFORMER_CUDA_GRAPHS", raising=False)
     model = load_gpt_model(path, dtype=torch.float16, max_batch=4, max_seq_len=128)
-    ids, lens = batch([5, 9, 1, 17], seed=5)
-    model.generate(ids, lens, 4, 999)  # plan the products outside the profiled calls
-    out: dict[int, torch.Tensor] = {}
+    a = batch([5, 9, 1, 17], seed=5)
+    b = batch([12, 3, 30, 8], seed=6)  # same batch size, other prompts and lengths
+    c = batch([7, 2, 11], seed=7)      # another batch size: a key of its own
 
-    def run(n: int) -> None:
-        out[n] = model.generate(ids, lens, n, 999)[0]
-
-    for n, want in ((3, (0, 0)), (7, (0, 0)), (8, (1, 6))):
-        calls = _graph_calls(lambda n=n: run(n))
+    def check(prompt, n, want, **o):
+        out = {}
+        if o:
+            calls = _graph_calls(lambda: out.update(model.decode(*prompt, n, opts(**o))))
+            got = (out["output_ids"], out["sequence_lengths"])
+        else:
+            calls = _graph_calls(lambda: out.update(r=model.generate(*prompt, n, 999)))
+            got = out["r"]
         assert calls == want, f"output_len {n}: (instantiations, launches) {calls}, want {want}"
         monkeypatch.setenv("WARPFORMER_CUDA_GRAPHS", "0")
-        eager, _ = model.generate(ids, lens, n, 999)
+        if o:
+            e = model.decode(*prompt, n, opts(**o))
+            eager = (e["output_ids"], e["sequence_lengths"])
+        else:
+            eager = model.generate(*prompt, n, 999)
         monkeypatch.delenv("WARPFORMER_CUDA_GRAPHS")
-        assert torch.equal(out[n], eager)
+        assert torch.equal(got[0], eager[0]) and torch.equal(got[1], eager[1])
+
+    # Without graphs (nothing counted), so that no buffer or GEMM workspace grows (and gives
+    # the graphs' buffers a new generation) in the counted sessions below.
+    monkeypatch.setenv("WARPFORMER_CUDA_GRAPHS", "0")
+    for prompt in (a, b, c):
+        model.generate(*prompt, 8, 999)
+        model.decode(*prompt, 8, opts(top_k=20, top_p=0.9, seed=3, end_id=999))
+    monkeypatch.delenv("WARPFORMER_CUDA_GRAPHS")
+    # Three sessions of 3 new tokens (the first from the prompt, 2 steps each): 6 eager steps.
+    for prompt in (a, a, b):
+        check(prompt, 3, (0, 0))
+    check(a, 3, (1, 2))  # captured at its first step, replayed for both
+    check(b, 3, (0, 2))  # shared: no new capture
+    check(b, 8, (0, 7))
+    check(c, 8, (1, 6))  # new size: one eager step, captured at the third token
+    check(c, 8, (0, 7))
+    # Sampling: the options live in the call's tensors, so each session captures its own.
+    sampling = dict(top_k=20, top_p=0.9, seed=3, end_id=999)
+    check(a, 8, (1, 6), **sampling)
+    check(a, 8, (1, 6), **sampling)
+    check(a, 3, (0, 0), **sampling)
+
+
+def test_greedy_streaming_sees_each_calls_tokens(tiny):
+    """A greedy session's tokens are staged in the model and copied to the caller's outputs after
+    every decode_step call: each chunk streamed equals the one-shot tokens at its positions."""
+    _, path = tiny
+    model = load_gpt_model(path, dtype=torch.float16, max_batch=4, max_seq_len=128)
+    ids, lens = batch([6, 13, 2, 9], seed=8)
+    for _ in range(3):  # later sessions replay the shared graph
+        full, full_lens = model.generate(ids, lens, 20, 999)
+        model.decode_start(ids, lens, 20, opts(end_id=999))
+        chunks = []
+        while True:
+            t = model.decode_step(3)
+            if t.shape[-1] == 0:
+                break
+            chunks.append(t)
+        streamed = model.decode_finish()
+        assert torch.equal(streamed["output_ids"], full)
+        assert torch.equal(streamed["sequence_lengths"], full_lens)
+        tokens = torch.cat(chunks, -1)
+        k = tokens.shape[-1]
+        assert k >= 16  # every row finished by the first all-finished poll at the earliest
+        for r, n in enumerate(lens.tolist()):
+            assert tokens[r, 0].tolist() == full[r, 0, n:n + k].tolist()
 
 
 def test_streaming_equals_decode(tiny):

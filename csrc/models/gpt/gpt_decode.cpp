@@ -8,7 +8,10 @@
 //             (reorders running sequences and the KV-cache indirection the attention reads)
 // A decode step is a pure function of device state (no host-varying arguments), so after one
 // eager step it is captured into a CUDA graph and replayed when enough steps remain to repay the
-// capture (kMinGraphSteps; WARPFORMER_CUDA_GRAPHS=0 disables).
+// capture (kMinGraphSteps; WARPFORMER_CUDA_GRAPHS=0 disables). Greedy sessions of one batch size
+// share their graph (StepKey): their token outputs live in the model's state and are copied to
+// the caller's after each call, so a workload of many short generations (LAMBADA: 1-3 tokens a
+// batch) replays one graph instead of launching every step eagerly.
 // The host never waits inside the loop: every kPoll steps an all-finished flag is copied to
 // pinned memory behind an event and read later only if the event has completed.
 #include <c10/util/Exception.h>
@@ -40,7 +43,8 @@ constexpr int64_t kPoll = 16;
 // one or a few steps (streaming) would pay every call.
 constexpr int64_t kMinSplitSteps = 8;
 // A decode step is captured into a CUDA graph only when at least this many steps of the session
-// remain (the capture's own step included). Capturing launches as much as an eager step does, and
+// remain (the capture's own step included), or when sessions sharing its graph ran this many
+// eagerly before. Capturing launches as much as an eager step does, and
 // instantiating, uploading and destroying the graph come on top, so a graph replayed once or twice
 // costs more than it saves. Same call on an H200, bloom-560m batch 8, 80-token prompts
 // (benchmarks/bench_short.py), graphs minus eager per generate() call when the step was captured
@@ -50,10 +54,16 @@ constexpr int64_t kMinGraphSteps = 6;
 
 size_t aligned(size_t n) { return (n + 255) / 256 * 256; }
 
-bool graphs_enabled() {
-  const char* env = std::getenv("WARPFORMER_CUDA_GRAPHS");
-  return env == nullptr || std::strcmp(env, "0") != 0;
+bool env_off(const char* name) {
+  const char* env = std::getenv(name);
+  return env != nullptr && std::strcmp(env, "0") == 0;
 }
+
+bool graphs_enabled() { return !env_off("WARPFORMER_CUDA_GRAPHS"); }
+
+// WARPFORMER_SHARED_GRAPHS=0 (read per session): greedy sessions keep a graph of their own, as
+// sampling ones do (for A/B measurements).
+bool shared_graphs_enabled() { return !env_off("WARPFORMER_SHARED_GRAPHS"); }
 
 // Sequential carving of one allocation (each piece 256-byte aligned); base null = measure only.
 struct Carve {
@@ -111,6 +121,15 @@ size_t GptModel::session_layout(char* base) {
     s.end_ids_batch = ints + 8 * rows + batch;
     s.row0_index = ints + 8 * rows + 2 * batch;
     s.all_done = ints + 8 * rows + 3 * batch;
+  }
+  if (s.shared) {  // the staged outputs (Session::ids)
+    int32_t* staged = c.take<int32_t>(rows * kv_seq_ + 2 * rows);
+    if (base != nullptr) {
+      s.ids = staged;
+      s.ids_stride = kv_seq_;
+      s.lengths = staged + rows * kv_seq_;
+      s.end_ids = s.lengths + rows;
+    }
   }
   s.token_lp = c.take<float>(rows);
   s.proc_logits = (beam || !s.opt.greedy) ? c.take<float>(rows * V) : nullptr;
@@ -179,10 +198,7 @@ void GptModel::decode_start(const int32_t* ids, const std::vector<int32_t>& leng
               opt.beam_width);
   TORCH_CHECK(output_len >= 1, "GptModel.decode: output_len must be >= 1, got ", output_len);
   TORCH_CHECK(!lengths.empty(), "GptModel.decode: empty batch");
-  if (session_.graph != nullptr) {
-    cudaGraphExecDestroy(session_.graph);
-    session_.graph = nullptr;
-  }
+  drop_step_graphs(/*unshared_only=*/true);
   const StreamScope scope(this);
   Session& s = session_;
   s = Session{};
@@ -194,6 +210,8 @@ void GptModel::decode_start(const int32_t* ids, const std::vector<int32_t>& leng
   s.total = seq + output_len;
   s.opt = opt;
   s.out = out;
+  s.serial = ++session_serial_;
+  s.shared = opt.greedy && s.beam == 1 && pp_comm_ == nullptr && shared_graphs_enabled();
   ensure_kv(s.rows, s.total);
   ensure_activations(std::max(plan_prefill(lengths), s.rows), s.rows);
   const size_t need = session_layout(nullptr);
@@ -205,6 +223,12 @@ void GptModel::decode_start(const int32_t* ids, const std::vector<int32_t>& leng
     ++buffer_generation_;
   }
   session_layout(static_cast<char*>(state_.data()));
+  if (!s.shared) {
+    s.ids = out.output_ids;
+    s.ids_stride = s.total;
+    s.lengths = out.sequence_lengths;
+    s.end_ids = opt.end_ids;
+  }
 
   cudaStream_t stream = ctx_->stream();
   const int64_t rows = s.rows, batch = s.batch;
@@ -231,6 +255,15 @@ void GptModel::decode_start(const int32_t* ids, const std::vector<int32_t>& leng
   }
   WF_CUDA_CHECK(cudaMemcpyAsync(s.next_tok, host.data(), host.size() * sizeof(int32_t),
                                 cudaMemcpyHostToDevice, stream));
+  if (s.shared) {
+    const size_t row = s.total * sizeof(int32_t);
+    WF_CUDA_CHECK(cudaMemcpy2DAsync(s.ids, s.ids_stride * sizeof(int32_t), out.output_ids, row,
+                                    row, rows, cudaMemcpyDeviceToDevice, stream));
+    WF_CUDA_CHECK(cudaMemcpyAsync(s.lengths, out.sequence_lengths, rows * sizeof(int32_t),
+                                  cudaMemcpyDeviceToDevice, stream));
+    WF_CUDA_CHECK(cudaMemcpyAsync(const_cast<int32_t*>(s.end_ids), opt.end_ids,
+                                  rows * sizeof(int32_t), cudaMemcpyDeviceToDevice, stream));
+  }
   if (s.greedy_arrivals != nullptr) {
     WF_CUDA_CHECK(cudaMemsetAsync(s.greedy_arrivals, 0, rows * sizeof(uint32_t), stream));
   }
@@ -284,9 +317,9 @@ void GptModel::select_tokens(int64_t r0, int64_t n) {
       g.cur_pos = at(s.cur_pos);
       g.attn_len = at(s.attn_len);
       g.finished = at(s.finished);
-      g.output_ids = at(s.out.output_ids, s.total);
-      g.seq_lengths = at(s.out.sequence_lengths);
-      g.end_ids = at(o.end_ids);
+      g.output_ids = at(s.ids, s.ids_stride);
+      g.seq_lengths = at(s.lengths);
+      g.end_ids = at(s.end_ids);
       const int64_t chunks = kernels::greedy_step_chunks(V);
       g.arrivals = at(s.greedy_arrivals);
       g.partial_values = at(s.greedy_values, chunks);
@@ -294,7 +327,7 @@ void GptModel::select_tokens(int64_t r0, int64_t n) {
       g.rows = rows;
       g.vocab = V;
       g.logits_stride = stride;
-      g.output_stride = static_cast<int>(s.total);
+      g.output_stride = static_cast<int>(s.ids_stride);
       WF_CUDA_CHECK(kernels::launch_greedy_step(g, stream));
     });
     return;
@@ -324,16 +357,16 @@ void GptModel::select_tokens(int64_t r0, int64_t n) {
     p.frequency_penalty = at(o.frequency_penalty);
     p.temperature = at(o.temperature);
     p.min_length = at(o.min_length);
-    p.end_ids = at(o.end_ids);
+    p.end_ids = at(s.end_ids);
     p.input_lengths = at(s.in_len_rows);
     p.cur_pos = beam ? bs.cur_pos : at(s.cur_pos);
-    p.output_ids = beam ? bs.output_ids : at(s.out.output_ids, s.total);
+    p.output_ids = beam ? bs.output_ids : at(s.ids, s.ids_stride);
     p.bad_words = at(o.bad_words, o.bad_words_row_stride);  // stride 0: one list for all rows
     p.logits_stride = stride;
     p.out_stride = V;
     p.bad_words_row_stride = o.bad_words_row_stride;
     p.bad_words_len = o.bad_words_len;
-    p.output_stride = static_cast<int>(s.total);
+    p.output_stride = static_cast<int>(beam ? s.total : s.ids_stride);
     p.step = 0;  // unused: generated counts come from cur_pos and input_lengths
     p.rows = rows;
     p.vocab = V;
@@ -377,9 +410,9 @@ void GptModel::select_tokens(int64_t r0, int64_t n) {
   up.cur_pos = at(s.cur_pos);
   up.attn_len = at(s.attn_len);
   up.finished = at(s.finished);
-  up.output_ids = at(s.out.output_ids, s.total);
-  up.seq_lengths = at(s.out.sequence_lengths);
-  up.end_ids = at(o.end_ids);
+  up.output_ids = at(s.ids, s.ids_stride);
+  up.seq_lengths = at(s.lengths);
+  up.end_ids = at(s.end_ids);
   up.cum_log_probs = at(s.out.cum_log_probs);
   up.output_log_probs = at(s.out.output_log_probs, s.output_len);
   up.input_lengths = at(s.in_len_rows);
@@ -389,7 +422,7 @@ void GptModel::select_tokens(int64_t r0, int64_t n) {
   up.stop_words_len = o.stop_words_len;
   up.log_probs_stride = static_cast<int>(s.output_len);
   up.vocab = V;
-  up.output_stride = static_cast<int>(s.total);
+  up.output_stride = static_cast<int>(s.ids_stride);
   up.rows = rows;
   WF_CUDA_CHECK(kernels::launch_update_tokens(up, stream));
 }
@@ -579,23 +612,8 @@ int64_t GptModel::decode_step(int64_t max_steps) {
       // The steps up to the next poll (or the call's or session's end) as one pipelined run.
       decode_steps_split(run);
       ran = run;
-    } else if (s.steps_done == 1 || s.graph_failed || !graphs_enabled() ||
-               (s.graph != nullptr && s.graph_generation != graph_generation()) ||
-               (s.graph == nullptr && s.output_len - s.steps_done < kMinGraphSteps) ||
-               pp_comm_ != nullptr) {
-      // Tensor parallelism is captured too (NCCL collectives are graph-capturable, and every
-      // rank captures the same step); pipeline stages run eagerly, their send/recv pairs
-      // ordered by the host.
-      // The second step runs eagerly (it plans the GEMMs before capture), and so do the steps
-      // of a session too short to repay a capture.
-      decode_step_body();
     } else {
-      if (s.graph == nullptr) capture_step();
-      if (s.graph != nullptr) {
-        WF_CUDA_CHECK(cudaGraphLaunch(s.graph, stream));
-      } else {
-        decode_step_body();
-      }
+      run_step();
     }
     s.steps_done += ran;
     n += ran;
@@ -610,6 +628,7 @@ int64_t GptModel::decode_step(int64_t max_steps) {
       s.flag_pending = true;
     }
   }
+  if (s.shared && n > 0) sync_out();
   // Pipeline parallelism: the tokens live on the last stage; streaming callers on every stage
   // read them after each call.
   if (pp_comm_ != nullptr && n > 0) {
@@ -618,20 +637,114 @@ int64_t GptModel::decode_step(int64_t max_steps) {
   return n;
 }
 
-void GptModel::capture_step() {
+GptModel::StepKey GptModel::step_key() const {
+  const Session& s = session_;
+  StepKey k;
+  k.serial = s.shared ? 0 : s.serial;
+  k.rows = s.rows;
+  k.batch = s.batch;
+  k.state = state_.data();
+  k.generation = graph_generation();
+  return k;
+}
+
+GptModel::StepGraph& GptModel::step_graph(const StepKey& key) {
+  ++step_clock_;
+  // A graph of an older generation bakes buffers that are gone: it can never run again.
+  // (Destroying an executable graph still in flight frees it when it completes.)
+  for (auto it = step_graphs_.begin(); it != step_graphs_.end();) {
+    if (it->key.generation != key.generation) {
+      if (it->exec != nullptr) cudaGraphExecDestroy(it->exec);
+      it = step_graphs_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (StepGraph& g : step_graphs_) {
+    if (g.key == key) {
+      g.used = step_clock_;
+      return g;
+    }
+  }
+  if (step_graphs_.size() >= kMaxStepGraphs) {
+    auto oldest = std::min_element(step_graphs_.begin(), step_graphs_.end(),
+                                   [](const StepGraph& a, const StepGraph& b) {
+                                     return a.used < b.used;
+                                   });
+    if (oldest->exec != nullptr) cudaGraphExecDestroy(oldest->exec);
+    step_graphs_.erase(oldest);
+  }
+  StepGraph g;
+  g.key = key;
+  g.used = step_clock_;
+  step_graphs_.push_back(g);
+  return step_graphs_.back();
+}
+
+void GptModel::drop_step_graphs(bool unshared_only) {
+  for (auto it = step_graphs_.begin(); it != step_graphs_.end();) {
+    if (!unshared_only || it->key.serial != 0) {
+      if (it->exec != nullptr) cudaGraphExecDestroy(it->exec);
+      it = step_graphs_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+// One decode step after the first token. Tensor parallelism is captured too (NCCL collectives are
+// graph-capturable, and every rank makes the same choices); pipeline stages run eagerly, their
+// send/recv pairs ordered by the host. Without a graph for the step's key yet, the step runs
+// eagerly when nothing ran under the key before (the session's first step plans the GEMMs, and
+// may grow their workspace, which a capture cannot) or when the graph would not be replayed
+// often enough to repay its capture (kMinGraphSteps: counting this session's remaining steps, or
+// the eager steps that sessions sharing the key ran before).
+void GptModel::run_step() {
+  Session& s = session_;
+  if (s.graph_failed || !graphs_enabled() || pp_comm_ != nullptr) {
+    decode_step_body();
+    return;
+  }
+  StepGraph& g = step_graph(step_key());
+  if (g.exec == nullptr) {
+    const bool planned = s.steps_done > 1 || g.eager_steps > 0;
+    const bool repays =
+        s.output_len - s.steps_done >= kMinGraphSteps || g.eager_steps >= kMinGraphSteps;
+    if (!planned || !repays) {
+      decode_step_body();
+      ++g.eager_steps;
+      return;
+    }
+    g.exec = capture_step();
+    if (g.exec == nullptr) {
+      decode_step_body();
+      return;
+    }
+  }
+  WF_CUDA_CHECK(cudaGraphLaunch(g.exec, ctx_->stream()));
+}
+
+void GptModel::sync_out() {
+  Session& s = session_;
+  cudaStream_t stream = ctx_->stream();
+  const size_t row = s.total * sizeof(int32_t);
+  WF_CUDA_CHECK(cudaMemcpy2DAsync(s.out.output_ids, row, s.ids, s.ids_stride * sizeof(int32_t),
+                                  row, s.rows, cudaMemcpyDeviceToDevice, stream));
+  WF_CUDA_CHECK(cudaMemcpyAsync(s.out.sequence_lengths, s.lengths, s.rows * sizeof(int32_t),
+                                cudaMemcpyDeviceToDevice, stream));
+}
+
+cudaGraphExec_t GptModel::capture_step() {
   Session& s = session_;
   cudaStream_t stream = ctx_->stream();
   cudaGraph_t graph = nullptr;
-  // The buffers the graph bakes are those of now (the eager steps before may have grown the
-  // GEMM workspace); a later reallocation stops its replay.
-  s.graph_generation = graph_generation();
   const cudaError_t begin = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
   if (begin != cudaSuccess) {
     (void)cudaGetLastError();
     s.graph_failed = true;
     TORCH_WARN_ONCE("warpformer: cannot capture the decode step in a CUDA graph (",
                     cudaGetErrorString(begin), "); running it without graphs");
-    return;
+    return nullptr;
   }
   try {
     decode_step_body();
@@ -642,20 +755,20 @@ void GptModel::capture_step() {
     s.graph_failed = true;
     TORCH_WARN_ONCE("warpformer: a decode step could not be captured in a CUDA graph; "
                     "running it without graphs");
-    return;
+    return nullptr;
   }
   const cudaError_t end = cudaStreamEndCapture(stream, &graph);
   cudaGraphExec_t exec = nullptr;
-  if (end == cudaSuccess && graph != nullptr &&
-      cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess) {
-    s.graph = exec;
-  } else {
+  if (end != cudaSuccess || graph == nullptr ||
+      cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) {
     (void)cudaGetLastError();
+    exec = nullptr;
     s.graph_failed = true;
     TORCH_WARN_ONCE("warpformer: CUDA graph capture of the decode step failed (",
                     cudaGetErrorString(end), "); running it without graphs");
   }
   if (graph != nullptr) cudaGraphDestroy(graph);
+  return exec;
 }
 
 void GptModel::decode_finish() {
@@ -688,10 +801,7 @@ void GptModel::decode_finish() {
   }
   // The pinned flag may still be the target of a pending copy.
   if (s.flag_pending) WF_CUDA_CHECK(cudaEventSynchronize(flag_event_));
-  if (s.graph != nullptr) {
-    cudaGraphExecDestroy(s.graph);
-    s.graph = nullptr;
-  }
+  drop_step_graphs(/*unshared_only=*/true);
   s.active = false;
 }
 
@@ -700,10 +810,7 @@ void GptModel::decode_abort() {
   if (decode_stream_ != nullptr) cudaStreamSynchronize(decode_stream_);
   cudaStreamSynchronize(ctx_->stream());
   (void)cudaGetLastError();
-  if (s.graph != nullptr) {
-    cudaGraphExecDestroy(s.graph);
-    s.graph = nullptr;
-  }
+  drop_step_graphs(/*unshared_only=*/false);
   s.flag_pending = false;
   s.active = false;
 }

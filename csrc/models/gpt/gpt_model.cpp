@@ -372,6 +372,7 @@ void GptModel::set_tensor_parallel(Communicator* comm) {
               comm ? comm->rank() : -1);
   check_same_schedule(comm, "tensor-parallel");
   comm_ = comm;
+  ++buffer_generation_;  // step graphs baked the communicator before
 }
 
 int64_t GptModel::prefill_group_size() const {
@@ -547,6 +548,7 @@ void GptModel::set_pipeline_parallel(Communicator* comm) {
               comm ? comm->rank() : -1);
   check_same_schedule(comm, "pipeline-parallel");
   pp_comm_ = comm;
+  ++buffer_generation_;  // step graphs baked the communicator before
 }
 
 void GptModel::broadcast_from_last_stage(void* data, int64_t bytes) {
@@ -588,7 +590,7 @@ void GptModel::forward(const int32_t* ids, const std::vector<int32_t>& lengths, 
 }
 
 GptModel::~GptModel() {
-  if (session_.graph != nullptr) cudaGraphExecDestroy(session_.graph);
+  drop_step_graphs(/*unshared_only=*/false);
   if (decode_stream_ != nullptr) {
     cudaStreamSynchronize(decode_stream_);
     cudaStreamDestroy(decode_stream_);

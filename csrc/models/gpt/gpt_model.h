@@ -290,12 +290,21 @@ class GptModel {
     kernels::BeamSearchState beam_state{};
     bool flag_pending = false;
     bool stop = false;
-    cudaGraphExec_t graph = nullptr;
     bool graph_failed = false;
-    size_t graph_generation = 0;
+    // Where token selection writes the tokens and lengths and reads the end ids (non-beam rows):
+    // the caller's outputs, or, for a session whose step graph others may share (`shared`:
+    // greedy without pipeline stages), copies of them in state_ with the KV capacity as row
+    // stride, filled at decode_start and copied back after every decode_step call (sync_out).
+    int32_t* ids = nullptr;           // [rows, ids_stride]
+    int64_t ids_stride = 0;
+    int32_t* lengths = nullptr;       // [rows]
+    const int32_t* end_ids = nullptr; // [rows]
+    bool shared = false;
+    uint64_t serial = 0;              // this session's number (StepKey of an unshared session)
   };
   size_t session_layout(char* base);  // carve (or measure) the session's device state
   void decode_step_body();            // one step's launches (captured into a graph when possible)
+  void sync_out();                    // a shared session's tokens and lengths to the caller's
   // Greedy / sampling / beam selection + state update of rows [r0, r0 + n) (beam: all rows).
   void select_tokens(int64_t r0, int64_t n);
   layers::AttentionInputs decode_attention(int64_t r0, int64_t n);  // rows [r0, r0 + n)
@@ -305,8 +314,39 @@ class GptModel {
   // than kMinSplitSteps take whole steps).
   int64_t decode_micro_batches() const;
   void decode_steps_split(int64_t steps);
-  void capture_step();                // capture decode_step_body into session_.graph
   void share_state();                 // pipeline parallel: state from the last stage
+
+  // Captured decode steps (gpt_decode.cpp). A step graph bakes the buffers it launches on; the
+  // key names everything that decides them, so a graph serves every session with its key: a
+  // shared session's key (serial 0) holds its row counts, the state_ block and the generation
+  // of the buffers, and sessions of one batch size that run greedy share a graph; any other
+  // session's key holds its own serial, so its graph dies with it.
+  struct StepKey {
+    uint64_t serial = 0;
+    int64_t rows = 0, batch = 0;
+    const void* state = nullptr;
+    size_t generation = 0;
+    bool operator==(const StepKey& o) const {
+      return serial == o.serial && rows == o.rows && batch == o.batch && state == o.state &&
+             generation == o.generation;
+    }
+  };
+  struct StepGraph {
+    StepKey key;
+    cudaGraphExec_t exec = nullptr;
+    int64_t eager_steps = 0;  // steps run without a graph under this key
+    uint64_t used = 0;        // last use (step_clock_), for eviction
+  };
+  // At most this many keys are remembered (least recently used dropped).
+  static constexpr size_t kMaxStepGraphs = 4;
+  std::vector<StepGraph> step_graphs_;
+  uint64_t step_clock_ = 0;
+  uint64_t session_serial_ = 0;
+  StepKey step_key() const;
+  StepGraph& step_graph(const StepKey& key);  // found or added (stale keys dropped)
+  void drop_step_graphs(bool unshared_only);
+  void run_step();                    // one step: replayed, captured, or eager (decode_step)
+  cudaGraphExec_t capture_step();     // decode_step_body as a graph (null: could not)
   Session session_;
   size_t buffer_generation_ = 0;    // bumped whenever a buffer a graph may bake is reallocated
   // Changes whenever a buffer a graph may bake was reallocated, the GEMM workspace included.
