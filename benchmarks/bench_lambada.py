@@ -26,11 +26,13 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import torch
@@ -145,12 +147,16 @@ def _timed_loop(step, batches: list[list[int]], warmup: int) -> tuple[float, flo
 
 
 def run_warpformer(model_dir: Path, samples: list[Sample], batches: list[list[int]],
-                   batch: int, end_id: int, warmup: int
+                   batch: int, end_id: int, warmup: int, ab_env: tuple[str, str] | None = None
                    ) -> dict[str, tuple[float, float, list[list[int]]]]:
     """(seconds, peak GB, tokens) of one engine instance, called two ways: ``warpformer``, the
     TorchScript class's ``generate`` on packed GPU tensors, and ``warpformer-api``,
     ``warpformer.GPT.generate`` on token lists as ``warpformer lambada`` calls it (its input
-    checks, option handling and list outputs included)."""
+    checks, option handling and list outputs included). With ``ab_env`` (NAME, VALUE), four more
+    passes of the class's ``generate`` on the same instance, alternating without and with that
+    environment variable set (read by the engine per call): ``warpformer-again-K`` and
+    ``warpformer-NAME=VALUE-K`` for K = 1, 2, an A/B in which both sides meet the same cached
+    GEMM plans."""
     from warpformer.gpt import GPT
     from warpformer.models.gpt import build_gpt_model
     from warpformer.weights import load_weights, read_config
@@ -190,6 +196,22 @@ def run_warpformer(model_dir: Path, samples: list[Sample], batches: list[list[in
         for row, i in enumerate(b):
             tokens[i] = out[row][: samples[i].target_len]
     results["warpformer-api"] = (seconds, peak, tokens)
+
+    def class_tokens(outs: list[torch.Tensor]) -> list[list[int]]:
+        toks: list[list[int]] = [[] for _ in samples]
+        for (_, lens), out, b in zip(packed, outs, batches, strict=True):
+            for row, i in enumerate(b):
+                n = int(lens[row])
+                toks[i] = out[row, 0, n: n + samples[i].target_len].tolist()
+        return toks
+
+    if ab_env is not None:
+        name, value = ab_env
+        for k in (1, 2):
+            for label, env in (("again", {}), (f"{name}={value}", {name: value})):
+                with mock.patch.dict(os.environ, env):
+                    seconds, peak, outs = _timed_loop(step, batches, warmup)
+                results[f"warpformer-{label}-{k}"] = (seconds, peak, class_tokens(outs))
     return results
 
 
@@ -215,6 +237,13 @@ def run_hf(hf, samples: list[Sample], batches: list[list[int]],
 
 
 # --------------------------------------------------------------------------- driver
+def _name_value(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip():
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    return name.strip(), value
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--samples", type=int, default=None,
@@ -229,6 +258,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out-dir", type=Path, default=DEFAULT_RESULTS_DIR)
     ap.add_argument("--quick", action="store_true", help="1000 samples")
     ap.add_argument("--dry-run", action="store_true", help="print the workload; no GPU")
+    ap.add_argument("--ab-env", type=_name_value, default=None, metavar="NAME=VALUE",
+                    help="A/B: four more passes of the class's generate on the same engine, "
+                         "alternating without and with this environment variable")
     args = ap.parse_args(argv)
     if args.samples is None:
         args.samples = 1000 if args.quick else LAMBADA_SAMPLES
@@ -287,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for name, (sec, peak, toks) in run_warpformer(
                 prep.model_dir, samples, batches, args.batch, shape.vocab - 1,
-                args.warmup).items():
+                args.warmup, args.ab_env).items():
             results[name], tokens[name] = {"seconds": sec, "peak_gb": peak}, toks
     except Exception as exc:  # noqa: BLE001
         results["warpformer"] = {"error": short_error(exc)}
@@ -312,9 +344,10 @@ def main(argv: list[str] | None = None) -> int:
             lines.append(f"agreement of the generated target tokens ({name} vs HF eager): "
                          f"{a['token_pct']:.1f}% of tokens, {a['sample_exact_pct']:.1f}% of "
                          f"samples exact, first token {a['first_token_pct']:.1f}%")
-    if "warpformer" in tokens and "warpformer-api" in tokens:
-        same = tokens["warpformer"] == tokens["warpformer-api"]
-        lines.append(f"warpformer-api tokens {'equal' if same else 'DIFFER FROM'} warpformer's")
+    for name in tokens:
+        if name.startswith("warpformer-") and "warpformer" in tokens:
+            same = tokens["warpformer"] == tokens[name]
+            lines.append(f"{name} tokens {'equal' if same else 'DIFFER FROM'} warpformer's")
     agree_line = "\n\n".join(lines) or "agreement: — (needs both engines)"
     ft = md_table(["FT reference", "FT s", "HF s", "speedup"],
                   [[n, fnum(a), fnum(b), fx(b / a)] for n, a, b in FT_REFERENCE])

@@ -319,6 +319,12 @@ def test_lambada_args_and_dry_run(capsys):
         bench_lambada.parse_args(["--samples", "0"])
     assert bench_lambada.main(["--dry-run", "--samples", "100"]) == 0
     assert "| 100 | 13 |" in capsys.readouterr().out
+    assert a.ab_env is None
+    assert bench_lambada.parse_args(["--ab-env", "WARPFORMER_SHARED_GRAPHS=0"]).ab_env == (
+        "WARPFORMER_SHARED_GRAPHS", "0")
+    for bad in ("WARPFORMER_SHARED_GRAPHS", "=0"):
+        with pytest.raises(SystemExit):
+            bench_lambada.parse_args(["--ab-env", bad])
 
 
 def test_run_ranks_reads_rank0_json_and_reports_failures(tmp_path):

@@ -14,7 +14,8 @@
 # (default kernels,generate); GPU_CHECK_GENERATE_ARGS replaces bench_generate's default arguments,
 # GPU_CHECK_PARALLEL_MODELS / GPU_CHECK_PARALLEL_ARGS bench_parallel's, GPU_CHECK_GEMV_ROWS the
 # GEMV table's row counts, GPU_CHECK_ALLREDUCE_RANKS bench_allreduce's group sizes,
-# GPU_CHECK_SHORT_ARGS bench_short's arguments, GPU_CHECK_GEMM_SHAPES_ARGS bench_gemm_shapes'.
+# GPU_CHECK_SHORT_ARGS bench_short's arguments, GPU_CHECK_GEMM_SHAPES_ARGS bench_gemm_shapes',
+# GPU_CHECK_LAMBADA_ARGS extra bench_lambada arguments (e.g. --ab-env WARPFORMER_SHARED_GRAPHS=0).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/gpu_check_out}"
@@ -132,7 +133,8 @@ if [ $status -eq 0 ]; then
         ${GPU_CHECK_GEMM_SHAPES_ARGS:-} --out-dir "$OUT"
   fi
   if [[ $benches == *,lambada,* ]]; then
-    bench bench_lambada bench_lambada.md $PY benchmarks/bench_lambada.py --out-dir "$OUT"
+    bench bench_lambada bench_lambada.md $PY benchmarks/bench_lambada.py \
+        ${GPU_CHECK_LAMBADA_ARGS:-} --out-dir "$OUT"
   fi
 fi
 
