@@ -51,6 +51,12 @@ def test_shapes_follow_switches_and_tp() -> None:
                                                  what="decode ffn out")
     assert s[("decode qkv", 4)].n == 3 * 2048
     assert s[("decode lm_head", 4)].epilogue == "bias"
+    # Vocab-parallel lm_head: each rank's slice, ceil(V / tp) rounded up to a multiple of 8.
+    assert s[("decode lm_head", 4)].n == 25200
+    for tp, n in ((1, 50257), (2, 25136), (4, 12568)):
+        dims = ModelDims(hidden=1024, inter=4096, vocab=50257, tensor_para_size=tp)
+        lm = [x for x in gemm_shapes(dims, 2, 2, 16) if x.what == "decode lm_head"]
+        assert [(x.n, x.k, x.transposed) for x in lm] == [(n, 1024, True)]
     opt350 = ModelDims(hidden=1024, inter=4096, vocab=50272, word_embed_proj_dim=512,
                        activation="relu")
     t = {x.what: x for x in gemm_shapes(opt350, batch=2, beam=3, max_input_len=8)}

@@ -25,8 +25,9 @@ import torch
 
 __all__ = ["EXACT_ROWS", "MAX_WEIGHT_COPIES", "GemmShape", "activation_epilogue_on",
            "default_cold_bytes", "ffn_in_epilogue", "gemm_shapes", "heuristic_rows",
-           "layer_shapes", "logits_shapes", "parse_prompt_rows", "prefill_group_tokens",
-           "prefill_groups", "row_buckets", "tune", "weight_copies", "add_arguments", "run"]
+           "layer_shapes", "local_vocab", "logits_shapes", "parse_prompt_rows",
+           "prefill_group_tokens", "prefill_groups", "row_buckets", "tune", "weight_copies",
+           "add_arguments", "run"]
 
 _TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -166,14 +167,25 @@ def layer_shapes(dims: ModelDims, m: int, phase: str, dtype_bytes: int = 2) -> l
     return shapes
 
 
+def local_vocab(dims: ModelDims) -> int:
+    """The lm_head columns one rank computes (mirrors ``GptConfig::local_vocab``): the whole
+    vocabulary alone, else its slice ``ceil(V / tp)`` rounded up to a multiple of 8."""
+    tp = dims.tensor_para_size
+    if tp == 1:
+        return dims.vocab
+    per = -(-dims.vocab // tp)
+    return -(-per // 8) * 8
+
+
 def logits_shapes(dims: ModelDims, m: int, phase: str) -> list[GemmShape]:
     """The products after the last layer at ``m`` rows: OPT-350m's project_out, then the lm_head
-    (``[V, e]``, transposed, its bias as the epilogue)."""
+    (``[V, e]``, transposed, its bias as the epilogue; under tensor parallelism each rank's
+    vocabulary slice, ``local_vocab``)."""
     h, e = dims.hidden, dims.word_embed_proj_dim or dims.hidden
     shapes = []
     if dims.word_embed_proj_dim:
         shapes.append(GemmShape(m, e, h, what=f"{phase} project_out"))
-    shapes.append(GemmShape(m, dims.vocab, e, transposed=True,
+    shapes.append(GemmShape(m, local_vocab(dims), e, transposed=True,
                             epilogue="bias" if dims.lm_head_bias else "none",
                             what=f"{phase} lm_head"))
     return shapes
