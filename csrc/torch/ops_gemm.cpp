@@ -407,12 +407,14 @@ at::Tensor gemm_benchmark(const at::Tensor& input, const at::Tensor& weight, con
               max_algos);
   TORCH_CHECK(reps >= 1 && reps <= 1000, op, ": reps must be in [1, 1000], got ", reps);
   // weight [k, n] ([n, k] transposed), or copies of it stacked [copies, k, n] that the timed
-  // launches take in turn (a weight read from DRAM rather than from L2).
+  // launches take in turn (a weight read from DRAM rather than from L2). Each copy must be
+  // contiguous; the copies may be further apart (the tuner aligns each to 256 bytes).
   TORCH_CHECK(weight.dim() == 2 || (weight.dim() == 3 && weight.size(0) >= 1), op,
               ": weight must be 2-D, or 3-D [copies, ...] with at least one copy; got shape ",
               weight.sizes());
-  const at::Tensor copies =
-      weight.dim() == 3 ? weight.contiguous() : weight.contiguous().unsqueeze(0);
+  at::Tensor copies = weight.dim() == 3 ? weight : weight.unsqueeze(0);
+  const bool overlap = copies.size(0) > 1 && copies.stride(0) < copies[0].numel();
+  if (!copies[0].is_contiguous() || overlap) copies = copies.contiguous();
   GemmArgs a = check_gemm(op, input, copies[0], bias, transposed, epilogue, accumulate);
   std::vector<const void*> weights;
   for (int64_t c = 0; c < copies.size(0); ++c) weights.push_back(copies[c].data_ptr());

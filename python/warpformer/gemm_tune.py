@@ -253,7 +253,8 @@ def tune(shapes: list[GemmShape], dtype: torch.dtype, max_algos: int = 16, reps:
 
     The launches take ``weight_copies(weight bytes, cold_bytes)`` copies of the weight in turn
     (and at least one launch per copy), so a weight smaller than L2 is timed read from DRAM as in
-    a model's pass, not from L2 after its first launch; ``cold_bytes`` defaults to
+    a model's pass, not from L2 after its first launch (weights under ``cold_bytes /
+    MAX_WEIGHT_COPIES`` stay partly warm); ``cold_bytes`` defaults to
     ``default_cold_bytes(device)``, and 0 times one copy, warm."""
     out = []
     gen = torch.Generator(device=f"cuda:{device}").manual_seed(0)
@@ -263,7 +264,11 @@ def tune(shapes: list[GemmShape], dtype: torch.dtype, max_algos: int = 16, reps:
         a = torch.randn(s.m, s.k, device=f"cuda:{device}", generator=gen).to(dtype)
         wshape = (s.n, s.k) if s.transposed else (s.k, s.n)
         copies = weight_copies(s.n * s.k * a.element_size(), cold_bytes)
-        w = (torch.randn(copies, *wshape, device=f"cuda:{device}", generator=gen) * 0.05).to(dtype)
+        # Each copy starts 256-byte aligned, as cuBLASLt's heuristic assumes of every pointer.
+        pitch = -(-s.n * s.k * a.element_size() // 256) * 256 // a.element_size()
+        flat = (torch.randn(copies * pitch, device=f"cuda:{device}", generator=gen)
+                * 0.05).to(dtype)
+        w = flat.as_strided((copies, *wshape), (pitch, wshape[1], 1))
         bias = (torch.randn(s.n, device=f"cuda:{device}", generator=gen).to(dtype)
                 if s.epilogue != "none" else None)
         times = torch.ops.warpformer.gemm_benchmark(a, w, bias, s.transposed, s.epilogue,

@@ -83,6 +83,7 @@ def test_short_sessions_share_a_graph(tiny, monkeypatch):
     dies with it. Tokens and lengths equal eager decoding every time."""
     _, path = tiny
     monkeypatch.delenv("WARPFORMER_CUDA_GRAPHS", raising=False)
+    monkeypatch.delenv("WARPFORMER_SHARED_GRAPHS", raising=False)
     model = load_gpt_model(path, dtype=torch.float16, max_batch=4, max_seq_len=128)
     a = batch([5, 9, 1, 17], seed=5)
     b = batch([12, 3, 30, 8], seed=6)  # same batch size, other prompts and lengths
@@ -103,6 +104,11 @@ def test_short_sessions_share_a_graph(tiny, monkeypatch):
             eager = (e["output_ids"], e["sequence_lengths"])
         else:
             eager = model.generate(*prompt, n, 999)
+            # ... and unstaged: the steps write the caller's tensors directly.
+            monkeypatch.setenv("WARPFORMER_SHARED_GRAPHS", "0")
+            direct = model.generate(*prompt, n, 999)
+            monkeypatch.delenv("WARPFORMER_SHARED_GRAPHS")
+            assert torch.equal(direct[0], eager[0]) and torch.equal(direct[1], eager[1])
         monkeypatch.delenv("WARPFORMER_CUDA_GRAPHS")
         assert torch.equal(got[0], eager[0]) and torch.equal(got[1], eager[1])
 

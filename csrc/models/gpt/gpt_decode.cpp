@@ -9,7 +9,7 @@
 // A decode step is a pure function of device state (no host-varying arguments), so after one
 // eager step it is captured into a CUDA graph and replayed when enough steps remain to repay the
 // capture (kMinGraphSteps; WARPFORMER_CUDA_GRAPHS=0 disables). Greedy sessions of one batch size
-// share their graph (StepKey): their token outputs live in the model's state and are copied to
+// on one GPU share their graph (StepKey): their token outputs live in the model's state and are copied to
 // the caller's after each call, so a workload of many short generations (LAMBADA: 1-3 tokens a
 // batch) replays one graph instead of launching every step eagerly.
 // The host never waits inside the loop: every kPoll steps an all-finished flag is copied to
@@ -122,7 +122,11 @@ size_t GptModel::session_layout(char* base) {
     s.row0_index = ints + 8 * rows + 2 * batch;
     s.all_done = ints + 8 * rows + 3 * batch;
   }
-  if (s.shared) {  // the staged outputs (Session::ids)
+  // The staged outputs (Session::ids). Token selection also takes the row stride as the limit
+  // of a row's positions; the staged stride (the KV capacity) is beyond every session's total,
+  // which changes nothing: a row's positions end at its prompt length + output_len - 1 <= total
+  // - 1, and the session ends after output_len tokens, whether or not that row was flagged.
+  if (s.shared) {
     int32_t* staged = c.take<int32_t>(rows * kv_seq_ + 2 * rows);
     if (base != nullptr) {
       s.ids = staged;
@@ -211,7 +215,12 @@ void GptModel::decode_start(const int32_t* ids, const std::vector<int32_t>& leng
   s.opt = opt;
   s.out = out;
   s.serial = ++session_serial_;
-  s.shared = opt.greedy && s.beam == 1 && pp_comm_ == nullptr && shared_graphs_enabled();
+  // Shared only where the state layout depends on nothing but the key (greedy: no token counts)
+  // and on one GPU: tensor-parallel ranks must capture and replay their NCCL calls together,
+  // which a graph outliving its session could not promise (each rank's buffers grow on its own
+  // schedule), and a graph must not outlive the communicator it baked.
+  s.shared = opt.greedy && !opt.needs_counts && s.beam == 1 && pp_comm_ == nullptr &&
+             (comm_ == nullptr || comm_->size() == 1) && shared_graphs_enabled();
   ensure_kv(s.rows, s.total);
   ensure_activations(std::max(plan_prefill(lengths), s.rows), s.rows);
   const size_t need = session_layout(nullptr);
@@ -706,6 +715,10 @@ void GptModel::run_step() {
     return;
   }
   StepGraph& g = step_graph(step_key());
+  if (g.failed) {
+    decode_step_body();
+    return;
+  }
   if (g.exec == nullptr) {
     const bool planned = s.steps_done > 1 || g.eager_steps > 0;
     const bool repays =
@@ -717,6 +730,7 @@ void GptModel::run_step() {
     }
     g.exec = capture_step();
     if (g.exec == nullptr) {
+      g.failed = true;  // not retried by later sessions under this key
       decode_step_body();
       return;
     }

@@ -371,8 +371,11 @@ void GptModel::set_tensor_parallel(Communicator* comm) {
               cfg_.tensor_para_rank, "); got size ", comm ? comm->size() : 0, ", rank ",
               comm ? comm->rank() : -1);
   check_same_schedule(comm, "tensor-parallel");
+  // No step graph may outlive the communicator it baked (nor run on it while it is replaced).
+  if (decode_stream_ != nullptr) WF_CUDA_CHECK(cudaStreamSynchronize(decode_stream_));
+  drop_step_graphs(/*unshared_only=*/false);
   comm_ = comm;
-  ++buffer_generation_;  // step graphs baked the communicator before
+  ++buffer_generation_;
 }
 
 int64_t GptModel::prefill_group_size() const {
@@ -547,8 +550,11 @@ void GptModel::set_pipeline_parallel(Communicator* comm) {
               cfg_.pipeline_para_rank, "); got size ", comm ? comm->size() : 0, ", rank ",
               comm ? comm->rank() : -1);
   check_same_schedule(comm, "pipeline-parallel");
+  // No step graph may outlive the communicator it baked (nor run on it while it is replaced).
+  if (decode_stream_ != nullptr) WF_CUDA_CHECK(cudaStreamSynchronize(decode_stream_));
+  drop_step_graphs(/*unshared_only=*/false);
   pp_comm_ = comm;
-  ++buffer_generation_;  // step graphs baked the communicator before
+  ++buffer_generation_;
 }
 
 void GptModel::broadcast_from_last_stage(void* data, int64_t bytes) {

@@ -293,7 +293,7 @@ class GptModel {
     bool graph_failed = false;
     // Where token selection writes the tokens and lengths and reads the end ids (non-beam rows):
     // the caller's outputs, or, for a session whose step graph others may share (`shared`:
-    // greedy without pipeline stages), copies of them in state_ with the KV capacity as row
+    // greedy on one GPU), copies of them in state_ with the KV capacity as row
     // stride, filled at decode_start and copied back after every decode_step call (sync_out).
     int32_t* ids = nullptr;           // [rows, ids_stride]
     int64_t ids_stride = 0;
@@ -319,7 +319,7 @@ class GptModel {
   // Captured decode steps (gpt_decode.cpp). A step graph bakes the buffers it launches on; the
   // key names everything that decides them, so a graph serves every session with its key: a
   // shared session's key (serial 0) holds its row counts, the state_ block and the generation
-  // of the buffers, and sessions of one batch size that run greedy share a graph; any other
+  // of the buffers, and greedy sessions of one batch size on one GPU share a graph; any other
   // session's key holds its own serial, so its graph dies with it.
   struct StepKey {
     uint64_t serial = 0;
@@ -335,6 +335,7 @@ class GptModel {
     StepKey key;
     cudaGraphExec_t exec = nullptr;
     int64_t eager_steps = 0;  // steps run without a graph under this key
+    bool failed = false;      // its capture failed: run eagerly
     uint64_t used = 0;        // last use (step_clock_), for eviction
   };
   // At most this many keys are remembered (least recently used dropped).
