@@ -134,6 +134,19 @@ def test_short_sessions_share_a_graph(tiny, monkeypatch):
     check(a, 3, (0, 0), **sampling)
 
 
+def _stream(model, ids, lens, n, options, chunk):
+    """A session streamed ``chunk`` tokens per decode_step call: (the tokens of every call
+    concatenated [B, 1, k], decode_finish's outputs)."""
+    model.decode_start(ids, lens, n, options)
+    chunks = []
+    while True:
+        t = model.decode_step(chunk)
+        if t.shape[-1] == 0:
+            break
+        chunks.append(t)
+    return torch.cat(chunks, -1), model.decode_finish()
+
+
 def test_greedy_streaming_sees_each_calls_tokens(tiny):
     """A greedy session's tokens are staged in the model and copied to the caller's outputs after
     every decode_step call: each chunk streamed equals the one-shot tokens at its positions."""
@@ -142,17 +155,9 @@ def test_greedy_streaming_sees_each_calls_tokens(tiny):
     ids, lens = batch([6, 13, 2, 9], seed=8)
     for _ in range(3):  # later sessions replay the shared graph
         full, full_lens = model.generate(ids, lens, 20, 999)
-        model.decode_start(ids, lens, 20, opts(end_id=999))
-        chunks = []
-        while True:
-            t = model.decode_step(3)
-            if t.shape[-1] == 0:
-                break
-            chunks.append(t)
-        streamed = model.decode_finish()
+        tokens, streamed = _stream(model, ids, lens, 20, opts(end_id=999), 3)
         assert torch.equal(streamed["output_ids"], full)
         assert torch.equal(streamed["sequence_lengths"], full_lens)
-        tokens = torch.cat(chunks, -1)
         k = tokens.shape[-1]
         assert k >= 16  # every row finished by the first all-finished poll at the earliest
         for r, n in enumerate(lens.tolist()):
@@ -165,16 +170,8 @@ def test_streaming_equals_decode(tiny):
     ids, lens = batch([4, 11, 7], seed=2)
     o = opts(top_k=20, top_p=0.9, temperature=0.8, seed=7)
     full = model.decode(ids, lens, 24, o)
-    model.decode_start(ids, lens, 24, o)
-    chunks = []
-    while True:
-        t = model.decode_step(5)
-        if t.shape[-1] == 0:
-            break
-        chunks.append(t)
-    streamed = model.decode_finish()
+    tokens, streamed = _stream(model, ids, lens, 24, o, 5)
     assert torch.equal(streamed["output_ids"], full["output_ids"])
-    tokens = torch.cat(chunks, -1)
     for b, n in enumerate(lens.tolist()):
         assert tokens[b, 0].tolist() == full["output_ids"][b, 0, n:n + tokens.shape[-1]].tolist()
 

@@ -8,10 +8,7 @@
 //             (reorders running sequences and the KV-cache indirection the attention reads)
 // A decode step is a pure function of device state (no host-varying arguments), so after one
 // eager step it is captured into a CUDA graph and replayed when enough steps remain to repay the
-// capture (kMinGraphSteps; WARPFORMER_CUDA_GRAPHS=0 disables). Greedy sessions of one batch size
-// on one GPU share their graph (StepKey): their token outputs live in the model's state and are copied to
-// the caller's after each call, so a workload of many short generations (LAMBADA: 1-3 tokens a
-// batch) replays one graph instead of launching every step eagerly.
+// capture; greedy sessions of one batch size on one GPU share their graph (gpt_step_graphs.cpp).
 // The host never waits inside the loop: every kPoll steps an all-finished flag is copied to
 // pinned memory behind an event and read later only if the event has completed.
 #include <c10/util/Exception.h>
@@ -19,8 +16,6 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <vector>
 
 #include "csrc/core/check.h"
@@ -42,28 +37,7 @@ constexpr int64_t kPoll = 16;
 // each costing about a whole stage pass while decode is bound by weight reads), which a run of
 // one or a few steps (streaming) would pay every call.
 constexpr int64_t kMinSplitSteps = 8;
-// A decode step is captured into a CUDA graph only when at least this many steps of the session
-// remain (the capture's own step included), or when sessions sharing its graph ran this many
-// eagerly before. Capturing launches as much as an eager step does, and
-// instantiating, uploading and destroying the graph come on top, so a graph replayed once or twice
-// costs more than it saves. Same call on an H200, bloom-560m batch 8, 80-token prompts
-// (benchmarks/bench_short.py), graphs minus eager per generate() call when the step was captured
-// at the third token: 3 new tokens +0.41 ms, 4 +0.32, 8 -0.07, 10 -0.24, 16 -0.77: break-even at
-// about 5 remaining steps.
-constexpr int64_t kMinGraphSteps = 6;
-
 size_t aligned(size_t n) { return (n + 255) / 256 * 256; }
-
-bool env_off(const char* name) {
-  const char* env = std::getenv(name);
-  return env != nullptr && std::strcmp(env, "0") == 0;
-}
-
-bool graphs_enabled() { return !env_off("WARPFORMER_CUDA_GRAPHS"); }
-
-// WARPFORMER_SHARED_GRAPHS=0 (read per session): greedy sessions keep a graph of their own, as
-// sampling ones do (for A/B measurements).
-bool shared_graphs_enabled() { return !env_off("WARPFORMER_SHARED_GRAPHS"); }
 
 // Sequential carving of one allocation (each piece 256-byte aligned); base null = measure only.
 struct Carve {
@@ -215,12 +189,7 @@ void GptModel::decode_start(const int32_t* ids, const std::vector<int32_t>& leng
   s.opt = opt;
   s.out = out;
   s.serial = ++session_serial_;
-  // Shared only where the state layout depends on nothing but the key (greedy: no token counts)
-  // and on one GPU: tensor-parallel ranks must capture and replay their NCCL calls together,
-  // which a graph outliving its session could not promise (each rank's buffers grow on its own
-  // schedule), and a graph must not outlive the communicator it baked.
-  s.shared = opt.greedy && !opt.needs_counts && s.beam == 1 && pp_comm_ == nullptr &&
-             (comm_ == nullptr || comm_->size() == 1) && shared_graphs_enabled();
+  s.shared = shares_step_graph(opt);
   ensure_kv(s.rows, s.total);
   ensure_activations(std::max(plan_prefill(lengths), s.rows), s.rows);
   const size_t need = session_layout(nullptr);
@@ -644,145 +613,6 @@ int64_t GptModel::decode_step(int64_t max_steps) {
     broadcast_from_last_stage(s.out.output_ids, s.rows * s.total * sizeof(int32_t));
   }
   return n;
-}
-
-GptModel::StepKey GptModel::step_key() const {
-  const Session& s = session_;
-  StepKey k;
-  k.serial = s.shared ? 0 : s.serial;
-  k.rows = s.rows;
-  k.batch = s.batch;
-  k.state = state_.data();
-  k.generation = graph_generation();
-  return k;
-}
-
-GptModel::StepGraph& GptModel::step_graph(const StepKey& key) {
-  ++step_clock_;
-  // A graph of an older generation bakes buffers that are gone: it can never run again.
-  // (Destroying an executable graph still in flight frees it when it completes.)
-  for (auto it = step_graphs_.begin(); it != step_graphs_.end();) {
-    if (it->key.generation != key.generation) {
-      if (it->exec != nullptr) cudaGraphExecDestroy(it->exec);
-      it = step_graphs_.erase(it);
-    } else {
-      ++it;
-    }
-  }
-  for (StepGraph& g : step_graphs_) {
-    if (g.key == key) {
-      g.used = step_clock_;
-      return g;
-    }
-  }
-  if (step_graphs_.size() >= kMaxStepGraphs) {
-    auto oldest = std::min_element(step_graphs_.begin(), step_graphs_.end(),
-                                   [](const StepGraph& a, const StepGraph& b) {
-                                     return a.used < b.used;
-                                   });
-    if (oldest->exec != nullptr) cudaGraphExecDestroy(oldest->exec);
-    step_graphs_.erase(oldest);
-  }
-  StepGraph g;
-  g.key = key;
-  g.used = step_clock_;
-  step_graphs_.push_back(g);
-  return step_graphs_.back();
-}
-
-void GptModel::drop_step_graphs(bool unshared_only) {
-  for (auto it = step_graphs_.begin(); it != step_graphs_.end();) {
-    if (!unshared_only || it->key.serial != 0) {
-      if (it->exec != nullptr) cudaGraphExecDestroy(it->exec);
-      it = step_graphs_.erase(it);
-    } else {
-      ++it;
-    }
-  }
-}
-
-// One decode step after the first token. Tensor parallelism is captured too (NCCL collectives are
-// graph-capturable, and every rank makes the same choices); pipeline stages run eagerly, their
-// send/recv pairs ordered by the host. Without a graph for the step's key yet, the step runs
-// eagerly when nothing ran under the key before (the session's first step plans the GEMMs, and
-// may grow their workspace, which a capture cannot) or when the graph would not be replayed
-// often enough to repay its capture (kMinGraphSteps: counting this session's remaining steps, or
-// the eager steps that sessions sharing the key ran before).
-void GptModel::run_step() {
-  Session& s = session_;
-  if (s.graph_failed || !graphs_enabled() || pp_comm_ != nullptr) {
-    decode_step_body();
-    return;
-  }
-  StepGraph& g = step_graph(step_key());
-  if (g.failed) {
-    decode_step_body();
-    return;
-  }
-  if (g.exec == nullptr) {
-    const bool planned = s.steps_done > 1 || g.eager_steps > 0;
-    const bool repays =
-        s.output_len - s.steps_done >= kMinGraphSteps || g.eager_steps >= kMinGraphSteps;
-    if (!planned || !repays) {
-      decode_step_body();
-      ++g.eager_steps;
-      return;
-    }
-    g.exec = capture_step();
-    if (g.exec == nullptr) {
-      g.failed = true;  // not retried by later sessions under this key
-      decode_step_body();
-      return;
-    }
-  }
-  WF_CUDA_CHECK(cudaGraphLaunch(g.exec, ctx_->stream()));
-}
-
-void GptModel::sync_out() {
-  Session& s = session_;
-  cudaStream_t stream = ctx_->stream();
-  const size_t row = s.total * sizeof(int32_t);
-  WF_CUDA_CHECK(cudaMemcpy2DAsync(s.out.output_ids, row, s.ids, s.ids_stride * sizeof(int32_t),
-                                  row, s.rows, cudaMemcpyDeviceToDevice, stream));
-  WF_CUDA_CHECK(cudaMemcpyAsync(s.out.sequence_lengths, s.lengths, s.rows * sizeof(int32_t),
-                                cudaMemcpyDeviceToDevice, stream));
-}
-
-cudaGraphExec_t GptModel::capture_step() {
-  Session& s = session_;
-  cudaStream_t stream = ctx_->stream();
-  cudaGraph_t graph = nullptr;
-  const cudaError_t begin = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
-  if (begin != cudaSuccess) {
-    (void)cudaGetLastError();
-    s.graph_failed = true;
-    TORCH_WARN_ONCE("warpformer: cannot capture the decode step in a CUDA graph (",
-                    cudaGetErrorString(begin), "); running it without graphs");
-    return nullptr;
-  }
-  try {
-    decode_step_body();
-  } catch (...) {
-    cudaStreamEndCapture(stream, &graph);
-    if (graph != nullptr) cudaGraphDestroy(graph);
-    (void)cudaGetLastError();
-    s.graph_failed = true;
-    TORCH_WARN_ONCE("warpformer: a decode step could not be captured in a CUDA graph; "
-                    "running it without graphs");
-    return nullptr;
-  }
-  const cudaError_t end = cudaStreamEndCapture(stream, &graph);
-  cudaGraphExec_t exec = nullptr;
-  if (end != cudaSuccess || graph == nullptr ||
-      cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) {
-    (void)cudaGetLastError();
-    exec = nullptr;
-    s.graph_failed = true;
-    TORCH_WARN_ONCE("warpformer: CUDA graph capture of the decode step failed (",
-                    cudaGetErrorString(end), "); running it without graphs");
-  }
-  if (graph != nullptr) cudaGraphDestroy(graph);
-  return exec;
 }
 
 void GptModel::decode_finish() {

@@ -316,11 +316,11 @@ class GptModel {
   void decode_steps_split(int64_t steps);
   void share_state();                 // pipeline parallel: state from the last stage
 
-  // Captured decode steps (gpt_decode.cpp). A step graph bakes the buffers it launches on; the
-  // key names everything that decides them, so a graph serves every session with its key: a
-  // shared session's key (serial 0) holds its row counts, the state_ block and the generation
-  // of the buffers, and greedy sessions of one batch size on one GPU share a graph; any other
-  // session's key holds its own serial, so its graph dies with it.
+  // Captured decode steps (gpt_step_graphs.cpp). A step graph bakes the buffers it launches on; the
+  // key names everything that decides them, so a graph serves every session with its key: a shared
+  // session's key (serial 0) holds its row counts, the state_ block and the generation of the
+  // buffers, and greedy sessions of one batch size on one GPU share a graph; any other session's
+  // key holds its own serial, so its graph dies with it.
   struct StepKey {
     uint64_t serial = 0;
     int64_t rows = 0, batch = 0;
@@ -343,6 +343,7 @@ class GptModel {
   std::vector<StepGraph> step_graphs_;
   uint64_t step_clock_ = 0;
   uint64_t session_serial_ = 0;
+  bool shares_step_graph(const DecodeOptions& opt) const;  // Session::shared for a new session
   StepKey step_key() const;
   StepGraph& step_graph(const StepKey& key);  // found or added (stale keys dropped)
   void drop_step_graphs(bool unshared_only);
