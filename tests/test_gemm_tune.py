@@ -155,3 +155,79 @@ def test_weight_copies_span_the_cold_bytes() -> None:
         weight_copies(0, l2_twice)
     with pytest.raises(ValueError, match="cold_bytes must be >= 0"):
         weight_copies(4096, -1)
+
+
+def _outputs(dims: ModelDims, batch: int = 8, n_in: int = 128) -> dict:
+    """(label, m) -> (epilogue, accumulate) of the attention-out and FFN-out products listed."""
+    return {(s.what, s.m): (s.epilogue, s.accumulate)
+            for s in gemm_shapes(dims, batch, 1, n_in)
+            if s.what.endswith(("attention out", "ffn out", "(ranks > 0)"))}
+
+
+def test_shapes_follow_the_residual_fusion(monkeypatch) -> None:
+    """Sequential pre-norm layers past the GEMV's rows add their attention-out and FFN-out
+    products onto the stream (accumulate, the bias as the epilogue); the GEMV's 1-2 rows, the
+    fusion off, post-norm and parallel-residual layers keep their plain products."""
+    monkeypatch.delenv("WARPFORMER_FUSE", raising=False)
+    monkeypatch.delenv("WARPFORMER_GEMV", raising=False)
+    gpt2m = ModelDims(hidden=1024, inter=4096, vocab=50257)
+    o = _outputs(gpt2m)
+    for what in ("attention out", "ffn out"):
+        assert o[(f"context {what}", 1024)] == ("bias", True)
+        assert o[(f"decode {what}", 8)] == ("bias", True)
+    o = _outputs(gpt2m, batch=2)
+    assert o[("decode ffn out", 2)] == ("none", False)  # the GEMV's rows: adds left pending
+    assert o[("context ffn out", 256)] == ("bias", True)
+    monkeypatch.setenv("WARPFORMER_GEMV", "0")  # every product on cuBLASLt
+    assert _outputs(gpt2m, batch=2)[("decode ffn out", 2)] == ("bias", True)
+    monkeypatch.delenv("WARPFORMER_GEMV")
+    no_bias = ModelDims(hidden=1024, inter=4096, vocab=50257, attention_bias=False)
+    assert _outputs(no_bias)[("context attention out", 1024)] == ("none", True)
+    assert _outputs(no_bias)[("context ffn out", 1024)] == ("bias", True)
+    opt350 = ModelDims(hidden=1024, inter=4096, vocab=50272, word_embed_proj_dim=512,
+                       activation="relu", pre_layernorm=False)
+    assert set(_outputs(opt350).values()) == {("none", False)}
+    gptj = ModelDims(hidden=4096, inter=16384, vocab=50400, parallel_residual=True)
+    o = _outputs(gptj)
+    assert o[("context attention out", 1024)] == ("none", False)
+    assert o[("context ffn out", 1024)] == ("none", True)  # onto the attention-out product
+    for fuse, want in (("0", ("none", False)),
+                       ("attention,norms,parallel,activation,pair", ("none", False)),
+                       ("norms,residual", ("bias", True))):
+        monkeypatch.setenv("WARPFORMER_FUSE", fuse)
+        assert _outputs(gpt2m)[("context ffn out", 1024)] == want, fuse
+    monkeypatch.delenv("WARPFORMER_FUSE")
+    # Tensor parallelism: rank 0 adds the stream and bias, the other ranks' partial products
+    # are plain (the all-reduce of the stream sums them).
+    tp2 = ModelDims(hidden=1024, inter=4096, vocab=50257, tensor_para_size=2)
+    forms = {(s.what, s.n, s.k, s.epilogue, s.accumulate) for s in gemm_shapes(tp2, 8, 1, 128)
+             if s.m == 1024 and "ffn out" in s.what}
+    assert forms == {("context ffn out", 1024, 2048, "bias", True),
+                     ("context ffn out (ranks > 0)", 1024, 2048, "none", False)}
+
+
+def test_dims_from_a_converted_checkpoint(tmp_path) -> None:
+    """ModelDims.from_config takes the switches that decide the shapes from config.ini."""
+    import transformers
+
+    from warpformer.converters import convert
+    from warpformer.weights import read_config
+
+    opt = transformers.OPTConfig(vocab_size=300, hidden_size=64, num_attention_heads=2,
+                                 num_hidden_layers=1, ffn_dim=128, word_embed_proj_dim=32,
+                                 do_layer_norm_before=False, max_position_embeddings=64,
+                                 bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    gptj = transformers.GPTJConfig(vocab_size=300, n_embd=64, n_head=2, n_layer=1,
+                                   rotary_dim=16, n_positions=64, bos_token_id=1,
+                                   eos_token_id=2)
+    for name, cfg in (("opt", opt), ("gptj", gptj)):
+        transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / name)
+        convert(tmp_path / name, tmp_path / f"{name}-wf", 1, "fp16")
+    d = ModelDims.from_config(read_config(tmp_path / "opt-wf"), tensor_para_size=2)
+    assert (d.hidden, d.inter, d.vocab, d.tensor_para_size, d.word_embed_proj_dim) == \
+        (64, 128, 300, 2, 32)
+    assert (d.pre_layernorm, d.parallel_residual, d.attention_bias, d.activation) == \
+        (False, False, True, "relu")
+    d = ModelDims.from_config(read_config(tmp_path / "gptj-wf"))
+    assert (d.pre_layernorm, d.parallel_residual, d.attention_bias, d.lm_head_bias) == \
+        (True, True, False, True)
