@@ -74,17 +74,15 @@ from common import (
 # preparation and norms as kernels of their own), only the attention fusion, and every fusion
 # but the parallel-residual decode step's (MLP-in product beside the attention, one launch for
 # the two output products), every fusion but the paired QKV and MLP-in products of that step,
-# every fusion but the tanh-GELU in cuBLASLt's epilogue, every fusion but the residual adds in
-# the output products' epilogue (sequential pre-norm layers at cuBLASLt sizes), and prefill-N:
-# prompt groups of at most N tokens. Each environment variable is read when the engine is built.
+# every fusion but the tanh-GELU in cuBLASLt's epilogue, and prefill-N: prompt groups of at most
+# N tokens. Each environment variable is read when the engine is built.
 VARIANT_ENV = {
     "gemv-off": ("WARPFORMER_GEMV", "0"),
     "unfused": ("WARPFORMER_FUSE", "0"),
-    "attention-only": ("WARPFORMER_FUSE", "attention,activation,residual"),
-    "parallel-off": ("WARPFORMER_FUSE", "attention,norms,activation,residual"),
-    "pair-off": ("WARPFORMER_FUSE", "attention,norms,parallel,activation,residual"),
-    "activation-off": ("WARPFORMER_FUSE", "attention,norms,parallel,pair,residual"),
-    "residual-off": ("WARPFORMER_FUSE", "attention,norms,parallel,activation,pair"),
+    "attention-only": ("WARPFORMER_FUSE", "attention,activation"),
+    "parallel-off": ("WARPFORMER_FUSE", "attention,norms,activation"),
+    "pair-off": ("WARPFORMER_FUSE", "attention,norms,parallel,activation"),
+    "activation-off": ("WARPFORMER_FUSE", "attention,norms,parallel,pair"),
 }
 VARIANTS = (*VARIANT_ENV, "tuned", "tuned-warm", "prefill-N")
 ENGINES = ("warpformer", *(f"warpformer-{v}" for v in VARIANTS), "hf-eager", "hf-compiled")
@@ -199,19 +197,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "every GEMM), tuned (a gemm-tune file made for the configuration), "
                          "tuned-warm (the same, timed on one weight copy, warm in L2), "
                          "unfused (WARPFORMER_FUSE=0: QKV preparation and norms as kernels of "
-                         "their own), attention-only (WARPFORMER_FUSE=attention,activation,"
-                         "residual: decode norms as kernels of their own), parallel-off "
-                         "(WARPFORMER_FUSE=attention,norms,activation,residual: "
+                         "their own), attention-only (WARPFORMER_FUSE=attention,activation: "
+                         "norms as kernels of their own), parallel-off "
+                         "(WARPFORMER_FUSE=attention,norms,activation: "
                          "a parallel-residual layer's four products one after another), "
-                         "pair-off (WARPFORMER_FUSE=attention,norms,parallel,activation,residual: "
-                         "that layer's QKV and MLP-in products as two launches, the MLP-in beside "
+                         "pair-off (WARPFORMER_FUSE=attention,norms,parallel,activation: that "
+                         "layer's QKV and MLP-in products as two launches, the MLP-in beside "
                          "the attention), "
-                         "activation-off (WARPFORMER_FUSE=attention,norms,parallel,pair,residual: "
-                         "tanh-GELU as a kernel after cuBLASLt's product), residual-off "
-                         "(WARPFORMER_FUSE=attention,norms,parallel,activation,pair: the "
-                         "residual adds in the norms kernels, not in cuBLASLt's epilogue), "
-                         "prefill-N (WARPFORMER_PREFILL_TOKENS=N: prompt groups of at most N "
-                         "tokens)")
+                         "activation-off (WARPFORMER_FUSE=attention,norms,parallel,pair: tanh-GELU "
+                         "as a kernel after cuBLASLt's product), prefill-N "
+                         "(WARPFORMER_PREFILL_TOKENS=N: prompt groups of at most N tokens)")
     ap.add_argument("--hf-compile", choices=("none", "target", "all"), default="target",
                     help="HF static cache + compiled forward on: none, the target configuration "
                          "(batch 1, 128/128; default) or every configuration (slow)")
@@ -323,7 +318,9 @@ def tuning_file(config, cfg: tuple[int, int, int], out_dir: Path,
     from warpformer.gemm_tune import ModelDims, gemm_shapes, tune, write_tuning_file
 
     B, n_in, _ = cfg
-    dims = ModelDims.from_config(config)
+    dims = ModelDims(config.hidden_size, config.inter_size, config.vocab_size, 1,
+                     config.word_embed_proj_dim, config.parallel_residual,
+                     config.activation_type, config.has_lm_head_bias)
     results = tune(gemm_shapes(dims, B, 1, n_in), torch.float16, max_algos=16, reps=10,
                    cold_bytes=0 if warm else None)
     out_dir.mkdir(parents=True, exist_ok=True)

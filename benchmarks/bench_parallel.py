@@ -6,10 +6,9 @@ default) at tensor/pipeline-parallel sizes, each configuration run under torchru
 A grid's suffix picks a comparison variant: "-nccl" runs with WARPFORMER_PEER_ALLREDUCE=0 (every
 all-reduce through NCCL instead of the one-shot peer all-reduce), "-whole" with
 WARPFORMER_PP_DECODE_SPLIT=0 (pipeline stages run each decode step whole instead of splitting it
-into one micro-batch per stage), "-parallel-off" with
-WARPFORMER_FUSE=attention,norms,activation,residual (a parallel-residual layer's four decode
-products one after another, instead of the MLP-in product beside the attention and one launch for
-the two output products), "-early-off" with
+into one micro-batch per stage), "-parallel-off" with WARPFORMER_FUSE=attention,norms,activation
+(a parallel-residual layer's four decode products one after another, instead of the MLP-in product
+beside the attention and one launch for the two output products), "-early-off" with
 WARPFORMER_PEER_EARLY_START=0 (the peer all-reduce lets the next kernel start only when it ends,
 not as soon as it runs), to show what each is worth.
 
@@ -39,7 +38,7 @@ VARIANTS = {
     "auto": ({}, ""),
     "nccl": ({"WARPFORMER_PEER_ALLREDUCE": "0"}, "NCCL all-reduce"),
     "whole": ({"WARPFORMER_PP_DECODE_SPLIT": "0"}, "whole decode steps"),
-    "parallel-off": ({"WARPFORMER_FUSE": "attention,norms,activation,residual"},
+    "parallel-off": ({"WARPFORMER_FUSE": "attention,norms,activation"},
                      "parallel-residual fusion off"),
     "early-off": ({"WARPFORMER_PEER_EARLY_START": "0"}, "peer all-reduce starts no kernel early"),
 }

@@ -189,15 +189,13 @@ def test_variants_parsed_and_their_environment(monkeypatch):
     monkeypatch.setenv("WARPFORMER_FUSE", "1")
     monkeypatch.delenv("WARPFORMER_GEMV", raising=False)
     row = bench_generate.Row("gpt2-medium", "warpformer", 1, 8, 4)
-    for variant in ("attention-only", "unfused", "gemv-off", "residual-off", ""):
+    for variant in ("attention-only", "unfused", "gemv-off", ""):
         with pytest.raises(Built):
             bench_generate.run_warpformer(None, None, SHAPES["gpt2-medium"], row, None, 1,
                                           variant)
-    assert seen == [{"WARPFORMER_FUSE": "attention,activation,residual", "WARPFORMER_GEMV": None},
+    assert seen == [{"WARPFORMER_FUSE": "attention,activation", "WARPFORMER_GEMV": None},
                     {"WARPFORMER_FUSE": "0", "WARPFORMER_GEMV": None},
                     {"WARPFORMER_FUSE": "1", "WARPFORMER_GEMV": "0"},
-                    {"WARPFORMER_FUSE": "attention,norms,parallel,activation,pair",
-                     "WARPFORMER_GEMV": None},
                     {"WARPFORMER_FUSE": "1", "WARPFORMER_GEMV": None}]
     assert os.environ["WARPFORMER_FUSE"] == "1" and "WARPFORMER_GEMV" not in os.environ
 
@@ -356,7 +354,7 @@ def test_parallel_grids_and_variants():
     assert bench_parallel.parse_grids("1x1,2x1-nccl,1x2,1x2-whole,2x1-parallel-off") == [
         (1, 1, "auto"), (2, 1, "nccl"), (1, 2, "auto"), (1, 2, "whole"), (2, 1, "parallel-off")]
     assert bench_parallel.VARIANTS["parallel-off"][0] == {
-        "WARPFORMER_FUSE": "attention,norms,activation,residual"}
+        "WARPFORMER_FUSE": "attention,norms,activation"}
     assert bench_parallel.parse_grids("2x1-early-off") == [(2, 1, "early-off")]
     assert bench_parallel.VARIANTS["early-off"][0] == {"WARPFORMER_PEER_EARLY_START": "0"}
     assert bench_parallel.VARIANTS["whole"][0] == {"WARPFORMER_PP_DECODE_SPLIT": "0"}

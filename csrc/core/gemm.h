@@ -183,16 +183,8 @@ class Gemm {
   // prefetch_weight). Off by default: the `warpformer.gemm` op cannot promise it.
   void set_static_weights(bool on) { static_weights_ = on; }
 
-  // Rows up to which the GEMV runs [k, n] (or transposed [n, k]) products under the policy:
-  // run(), run_act() and run_normed() of more rows go to cuBLASLt.
-  int gemv_max_rows(bool transposed) const;
-
   // Number of shapes whose plan is cached now (at most kMaxPlans).
   size_t cached_plans() const;
-  // The cached shapes, one line each with the tuning file's key columns ("float16 m n k
-  // transposed epilogue accumulate", see load_tuning), sorted: what the calls so far ran on
-  // cuBLASLt (the kMaxPlans most recently used).
-  std::vector<std::string> plan_shapes() const;
   static constexpr size_t kMaxPlans = 1024;
   // Row counts up to kExactRows are planned for exactly; above, the heuristic is asked for
   // heuristic_rows(m): m rounded up to a multiple of max(16, bit_ceil(m) / 16) (m itself past
@@ -251,6 +243,8 @@ class Gemm {
   bool try_gemv_sum(DType dtype, const void* in1, const void* w1, int64_t k1, const void* in2,
                     const void* w2, int64_t k2, void* out, int64_t m, int64_t n, bool launch,
                     bool second_ready = false) const;
+  // Rows up to which the GEMV runs [k, n] (or transposed [n, k]) products under the policy.
+  int gemv_max_rows(bool transposed) const;
   void launch(const GemmKey& key, const void* in, const void* weight, const void* bias, void* out,
               float beta);
   // Grows the context's workspace to `bytes`; refuses while the stream is capturing a graph.

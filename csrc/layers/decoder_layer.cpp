@@ -166,18 +166,6 @@ void product_then_norm(const LayerContext& lc, const void* in, const void* weigh
               tokens, n);
 }
 
-// x += in @ W + bias, summed over the tensor-parallel group (LayerContext::residual_products):
-// x is both cuBLASLt's C and D. Rank 0 adds x and the bias; the other ranks overwrite their copy
-// of x with their partial product, so the all-reduce of x leaves x + bias + the full product.
-void residual_product(const LayerContext& lc, const void* in, const void* weight,
-                      const void* bias, void* x, int64_t tokens, int64_t n, int64_t k) {
-  const bool first = lc.comm == nullptr || lc.comm->size() == 1 || lc.comm->rank() == 0;
-  const bool with_bias = first && bias != nullptr;
-  lc.gemm->run(lc.dtype, in, weight, with_bias ? bias : nullptr, x, tokens, n, k,
-               with_bias ? GemmEpilogue::kBias : GemmEpilogue::kNone, first ? 1.f : 0.f);
-  all_reduce_if_parallel(lc.comm, x, tokens * n, lc.dtype, lc.ctx->stream());
-}
-
 // The residual-stream buffer that is not `x` (the two alternate, see ResidualStream).
 void* other_stream_buffer(const LayerBuffers& b, const void* x) { return x == b.x ? b.y : b.x; }
 
@@ -227,14 +215,6 @@ void finish_stream(const LayerContext& lc, const LayerBuffers& b, int64_t tokens
   s->delta = delta;
   s->bias = bias;
   if (next.defer) return;
-  if (delta == nullptr && bias == nullptr) {  // materialised in bufs.x (residual_products)
-    TORCH_CHECK(s->x == b.x, "decoder layer: a materialised stream must be in bufs.x");
-    if (next.kind != kernels::NormKind::kAddOnly) {
-      run_norm<T>(lc, next.kind, next.gamma, next.beta, b.x, nullptr, nullptr, nullptr, b.n,
-                  tokens, lc.cfg->hidden());
-    }
-    return;
-  }
   void* out = next.kind == kernels::NormKind::kAddOnly ? b.x : b.n;
   run_norm<T>(lc, next.kind, next.gamma, next.beta, delta, s->x, b.x, bias, out, tokens,
               lc.cfg->hidden());
@@ -344,17 +324,7 @@ void layer_forward(const LayerContext& lc, const LayerWeights& w, const LayerBuf
     return;
   }
 
-  // Sequential: x += p + bo; f = act(ln2(x) @ W1 + b1); pending = f @ W2, b2. At cuBLASLt sizes
-  // (residual_products) both adds happen in the products instead, and nothing is left pending.
-  if (lc.residual_products && tokens > lc.gemm->gemv_max_rows(false) && s->x == b.x &&
-      s->delta == nullptr && s->bias == nullptr) {
-    residual_product(lc, b.a, w.dense_w, w.dense_b, b.x, tokens, h, lh);
-    normed_product(lc, s, b, w.ln2_w, w.ln2_b, b.n, false, w.fc1_w, w.fc1_b, b.f, tokens, li,
-                   c.activation);
-    residual_product(lc, b.f, w.fc2_w, w.fc2_b, b.x, tokens, h, li);
-    finish_stream<T>(lc, b, tokens, next, nullptr, nullptr, s);
-    return;
-  }
+  // Sequential: x += p + bo; f = act(ln2(x) @ W1 + b1); pending = f @ W2, b2.
   product(lc, b.a, w.dense_w, b.p, tokens, h, lh);
   s->delta = b.p;
   s->bias = w.dense_b;

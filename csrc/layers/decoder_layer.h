@@ -120,13 +120,6 @@ struct LayerContext {
   // products as one launch instead, and the joined output product starting on the MLP part
   // beside the attention (Gemm::run_sum's second_ready).
   bool paired_products = false;
-  // Sequential pre-norm layers at rows past the GEMV's (Gemm::gemv_max_rows: the products run on
-  // cuBLASLt): the attention-out and MLP-out products add themselves and their biases onto the
-  // residual stream in place (cuBLASLt's C = D = x, beta 1), so the norms that follow read one
-  // tensor instead of the product, the stream and the bias. Under tensor parallelism rank 0
-  // adds the stream and the bias, the other ranks write their partial sums over their copy of
-  // the stream, and the all-reduce of the stream sums them.
-  bool residual_products = false;
 };
 
 // Runs one layer over `tokens` rows. `stream` is the residual stream on entry and is updated.

@@ -23,14 +23,11 @@ from dataclasses import dataclass
 
 import torch
 
-from warpformer.config import GptConfig
-
-__all__ = ["EXACT_ROWS", "GEMV_ROWS_KN", "MAX_WEIGHT_COPIES", "GemmShape", "ModelDims",
-           "activation_epilogue_on", "add_arguments", "default_cold_bytes", "ffn_in_epilogue",
-           "fusion_on", "gemm_shapes", "gemv_rows", "heuristic_rows", "layer_shapes",
-           "local_vocab", "logits_shapes", "parse_prompt_rows", "prefill_group_tokens",
-           "prefill_groups", "residual_products", "row_buckets", "run", "tune",
-           "weight_copies"]
+__all__ = ["EXACT_ROWS", "MAX_WEIGHT_COPIES", "GemmShape", "activation_epilogue_on",
+           "default_cold_bytes", "ffn_in_epilogue", "gemm_shapes", "heuristic_rows",
+           "layer_shapes", "local_vocab", "logits_shapes", "parse_prompt_rows",
+           "prefill_group_tokens", "prefill_groups", "row_buckets", "tune", "weight_copies",
+           "add_arguments", "run"]
 
 _TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -65,16 +62,6 @@ class ModelDims:
     parallel_residual: bool = False
     activation: str = "gelu_tanh"  # the MLP's: gelu_tanh, gelu_erf, relu or silu
     lm_head_bias: bool = False
-    pre_layernorm: bool = True  # False: OPT-350m's post-norm layers
-    attention_bias: bool = True  # the attention's QKV and output products have biases
-
-    @classmethod
-    def from_config(cls, c: GptConfig, tensor_para_size: int = 1) -> ModelDims:
-        """The dimensions and switches of a converted checkpoint's ``GptConfig``."""
-        return cls(c.hidden_size, c.inter_size, c.vocab_size, tensor_para_size,
-                   c.word_embed_proj_dim, c.parallel_residual, c.activation_type,
-                   c.has_lm_head_bias, c.layernorm_type == "pre_layernorm",
-                   c.has_attention_bias)
 
 
 # Gemm::kExactRows (csrc/core/gemm.h): products of more rows borrow the algorithm chosen for
@@ -121,37 +108,13 @@ def prefill_group_tokens() -> int:
     return PREFILL_GROUP_TOKENS
 
 
-def fusion_on(name: str) -> bool:
-    """Whether the engine uses the kernel fusion ``name`` (``WARPFORMER_FUSE`` unset, ``1``, or
-    a list naming it; mirrors ``fusions_from_env`` in gpt_model.cpp)."""
+def activation_epilogue_on() -> bool:
+    """Whether the engine puts tanh-GELU into cuBLASLt's epilogue (``WARPFORMER_FUSE`` unset,
+    ``1``, or a list naming ``activation``; mirrors ``fusions_from_env`` in gpt_model.cpp)."""
     env = os.environ.get("WARPFORMER_FUSE")
     if env is None or env == "1":
         return True
-    return name in env.split(",")
-
-
-def activation_epilogue_on() -> bool:
-    """Whether the engine puts tanh-GELU into cuBLASLt's epilogue (the ``activation`` fusion)."""
-    return fusion_on("activation")
-
-
-# kernels::kGemvPreferredRowsKN (kernels/gemv.h): a layer's [k, n] products of up to this many
-# rows run on the engine's GEMV, not on cuBLASLt.
-GEMV_ROWS_KN = 2
-
-
-def gemv_rows() -> int:
-    """Rows up to which the engine runs a layer's products on its GEMV (mirrors
-    ``Gemm::gemv_max_rows``): ``GEMV_ROWS_KN``, or 0 with ``WARPFORMER_GEMV=0``."""
-    return 0 if os.environ.get("WARPFORMER_GEMV") == "0" else GEMV_ROWS_KN
-
-
-def residual_products(dims: ModelDims, m: int) -> bool:
-    """Whether the engine's attention-out and MLP-out products of ``m`` rows add themselves
-    onto the residual stream (``LayerContext::residual_products``): sequential pre-norm layers,
-    past the GEMV's rows, with the ``residual`` fusion on."""
-    return (dims.pre_layernorm and not dims.parallel_residual and m > gemv_rows()
-            and fusion_on("residual"))
+    return "activation" in env.split(",")
 
 
 def ffn_in_epilogue(dims: ModelDims, dtype_bytes: int = 2) -> str:
@@ -189,29 +152,16 @@ def prefill_groups(lengths: list[int], size: int) -> list[int]:
 def layer_shapes(dims: ModelDims, m: int, phase: str, dtype_bytes: int = 2) -> list[GemmShape]:
     """The products of one decoder layer at ``m`` rows (mirroring csrc/layers): QKV,
     attention-out, FFN-in (its activation on the epilogue where ``ffn_in_epilogue`` says so),
-    FFN-out (accumulating in the parallel-residual form), and OPT-350m's project_in. Where
-    ``residual_products`` holds, attention-out and FFN-out accumulate onto the stream with their
-    biases as the epilogue (under tensor parallelism on rank 0; the other ranks' plain products
-    are listed too). ``phase`` ("context" or "decode") only labels them."""
+    FFN-out (accumulating in the parallel-residual form), and OPT-350m's project_in.
+    ``phase`` ("context" or "decode") only labels them."""
     tp = dims.tensor_para_size
     h, lh, li = dims.hidden, dims.hidden // tp, dims.inter // tp
     e = dims.word_embed_proj_dim or h
-
-    def output(k: int, bias: bool, what: str) -> list[GemmShape]:
-        if not residual_products(dims, m):
-            return [GemmShape(m, h, k, accumulate=dims.parallel_residual and what == "ffn out",
-                              what=f"{phase} {what}")]
-        forms = [GemmShape(m, h, k, epilogue="bias" if bias else "none", accumulate=True,
-                           what=f"{phase} {what}")]
-        if tp > 1:
-            forms.append(GemmShape(m, h, k, what=f"{phase} {what} (ranks > 0)"))
-        return forms
-
     shapes = [GemmShape(m, 3 * lh, h, what=f"{phase} qkv"),
-              *output(lh, dims.attention_bias, "attention out"),
+              GemmShape(m, h, lh, what=f"{phase} attention out"),
               GemmShape(m, li, h, epilogue=ffn_in_epilogue(dims, dtype_bytes),
                         what=f"{phase} ffn in"),
-              *output(li, True, "ffn out")]
+              GemmShape(m, h, li, accumulate=dims.parallel_residual, what=f"{phase} ffn out")]
     if dims.word_embed_proj_dim:
         shapes.append(GemmShape(m, h, e, what=f"{phase} project_in"))
     return shapes
@@ -352,7 +302,10 @@ def dims_from_args(args: argparse.Namespace) -> ModelDims:
     if args.model_dir:
         from warpformer.weights import read_config
 
-        return ModelDims.from_config(read_config(args.model_dir), args.tensor_para_size)
+        c = read_config(args.model_dir)
+        return ModelDims(c.hidden_size, c.inter_size, c.vocab_size, args.tensor_para_size,
+                         c.word_embed_proj_dim, c.parallel_residual, c.activation_type,
+                         c.has_lm_head_bias)
     missing = [n for n in ("head_num", "size_per_head", "inter_size", "vocab_size")
                if getattr(args, n) is None]
     if missing:

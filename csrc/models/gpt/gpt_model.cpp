@@ -48,20 +48,16 @@ class Carver {
 // and its attention-out and MLP-out products are one GEMV launch) and "activation" (a 16-bit
 // model's tanh-GELU in cuBLASLt's epilogue of the MLP-in product at prompt sizes) and "pair"
 // (with parallel and norms: that decode step's QKV and MLP-in products as one GEMV launch before
-// the attention, and the joined output product starting on its MLP part beside the attention)
-// and "residual" (sequential pre-norm layers at cuBLASLt sizes: the attention-out and MLP-out
-// products add themselves and their biases onto the residual stream in cuBLASLt's epilogue, so
-// the norms after them read the stream alone; LayerContext::residual_products).
+// the attention, and the joined output product starting on its MLP part beside the attention).
 // Off, each runs as its own kernel (for comparisons): attention and norms give bit-identical
-// results, parallel, pair, activation and residual the same up to rounding (parallel: the two
-// output products accumulate in fp32 together instead of adding two rounded products; pair: the
-// wider launch may split k differently, and NeoX's ln2 normalises the fp32 stream instead of its
-// rounded copy; activation: the GELU reads the fp32 accumulator instead of the rounded product;
-// residual: the stream, bias and fp32 accumulator are summed and rounded once).
+// results, parallel, pair and activation the same up to rounding (parallel: the two output
+// products accumulate in fp32 together instead of adding two rounded products; pair: the wider
+// launch may split k differently, and NeoX's ln2 normalises the fp32 stream instead of its
+// rounded copy; activation: the GELU reads the fp32 accumulator instead of the rounded product).
 GptModel::Fusions fusions_from_env() {
   const char* env = std::getenv("WARPFORMER_FUSE");
-  if (env == nullptr || std::strcmp(env, "1") == 0) return {true, true, true, true, true, true};
-  GptModel::Fusions f{false, false, false, false, false, false};
+  if (env == nullptr || std::strcmp(env, "1") == 0) return {true, true, true, true, true};
+  GptModel::Fusions f{false, false, false, false, false};
   if (std::strcmp(env, "0") == 0) return f;
   const std::string list = env;
   size_t start = 0;
@@ -78,11 +74,9 @@ GptModel::Fusions fusions_from_env() {
       f.activation = true;
     } else if (item == "pair") {
       f.pair = true;
-    } else if (item == "residual") {
-      f.residual = true;
     } else {  // includes an empty item (a stray comma)
       TORCH_CHECK(false, "WARPFORMER_FUSE must be 1, 0 or a comma list of attention, norms, "
-                  "parallel, activation, pair, residual; got '", env, "'");
+                  "parallel, activation, pair; got '", env, "'");
     }
     if (end == list.size()) break;
     start = end + 1;
@@ -244,7 +238,6 @@ GptModel::Scratch GptModel::scratch() const {
 layers::LayerContext GptModel::layer_context() {
   layers::LayerContext lc{ctx_.get(), gemm_.get(), comm_, &cfg_, dtype_, fusions_.parallel};
   lc.paired_products = fusions_.parallel && fusions_.pair;
-  lc.residual_products = fusions_.residual;
   return lc;
 }
 

@@ -82,7 +82,6 @@ class GptModel {
     bool parallel = true;   // parallel-residual decode: MLP-in beside attention, one out product
     bool activation = true;  // tanh-GELU in cuBLASLt's epilogue (16-bit, Gemm::run_act)
     bool pair = true;  // with parallel and norms: QKV + MLP-in one launch (run_normed_pair)
-    bool residual = true;  // sequential pre-norm, cuBLASLt sizes: residual adds in the products
   };
 
   GptModel(GptConfig cfg, GptWeights weights, DType dtype, std::shared_ptr<CudaContext> ctx,
