@@ -318,9 +318,7 @@ def tuning_file(config, cfg: tuple[int, int, int], out_dir: Path,
     from warpformer.gemm_tune import ModelDims, gemm_shapes, tune, write_tuning_file
 
     B, n_in, _ = cfg
-    dims = ModelDims(config.hidden_size, config.inter_size, config.vocab_size, 1,
-                     config.word_embed_proj_dim, config.parallel_residual,
-                     config.activation_type, config.has_lm_head_bias)
+    dims = ModelDims.from_config(config)
     results = tune(gemm_shapes(dims, B, 1, n_in), torch.float16, max_algos=16, reps=10,
                    cold_bytes=0 if warm else None)
     out_dir.mkdir(parents=True, exist_ok=True)

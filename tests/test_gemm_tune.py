@@ -155,3 +155,29 @@ def test_weight_copies_span_the_cold_bytes() -> None:
         weight_copies(0, l2_twice)
     with pytest.raises(ValueError, match="cold_bytes must be >= 0"):
         weight_copies(4096, -1)
+
+
+def test_dims_from_a_converted_checkpoint(tmp_path) -> None:
+    """ModelDims.from_config takes the switches that decide the shapes from config.ini."""
+    import transformers
+
+    from warpformer.converters import convert
+    from warpformer.weights import read_config
+
+    opt = transformers.OPTConfig(vocab_size=300, hidden_size=64, num_attention_heads=2,
+                                 num_hidden_layers=1, ffn_dim=128, word_embed_proj_dim=32,
+                                 do_layer_norm_before=False, max_position_embeddings=64,
+                                 bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    gptj = transformers.GPTJConfig(vocab_size=300, n_embd=64, n_head=2, n_layer=1,
+                                   rotary_dim=16, n_positions=64, bos_token_id=1,
+                                   eos_token_id=2)
+    for name, cfg in (("opt", opt), ("gptj", gptj)):
+        transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / name)
+        convert(tmp_path / name, tmp_path / f"{name}-wf", 1, "fp16")
+    d = ModelDims.from_config(read_config(tmp_path / "opt-wf"), tensor_para_size=2)
+    assert (d.hidden, d.inter, d.vocab, d.tensor_para_size, d.word_embed_proj_dim) == \
+        (64, 128, 300, 2, 32)
+    assert (d.parallel_residual, d.activation, d.lm_head_bias) == (False, "relu", False)
+    d = ModelDims.from_config(read_config(tmp_path / "gptj-wf"))
+    assert (d.hidden, d.inter, d.tensor_para_size, d.word_embed_proj_dim) == (64, 256, 1, 0)
+    assert (d.parallel_residual, d.activation, d.lm_head_bias) == (True, "gelu_tanh", True)

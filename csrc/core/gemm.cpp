@@ -63,6 +63,24 @@ size_t Gemm::cached_plans() const {
   return plans_.size();
 }
 
+std::vector<std::string> Gemm::plan_shapes() const {
+  static const char* const kEpilogues[] = {"none", "bias", "bias_gelu_tanh", "bias_relu"};
+  std::vector<std::string> out;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    out.reserve(plans_.size());
+    for (const auto& entry : plans_) {
+      const GemmKey& k = entry.first;
+      std::ostringstream os;
+      os << dtype_name(k.dtype) << ' ' << k.m << ' ' << k.n << ' ' << k.k << ' ' << k.transposed
+         << ' ' << kEpilogues[static_cast<int>(k.epilogue)] << ' ' << k.accumulate;
+      out.push_back(os.str());
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 void Gemm::create_descriptors(const GemmKey& key, Plan* plan) const {
   const cudaDataType_t t = cuda_type(key.dtype);
   // fp32 inputs use true fp32 arithmetic (no TF32) so fp32 runs can be compared tightly with HF.

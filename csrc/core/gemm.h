@@ -185,6 +185,10 @@ class Gemm {
 
   // Number of shapes whose plan is cached now (at most kMaxPlans).
   size_t cached_plans() const;
+  // The cached shapes, one line each with the tuning file's key columns ("float16 m n k
+  // transposed epilogue accumulate", see load_tuning), sorted: what the calls so far ran on
+  // cuBLASLt (the kMaxPlans most recently used).
+  std::vector<std::string> plan_shapes() const;
   static constexpr size_t kMaxPlans = 1024;
   // Row counts up to kExactRows are planned for exactly; above, the heuristic is asked for
   // heuristic_rows(m): m rounded up to a multiple of max(16, bit_ceil(m) / 16) (m itself past

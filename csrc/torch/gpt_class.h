@@ -75,6 +75,9 @@ class GptModelHolder : public torch::CustomClassHolder {
   int64_t gemm_cached_plans() const {
     return static_cast<int64_t>(model_->gemm().cached_plans());
   }
+  // The shapes of the cached plans (Gemm::plan_shapes): "float16 m n k transposed epilogue
+  // accumulate" per shape the calls so far ran on cuBLASLt, for comparing with gemm-tune's list.
+  std::vector<std::string> gemm_plan_shapes() const { return model_->gemm().plan_shapes(); }
   // cuBLASLt heuristic queries made so far: one per new shape of up to Gemm::kExactRows rows,
   // one per rounded-up row count above (Gemm::heuristic_rows), and one per shape of a tuning
   // file or whose borrowed algorithm cuBLASLt refused.

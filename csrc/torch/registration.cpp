@@ -233,6 +233,7 @@ TORCH_LIBRARY(warpformer, m) {
       .def("gemm_tuned_shapes", &GptModelHolder::gemm_tuned_shapes)
       .def("gemm_tuned_plans", &GptModelHolder::gemm_tuned_plans)
       .def("gemm_cached_plans", &GptModelHolder::gemm_cached_plans)
+      .def("gemm_plan_shapes", &GptModelHolder::gemm_plan_shapes)
       .def("gemm_heuristic_queries", &GptModelHolder::gemm_heuristic_queries)
       .def("gemm_tuning_note", &GptModelHolder::gemm_tuning_note)
       .def_pickle(

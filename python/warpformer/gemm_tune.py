@@ -23,7 +23,9 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["EXACT_ROWS", "MAX_WEIGHT_COPIES", "GemmShape", "activation_epilogue_on",
+from warpformer.config import GptConfig
+
+__all__ = ["EXACT_ROWS", "MAX_WEIGHT_COPIES", "GemmShape", "ModelDims", "activation_epilogue_on",
            "default_cold_bytes", "ffn_in_epilogue", "gemm_shapes", "heuristic_rows",
            "layer_shapes", "local_vocab", "logits_shapes", "parse_prompt_rows",
            "prefill_group_tokens", "prefill_groups", "row_buckets", "tune", "weight_copies",
@@ -62,6 +64,13 @@ class ModelDims:
     parallel_residual: bool = False
     activation: str = "gelu_tanh"  # the MLP's: gelu_tanh, gelu_erf, relu or silu
     lm_head_bias: bool = False
+
+    @classmethod
+    def from_config(cls, c: GptConfig, tensor_para_size: int = 1) -> ModelDims:
+        """The dimensions and switches of a converted checkpoint's ``GptConfig``."""
+        return cls(c.hidden_size, c.inter_size, c.vocab_size, tensor_para_size,
+                   c.word_embed_proj_dim, c.parallel_residual, c.activation_type,
+                   c.has_lm_head_bias)
 
 
 # Gemm::kExactRows (csrc/core/gemm.h): products of more rows borrow the algorithm chosen for
@@ -302,10 +311,7 @@ def dims_from_args(args: argparse.Namespace) -> ModelDims:
     if args.model_dir:
         from warpformer.weights import read_config
 
-        c = read_config(args.model_dir)
-        return ModelDims(c.hidden_size, c.inter_size, c.vocab_size, args.tensor_para_size,
-                         c.word_embed_proj_dim, c.parallel_residual, c.activation_type,
-                         c.has_lm_head_bias)
+        return ModelDims.from_config(read_config(args.model_dir), args.tensor_para_size)
     missing = [n for n in ("head_num", "size_per_head", "inter_size", "vocab_size")
                if getattr(args, n) is None]
     if missing:

@@ -345,6 +345,66 @@ def test_tuned_rounded_row_counts_serve_every_prompt_length(tmp_path):
     assert plain.gemm_tuned_plans() == 0
 
 
+_PLAN_FAMILIES = {  # tiny models of the three residual forms the shape list distinguishes
+    "gpt2": lambda t: t.GPT2Config(vocab_size=1000, n_embd=128, n_head=2, n_layer=2,
+                                   n_positions=256, bos_token_id=1, eos_token_id=2),
+    "gptj": lambda t: t.GPTJConfig(vocab_size=1000, n_embd=256, n_head=4, n_layer=2,
+                                   rotary_dim=32, n_positions=256, bos_token_id=1,
+                                   eos_token_id=2),
+    "opt350": lambda t: t.OPTConfig(vocab_size=1000, hidden_size=128, num_attention_heads=2,
+                                    num_hidden_layers=2, ffn_dim=512, word_embed_proj_dim=64,
+                                    do_layer_norm_before=False, max_position_embeddings=256),
+}
+
+
+@pytest.mark.parametrize("family", list(_PLAN_FAMILIES))
+@pytest.mark.parametrize("fuse", ["1", "0"])
+def test_gemm_tune_lists_every_shape_the_engine_plans(family, fuse, tmp_path, monkeypatch):
+    """Every cuBLASLt shape a generate call plans (batch 4: the prompt's 64 tokens and the
+    4-row decode steps past the GEMV) is in gemm-tune's list for that workload, with its
+    epilogue and accumulation, so a tuning file covers the engine's products: sequential
+    pre-norm (GPT-2), post-norm (OPT-350m, with project_in/out) and parallel-residual (GPT-J, whose
+    MLP-out product accumulates onto the attention-out one) layers, with every fusion (the
+    tanh-GELU in the MLP-in product's epilogue) and none."""
+    import transformers
+
+    from warpformer.converters import convert
+    from warpformer.models.gpt import load_gpt_model
+    from warpformer.weights import read_config
+
+    monkeypatch.setenv("WARPFORMER_FUSE", fuse)
+    monkeypatch.delenv("WARPFORMER_GEMV", raising=False)
+    monkeypatch.delenv("WARPFORMER_PREFILL_TOKENS", raising=False)
+    cfg = _PLAN_FAMILIES[family](transformers)
+    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / "hf")
+    convert(tmp_path / "hf", tmp_path / "wf", 1, "fp16")
+    model = load_gpt_model(tmp_path / "wf" / "1-gpu", max_batch=4, max_seq_len=64)
+    batch, n_in = 4, 16
+    ids = torch.randint(3, 1000, (batch, n_in), dtype=torch.int32, device="cuda")
+    model.generate(ids, torch.full((batch,), n_in, dtype=torch.int32, device="cuda"), 3)
+    planned = set()
+    for line in model.gemm_plan_shapes():
+        dtype, m, n, k, transposed, epilogue, accumulate = line.split()
+        assert dtype == "float16", line
+        planned.add((int(m), int(n), int(k), transposed == "1", epilogue, accumulate == "1"))
+    dims = ModelDims.from_config(read_config(tmp_path / "wf"))
+    listed = {s.key(): s for s in gemm_shapes(dims, batch, 1, n_in)}
+    assert planned and planned <= set(listed), sorted(planned - set(listed))
+    h = dims.hidden
+    # the attention-out and MLP-out products of the prompt (64 rows) and of a decode step (4)
+    outputs = {key for key in planned if key[1] == h and key[2] in (h, dims.inter)
+               and not key[3]}
+    assert {key[0] for key in outputs} == {batch * n_in, batch}, sorted(outputs)
+    accumulating = {(key[0], key[2]): key[4] for key in outputs if key[5]}
+    if family == "gptj":  # the parallel form's MLP-out accumulates onto the attention-out
+        assert accumulating == {(64, dims.inter): "none", (4, dims.inter): "none"}
+    else:
+        assert accumulating == {}
+    ffn_in = {key[4] for key in planned if key[1] == dims.inter and key[2] == h}
+    want = "bias_relu" if family == "opt350" else ("bias_gelu_tanh" if fuse == "1" else "none")
+    assert ffn_in == {want}, ffn_in
+
+
 # ---- the GEMV that normalises its own input (norm_gemm) -----------------------------------------
 def _norm_case(dtype, m, n, k, residual, input_bias, norm_bias, seed=0):
     g = torch.Generator().manual_seed(seed)
