@@ -9,6 +9,7 @@ from warpformer.gemm_tune import (
     MAX_WEIGHT_COPIES,
     GemmShape,
     ModelDims,
+    activation_bytes_per_token,
     ffn_in_epilogue,
     gemm_shapes,
     heuristic_rows,
@@ -76,20 +77,36 @@ def test_prefill_groups_mirror_the_engine(monkeypatch) -> None:
     monkeypatch.delenv("WARPFORMER_PREFILL_TOKENS", raising=False)
     gptj = ModelDims(hidden=4096, inter=16384, vocab=50400, parallel_residual=True)
     gpt2m = ModelDims(hidden=1024, inter=4096, vocab=50257)
-    assert prefill_group_tokens() == 2048
-    # Batch 64 x 128: every model's prompt runs as four 2048-token groups.
-    for dims in (gptj, gpt2m):
+    opt13 = ModelDims(hidden=2048, inter=8192, vocab=50272, activation="relu")
+    opt350 = ModelDims(hidden=1024, inter=4096, vocab=50272, word_embed_proj_dim=512,
+                       activation="relu", pre_layernorm=False)
+    # GptModel::activation_bytes_per_token: x, n, p (+ y post-norm), max(qkv + q + a, MLP hidden)
+    # (+ OPT-350m's embedding), 2 bytes each in fp16.
+    assert activation_bytes_per_token(gpt2m) == 2 * (3 * 1024 + 5 * 1024) == 16384
+    assert activation_bytes_per_token(opt350) == 2 * (4 * 1024 + 5 * 1024 + 512)
+    assert activation_bytes_per_token(gptj, 4) == 4 * (3 * 4096 + 5 * 4096)
+    tp2 = ModelDims(hidden=4096, inter=16384, vocab=50400, tensor_para_size=2)
+    # the local heads' region (5 x 2048) against the local MLP hidden (8192); x, n, p stay whole
+    assert activation_bytes_per_token(tp2) == 2 * (3 * 4096 + 5 * 2048)
+    # 4,096-token groups while they hold at most 64 MiB of activations, else 2,048.
+    assert prefill_group_tokens(gpt2m) == 4096  # exactly 64 MiB
+    assert prefill_group_tokens(gpt2m, dtype_bytes=4) == 2048
+    for dims in (gptj, opt13, opt350):
+        assert prefill_group_tokens(dims) == 2048, dims
+    # Batch 64 x 128: gpt-j-6b's prompt runs as four 2048-token groups, gpt2-medium's as two of
+    # 4096.
+    for dims, want in ((gptj, {2048}), (gpt2m, {4096})):
         ctx = {s.m for s in gemm_shapes(dims, batch=64, beam=1, max_input_len=128)
                if s.what == "context qkv"}
-        assert ctx == {2048}
+        assert ctx == want
     monkeypatch.setenv("WARPFORMER_PREFILL_TOKENS", "1000")
-    assert prefill_group_tokens() == 1000
+    assert prefill_group_tokens(gpt2m) == prefill_group_tokens(gptj) == 1000
     ctx = {s.m for s in gemm_shapes(gpt2m, batch=8, beam=1, max_input_len=300)
            if s.what == "context qkv"}
     assert ctx == {900, 600}  # 8 x 300 tokens as groups of 3, 3 and 2 sequences
     monkeypatch.setenv("WARPFORMER_PREFILL_TOKENS", "-3")
     with pytest.raises(ValueError, match="WARPFORMER_PREFILL_TOKENS must be a positive"):
-        prefill_group_tokens()
+        prefill_group_tokens(gpt2m)
 
 
 def test_cli_requires_dimensions(capsys) -> None:
@@ -177,7 +194,9 @@ def test_dims_from_a_converted_checkpoint(tmp_path) -> None:
     d = ModelDims.from_config(read_config(tmp_path / "opt-wf"), tensor_para_size=2)
     assert (d.hidden, d.inter, d.vocab, d.tensor_para_size, d.word_embed_proj_dim) == \
         (64, 128, 300, 2, 32)
-    assert (d.parallel_residual, d.activation, d.lm_head_bias) == (False, "relu", False)
+    assert (d.parallel_residual, d.activation, d.lm_head_bias, d.pre_layernorm) == \
+        (False, "relu", False, False)
     d = ModelDims.from_config(read_config(tmp_path / "gptj-wf"))
     assert (d.hidden, d.inter, d.tensor_para_size, d.word_embed_proj_dim) == (64, 256, 1, 0)
-    assert (d.parallel_residual, d.activation, d.lm_head_bias) == (True, "gelu_tanh", True)
+    assert (d.parallel_residual, d.activation, d.lm_head_bias, d.pre_layernorm) == \
+        (True, "gelu_tanh", True, True)

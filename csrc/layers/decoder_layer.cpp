@@ -16,7 +16,8 @@
 // In the pre-norm forms every "x += ...; normalise" is done by the product that reads the
 // normalised rows (Gemm::run_normed: inside the GEMV at decode sizes, else a norms kernel
 // first), and a layer's last add is left pending for the next layer's QKV product; the stream
-// is materialised only after the last layer (with the final norm).
+// is materialised only after the last layer (with the final norm). Past kGemvMaxRows rows the
+// adds are applied in place in x (bufs.y holds only kGemvMaxRows rows for pre-norm models).
 #include "csrc/layers/decoder_layer.h"
 
 #include <c10/util/Exception.h>
@@ -170,11 +171,13 @@ void product_then_norm(const LayerContext& lc, const void* in, const void* weigh
 void* other_stream_buffer(const LayerBuffers& b, const void* x) { return x == b.x ? b.y : b.x; }
 
 // The input of a pre-norm layer's product of norm(stream): the stream's pending adds are
-// applied on the way into the other stream buffer (residual_out). `normed` receives
-// norm(stream) (kept when keep_normed, else scratch).
+// applied on the way into the other stream buffer (residual_out) at up to kGemvMaxRows rows,
+// where the normalising GEMV may run (its outputs must not alias its inputs), and in place
+// past them, where the norms kernel runs (it reads each row before writing it). `normed`
+// receives norm(stream) (kept when keep_normed, else scratch).
 GemmNormedInput stream_input(const LayerContext& lc, const ResidualStream& s,
-                             const LayerBuffers& b, const void* gamma, const void* beta,
-                             void* normed, bool keep_normed) {
+                             const LayerBuffers& b, int64_t tokens, const void* gamma,
+                             const void* beta, void* normed, bool keep_normed) {
   GemmNormedInput in;
   in.kind = kernels::NormKind::kLayerNorm;
   in.input = s.delta != nullptr ? s.delta : s.x;
@@ -184,7 +187,8 @@ GemmNormedInput stream_input(const LayerContext& lc, const ResidualStream& s,
   in.beta = beta;
   in.eps = static_cast<float>(lc.cfg->layernorm_eps);
   const bool adds = s.delta != nullptr || s.bias != nullptr;
-  in.residual_out = adds ? other_stream_buffer(b, s.x) : nullptr;
+  void* const stream_out = tokens > kernels::kGemvMaxRows ? s.x : other_stream_buffer(b, s.x);
+  in.residual_out = adds ? stream_out : nullptr;
   in.out = normed;
   in.keep_out = keep_normed;
   return in;
@@ -201,7 +205,7 @@ void normed_product(const LayerContext& lc, ResidualStream* s, const LayerBuffer
                     const void* gamma, const void* beta, void* normed, bool keep_normed,
                     const void* weight, const void* bias, void* out, int64_t tokens, int64_t n,
                     kernels::Activation act, bool beside = false) {
-  const GemmNormedInput in = stream_input(lc, *s, b, gamma, beta, normed, keep_normed);
+  const GemmNormedInput in = stream_input(lc, *s, b, tokens, gamma, beta, normed, keep_normed);
   lc.gemm->run_normed(lc.dtype, in, weight, bias, out, tokens, n, lc.cfg->hidden(), act, beside);
   stream_written(in, s);
 }
@@ -229,7 +233,7 @@ bool paired_products(const LayerContext& lc, const LayerWeights& w, const LayerB
                      int64_t tokens, ResidualStream* s) {
   const gpt::GptConfig& c = *lc.cfg;
   const bool shared_norm = c.parallel_shared_layernorm;
-  const GemmNormedInput in = stream_input(lc, *s, b, w.ln1_w, w.ln1_b, b.n, false);
+  const GemmNormedInput in = stream_input(lc, *s, b, tokens, w.ln1_w, w.ln1_b, b.n, false);
   GemmProduct qkv;
   qkv.weight = w.qkv_w;
   qkv.out = b.qkv;

@@ -49,8 +49,10 @@ struct NextNorm {
 // The residual stream of a pre-norm model between the products of a step: x + delta (+ bias),
 // the adds not yet applied when delta or bias is set. The product that next reads the stream's
 // norm applies them on the way (Gemm::run_normed) and writes the sum into the other of
-// bufs.x / bufs.y, which then holds the stream; so no kernel of its own adds and normalises.
-// Entering the first layer: {bufs.x}. After a layer without NextNorm::defer: {bufs.x}.
+// bufs.x / bufs.y at up to kernels::kGemvMaxRows rows (the normalising GEMV may not write its
+// input), or back into x past them (the norms kernel runs there), which then holds the stream;
+// so no kernel of its own adds and normalises. Entering the first layer: {bufs.x}. After a
+// layer without NextNorm::defer: {bufs.x}.
 struct ResidualStream {
   void* x = nullptr;
   const void* delta = nullptr;
@@ -65,7 +67,8 @@ struct ResidualStream {
 struct LayerBuffers {
   void* x;    // [tokens, h]   residual stream (see ResidualStream)
   void* n;    // [tokens, h]   normed rows (scratch; after the last layer its next(x))
-  void* y;    // [tokens, h]   the second residual-stream buffer (post-norm: ln1's output)
+  void* y;    // [min(tokens, kGemvMaxRows), h] the second residual-stream buffer (pre-norm);
+              // post-norm: [tokens, h], ln1's output
   void* qkv;  // [tokens, 3 * lh]
   void* q;    // [tokens, lh]
   void* a;    // [tokens, lh]  attention output

@@ -25,11 +25,13 @@ import torch
 
 from warpformer.config import GptConfig
 
-__all__ = ["EXACT_ROWS", "MAX_WEIGHT_COPIES", "GemmShape", "ModelDims", "activation_epilogue_on",
+__all__ = ["EXACT_ROWS", "MAX_PREFILL_GROUP_TOKENS", "MAX_WEIGHT_COPIES",
+           "PREFILL_ACTIVATION_BYTES", "PREFILL_GROUP_TOKENS", "GemmShape", "ModelDims",
+           "activation_bytes_per_token", "activation_epilogue_on", "add_arguments",
            "default_cold_bytes", "ffn_in_epilogue", "gemm_shapes", "heuristic_rows",
            "layer_shapes", "local_vocab", "logits_shapes", "parse_prompt_rows",
-           "prefill_group_tokens", "prefill_groups", "row_buckets", "tune", "weight_copies",
-           "add_arguments", "run"]
+           "prefill_group_tokens", "prefill_groups", "row_buckets", "run", "tune",
+           "weight_copies"]
 
 _TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -64,13 +66,14 @@ class ModelDims:
     parallel_residual: bool = False
     activation: str = "gelu_tanh"  # the MLP's: gelu_tanh, gelu_erf, relu or silu
     lm_head_bias: bool = False
+    pre_layernorm: bool = True  # False: OPT-350m's post-norm layers
 
     @classmethod
     def from_config(cls, c: GptConfig, tensor_para_size: int = 1) -> ModelDims:
         """The dimensions and switches of a converted checkpoint's ``GptConfig``."""
         return cls(c.hidden_size, c.inter_size, c.vocab_size, tensor_para_size,
                    c.word_embed_proj_dim, c.parallel_residual, c.activation_type,
-                   c.has_lm_head_bias)
+                   c.has_lm_head_bias, c.layernorm_type == "pre_layernorm")
 
 
 # Gemm::kExactRows (csrc/core/gemm.h): products of more rows borrow the algorithm chosen for
@@ -101,20 +104,40 @@ def row_buckets(lo: int, hi: int) -> list[int]:
     return out
 
 
-# GptModel's prefill groups (csrc/models/gpt/gpt_model.h): whole sequences of at most this many
-# tokens together; WARPFORMER_PREFILL_TOKENS overrides.
+# GptModel's prefill groups (csrc/models/gpt/gpt_model.h): whole sequences of at most
+# PREFILL_GROUP_TOKENS tokens together, doubled up to MAX_PREFILL_GROUP_TOKENS while the group's
+# activations fit PREFILL_ACTIVATION_BYTES; WARPFORMER_PREFILL_TOKENS overrides.
 PREFILL_GROUP_TOKENS = 2048
+MAX_PREFILL_GROUP_TOKENS = 4096
+PREFILL_ACTIVATION_BYTES = 64 << 20
 
 
-def prefill_group_tokens() -> int:
-    """The engine's prefill group size in tokens (mirrors ``GptModel::prefill_group_size``)."""
+def activation_bytes_per_token(dims: ModelDims, dtype_bytes: int = 2) -> int:
+    """The engine's activation bytes per prompt token of a group (mirrors
+    ``GptModel::activation_bytes_per_token``): x, n and p; y for post-norm layers; the larger of
+    the qkv / q / attention-output region and the MLP hidden; OPT-350m's narrow embedding."""
+    tp = dims.tensor_para_size
+    h, lh, li = dims.hidden, dims.hidden // tp, dims.inter // tp
+    words = (3 if dims.pre_layernorm else 4) * h + max(5 * lh, li) + dims.word_embed_proj_dim
+    return words * dtype_bytes
+
+
+def prefill_group_tokens(dims: ModelDims, dtype_bytes: int = 2) -> int:
+    """The engine's prefill group size in tokens for this model and element size (mirrors
+    ``GptModel::prefill_group_size``): ``WARPFORMER_PREFILL_TOKENS``, else
+    ``PREFILL_GROUP_TOKENS`` doubled while twice as many tokens' activations fit
+    ``PREFILL_ACTIVATION_BYTES``, up to ``MAX_PREFILL_GROUP_TOKENS``."""
     env = os.environ.get("WARPFORMER_PREFILL_TOKENS", "")
     if env:
         if not env.isdigit() or int(env) < 1:
             raise ValueError(f"WARPFORMER_PREFILL_TOKENS must be a positive number of tokens, "
                              f"got {env!r}")
         return int(env)
-    return PREFILL_GROUP_TOKENS
+    tokens = PREFILL_GROUP_TOKENS
+    per_token = activation_bytes_per_token(dims, dtype_bytes)
+    while tokens < MAX_PREFILL_GROUP_TOKENS and 2 * tokens * per_token <= PREFILL_ACTIVATION_BYTES:
+        tokens *= 2
+    return tokens
 
 
 def activation_epilogue_on() -> bool:
@@ -206,15 +229,16 @@ def gemm_shapes(dims: ModelDims, batch: int, beam: int, max_input_len: int,
     """Every distinct GEMM the engine runs for this workload: the layers' products
     (``layer_shapes``) in the context phase at each prefill group's token count (``batch``
     prompts of ``max_input_len`` tokens, groups as ``prefill_groups`` with ``group_tokens``,
-    default ``prefill_group_tokens()``) and in decode at ``batch * beam`` rows; the logits'
-    (``logits_shapes``) at ``batch`` rows after the prompt and at ``batch * beam`` in decode.
+    default ``prefill_group_tokens(dims, dtype_bytes)``) and in decode at ``batch * beam`` rows;
+    the logits' (``logits_shapes``) at ``batch`` rows after the prompt and at ``batch * beam`` in
+    decode.
     ``dtype_bytes`` is the element size (it decides the MLP-in epilogue). ``prompt_rows``
     ``(lo, hi)`` adds the layers' products at every rounded row count of that range
     (``row_buckets``), whose entries serve every prompt group of ``lo`` to ``hi`` tokens."""
     if group_tokens is not None and group_tokens < 1:
         raise ValueError(f"group_tokens must be >= 1 (or None for the engine's default), got "
                          f"{group_tokens}")
-    size = prefill_group_tokens() if group_tokens is None else group_tokens
+    size = prefill_group_tokens(dims, dtype_bytes) if group_tokens is None else group_tokens
     shapes: list[GemmShape] = []
     for tokens in sorted(set(prefill_groups([max_input_len] * batch, size))):
         shapes += layer_shapes(dims, tokens, "context", dtype_bytes)

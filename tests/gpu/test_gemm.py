@@ -405,6 +405,36 @@ def test_gemm_tune_lists_every_shape_the_engine_plans(family, fuse, tmp_path, mo
     assert ffn_in == {want}, ffn_in
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_prefill_groups_follow_the_activation_budget(dtype, tmp_path, monkeypatch):
+    """A 1,024-wide model's prompt of 4 x 1,000 tokens runs as one group of 4,000 tokens in fp16
+    (16 KiB of activations a token: 4,096-token groups fit GptModel::kPrefillActivationBytes) and
+    as two of 2,000 in fp32 (32 KiB a token: 2,048), as gemm-tune's mirror says; the
+    prompt's products show it (their m is the group's token count)."""
+    import transformers
+
+    from warpformer.converters import convert
+    from warpformer.gemm_tune import prefill_group_tokens, prefill_groups
+    from warpformer.models.gpt import load_gpt_model
+    from warpformer.weights import read_config
+
+    monkeypatch.delenv("WARPFORMER_PREFILL_TOKENS", raising=False)
+    cfg = transformers.GPT2Config(vocab_size=1000, n_embd=1024, n_head=16, n_layer=1,
+                                  n_positions=1024, bos_token_id=1, eos_token_id=2)
+    transformers.GPT2LMHeadModel(cfg).save_pretrained(tmp_path / "hf")
+    convert(tmp_path / "hf", tmp_path / "wf", 1, "fp32")
+    model = load_gpt_model(tmp_path / "wf" / "1-gpu", dtype=dtype, max_batch=4, max_seq_len=1004)
+    ids = torch.randint(3, 1000, (4, 1000), dtype=torch.int32, device="cuda")
+    model.generate(ids, torch.full((4,), 1000, dtype=torch.int32, device="cuda"), 1)
+    qkv_rows = {int(line.split()[1]) for line in model.gemm_plan_shapes()
+                if line.split()[2] == "3072"}
+    elem = torch.empty(0, dtype=dtype).element_size()
+    dims = ModelDims.from_config(read_config(tmp_path / "wf"))
+    assert prefill_group_tokens(dims, elem) == (4096 if elem == 2 else 2048)
+    want = set(prefill_groups([1000] * 4, prefill_group_tokens(dims, elem)))
+    assert qkv_rows == want == ({4000} if elem == 2 else {2000}), (dtype, qkv_rows)
+
+
 # ---- the GEMV that normalises its own input (norm_gemm) -----------------------------------------
 def _norm_case(dtype, m, n, k, residual, input_bias, norm_bias, seed=0):
     g = torch.Generator().manual_seed(seed)

@@ -191,7 +191,9 @@ size_t GptModel::layout(void* base, int64_t t, int64_t rows, layers::LayerBuffer
   layers::LayerBuffers b{};
   b.x = c.take(t * h * es);
   b.n = c.take(t * h * es);
-  b.y = c.take(t * h * es);
+  // Pre-norm layers move the stream into y only at up to kGemvMaxRows rows (ResidualStream);
+  // post-norm layers hold ln1's output there.
+  b.y = c.take((cfg_.pre_layernorm ? std::min<int64_t>(t, kernels::kGemvMaxRows) : t) * h * es);
   b.p = c.take(t * h * es);
   // The MLP output is written after the attention projection was consumed (added into the
   // residual, or accumulated into in the parallel form), so they share one buffer.
@@ -284,10 +286,9 @@ void GptModel::embed(const int32_t* token_ids, const int32_t* positions, int64_t
   });
   if (cfg_.has_pre_decoder_layernorm) {
     const layers::LayerContext lc = layer_context();
-    layers::apply_norm(lc, kernels::NormKind::kLayerNorm, w_.pre_ln_w, w_.pre_ln_b, b.x, b.y,
+    // In place: the norms kernel reads a row before it writes it.
+    layers::apply_norm(lc, kernels::NormKind::kLayerNorm, w_.pre_ln_w, w_.pre_ln_b, b.x, b.x,
                        tokens, h);
-    WF_CUDA_CHECK(cudaMemcpyAsync(b.x, b.y, tokens * h * dtype_size(dtype_),
-                                  cudaMemcpyDeviceToDevice, ctx_->stream()));
   }
 }
 
@@ -389,7 +390,19 @@ int64_t GptModel::prefill_group_size() const {
                 "(at most 2^31 - 1), got '", env, "'");
     return v;
   }
-  return kPrefillGroupTokens;
+  int64_t tokens = kPrefillGroupTokens;
+  while (tokens < kMaxPrefillGroupTokens &&
+         2 * tokens * activation_bytes_per_token() <= kPrefillActivationBytes) {
+    tokens *= 2;
+  }
+  return tokens;
+}
+
+int64_t GptModel::activation_bytes_per_token() const {
+  const int64_t h = cfg_.hidden(), lh = cfg_.local_hidden(), li = cfg_.local_inter();
+  const int64_t emb = cfg_.word_embed_proj_dim > 0 ? cfg_.embed_dim() : 0;
+  const int64_t words = (cfg_.pre_layernorm ? 3 : 4) * h + std::max(5 * lh, li) + emb;
+  return words * static_cast<int64_t>(dtype_size(dtype_));
 }
 
 int64_t GptModel::plan_prefill(const std::vector<int32_t>& lengths) {

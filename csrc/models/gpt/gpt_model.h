@@ -115,15 +115,24 @@ class GptModel {
   size_t gemm_workspace_bytes() const { return ctx_->workspace_size(); }
 
   // The prompt runs through the layers in groups of whole sequences of at most
-  // kPrefillGroupTokens tokens together (a longer sequence forms a group alone), so the
+  // prefill_group_tokens() tokens together (a longer sequence forms a group alone), so the
   // activation buffer is sized for one group, not for the whole batch; with pipeline parallelism
-  // the groups are the micro-batches that keep the stages busy at once during the prompt. 2,048
-  // tokens keep gpt2-medium's batch-64 peak memory under HF's at 6-9% of its prefill time
-  // against 4,096 (groups of about 2,700 were slower than both; benchmarks/README.md). The
-  // environment variable WARPFORMER_PREFILL_TOKENS, read when the model is built, sets another
-  // size.
+  // the groups are the micro-batches that keep the stages busy at once during the prompt. The
+  // size is kPrefillGroupTokens, doubled up to kMaxPrefillGroupTokens while the group's
+  // activations (activation_bytes_per_token) stay within kPrefillActivationBytes: gpt2-medium and
+  // bloom-560m run 4,096-token groups in fp16 (6% faster prompts at batch 64 than 2,048, with
+  // peak memory under HF's), wider models 2,048 (groups of about 2,700 were slower than both;
+  // benchmarks/README.md). The environment variable WARPFORMER_PREFILL_TOKENS, read when the
+  // model is built, sets another size.
   static constexpr int64_t kPrefillGroupTokens = 2048;
+  static constexpr int64_t kMaxPrefillGroupTokens = 4096;
+  static constexpr int64_t kPrefillActivationBytes = int64_t{64} << 20;
   int64_t prefill_group_tokens() const { return prefill_group_tokens_; }
+  // Bytes of the activation buffer per prompt token of a group (what layout() takes per token):
+  // x, n and p (o); y only for post-norm layers (pre-norm layers keep the stream in x past
+  // kGemvMaxRows rows); the qkv / q / attention-output region or the MLP hidden, whichever is
+  // larger; OPT-350m's narrow embedding.
+  int64_t activation_bytes_per_token() const;
 
   // Scoring pass. ids: device int32 [batch, seq] right-padded; lengths: host, 1..seq each.
   // logits: device [batch, seq, V] of the model dtype; rows past a sequence's length are zero.
@@ -183,7 +192,7 @@ class GptModel {
   // size (none over it unless one sequence is); returns the largest group's token count, which
   // is what the activation buffer must hold.
   int64_t plan_prefill(const std::vector<int32_t>& lengths);
-  // The group size: WARPFORMER_PREFILL_TOKENS, else kPrefillGroupTokens.
+  // The group size: WARPFORMER_PREFILL_TOKENS, else as prefill_group_tokens() says.
   int64_t prefill_group_size() const;
   // Refuses a communicator whose ranks would cut the prompt, or split decode steps, differently
   // (`group` names it).
