@@ -120,7 +120,7 @@ class GptModel {
   // the groups are the micro-batches that keep the stages busy at once during the prompt. The
   // size is kPrefillGroupTokens, doubled up to kMaxPrefillGroupTokens while the group's
   // activations (activation_bytes_per_token) stay within kPrefillActivationBytes: gpt2-medium and
-  // bloom-560m run 4,096-token groups in fp16 (6% faster prompts at batch 64 than 2,048, with
+  // bloom-560m run 4,096-token groups in fp16 (batch-64 prompts 9-12% faster than with 2,048,
   // peak memory under HF's), wider models 2,048 (groups of about 2,700 were slower than both;
   // benchmarks/README.md). The environment variable WARPFORMER_PREFILL_TOKENS, read when the
   // model is built, sets another size.
