@@ -188,15 +188,16 @@ def test_dims_from_a_converted_checkpoint(tmp_path) -> None:
     gptj = transformers.GPTJConfig(vocab_size=300, n_embd=64, n_head=2, n_layer=1,
                                    rotary_dim=16, n_positions=64, bos_token_id=1,
                                    eos_token_id=2)
-    for name, cfg in (("opt", opt), ("gptj", gptj)):
+    for name, cfg, tp in (("opt", opt, 1), ("gptj", gptj, 2)):
         transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / name)
-        convert(tmp_path / name, tmp_path / f"{name}-wf", 1, "fp16")
+        convert(tmp_path / name, tmp_path / f"{name}-wf", tp, "fp16")
     d = ModelDims.from_config(read_config(tmp_path / "opt-wf"), tensor_para_size=2)
     assert (d.hidden, d.inter, d.vocab, d.tensor_para_size, d.word_embed_proj_dim) == \
         (64, 128, 300, 2, 32)
     assert (d.parallel_residual, d.activation, d.lm_head_bias, d.pre_layernorm) == \
         (False, "relu", False, False)
-    d = ModelDims.from_config(read_config(tmp_path / "gptj-wf"))
-    assert (d.hidden, d.inter, d.tensor_para_size, d.word_embed_proj_dim) == (64, 256, 1, 0)
+    d = ModelDims.from_config(read_config(tmp_path / "gptj-wf"))  # the checkpoint's TP size
+    assert (d.hidden, d.inter, d.tensor_para_size, d.word_embed_proj_dim) == (64, 256, 2, 0)
+    assert ModelDims.from_config(read_config(tmp_path / "gptj-wf"), 1).tensor_para_size == 1
     assert (d.parallel_residual, d.activation, d.lm_head_bias, d.pre_layernorm) == \
         (True, "gelu_tanh", True, True)

@@ -188,6 +188,8 @@ GemmNormedInput stream_input(const LayerContext& lc, const ResidualStream& s,
   in.eps = static_cast<float>(lc.cfg->layernorm_eps);
   const bool adds = s.delta != nullptr || s.bias != nullptr;
   void* const stream_out = tokens > kernels::kGemvMaxRows ? s.x : other_stream_buffer(b, s.x);
+  TORCH_CHECK(!adds || stream_out != b.y || tokens <= b.y_rows, "decoder layer: the stream "
+              "buffer y holds ", b.y_rows, " rows, not the ", tokens, " of this call");
   in.residual_out = adds ? stream_out : nullptr;
   in.out = normed;
   in.keep_out = keep_normed;

@@ -67,8 +67,8 @@ struct ResidualStream {
 struct LayerBuffers {
   void* x;    // [tokens, h]   residual stream (see ResidualStream)
   void* n;    // [tokens, h]   normed rows (scratch; after the last layer its next(x))
-  void* y;    // [min(tokens, kGemvMaxRows), h] the second residual-stream buffer (pre-norm);
-              // post-norm: [tokens, h], ln1's output
+  void* y;    // [y_rows, h]   the second residual-stream buffer (pre-norm: y_rows =
+              // min(tokens, kGemvMaxRows)); post-norm: [tokens, h], ln1's output
   void* qkv;  // [tokens, 3 * lh]
   void* q;    // [tokens, lh]
   void* a;    // [tokens, lh]  attention output
@@ -79,6 +79,7 @@ struct LayerBuffers {
   // (LayerContext::parallel_products): written beside the attention and read together with its
   // output, so apart from qkv, q, a and the rest; null when the model has no such layers.
   void* fj;
+  int64_t y_rows;  // rows y holds (checked where a pre-norm layer moves the stream into it)
 };
 
 // Where the attention reads and writes: the layer's KV cache and the token -> (slot, position)

@@ -69,9 +69,11 @@ class ModelDims:
     pre_layernorm: bool = True  # False: OPT-350m's post-norm layers
 
     @classmethod
-    def from_config(cls, c: GptConfig, tensor_para_size: int = 1) -> ModelDims:
-        """The dimensions and switches of a converted checkpoint's ``GptConfig``."""
-        return cls(c.hidden_size, c.inter_size, c.vocab_size, tensor_para_size,
+    def from_config(cls, c: GptConfig, tensor_para_size: int | None = None) -> ModelDims:
+        """The dimensions and switches of a converted checkpoint's ``GptConfig``, at the
+        checkpoint's tensor-parallel size unless ``tensor_para_size`` says otherwise."""
+        tp = c.tensor_para_size if tensor_para_size is None else tensor_para_size
+        return cls(c.hidden_size, c.inter_size, c.vocab_size, tp,
                    c.word_embed_proj_dim, c.parallel_residual, c.activation_type,
                    c.has_lm_head_bias, c.layernorm_type == "pre_layernorm")
 
@@ -342,7 +344,7 @@ def dims_from_args(args: argparse.Namespace) -> ModelDims:
         raise SystemExit("gemm-tune: give --model-dir, or all of "
                          + ", ".join("--" + m.replace("_", "-") for m in missing))
     return ModelDims(args.head_num * args.size_per_head, args.inter_size, args.vocab_size,
-                     args.tensor_para_size, activation=args.activation_type)
+                     args.tensor_para_size or 1, activation=args.activation_type)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -359,7 +361,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    default="gelu_tanh",
                    help="the MLP's activation (sets the MLP-in product's epilogue); taken from "
                         "the checkpoint with --model-dir")
-    p.add_argument("--tensor-para-size", type=int, default=1)
+    p.add_argument("--tensor-para-size", type=int, default=None,
+                   help="tensor-parallel size (default: the checkpoint's with --model-dir, else 1)")
     p.add_argument("--model-dir", help="converted <tp>-gpu dir: take dims and switches from it")
     p.add_argument("--prompt-rows", metavar="LO:HI",
                    help="also tune the prompt's products for every rounded row count between LO "
@@ -390,7 +393,7 @@ def parse_prompt_rows(text: str | None) -> tuple[int, int] | None:
 def run(args: argparse.Namespace) -> int:
     """Tune and write the file; print per-shape gains."""
     for name in ("batch_size", "beam_width", "max_input_len", "tensor_para_size", "max_algos"):
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             raise SystemExit(f"gemm-tune: --{name.replace('_', '-')} must be >= 1")
     prompt_rows = parse_prompt_rows(args.prompt_rows)
     dims = dims_from_args(args)

@@ -433,6 +433,15 @@ def test_prefill_groups_follow_the_activation_budget(dtype, tmp_path, monkeypatc
     assert prefill_group_tokens(dims, elem) == (4096 if elem == 2 else 2048)
     want = set(prefill_groups([1000] * 4, prefill_group_tokens(dims, elem)))
     assert qkv_rows == want == ({4000} if elem == 2 else {2000}), (dtype, qkv_rows)
+    # forward() computes a group's logits 2,048 rows at a time: the 4,000-token group's rows
+    # (two chunks) equal each sequence scored alone (one chunk of 1,000), within rounding.
+    lens = torch.full((4,), 1000, dtype=torch.int32, device="cuda")
+    together = model.forward(ids, lens).float()
+    for b in range(4):
+        alone = model.forward(ids[b:b + 1].contiguous(), lens[b:b + 1])[0].float()
+        scale = float(alone.abs().max())
+        torch.testing.assert_close(together[b], alone, rtol=0, atol=2e-2 * scale + 1e-3,
+                                   msg=f"{dtype} row {b}")
 
 
 # ---- the GEMV that normalises its own input (norm_gemm) -----------------------------------------

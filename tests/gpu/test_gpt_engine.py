@@ -266,8 +266,13 @@ def test_prefill_in_groups_matches_hf_and_single_rows(name, workdir, monkeypatch
 
 
 def test_prefill_activations_sized_for_one_group(workdir, monkeypatch):
-    """64 x 128 prompt tokens: the workspace holds one group's activations (2,048 tokens by
-    default), not all 8,192."""
+    """64 x 128 prompt tokens: the workspace holds one group's activations (4,096 tokens for
+    this model in fp16: GptModel::prefill_group_size, mirrored by gemm_tune), not all 8,192,
+    and a group's are what GptModel::activation_bytes_per_token says (x, n, p and the qkv / q /
+    attention region; y only for 8 rows)."""
+    from warpformer.gemm_tune import ModelDims, activation_bytes_per_token, prefill_group_tokens
+    from warpformer.weights import read_config
+
     monkeypatch.delenv("WARPFORMER_PREFILL_TOKENS", raising=False)
     hf, path = converted("gpt2", TINY, workdir)
     cfg = hf.config
@@ -275,14 +280,19 @@ def test_prefill_activations_sized_for_one_group(workdir, monkeypatch):
     ids, lens = random_batch(cfg.vocab_size, [128] * 64, seed=2)
     model.generate(ids, lens, 8)
     kv = cfg.n_layer * 2 * 64 * 136 * cfg.n_embd * 2
-    all_tokens = 64 * 128 * 9 * cfg.n_embd * 2  # x, n, y, p and the qkv/q/attention region
+    dims = ModelDims.from_config(read_config(path))
+    per_token = activation_bytes_per_token(dims)
+    assert per_token == (3 * cfg.n_embd + 5 * cfg.n_embd) * 2
+    group = prefill_group_tokens(dims) * per_token
+    assert prefill_group_tokens(dims) == 4096
     gemm_ws = model.gemm_workspace_bytes()
     assert 0 <= gemm_ws <= 32 << 20
     assert model.memory_bytes() >= kv + gemm_ws  # memory_bytes() counts the cuBLASLt workspace
     workspace = model.memory_bytes() - kv - gemm_ws
-    print(f"\nworkspace {workspace} bytes (+ cuBLASLt's {gemm_ws}); activations of all prompt "
-          f"tokens {all_tokens} bytes")
-    assert workspace < all_tokens / 2
+    print(f"\nworkspace {workspace} bytes (+ cuBLASLt's {gemm_ws}); one group's activations "
+          f"{group} bytes, all prompt tokens' {64 * 128 * per_token}")
+    # the group's activations plus the per-row scratch, session state and index arrays (< 2 MiB)
+    assert group <= workspace < group + (2 << 20)
 
 
 def test_prefill_group_size_variable_checked(workdir, monkeypatch):

@@ -193,7 +193,8 @@ size_t GptModel::layout(void* base, int64_t t, int64_t rows, layers::LayerBuffer
   b.n = c.take(t * h * es);
   // Pre-norm layers move the stream into y only at up to kGemvMaxRows rows (ResidualStream);
   // post-norm layers hold ln1's output there.
-  b.y = c.take((cfg_.pre_layernorm ? std::min<int64_t>(t, kernels::kGemvMaxRows) : t) * h * es);
+  b.y_rows = cfg_.pre_layernorm ? std::min<int64_t>(t, kernels::kGemvMaxRows) : t;
+  b.y = c.take(b.y_rows * h * es);
   b.p = c.take(t * h * es);
   // The MLP output is written after the attention projection was consumed (added into the
   // residual, or accumulated into in the parallel form), so they share one buffer.
@@ -585,24 +586,29 @@ void GptModel::forward(const int32_t* ids, const std::vector<int32_t>& lengths, 
   const int64_t v = cfg_.vocab_size, vp = cfg_.vocab_padded();
   const size_t es = dtype_size(dtype_);
   const size_t row_bytes = v * es;
+  // The logits of at most kPrefillGroupTokens rows at a time, [rows, vp], then without the
+  // vocab padding [rows, v]: a larger group (or one long sequence) costs no more memory here.
+  const int64_t chunk = std::min(group_tokens, kPrefillGroupTokens);
   DeviceBuffer packed, compact;
   if (cfg_.last_stage()) {
-    // One group's logits at a time: [tokens, vp], then without the vocab padding [tokens, v].
-    packed = DeviceBuffer(ctx_->allocator(), group_tokens * vp * es, ctx_->stream());
-    if (vp != v) compact = DeviceBuffer(ctx_->allocator(), group_tokens * row_bytes, ctx_->stream());
+    packed = DeviceBuffer(ctx_->allocator(), chunk * vp * es, ctx_->stream());
+    if (vp != v) compact = DeviceBuffer(ctx_->allocator(), chunk * row_bytes, ctx_->stream());
     WF_CUDA_CHECK(cudaMemsetAsync(logits_out, 0, batch * seq * row_bytes, ctx_->stream()));
   }
+  const size_t hidden_bytes = cfg_.hidden() * es;
   prefill(ids, lengths, seq, 1, [&](const PrefillGroup& g) {
-    logits(buffers().n, g.tokens(), packed.data());
-    const void* rows = packed.data();
-    if (vp != v) {  // drop the vocab padding: [T, vp] -> [T, v]
-      WF_CUDA_CHECK(cudaMemcpy2DAsync(compact.data(), row_bytes, packed.data(), vp * es,
-                                      row_bytes, g.tokens(), cudaMemcpyDeviceToDevice,
-                                      ctx_->stream()));
-      rows = compact.data();
+    for (int64_t r0 = 0; r0 < g.tokens(); r0 += chunk) {
+      const int64_t n = std::min(chunk, g.tokens() - r0);
+      logits(static_cast<const char*>(buffers().n) + r0 * hidden_bytes, n, packed.data());
+      const void* rows = packed.data();
+      if (vp != v) {  // drop the vocab padding: [n, vp] -> [n, v]
+        WF_CUDA_CHECK(cudaMemcpy2DAsync(compact.data(), row_bytes, packed.data(), vp * es,
+                                        row_bytes, n, cudaMemcpyDeviceToDevice, ctx_->stream()));
+        rows = compact.data();
+      }
+      WF_CUDA_CHECK(kernels::launch_scatter_rows(logits_out, rows, d_gather_ + g.t0 + r0, n,
+                                                 row_bytes, ctx_->stream()));
     }
-    WF_CUDA_CHECK(kernels::launch_scatter_rows(logits_out, rows, d_gather_ + g.t0, g.tokens(),
-                                               row_bytes, ctx_->stream()));
   });
   // The last stage computed the logits; every stage returns them.
   broadcast_from_last_stage(logits_out, batch * seq * row_bytes);
