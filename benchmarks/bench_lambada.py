@@ -174,14 +174,18 @@ def run_warpformer(model_dir: Path, samples: list[Sample], batches: list[list[in
         out, _ = engine.generate(ids.cuda(), lens.cuda(), out_lens[i], end_id)
         return out.cpu()
 
+    def class_tokens(outs: list[torch.Tensor]) -> list[list[int]]:
+        """Each sample's generated target tokens from the class's [batch, 1, len] outputs."""
+        toks: list[list[int]] = [[] for _ in samples]
+        for (_, lens), out, b in zip(packed, outs, batches, strict=True):
+            for row, i in enumerate(b):
+                n = int(lens[row])
+                toks[i] = out[row, 0, n: n + samples[i].target_len].tolist()
+        return toks
+
     results = {}
     seconds, peak, outs = _timed_loop(step, batches, warmup)
-    tokens: list[list[int]] = [[] for _ in samples]
-    for (_, lens), out, b in zip(packed, outs, batches, strict=True):
-        for row, i in enumerate(b):
-            n = int(lens[row])
-            tokens[i] = out[row, 0, n: n + samples[i].target_len].tolist()
-    results["warpformer"] = (seconds, peak, tokens)
+    results["warpformer"] = (seconds, peak, class_tokens(outs))
 
     gpt = GPT(engine, config, "cuda", torch.float16, torch.device("cuda"))
     lists = [[samples[i].context.tolist() for i in b] for b in batches]
@@ -196,14 +200,6 @@ def run_warpformer(model_dir: Path, samples: list[Sample], batches: list[list[in
         for row, i in enumerate(b):
             tokens[i] = out[row][: samples[i].target_len]
     results["warpformer-api"] = (seconds, peak, tokens)
-
-    def class_tokens(outs: list[torch.Tensor]) -> list[list[int]]:
-        toks: list[list[int]] = [[] for _ in samples]
-        for (_, lens), out, b in zip(packed, outs, batches, strict=True):
-            for row, i in enumerate(b):
-                n = int(lens[row])
-                toks[i] = out[row, 0, n: n + samples[i].target_len].tolist()
-        return toks
 
     if ab_env is not None:
         name, value = ab_env
