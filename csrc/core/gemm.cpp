@@ -63,8 +63,26 @@ size_t Gemm::cached_plans() const {
   return plans_.size();
 }
 
+namespace {
+const char* const kEpilogueNames[kGemmEpilogues] = {"none", "bias", "bias_gelu_tanh",
+                                                    "bias_relu"};
+}  // namespace
+
+const char* gemm_epilogue_name(GemmEpilogue e) {
+  return kEpilogueNames[static_cast<int>(e)];
+}
+
+bool parse_gemm_epilogue(const std::string& s, GemmEpilogue* out) {
+  for (int i = 0; i < kGemmEpilogues; ++i) {
+    if (s == kEpilogueNames[i]) {
+      *out = static_cast<GemmEpilogue>(i);
+      return true;
+    }
+  }
+  return false;
+}
+
 std::vector<std::string> Gemm::plan_shapes() const {
-  static const char* const kEpilogues[] = {"none", "bias", "bias_gelu_tanh", "bias_relu"};
   std::vector<std::string> out;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -73,7 +91,7 @@ std::vector<std::string> Gemm::plan_shapes() const {
       const GemmKey& k = entry.first;
       std::ostringstream os;
       os << dtype_name(k.dtype) << ' ' << k.m << ' ' << k.n << ' ' << k.k << ' ' << k.transposed
-         << ' ' << kEpilogues[static_cast<int>(k.epilogue)] << ' ' << k.accumulate;
+         << ' ' << gemm_epilogue_name(k.epilogue) << ' ' << k.accumulate;
       out.push_back(os.str());
     }
   }
@@ -341,11 +359,10 @@ bool Gemm::load_tuning(const std::string& path, std::string* note) {
     k.dtype = parse_dtype(dtype, "GEMM tuning file: dtype");
     k.transposed = transposed != 0;
     k.accumulate = accumulate != 0;
-    if (epi == "none") k.epilogue = GemmEpilogue::kNone;
-    else if (epi == "bias") k.epilogue = GemmEpilogue::kBias;
-    else if (epi == "bias_gelu_tanh") k.epilogue = GemmEpilogue::kBiasGeluTanh;
-    else if (epi == "bias_relu") k.epilogue = GemmEpilogue::kBiasRelu;
-    else return fail("line " + std::to_string(lineno) + " has unknown epilogue '" + epi + "'");
+    if (!parse_gemm_epilogue(epi, &k.epilogue)) {
+      return fail("line " + std::to_string(lineno) + " has unknown epilogue '" + epi +
+                  "' (must be one of none, bias, bias_gelu_tanh, bias_relu)");
+    }
     table[k] = index;
   }
   if (fingerprint != tuning_fingerprint()) {

@@ -43,6 +43,13 @@
 namespace warpformer {
 
 enum class GemmEpilogue { kNone = 0, kBias = 1, kBiasGeluTanh = 2, kBiasRelu = 3 };
+constexpr int kGemmEpilogues = 4;
+
+// An epilogue's name as tuning files, gemm_plan_shapes() and the gemm ops spell it: "none",
+// "bias", "bias_gelu_tanh", "bias_relu".
+const char* gemm_epilogue_name(GemmEpilogue e);
+// The epilogue named `s` into *out; false (and *out untouched) for any other string.
+bool parse_gemm_epilogue(const std::string& s, GemmEpilogue* out);
 
 // The input of Gemm::run_normed: norm(x) with x = input (+ input_bias) (+ residual), rows of k
 // elements, as kernels::NormParams describes it (LayerNorm or RMSNorm).

@@ -22,12 +22,10 @@ namespace ops {
 namespace {
 
 GemmEpilogue parse_epilogue(const std::string& s, const char* op) {
-  if (s == "none") return GemmEpilogue::kNone;
-  if (s == "bias") return GemmEpilogue::kBias;
-  if (s == "bias_gelu_tanh") return GemmEpilogue::kBiasGeluTanh;
-  if (s == "bias_relu") return GemmEpilogue::kBiasRelu;
-  TORCH_CHECK(false, op, ": epilogue must be one of none, bias, bias_gelu_tanh, bias_relu; got '",
-              s, "'");
+  GemmEpilogue e = GemmEpilogue::kNone;
+  TORCH_CHECK(parse_gemm_epilogue(s, &e), op,
+              ": epilogue must be one of none, bias, bias_gelu_tanh, bias_relu; got '", s, "'");
+  return e;
 }
 
 struct GemmArgs {

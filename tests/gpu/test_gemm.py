@@ -17,6 +17,29 @@ ops = torch.ops.warpformer
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
 
+def _tiny_gpt2(**kw) -> object:
+    """A GPT-2 config of the tests' tiny models: vocabulary 1,000 unless given, ids 1 and 2."""
+    import transformers
+
+    return transformers.GPT2Config(**{"vocab_size": 1000, "bos_token_id": 1, "eos_token_id": 2,
+                                      **kw})
+
+
+def _checkpoint(tmp_path, cfg, dtype: str, hf=None) -> object:
+    """Saves `hf` (or a random model of the HF config `cfg`) under tmp_path/hf and converts it for
+    one GPU at `dtype` ("fp16" / "fp32"): the converted checkpoint's 1-gpu directory (its parent
+    holds the config)."""
+    import transformers
+
+    from warpformer.converters import convert
+
+    if hf is None:
+        hf = transformers.AutoModelForCausalLM.from_config(cfg)
+    hf.save_pretrained(tmp_path / "hf")
+    convert(tmp_path / "hf", tmp_path / "wf", 1, dtype)
+    return tmp_path / "wf" / "1-gpu"
+
+
 @pytest.mark.parametrize("dtype", list(TOL))
 @pytest.mark.parametrize("m,n,k", [(1, 3072, 1024), (7, 769, 96), (513, 4096, 1024),
                                    (64, 50257, 1024)])
@@ -163,22 +186,29 @@ def test_tuning_file_round_trip(tmp_path):
     # A model picks the file up; a missing file warns in one line and uses heuristics.
     import transformers
 
-    from warpformer.converters import convert
     from warpformer.models.gpt import load_gpt_model
 
     cfg = transformers.GPT2Config(vocab_size=50257, n_embd=1024, n_head=16, n_layer=1,
                                   n_positions=64)
-    transformers.GPT2LMHeadModel(cfg).save_pretrained(tmp_path / "hf")
-    convert(tmp_path / "hf", tmp_path / "wf", 1, "fp16")
-    tuned = load_gpt_model(tmp_path / "wf" / "1-gpu", max_batch=4, max_seq_len=64,
-                           gemm_config=str(path))
+    ckpt = _checkpoint(tmp_path, cfg, "fp16")
+    tuned = load_gpt_model(ckpt, max_batch=4, max_seq_len=64, gemm_config=str(path))
     assert tuned.gemm_tuned_shapes() == len(results)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        plain = load_gpt_model(tmp_path / "wf" / "1-gpu", max_batch=4, max_seq_len=64,
+        plain = load_gpt_model(ckpt, max_batch=4, max_seq_len=64,
                                gemm_config=str(tmp_path / "missing.tsv"))
     assert plain.gemm_tuned_shapes() == 0
     assert any("not found; using cuBLASLt heuristics" in str(w.message) for w in caught)
+    # A line with an epilogue the engine does not know names its line and the rule.
+    bad = tmp_path / "bad.tsv"
+    bad.write_text(lines[0] + "\nfp16 4 3072 1024 0 bias_gelu 0 0\n")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        odd = load_gpt_model(ckpt, max_batch=4, max_seq_len=64, gemm_config=str(bad))
+    assert odd.gemm_tuned_shapes() == 0
+    assert any("line 2 has unknown epilogue 'bias_gelu' (must be one of none, bias, "
+               "bias_gelu_tanh, bias_relu); using cuBLASLt heuristics" in str(w.message)
+               for w in caught), [str(w.message) for w in caught]
     ids = torch.randint(0, 50257, (4, 32), dtype=torch.int32, device="cuda")
     lens = torch.full((4,), 32, dtype=torch.int32, device="cuda")
     a, _ = tuned.generate(ids, lens, 8)
@@ -231,16 +261,10 @@ def test_plan_cache_keeps_the_most_recent_shapes(tmp_path):
     """A server meets a new GEMM m with every prompt length: the model's cuBLASLt plan cache stops
     at Gemm::kMaxPlans (1024) shapes, dropping the least recently used, and a dropped shape is
     planned again with the same result."""
-    import transformers
-
-    from warpformer.converters import convert
     from warpformer.models.gpt import load_gpt_model
 
-    cfg = transformers.GPT2Config(vocab_size=1000, n_embd=64, n_head=1, n_layer=1,
-                                  n_positions=512, bos_token_id=1, eos_token_id=2)
-    transformers.GPT2LMHeadModel(cfg).save_pretrained(tmp_path / "hf")
-    convert(tmp_path / "hf", tmp_path / "wf", 1, "fp16")
-    model = load_gpt_model(tmp_path / "wf" / "1-gpu", max_batch=1, max_seq_len=512)
+    cfg = _tiny_gpt2(n_embd=64, n_head=1, n_layer=1, n_positions=512)
+    model = load_gpt_model(_checkpoint(tmp_path, cfg, "fp16"), max_batch=1, max_seq_len=512)
     ids = torch.randint(0, 1000, (1, 500), dtype=torch.int32, device="cuda")
 
     def logits(n: int) -> torch.Tensor:  # prefill of n tokens: GEMMs with m = n
@@ -264,25 +288,21 @@ def test_new_row_counts_reuse_the_rounded_heuristic(tmp_path):
     new ones, and the logits of a reused algorithm match HF in fp32 and fp16."""
     import transformers
 
-    from warpformer.converters import convert
     from warpformer.models.gpt import load_gpt_model
 
-    cfg = transformers.GPT2Config(vocab_size=1000, n_embd=128, n_head=2, n_layer=2,
-                                  n_positions=1024, bos_token_id=1, eos_token_id=2)
+    cfg = _tiny_gpt2(n_embd=128, n_head=2, n_layer=2, n_positions=1024)
     cfg._attn_implementation = "eager"
     torch.manual_seed(0)
     hf = transformers.GPT2LMHeadModel(cfg).eval()
-    hf.save_pretrained(tmp_path / "hf")
+    ckpt = _checkpoint(tmp_path, cfg, "fp32", hf=hf)
     hf = hf.cuda()
-    convert(tmp_path / "hf", tmp_path / "wf", 1, "fp32")
     ids = torch.randint(0, 1000, (1, 600), dtype=torch.int32, device="cuda")
     with torch.no_grad():
         ref = hf(ids[:, :540].long()).logits[0].float()
         ref_fp16 = hf.half()(ids[:, :540].long()).logits[0].float()
     span = float(ref.max() - ref.min())
     for dtype in (torch.float32, torch.float16):
-        model = load_gpt_model(tmp_path / "wf" / "1-gpu", dtype=dtype, max_batch=1,
-                               max_seq_len=600)
+        model = load_gpt_model(ckpt, dtype=dtype, max_batch=1, max_seq_len=600)
 
         def logits(n: int, model=model) -> torch.Tensor:  # a prefill of n tokens: m = n
             return model.forward(ids[:, :n].contiguous(),
@@ -309,25 +329,19 @@ def test_tuned_rounded_row_counts_serve_every_prompt_length(tmp_path):
     """gemm-tune --prompt-rows tunes the rounded row counts of a range; a prompt of any length in
     it takes its products' algorithms from the file (through the count it rounds to), one plan
     per new length, and computes what the untuned model computes (fp16: within rounding)."""
-    import transformers
-
-    from warpformer.converters import convert
     from warpformer.gemm_tune import row_buckets
     from warpformer.models.gpt import load_gpt_model
 
-    cfg = transformers.GPT2Config(vocab_size=1000, n_embd=128, n_head=2, n_layer=2,
-                                  n_positions=1024, bos_token_id=1, eos_token_id=2)
-    transformers.GPT2LMHeadModel(cfg).save_pretrained(tmp_path / "hf")
-    convert(tmp_path / "hf", tmp_path / "wf", 1, "fp16")
+    ckpt = _checkpoint(tmp_path, _tiny_gpt2(n_embd=128, n_head=2, n_layer=2, n_positions=1024),
+                       "fp16")
     dims = ModelDims(hidden=128, inter=512, vocab=1000)
     assert row_buckets(513, 600) == [576, 640]
     shapes = gemm_shapes(dims, batch=1, beam=1, max_input_len=16, prompt_rows=(513, 600))
     assert {s.m for s in shapes if s.what == "context qkv"} == {16, 576, 640}
     path = tmp_path / "gemm.tsv"
     write_tuning_file(str(path), "fp16", tune(shapes, torch.float16, max_algos=4, reps=3))
-    tuned = load_gpt_model(tmp_path / "wf" / "1-gpu", max_batch=1, max_seq_len=700,
-                           gemm_config=str(path))
-    plain = load_gpt_model(tmp_path / "wf" / "1-gpu", max_batch=1, max_seq_len=700)
+    tuned = load_gpt_model(ckpt, max_batch=1, max_seq_len=700, gemm_config=str(path))
+    plain = load_gpt_model(ckpt, max_batch=1, max_seq_len=700)
     ids = torch.randint(0, 1000, (1, 700), dtype=torch.int32, device="cuda")
 
     def logits(model, n: int) -> torch.Tensor:  # a prefill of n tokens: m = n
@@ -368,17 +382,14 @@ def test_gemm_tune_lists_every_shape_the_engine_plans(family, fuse, tmp_path, mo
     tanh-GELU in the MLP-in product's epilogue) and none."""
     import transformers
 
-    from warpformer.converters import convert
     from warpformer.models.gpt import load_gpt_model
     from warpformer.weights import read_config
 
     monkeypatch.setenv("WARPFORMER_FUSE", fuse)
     monkeypatch.delenv("WARPFORMER_GEMV", raising=False)
     monkeypatch.delenv("WARPFORMER_PREFILL_TOKENS", raising=False)
-    cfg = _PLAN_FAMILIES[family](transformers)
-    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / "hf")
-    convert(tmp_path / "hf", tmp_path / "wf", 1, "fp16")
-    model = load_gpt_model(tmp_path / "wf" / "1-gpu", max_batch=4, max_seq_len=64)
+    ckpt = _checkpoint(tmp_path, _PLAN_FAMILIES[family](transformers), "fp16")
+    model = load_gpt_model(ckpt, max_batch=4, max_seq_len=64)
     batch, n_in = 4, 16
     ids = torch.randint(3, 1000, (batch, n_in), dtype=torch.int32, device="cuda")
     model.generate(ids, torch.full((batch,), n_in, dtype=torch.int32, device="cuda"), 3)
@@ -387,7 +398,7 @@ def test_gemm_tune_lists_every_shape_the_engine_plans(family, fuse, tmp_path, mo
         dtype, m, n, k, transposed, epilogue, accumulate = line.split()
         assert dtype == "float16", line
         planned.add((int(m), int(n), int(k), transposed == "1", epilogue, accumulate == "1"))
-    dims = ModelDims.from_config(read_config(tmp_path / "wf"))
+    dims = ModelDims.from_config(read_config(ckpt.parent))
     listed = {s.key(): s for s in gemm_shapes(dims, batch, 1, n_in)}
     assert planned and planned <= set(listed), sorted(planned - set(listed))
     h = dims.hidden
@@ -411,25 +422,20 @@ def test_prefill_groups_follow_the_activation_budget(dtype, tmp_path, monkeypatc
     (16 KiB of activations a token: 4,096-token groups fit GptModel::kPrefillActivationBytes) and
     as two of 2,000 in fp32 (32 KiB a token: 2,048), as gemm-tune's mirror says; the
     prompt's products show it (their m is the group's token count)."""
-    import transformers
-
-    from warpformer.converters import convert
     from warpformer.gemm_tune import prefill_group_tokens, prefill_groups
     from warpformer.models.gpt import load_gpt_model
     from warpformer.weights import read_config
 
     monkeypatch.delenv("WARPFORMER_PREFILL_TOKENS", raising=False)
-    cfg = transformers.GPT2Config(vocab_size=1000, n_embd=1024, n_head=16, n_layer=1,
-                                  n_positions=1024, bos_token_id=1, eos_token_id=2)
-    transformers.GPT2LMHeadModel(cfg).save_pretrained(tmp_path / "hf")
-    convert(tmp_path / "hf", tmp_path / "wf", 1, "fp32")
-    model = load_gpt_model(tmp_path / "wf" / "1-gpu", dtype=dtype, max_batch=4, max_seq_len=1004)
+    ckpt = _checkpoint(tmp_path, _tiny_gpt2(n_embd=1024, n_head=16, n_layer=1, n_positions=1024),
+                       "fp32")
+    model = load_gpt_model(ckpt, dtype=dtype, max_batch=4, max_seq_len=1004)
     ids = torch.randint(3, 1000, (4, 1000), dtype=torch.int32, device="cuda")
     model.generate(ids, torch.full((4,), 1000, dtype=torch.int32, device="cuda"), 1)
     qkv_rows = {int(line.split()[1]) for line in model.gemm_plan_shapes()
                 if line.split()[2] == "3072"}
     elem = torch.empty(0, dtype=dtype).element_size()
-    dims = ModelDims.from_config(read_config(tmp_path / "wf"))
+    dims = ModelDims.from_config(read_config(ckpt.parent))
     assert prefill_group_tokens(dims, elem) == (4096 if elem == 2 else 2048)
     want = set(prefill_groups([1000] * 4, prefill_group_tokens(dims, elem)))
     assert qkv_rows == want == ({4000} if elem == 2 else {2000}), (dtype, qkv_rows)
