@@ -299,7 +299,6 @@ class GptModel {
     kernels::BeamSearchState beam_state{};
     bool flag_pending = false;
     bool stop = false;
-    bool graph_failed = false;
     // Where token selection writes the tokens and lengths and reads the end ids (non-beam rows):
     // the caller's outputs, or, for a session whose step graph others may share (`shared`:
     // greedy on one GPU), copies of them in state_ with the KV capacity as row

@@ -114,7 +114,7 @@ void GptModel::drop_step_graphs(bool unshared_only) {
 // the eager steps that sessions sharing the key ran before).
 void GptModel::run_step() {
   Session& s = session_;
-  if (s.graph_failed || !graphs_enabled() || pp_comm_ != nullptr) {
+  if (!graphs_enabled() || pp_comm_ != nullptr) {
     decode_step_body();
     return;
   }
@@ -152,14 +152,14 @@ void GptModel::sync_out() {
                                 cudaMemcpyDeviceToDevice, stream));
 }
 
+// Null when the step could not be captured; run_step then marks its key failed, so neither this
+// session nor a later one under the key tries again.
 cudaGraphExec_t GptModel::capture_step() {
-  Session& s = session_;
   cudaStream_t stream = ctx_->stream();
   cudaGraph_t graph = nullptr;
   const cudaError_t begin = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
   if (begin != cudaSuccess) {
     (void)cudaGetLastError();
-    s.graph_failed = true;
     TORCH_WARN_ONCE("warpformer: cannot capture the decode step in a CUDA graph (",
                     cudaGetErrorString(begin), "); running it without graphs");
     return nullptr;
@@ -170,7 +170,6 @@ cudaGraphExec_t GptModel::capture_step() {
     cudaStreamEndCapture(stream, &graph);
     if (graph != nullptr) cudaGraphDestroy(graph);
     (void)cudaGetLastError();
-    s.graph_failed = true;
     TORCH_WARN_ONCE("warpformer: a decode step could not be captured in a CUDA graph; "
                     "running it without graphs");
     return nullptr;
@@ -181,7 +180,6 @@ cudaGraphExec_t GptModel::capture_step() {
       cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) {
     (void)cudaGetLastError();
     exec = nullptr;
-    s.graph_failed = true;
     TORCH_WARN_ONCE("warpformer: CUDA graph capture of the decode step failed (",
                     cudaGetErrorString(end), "); running it without graphs");
   }
