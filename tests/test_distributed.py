@@ -416,8 +416,15 @@ def test_load_gpt_model_missing_shard_on_one_rank(converted, tmp_path):
 
 # ---------------------------------------------------------------------------------- launchers
 def _lines(text: str, tag: str) -> list[dict]:
-    return [json.loads(line[len(tag) + 1:]) for line in text.splitlines()
-            if line.startswith(tag + " ")]
+    """The JSON payloads of the worker lines "TAG {json}" in `text` (the launcher's stdout)."""
+    out = []
+    for line in text.splitlines():
+        if line.startswith(tag + " "):
+            try:
+                out.append(json.loads(line[len(tag) + 1:]))
+            except json.JSONDecodeError as exc:  # show the whole output: which writes mixed
+                raise AssertionError(f"unreadable {tag} line ({exc}) in:\n{text}") from None
+    return out
 
 
 def _run(cmd: list[str], timeout: float) -> tuple[subprocess.CompletedProcess, float]:
