@@ -7,8 +7,7 @@ warpformer right-padded with per-row lengths, HF left-padded with an attention m
 generate convention). Timed end to end over all batches (host -> device copies, generate, the
 device -> host copy of the outputs), after a few warm-up batches. warpformer is timed twice on
 one instance: through the TorchScript class (``warpformer``: packed GPU tensors in, GPU tensors
-out; ``warpformer-cpu-in``: the packed CPU tensors in, which ``generate`` uploads with its own one
-copy) and through ``warpformer.GPT.generate`` on token lists (``warpformer-api``: what ``warpformer
+out) and through ``warpformer.GPT.generate`` on token lists (``warpformer-api``: what ``warpformer
 lambada`` and Python users call, input checks and list outputs included). Reported: the times, the
 speedups, peak memory and the agreement of the generated target tokens.
 
@@ -150,10 +149,8 @@ def _timed_loop(step, batches: list[list[int]], warmup: int) -> tuple[float, flo
 def run_warpformer(model_dir: Path, samples: list[Sample], batches: list[list[int]],
                    batch: int, end_id: int, warmup: int, ab_env: tuple[str, str] | None = None
                    ) -> dict[str, tuple[float, float, list[list[int]]]]:
-    """(seconds, peak GB, tokens) of one engine instance, called three ways: ``warpformer``, the
-    TorchScript class's ``generate`` on packed GPU tensors, ``warpformer-cpu-in``, the same on
-    the packed CPU tensors (generate sends them with its own one copy; then
-    ``warpformer-gpu-in-again``, GPU tensors on the same warm plans), and ``warpformer-api``,
+    """(seconds, peak GB, tokens) of one engine instance, called two ways: ``warpformer``, the
+    TorchScript class's ``generate`` on packed GPU tensors, and ``warpformer-api``,
     ``warpformer.GPT.generate`` on token lists as ``warpformer lambada`` calls it (its input
     checks, option handling and list outputs included). With ``ab_env`` (NAME, VALUE), four more
     passes of the class's ``generate`` on the same instance, alternating without and with that
@@ -172,11 +169,9 @@ def run_warpformer(model_dir: Path, samples: list[Sample], batches: list[list[in
     packed = [pack(samples, b, left=False) for b in batches]
     out_lens = [max(samples[i].target_len for i in b) for b in batches]
 
-    def step(i: int, to_gpu: bool = True) -> torch.Tensor:
+    def step(i: int) -> torch.Tensor:
         ids, lens = packed[i]
-        if to_gpu:
-            ids, lens = ids.cuda(), lens.cuda()
-        out, _ = engine.generate(ids, lens, out_lens[i], end_id)
+        out, _ = engine.generate(ids.cuda(), lens.cuda(), out_lens[i], end_id)
         return out.cpu()
 
     def class_tokens(outs: list[torch.Tensor]) -> list[list[int]]:
@@ -191,11 +186,6 @@ def run_warpformer(model_dir: Path, samples: list[Sample], batches: list[list[in
     results = {}
     seconds, peak, outs = _timed_loop(step, batches, warmup)
     results["warpformer"] = (seconds, peak, class_tokens(outs))
-    # The same calls on the CPU tensors themselves, which generate uploads with its own copy,
-    # then on GPU tensors again: both passes meet the GEMM plans the first pass made.
-    for label, to_gpu in (("cpu-in", False), ("gpu-in-again", True)):
-        seconds, peak, outs = _timed_loop(lambda i, g=to_gpu: step(i, g), batches, warmup)
-        results[f"warpformer-{label}"] = (seconds, peak, class_tokens(outs))
 
     gpt = GPT(engine, config, "cuda", torch.float16, torch.device("cuda"))
     lists = [[samples[i].context.tolist() for i in b] for b in batches]
@@ -321,8 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         results["hf-eager"]["attn"] = getattr(hf.config, "_attn_implementation", None)
         del hf
         free_gpu()
-    log(f"warpformer: {len(batches)} batches, engine.generate (GPU, then CPU inputs), then "
-        "GPT.generate")
+    log(f"warpformer: {len(batches)} batches, engine.generate then GPT.generate")
     try:
         for name, (sec, peak, toks) in run_warpformer(
                 prep.model_dir, samples, batches, args.batch, shape.vocab - 1,
