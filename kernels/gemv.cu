@@ -88,12 +88,6 @@ __device__ __forceinline__ float finish(float v, const GemvParams<T>& p, int64_t
   return finish(v, p.bias, p.act, p.beta, p.out, idx, col);
 }
 
-// Elements between rows of out ([n, k] kernels; GemvParams::out_stride).
-template <typename T>
-__device__ __forceinline__ int64_t out_stride(const GemvParams<T>& p) {
-  return p.out_stride > 0 ? p.out_stride : p.n;
-}
-
 // The normalising prologue's arguments (launch_gemv_normed): the norm as launch_norm would run
 // it, and that launch's threads per row (norm_shape), whose partial sums the block reproduces.
 template <typename T>
@@ -416,7 +410,7 @@ __global__ void __launch_bounds__(kThreads) gemv_nk_kernel(const GemvParams<T> p
     for (int m = 0; m < M; ++m) {
       const float v = warp_sum(acc[r][m]);
       if (lane == r * M + m && row0 + r < p.n) {
-        const int64_t idx = static_cast<int64_t>(m) * out_stride(p) + row0 + r;
+        const int64_t idx = static_cast<int64_t>(m) * p.n + row0 + r;
         p.out[idx] = from_float<T>(finish(v, p, idx, row0 + r));
       }
     }
@@ -509,7 +503,7 @@ __global__ void __launch_bounds__(kNkMmaThreads) gemv_nk_mma_kernel(const GemvPa
       const int m = 2 * q + (i & 1);
       const int col = row0 + t * 16 + g + (i >> 1) * 8;
       if (m < M && col < p.n) {
-        const int64_t idx = static_cast<int64_t>(m) * out_stride(p) + col;
+        const int64_t idx = static_cast<int64_t>(m) * p.n + col;
         p.out[idx] = from_float<T>(finish(acc[t][i], p, idx, col));
       }
     }
@@ -629,8 +623,7 @@ bool gemv_supported(const GemvParams<T>& p) {
   constexpr int V = 16 / sizeof(T);
   return p.m >= 1 && p.m <= kGemvMaxRows && p.n > 0 && p.k > 0 && p.k % V == 0 &&
          (p.transposed || p.n % V == 0) && aligned_to(p.in, 16) && aligned_to(p.weight, 16) &&
-         p.out != nullptr && !(p.transposed && p.beside) &&
-         (p.out_stride == 0 || p.out_stride == p.n || (p.transposed && p.out_stride > p.n));
+         p.out != nullptr && !(p.transposed && p.beside);
 }
 
 template <typename T>

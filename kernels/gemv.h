@@ -36,9 +36,6 @@ struct GemvParams {
   const T* bias = nullptr;    // [n] or null
   int m = 0, n = 0, k = 0;
   bool transposed = false;
-  // Elements between rows of out; 0 means n. The [n, k] kernels take any stride >= n (the
-  // engine's logits rows, padded to 16 bytes); the [k, n] ones only n.
-  int64_t out_stride = 0;
   Activation act = Activation::kIdentity;  // applied to (in . W + bias)
   float beta = 0.f;       // 0: out is write-only
   // The weight is not written by the kernel just before this one on the stream (model weights,

@@ -120,8 +120,7 @@ void Gemm::create_descriptors(const GemmKey& key, Plan* plan) const {
     WF_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->a, t, key.n, key.k, key.n));
   }
   WF_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->b, t, key.k, key.m, key.k));
-  WF_CUBLAS_CHECK(
-      cublasLtMatrixLayoutCreate(&plan->c, t, key.n, key.m, key.ldc > 0 ? key.ldc : key.n));
+  WF_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->c, t, key.n, key.m, key.n));
 }
 
 std::vector<cublasLtMatmulHeuristicResult_t> Gemm::heuristics(const Plan& plan, int count) const {
@@ -438,14 +437,12 @@ int Gemm::gemv_max_rows(bool transposed) const {
 
 bool Gemm::try_gemv(DType dtype, const void* in, const void* weight, const void* bias, void* out,
                     int64_t m, int64_t n, int64_t k, bool transposed, kernels::Activation act,
-                    float beta, const GemmNormedInput* norm, bool launch, bool beside,
-                    int64_t out_stride) {
+                    float beta, const GemmNormedInput* norm, bool launch, bool beside) {
   if (m > gemv_max_rows(transposed) || n > INT_MAX || k > INT_MAX) return false;
   return WF_DISPATCH_FLOATING(dtype, "Gemm (GEMV path)", [&] {
     kernels::GemvParams<scalar_t> p =
         gemv_params<scalar_t>(in, weight, bias, out, m, n, k, static_weights_);
     p.transposed = transposed;
-    p.out_stride = out_stride;
     p.act = act;
     p.beta = beta;
     p.beside = beside;
@@ -608,18 +605,15 @@ bool Gemm::fuses_norm(DType dtype, const GemmNormedInput& in, const void* weight
 }
 
 void Gemm::run_transposed(DType dtype, const void* in, const void* weight, const void* bias,
-                          void* out, int64_t m, int64_t n, int64_t k, int64_t out_stride) {
+                          void* out, int64_t m, int64_t n, int64_t k) {
   TORCH_CHECK(m >= 0 && n > 0 && k > 0, "Gemm: bad sizes m=", m, " n=", n, " k=", k);
-  TORCH_CHECK(out_stride == 0 || out_stride >= n, "Gemm: out_stride (", out_stride,
-              ") must be 0 or at least n (", n, ")");
   if (m == 0) return;
-  const int64_t ldc = out_stride == n ? 0 : out_stride;
   if (try_gemv(dtype, in, weight, bias, out, m, n, k, true, kernels::Activation::kIdentity,
-               0.f, nullptr, true, false, ldc)) {
+               0.f)) {
     return;
   }
   const GemmEpilogue epi = bias != nullptr ? GemmEpilogue::kBias : GemmEpilogue::kNone;
-  launch(GemmKey{m, n, k, dtype, epi, false, true, ldc}, in, weight, bias, out, 0.f);
+  launch(GemmKey{m, n, k, dtype, epi, false, true}, in, weight, bias, out, 0.f);
 }
 
 void Gemm::launch(const GemmKey& key, const void* in, const void* weight, const void* bias,

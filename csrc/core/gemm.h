@@ -83,10 +83,9 @@ struct GemmKey {
   GemmEpilogue epilogue;
   bool accumulate;
   bool transposed;  // weight given as [n, k] (e.g. lm_head [V, e])
-  int64_t ldc = 0;  // elements between rows of out when not n (0: n)
   bool operator==(const GemmKey& o) const {
     return m == o.m && n == o.n && k == o.k && dtype == o.dtype && epilogue == o.epilogue &&
-           accumulate == o.accumulate && transposed == o.transposed && ldc == o.ldc;
+           accumulate == o.accumulate && transposed == o.transposed;
   }
 };
 
@@ -97,7 +96,6 @@ struct GemmKeyHash {
     h ^= static_cast<size_t>(k.k) + 0x3c6ef372 + (h << 6) + (h >> 2);
     h ^= (static_cast<size_t>(k.dtype) << 8) | (static_cast<size_t>(k.epilogue) << 4) |
          (static_cast<size_t>(k.transposed) << 1) | static_cast<size_t>(k.accumulate);
-    h ^= static_cast<size_t>(k.ldc) + 0x1b873593 + (h << 6) + (h >> 2);
     return h;
   }
 };
@@ -177,9 +175,8 @@ class Gemm {
 
   // out[m, n] = in[m, k] @ weight[n, k]^T (+ bias[n]): for weights stored [out, in], such as the
   // lm_head [V, e], which the on-disk format never transposes.
-  // out_stride: elements between rows of out (0: n; else more than n).
   void run_transposed(DType dtype, const void* in, const void* weight, const void* bias, void* out,
-                      int64_t m, int64_t n, int64_t k, int64_t out_stride = 0);
+                      int64_t m, int64_t n, int64_t k);
 
   // Which products go to the GEMV kernel: never (all cuBLASLt; the default when the environment
   // sets WARPFORMER_GEMV=0), where it measured faster (the default), or whenever the kernel can
@@ -251,7 +248,7 @@ class Gemm {
   bool try_gemv(DType dtype, const void* in, const void* weight, const void* bias, void* out,
                 int64_t m, int64_t n, int64_t k, bool transposed, kernels::Activation act,
                 float beta, const GemmNormedInput* norm = nullptr, bool launch = true,
-                bool beside = false, int64_t out_stride = 0);
+                bool beside = false);
   // Runs run_sum's joined GEMV launch (kernels::launch_gemv_sum) when m and the shape allow it;
   // false means "two products". With launch false it only answers. Sizes must be positive.
   bool try_gemv_sum(DType dtype, const void* in1, const void* w1, int64_t k1, const void* in2,

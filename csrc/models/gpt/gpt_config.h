@@ -63,10 +63,7 @@ struct GptConfig {
     const int64_t per = (vocab_size + tensor_para_size - 1) / tensor_para_size;
     return (per + 7) / 8 * 8;
   }
-  // On one GPU: vocab_size columns in rows padded to a multiple of 8 (16-byte rows).
-  int64_t vocab_padded() const {
-    return tensor_para_size == 1 ? (vocab_size + 7) / 8 * 8 : local_vocab() * tensor_para_size;
-  }
+  int64_t vocab_padded() const { return local_vocab() * tensor_para_size; }
   // Stages hold equal contiguous layer ranges (num_layer % pipeline_para_size == 0).
   int64_t layers_per_stage() const { return num_layer / pipeline_para_size; }
   int64_t first_layer() const { return pipeline_para_rank * layers_per_stage(); }

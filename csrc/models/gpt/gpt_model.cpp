@@ -338,7 +338,7 @@ void GptModel::logits(const void* hidden, int64_t rows, void* out) {
               "GptModel: tensor_para_size is ", tp, " but no tensor-parallel communicator of that "
               "size is attached (warpformer.distributed attaches it)");
   if (w_.project_out == nullptr && tp == 1) {
-    gemm_->run_transposed(dtype_, hidden, w_.lm_head, w_.lm_head_b, out, rows, vl, e, vp);
+    gemm_->run_transposed(dtype_, hidden, w_.lm_head, w_.lm_head_b, out, rows, vl, e);
     return;
   }
   // Chunks of at most act_batch_ rows through the scratch buffers: project_out (OPT-350m), then
@@ -354,7 +354,7 @@ void GptModel::logits(const void* hidden, int64_t rows, void* out) {
     }
     void* dst = static_cast<char*>(out) + r0 * vp * es;
     if (tp == 1) {
-      gemm_->run_transposed(dtype_, in, w_.lm_head, w_.lm_head_b, dst, n, vl, e, vp);
+      gemm_->run_transposed(dtype_, in, w_.lm_head, w_.lm_head_b, dst, n, vl, e);
       continue;
     }
     gemm_->run_transposed(dtype_, in, w_.lm_head, w_.lm_head_b, sc.tp_local, n, vl, e);
