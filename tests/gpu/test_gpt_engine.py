@@ -203,6 +203,39 @@ def test_greedy_matches_hf(name, workdir):
         assert out[b, 0, :n].tolist() == ids[b, :n].tolist()
 
 
+# An odd vocabulary, as GPT-2's 50,257: logits rows of 2-byte alignment.
+ODD = {"gpt2-odd-vocab": lambda: transformers.GPT2Config(
+    vocab_size=1001, n_embd=128, n_head=2, n_layer=2, n_positions=512, bos_token_id=1,
+    eos_token_id=2)}
+
+
+@pytest.mark.parametrize("rows", [2, 12])
+def test_odd_vocabulary_greedy_matches_hf(rows, workdir):
+    """An odd vocabulary's lm_head, on the [n, k] GEMV up to 8 rows and on cuBLASLt past them
+    (whose plan shows at 12 rows): greedy tokens equal HF's greedy loop token for token in fp32,
+    and forward's logits match HF's."""
+    hf, path = converted("gpt2-odd-vocab", ODD, workdir, peak=4.0)
+    end_id = read_config(path).end_id
+    model = load_gpt_model(path, dtype=torch.float32, max_batch=rows, max_seq_len=256)
+    lengths = [12, 5, 9, 1, 7, 3, 12, 8, 2, 11, 6, 4][:rows]
+    ids, lens = random_batch(1001, lengths, seed=5)
+    out, seq_len = model.generate(ids, lens, 24)
+    for b in range(rows):
+        n = int(lens[b])
+        ref = first_end(hf_greedy(hf, ids[b], n, 24), end_id)
+        ours = out[b, 0, n:].tolist()
+        assert ours[: len(ref)] == ref, f"{rows} rows, row {b}: tokens differ"
+        assert int(seq_len[b, 0]) == n + len(ref)
+    lm_head = [line for line in model.gemm_plan_shapes()
+               if line.split()[2:5] == ["1001", "128", "1"]]
+    assert (rows > 8) == any(line.split()[1] == str(rows) for line in lm_head), lm_head
+    logits = model.forward(ids, lens)
+    assert logits.shape[-1] == 1001
+    ref = hf_logits_padded(hf, ids, lens)
+    span = float(ref.max() - ref.min())
+    assert masked_err(logits, ref, lens) <= 1e-4 * span
+
+
 @pytest.mark.parametrize("name", ["gpt2", "bloom", "gptj", "gptneox-parallel"])
 def test_greedy_fp16_agreement(name, workdir):
     """fp16 greedy against HF fp32: reported, and required to agree on most tokens."""
