@@ -82,6 +82,15 @@ bool parse_gemm_epilogue(const std::string& s, GemmEpilogue* out) {
   return false;
 }
 
+std::string gemm_epilogue_names() {
+  std::string out;
+  for (int i = 0; i < kGemmEpilogues; ++i) {
+    if (i > 0) out += ", ";
+    out += kEpilogueNames[i];
+  }
+  return out;
+}
+
 std::vector<std::string> Gemm::plan_shapes() const {
   std::vector<std::string> out;
   {
@@ -361,7 +370,7 @@ bool Gemm::load_tuning(const std::string& path, std::string* note) {
     k.accumulate = accumulate != 0;
     if (!parse_gemm_epilogue(epi, &k.epilogue)) {
       return fail("line " + std::to_string(lineno) + " has unknown epilogue '" + epi +
-                  "' (must be one of none, bias, bias_gelu_tanh, bias_relu)");
+                  "' (must be one of " + gemm_epilogue_names() + ")");
     }
     table[k] = index;
   }

@@ -50,6 +50,8 @@ constexpr int kGemmEpilogues = 4;
 const char* gemm_epilogue_name(GemmEpilogue e);
 // The epilogue named `s` into *out; false (and *out untouched) for any other string.
 bool parse_gemm_epilogue(const std::string& s, GemmEpilogue* out);
+// All the names, comma-separated, for the error of a string parse_gemm_epilogue refuses.
+std::string gemm_epilogue_names();
 
 // The input of Gemm::run_normed: norm(x) with x = input (+ input_bias) (+ residual), rows of k
 // elements, as kernels::NormParams describes it (LayerNorm or RMSNorm).

@@ -23,8 +23,8 @@ namespace {
 
 GemmEpilogue parse_epilogue(const std::string& s, const char* op) {
   GemmEpilogue e = GemmEpilogue::kNone;
-  TORCH_CHECK(parse_gemm_epilogue(s, &e), op,
-              ": epilogue must be one of none, bias, bias_gelu_tanh, bias_relu; got '", s, "'");
+  TORCH_CHECK(parse_gemm_epilogue(s, &e), op, ": epilogue must be one of ",
+              gemm_epilogue_names(), "; got '", s, "'");
   return e;
 }
 
