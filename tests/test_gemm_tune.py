@@ -30,7 +30,7 @@ def test_shapes_gpt2_like(monkeypatch) -> None:
     # FFN in: tanh-GELU on cuBLASLt's epilogue (16-bit types, the activation fusion on)
     assert (1024, 4096, 1024, False, "bias_gelu_tanh", False) in keys
     assert (8, 4096, 1024, False, "bias_gelu_tanh", False) in keys
-    assert (8, 50257, 1024, True, "none", False) in keys         # lm_head [V, h] transposed
+    assert (8, 50264, 1024, True, "none", False) in keys         # lm_head, V padded to 8s
     assert len(keys) == len(shapes)                                # deduplicated
     # fp32 keeps warpformer's GELU kernel, and so does WARPFORMER_FUSE without "activation"
     ffn_in = {s.epilogue for s in gemm_shapes(dims, 8, 1, 128, dtype_bytes=4)
@@ -52,9 +52,9 @@ def test_shapes_follow_switches_and_tp() -> None:
                                                  what="decode ffn out")
     assert s[("decode qkv", 4)].n == 3 * 2048
     assert s[("decode lm_head", 4)].epilogue == "bias"
-    # Vocab-parallel lm_head: each rank's slice, ceil(V / tp) rounded up to a multiple of 8.
+    # The lm_head: each rank's slice, ceil(V / tp) (all of V on one GPU) rounded up to 8s.
     assert s[("decode lm_head", 4)].n == 25200
-    for tp, n in ((1, 50257), (2, 25136), (4, 12568)):
+    for tp, n in ((1, 50264), (2, 25136), (4, 12568)):
         dims = ModelDims(hidden=1024, inter=4096, vocab=50257, tensor_para_size=tp)
         lm = [x for x in gemm_shapes(dims, 2, 2, 16) if x.what == "decode lm_head"]
         assert [(x.n, x.k, x.transposed) for x in lm] == [(n, 1024, True)]

@@ -155,3 +155,42 @@ def test_expected_shapes_table():
     assert sum(1 for k in shapes if k.startswith("layers.")) == 3 * 12
     total = sum(int(np.prod(s)) for s in shapes.values())
     assert total > 0
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "gptj"])
+def test_vocabulary_rows_padded_in_storage(kind, tmp_path, converted):
+    """An odd vocabulary's ``wte`` and ``lm_head.weight`` load as ``[V, e]`` views of zeroed
+    buffers of a multiple of 8 rows (the engine multiplies its lm_head at that width in place),
+    holding the file's values, in any dtype; no other tensor carries padding."""
+    import transformers
+
+    from warpformer.converters import convert
+
+    if kind == "gpt2":
+        cfg = transformers.GPT2Config(vocab_size=101, n_embd=32, n_head=2, n_layer=1,
+                                      n_positions=64, bos_token_id=1, eos_token_id=2)
+        model, padded = transformers.GPT2LMHeadModel, ["wte"]
+    else:
+        cfg = transformers.GPTJConfig(vocab_size=101, n_embd=32, n_head=2, n_layer=1,
+                                      rotary_dim=8, n_positions=64, bos_token_id=1,
+                                      eos_token_id=2)
+        model, padded = transformers.GPTJForCausalLM, ["wte", "lm_head.weight"]
+    torch.manual_seed(0)
+    hf = model(cfg)
+    hf.save_pretrained(tmp_path / "hf")
+    out = convert(tmp_path / "hf", tmp_path / "wf", 1, "fp32").output_dir
+    sd = hf.state_dict()
+    source = {"wte": sd["transformer.wte.weight"], "lm_head.weight": sd.get("lm_head.weight")}
+    for dtype in (torch.float32, torch.float16):
+        w = load_weights(out, dtype=dtype)
+        assert [n for n, t in w.items() if t.untyped_storage().nbytes() != t.nbytes] == padded
+        for name in padded:
+            t = w[name]
+            assert t.shape == (101, 32) and t.is_contiguous() and t.dtype == dtype
+            assert t.untyped_storage().nbytes() == 104 * 32 * t.element_size()
+            assert torch.equal(t, source[name].to(dtype))
+            rows = torch.as_strided(t, (104, 32), t.stride(), t.storage_offset())
+            assert not rows[101:].any()
+    # A vocabulary of a multiple of 8 (96) needs no padding.
+    even = load_weights(converted(kind))
+    assert all(t.untyped_storage().nbytes() == t.nbytes for t in even.values())

@@ -16,6 +16,14 @@ namespace {
 
 constexpr const char* kOp = "GptModel";
 
+// True when `t` (contiguous) is the first rows of a storage that goes on for at least `rows` rows.
+bool storage_holds_rows(const at::Tensor& t, int64_t rows) {
+  const int64_t row_bytes = t.numel() / std::max<int64_t>(1, t.size(0)) * t.element_size();
+  return t.is_contiguous() &&
+         (t.storage_offset() * t.element_size() + rows * row_bytes) <=
+             static_cast<int64_t>(t.storage().nbytes());
+}
+
 std::string shape_str(const std::vector<int64_t>& s) {
   std::ostringstream os;
   os << "[";
@@ -146,17 +154,23 @@ GptModelHolder::GptModelHolder(const std::string& config, c10::Dict<std::string,
   w.final_ln_b = ptr("final_layernorm.bias");
   w.lm_head = owned_.count("lm_head.weight") ? ptr("lm_head.weight") : ptr("wte");
   w.lm_head_b = ptr("lm_head.bias");
-  if (cfg.tensor_para_size > 1 && cfg.last_stage()) {
-    // Vocab-parallel logits: this rank's slice of the head, padded to local_vocab() rows.
+  if (cfg.last_stage()) {
+    // The head multiplies local_vocab() rows: this rank's slice of the vocabulary, padded to a
+    // multiple of 8. On one GPU a tensor whose storage already holds the padding rows past its
+    // vocab_size (load_weights allocates it so) is used in place: the padding logits are never
+    // read, so those rows need no particular values. Otherwise the rows are copied, with zeros.
     const int64_t vl = cfg.local_vocab(), start = cfg.tensor_para_rank * vl;
     const int64_t n = std::max<int64_t>(0, std::min(vl, cfg.vocab_size - start));
-    const at::Tensor& head = owned_.count("lm_head.weight") ? owned_.at("lm_head.weight")
-                                                            : owned_.at("wte");
-    at::Tensor local = at::zeros({vl, cfg.embed_dim()}, head.options());
-    if (n > 0) local.narrow(0, 0, n).copy_(head.narrow(0, start, n));
-    owned_["lm_head.local"] = local;
-    w.lm_head = local.data_ptr();
-    if (owned_.count("lm_head.bias")) {
+    const bool tied = owned_.count("lm_head.weight") == 0;
+    const at::Tensor& head = owned_.at(tied ? "wte" : "lm_head.weight");
+    const bool one_gpu = cfg.tensor_para_size == 1;
+    if (!one_gpu || (vl != cfg.vocab_size && !storage_holds_rows(head, vl))) {
+      at::Tensor local = at::zeros({vl, cfg.embed_dim()}, head.options());
+      if (n > 0) local.narrow(0, 0, n).copy_(head.narrow(0, start, n));
+      owned_["lm_head.local"] = local;
+      w.lm_head = local.data_ptr();
+    }
+    if (owned_.count("lm_head.bias") && (!one_gpu || vl != cfg.vocab_size)) {
       at::Tensor lb = at::zeros({vl}, head.options());
       if (n > 0) lb.narrow(0, 0, n).copy_(owned_.at("lm_head.bias").narrow(0, start, n));
       owned_["lm_head.bias.local"] = lb;

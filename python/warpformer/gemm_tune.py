@@ -202,12 +202,9 @@ def layer_shapes(dims: ModelDims, m: int, phase: str, dtype_bytes: int = 2) -> l
 
 
 def local_vocab(dims: ModelDims) -> int:
-    """The lm_head columns one rank computes (mirrors ``GptConfig::local_vocab``): the whole
-    vocabulary alone, else its slice ``ceil(V / tp)`` rounded up to a multiple of 8."""
-    tp = dims.tensor_para_size
-    if tp == 1:
-        return dims.vocab
-    per = -(-dims.vocab // tp)
+    """The lm_head columns one rank computes (mirrors ``GptConfig::local_vocab``): its slice of
+    the vocabulary, ``ceil(V / tp)`` (all of it on one GPU), rounded up to a multiple of 8."""
+    per = -(-dims.vocab // dims.tensor_para_size)
     return -(-per // 8) * 8
 
 

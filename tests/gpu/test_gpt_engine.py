@@ -20,7 +20,7 @@ from _models import make_hf
 
 import warpformer  # noqa: F401
 from warpformer.converters import convert
-from warpformer.models.gpt import load_gpt_model
+from warpformer.models.gpt import build_gpt_model, load_gpt_model
 from warpformer.weights import load_weights, read_config
 
 pytestmark = pytest.mark.gpu
@@ -226,14 +226,55 @@ def test_odd_vocabulary_greedy_matches_hf(rows, workdir):
         ours = out[b, 0, n:].tolist()
         assert ours[: len(ref)] == ref, f"{rows} rows, row {b}: tokens differ"
         assert int(seq_len[b, 0]) == n + len(ref)
+    # The head multiplies 1,008 columns, the vocabulary padded to a multiple of 8.
     lm_head = [line for line in model.gemm_plan_shapes()
-               if line.split()[2:5] == ["1001", "128", "1"]]
+               if line.split()[2:5] == ["1008", "128", "1"]]
     assert (rows > 8) == any(line.split()[1] == str(rows) for line in lm_head), lm_head
     logits = model.forward(ids, lens)
     assert logits.shape[-1] == 1001
     ref = hf_logits_padded(hf, ids, lens)
     span = float(ref.max() - ref.min())
     assert masked_err(logits, ref, lens) <= 1e-4 * span
+
+
+def test_odd_vocabulary_head_in_place_or_copied(workdir):
+    """load_weights' wte carries the padding rows to 1,008 in its storage and the engine's head
+    uses it in place: with NaN in those rows (no padding logit may be read) greedy and sampled
+    tokens and forward's logits equal those of a model given an exact [1001, e] copy, which the
+    engine pads by copying (one head's size more memory)."""
+    hf, path = converted("gpt2-odd-vocab", ODD, workdir, peak=4.0)
+    config = read_config(path)
+    weights = load_weights(path, dtype=torch.float32, device="cuda")
+    wte = weights["wte"]
+    torch.as_strided(wte, (1008, 128), wte.stride(), wte.storage_offset())[1001:].fill_(
+        float("nan"))
+    exact = dict(weights, wte=wte.clone())
+    assert exact["wte"].untyped_storage().nbytes() == 1001 * 128 * 4
+    # A first instance makes any one-time allocation, so that the two measured grow alike.
+    warm = build_gpt_model(config, weights, dtype=torch.float32, max_batch=12, max_seq_len=256)
+    del warm
+    models, grew = [], []
+    for w in (weights, exact):
+        before = torch.cuda.memory_allocated()
+        models.append(build_gpt_model(config, w, dtype=torch.float32, max_batch=12,
+                                      max_seq_len=256))
+        grew.append(torch.cuda.memory_allocated() - before)
+    assert 1008 * 128 * 4 <= grew[1] - grew[0] < 1008 * 128 * 4 + 65536, grew
+    lengths = [12, 5, 9, 1, 7, 3, 12, 8, 2, 11, 6, 4]
+    ids, lens = random_batch(1001, lengths, seed=6)
+    greedy = [m.generate(ids, lens, 16)[0] for m in models]
+    assert torch.equal(greedy[0], greedy[1])
+    ref = first_end(hf_greedy(hf, ids[0], 12, 16), config.end_id)
+    assert greedy[0][0, 0, 12:12 + len(ref)].tolist() == ref
+    opts = {"top_k": torch.tensor(0), "top_p": torch.tensor(0.95),
+            "temperature": torch.tensor(1.5), "repetition_penalty": torch.tensor(1.2),
+            "seed": torch.tensor(11)}
+    sampled = [m.decode(ids, lens, 16, opts)["output_ids"] for m in models]
+    assert torch.equal(sampled[0], sampled[1])
+    assert int(sampled[0].max()) < 1001
+    logits = [m.forward(ids, lens) for m in models]
+    assert logits[0].shape[-1] == 1001 and not logits[0].isnan().any()
+    assert torch.equal(logits[0], logits[1])
 
 
 @pytest.mark.parametrize("name", ["gpt2", "bloom", "gptj", "gptneox-parallel"])

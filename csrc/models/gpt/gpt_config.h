@@ -56,10 +56,11 @@ struct GptConfig {
   int64_t local_heads() const { return head_num / tensor_para_size; }
   int64_t local_hidden() const { return local_heads() * size_per_head; }
   int64_t local_inter() const { return inter_size / tensor_para_size; }
-  // Vocab-parallel logits: each rank computes local_vocab() columns (its slice padded to a
-  // multiple of 8); gathered logits rows have vocab_padded() columns, the first vocab_size valid.
+  // Logits: each rank computes local_vocab() columns, its vocabulary slice (the whole vocabulary
+  // without tensor parallelism) padded to a multiple of 8 -- an odd width such as GPT-2's 50,257
+  // puts the lm_head on a cuBLASLt kernel about 6x slower past 8 rows. Logits rows have
+  // vocab_padded() columns, the first vocab_size valid; nothing reads the rest.
   int64_t local_vocab() const {
-    if (tensor_para_size == 1) return vocab_size;
     const int64_t per = (vocab_size + tensor_para_size - 1) / tensor_para_size;
     return (per + 7) / 8 * 8;
   }

@@ -31,8 +31,8 @@ struct GptWeights {
   const void* pre_ln_b = nullptr;
   const void* final_ln_w = nullptr;   // [h] or null
   const void* final_ln_b = nullptr;
-  const void* lm_head = nullptr;      // [V, e] (may be wte: tied)
-  const void* lm_head_b = nullptr;    // [V] or null
+  const void* lm_head = nullptr;      // [local_vocab, e] (may be wte, tied, padded in place)
+  const void* lm_head_b = nullptr;    // [local_vocab] or null
   const void* project_in = nullptr;   // [e, h] or null (OPT-350m)
   const void* project_out = nullptr;  // [h, e] or null
   std::vector<layers::LayerWeights> layers;  // this stage's layers, first_layer() .. end_layer()
