@@ -230,6 +230,7 @@ def test_ranks_with_different_schedules_stop(tp, pp, rank1_env, message, checkpo
     text = res.stdout + res.stderr
     assert res.returncode != 0, text[-3000:]
     assert message in text, text[-3000:]
+    assert f"ranks of the {'tensor' if tp > 1 else 'pipeline'}-parallel group" in text
     assert rank1_env.split("=")[0] in text
 
 

@@ -365,18 +365,23 @@ void GptModel::logits(const void* hidden, int64_t rows, void* out) {
 }
 
 void GptModel::set_tensor_parallel(Communicator* comm) {
+  attach(comm, "tensor", cfg_.tensor_para_size, cfg_.tensor_para_rank, &comm_);
+}
+
+// Attaches `comm` as the `kind`-parallel group in `*slot` once it has the group's size and this
+// rank's rank, and cut prompts and steps as this instance would.
+void GptModel::attach(Communicator* comm, const char* kind, int64_t size, int64_t rank,
+                      Communicator** slot) {
   TORCH_CHECK(!session_.active, "GptModel: cannot attach a communicator during generation");
-  TORCH_CHECK(comm != nullptr && comm->size() == cfg_.tensor_para_size &&
-                  comm->rank() == cfg_.tensor_para_rank,
-              "GptModel: the tensor-parallel communicator must have size tensor_para_size (",
-              cfg_.tensor_para_size, ") and this rank's tensor_para_rank (",
-              cfg_.tensor_para_rank, "); got size ", comm ? comm->size() : 0, ", rank ",
-              comm ? comm->rank() : -1);
-  check_same_schedule(comm, "tensor-parallel");
+  TORCH_CHECK(comm != nullptr && comm->size() == size && comm->rank() == rank,
+              "GptModel: the ", kind, "-parallel communicator must have size ", kind,
+              "_para_size (", size, ") and this rank's ", kind, "_para_rank (", rank,
+              "); got size ", comm ? comm->size() : 0, ", rank ", comm ? comm->rank() : -1);
+  check_same_schedule(comm, kind);
   // No step graph may outlive the communicator it baked (nor run on it while it is replaced).
   if (decode_stream_ != nullptr) WF_CUDA_CHECK(cudaStreamSynchronize(decode_stream_));
   drop_step_graphs(/*unshared_only=*/false);
-  comm_ = comm;
+  *slot = comm;
   ++buffer_generation_;
 }
 
@@ -435,7 +440,7 @@ int64_t GptModel::plan_prefill(const std::vector<int32_t>& lengths) {
   return most;
 }
 
-void GptModel::check_same_schedule(Communicator* comm, const char* group) {
+void GptModel::check_same_schedule(Communicator* comm, const char* kind) {
   if (comm == nullptr || comm->size() == 1) return;
   // Every rank must cut the prompt into the same groups (their sizes are collective counts) and
   // split decode steps alike (the stages' sends and receives must pair).
@@ -452,14 +457,14 @@ void GptModel::check_same_schedule(Communicator* comm, const char* group) {
                                 cudaMemcpyDeviceToHost, ctx_->stream()));
   WF_CUDA_CHECK(cudaStreamSynchronize(ctx_->stream()));
   for (int r = 0; r < size; ++r) {
-    TORCH_CHECK(all[2 * r] == mine[0], "GptModel: the ranks of the ", group, " group disagree on "
-                "the prefill group size (", mine[0], " tokens on rank ", comm->rank(), ", ",
-                all[2 * r], " on rank ", r, "); set WARPFORMER_PREFILL_TOKENS the same on every "
-                "rank, or on none");
-    TORCH_CHECK(all[2 * r + 1] == mine[1], "GptModel: the ranks of the ", group, " group "
-                "disagree on WARPFORMER_PP_DECODE_SPLIT (", mine[1], " on rank ", comm->rank(),
-                ", ", all[2 * r + 1], " on rank ", r, "); set it the same on every rank, or on "
-                "none");
+    TORCH_CHECK(all[2 * r] == mine[0], "GptModel: the ranks of the ", kind, "-parallel group "
+                "disagree on the prefill group size (", mine[0], " tokens on rank ",
+                comm->rank(), ", ", all[2 * r], " on rank ", r, "); set "
+                "WARPFORMER_PREFILL_TOKENS the same on every rank, or on none");
+    TORCH_CHECK(all[2 * r + 1] == mine[1], "GptModel: the ranks of the ", kind, "-parallel "
+                "group disagree on WARPFORMER_PP_DECODE_SPLIT (", mine[1], " on rank ",
+                comm->rank(), ", ", all[2 * r + 1], " on rank ", r, "); set it the same on "
+                "every rank, or on none");
   }
 }
 
@@ -556,19 +561,7 @@ void GptModel::stage_send(int64_t tokens) {
 }
 
 void GptModel::set_pipeline_parallel(Communicator* comm) {
-  TORCH_CHECK(!session_.active, "GptModel: cannot attach a communicator during generation");
-  TORCH_CHECK(comm != nullptr && comm->size() == cfg_.pipeline_para_size &&
-                  comm->rank() == cfg_.pipeline_para_rank,
-              "GptModel: the pipeline-parallel communicator must have size pipeline_para_size (",
-              cfg_.pipeline_para_size, ") and this rank's pipeline_para_rank (",
-              cfg_.pipeline_para_rank, "); got size ", comm ? comm->size() : 0, ", rank ",
-              comm ? comm->rank() : -1);
-  check_same_schedule(comm, "pipeline-parallel");
-  // No step graph may outlive the communicator it baked (nor run on it while it is replaced).
-  if (decode_stream_ != nullptr) WF_CUDA_CHECK(cudaStreamSynchronize(decode_stream_));
-  drop_step_graphs(/*unshared_only=*/false);
-  pp_comm_ = comm;
-  ++buffer_generation_;
+  attach(comm, "pipeline", cfg_.pipeline_para_size, cfg_.pipeline_para_rank, &pp_comm_);
 }
 
 void GptModel::broadcast_from_last_stage(void* data, int64_t bytes) {

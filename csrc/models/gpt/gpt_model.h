@@ -195,8 +195,12 @@ class GptModel {
   // The group size: WARPFORMER_PREFILL_TOKENS, else as prefill_group_tokens() says.
   int64_t prefill_group_size() const;
   // Refuses a communicator whose ranks would cut the prompt, or split decode steps, differently
-  // (`group` names it).
-  void check_same_schedule(Communicator* comm, const char* group);
+  // (`kind`: "tensor" or "pipeline", naming the group).
+  void check_same_schedule(Communicator* comm, const char* kind);
+  // set_tensor_parallel / set_pipeline_parallel: checks `comm` against the group's size and this
+  // rank, then installs it in `*slot`, dropping the step graphs that baked the one before.
+  void attach(Communicator* comm, const char* kind, int64_t size, int64_t rank,
+              Communicator** slot);
   // Packs ids and runs each group planned by plan_prefill through embedding (or the receive
   // from the previous stage) and this stage's layers. On the last stage, `done(g)` runs after
   // each group with the group's final-normed hidden states in the `n` buffer, [g.tokens(), h].
