@@ -9,12 +9,13 @@ namespace {
 
 template <typename W, bool GATHER>
 __global__ void move_rows_kernel(char* dst, const char* src, const int32_t* __restrict__ index,
-                                 int64_t n_rows, int64_t words_per_row) {
+                                 int64_t n_rows, int64_t words_per_row, int64_t src_stride,
+                                 int64_t dst_stride) {
   for (int64_t r = blockIdx.y; r < n_rows; r += gridDim.y) {
     const int64_t s = GATHER ? index[r] : r;
     const int64_t d = GATHER ? r : index[r];
-    const W* srow = reinterpret_cast<const W*>(src) + s * words_per_row;
-    W* drow = reinterpret_cast<W*>(dst) + d * words_per_row;
+    const W* srow = reinterpret_cast<const W*>(src) + s * src_stride;
+    W* drow = reinterpret_cast<W*>(dst) + d * dst_stride;
     for (int64_t w = blockIdx.x * blockDim.x + threadIdx.x; w < words_per_row;
          w += static_cast<int64_t>(gridDim.x) * blockDim.x) {
       drow[w] = srow[w];
@@ -22,26 +23,38 @@ __global__ void move_rows_kernel(char* dst, const char* src, const int32_t* __re
   }
 }
 
+// Strides in bytes; the widest word (16, 4 or 2 bytes, else 1) that divides the row, both
+// strides and both pointers' alignment moves the rows.
 template <bool GATHER>
 cudaError_t launch(void* dst, const void* src, const int32_t* index, int64_t n_rows,
-                   int64_t row_bytes, cudaStream_t stream) {
-  if (n_rows < 0 || row_bytes <= 0 || dst == nullptr || src == nullptr || index == nullptr) {
+                   int64_t row_bytes, int64_t src_stride, int64_t dst_stride,
+                   cudaStream_t stream) {
+  if (n_rows < 0 || row_bytes <= 0 || src_stride < row_bytes || dst_stride < row_bytes ||
+      dst == nullptr || src == nullptr || index == nullptr) {
     return n_rows == 0 ? cudaSuccess : cudaErrorInvalidValue;
   }
   if (n_rows == 0) return cudaSuccess;
   const unsigned gy = static_cast<unsigned>(n_rows < 65535 ? n_rows : 65535);
   auto go = [&](auto word) {
     using W = decltype(word);
-    const int64_t words = row_bytes / static_cast<int64_t>(sizeof(W));
-    const int threads = words >= 256 ? 256 : static_cast<int>(ceil_div(static_cast<int>(words), 32) * 32);
+    const int64_t size = static_cast<int64_t>(sizeof(W));
+    const int64_t words = row_bytes / size;
+    const int threads =
+        words >= 256 ? 256 : static_cast<int>(ceil_div(static_cast<int>(words), 32) * 32);
     const int64_t gx = (words + threads - 1) / threads;
     const dim3 grid(static_cast<unsigned>(gx < 64 ? gx : 64), gy);
     move_rows_kernel<W, GATHER><<<grid, threads, 0, stream>>>(
-        static_cast<char*>(dst), static_cast<const char*>(src), index, n_rows, words);
+        static_cast<char*>(dst), static_cast<const char*>(src), index, n_rows, words,
+        src_stride / size, dst_stride / size);
     return cudaGetLastError();
   };
-  if (row_bytes % 16 == 0 && aligned_to(dst, 16) && aligned_to(src, 16)) return go(uint4{});
-  if (row_bytes % 4 == 0 && aligned_to(dst, 4) && aligned_to(src, 4)) return go(uint32_t{});
+  auto fits = [&](int bytes) {
+    return row_bytes % bytes == 0 && src_stride % bytes == 0 && dst_stride % bytes == 0 &&
+           aligned_to(dst, bytes) && aligned_to(src, bytes);
+  };
+  if (fits(16)) return go(uint4{});
+  if (fits(4)) return go(uint32_t{});
+  if (fits(2)) return go(uint16_t{});
   return go(char{});
 }
 
@@ -87,12 +100,14 @@ cudaError_t launch_interleave_rank_blocks(void* dst, const void* src, int64_t ro
 
 cudaError_t launch_gather_rows(void* dst, const void* src, const int32_t* src_rows,
                                int64_t n_rows, int64_t row_bytes, cudaStream_t stream) {
-  return launch<true>(dst, src, src_rows, n_rows, row_bytes, stream);
+  return launch<true>(dst, src, src_rows, n_rows, row_bytes, row_bytes, row_bytes, stream);
 }
 
 cudaError_t launch_scatter_rows(void* dst, const void* src, const int32_t* dst_rows,
-                                int64_t n_rows, int64_t row_bytes, cudaStream_t stream) {
-  return launch<false>(dst, src, dst_rows, n_rows, row_bytes, stream);
+                                int64_t n_rows, int64_t row_bytes, cudaStream_t stream,
+                                int64_t src_stride) {
+  return launch<false>(dst, src, dst_rows, n_rows, row_bytes,
+                       src_stride > 0 ? src_stride : row_bytes, row_bytes, stream);
 }
 
 }  // namespace kernels

@@ -15,11 +15,13 @@ cudaError_t launch_gather_rows(void* dst,                // [n_rows, row_bytes]
                                const int32_t* src_rows,  // [n_rows]
                                int64_t n_rows, int64_t row_bytes, cudaStream_t stream);
 
-// dst[dst_rows[i]] = src[i] for i < n_rows.
+// dst[dst_rows[i]] = src[i] for i < n_rows; src's rows are src_stride bytes apart (0: row_bytes),
+// so the first row_bytes of padded rows can be scattered without compacting them first.
 cudaError_t launch_scatter_rows(void* dst,                // [*, row_bytes]
-                                const void* src,          // [n_rows, row_bytes]
+                                const void* src,          // [n_rows, src_stride]
                                 const int32_t* dst_rows,  // [n_rows]
-                                int64_t n_rows, int64_t row_bytes, cudaStream_t stream);
+                                int64_t n_rows, int64_t row_bytes, cudaStream_t stream,
+                                int64_t src_stride = 0);
 
 // dst[r, t * row_bytes ...] = src[t * rows + r]: turns an all-gather of per-rank [rows, part]
 // blocks ([ranks, rows, part]) into [rows, ranks * part] (vocab-parallel logits).

@@ -579,13 +579,12 @@ void GptModel::forward(const int32_t* ids, const std::vector<int32_t>& lengths, 
   const int64_t v = cfg_.vocab_size, vp = cfg_.vocab_padded();
   const size_t es = dtype_size(dtype_);
   const size_t row_bytes = v * es;
-  // The logits of at most kPrefillGroupTokens rows at a time, [rows, vp], then without the
-  // vocab padding [rows, v]: a larger group (or one long sequence) costs no more memory here.
+  // The logits of at most kPrefillGroupTokens rows at a time, [rows, vp], scattered to their
+  // places without the vocab padding: a larger group (or one long sequence) costs no more memory.
   const int64_t chunk = std::min(group_tokens, kPrefillGroupTokens);
-  DeviceBuffer packed, compact;
+  DeviceBuffer packed;
   if (cfg_.last_stage()) {
     packed = DeviceBuffer(ctx_->allocator(), chunk * vp * es, ctx_->stream());
-    if (vp != v) compact = DeviceBuffer(ctx_->allocator(), chunk * row_bytes, ctx_->stream());
     WF_CUDA_CHECK(cudaMemsetAsync(logits_out, 0, batch * seq * row_bytes, ctx_->stream()));
   }
   const size_t hidden_bytes = cfg_.hidden() * es;
@@ -593,14 +592,9 @@ void GptModel::forward(const int32_t* ids, const std::vector<int32_t>& lengths, 
     for (int64_t r0 = 0; r0 < g.tokens(); r0 += chunk) {
       const int64_t n = std::min(chunk, g.tokens() - r0);
       logits(static_cast<const char*>(buffers().n) + r0 * hidden_bytes, n, packed.data());
-      const void* rows = packed.data();
-      if (vp != v) {  // drop the vocab padding: [n, vp] -> [n, v]
-        WF_CUDA_CHECK(cudaMemcpy2DAsync(compact.data(), row_bytes, packed.data(), vp * es,
-                                        row_bytes, n, cudaMemcpyDeviceToDevice, ctx_->stream()));
-        rows = compact.data();
-      }
-      WF_CUDA_CHECK(kernels::launch_scatter_rows(logits_out, rows, d_gather_ + g.t0 + r0, n,
-                                                 row_bytes, ctx_->stream()));
+      WF_CUDA_CHECK(kernels::launch_scatter_rows(logits_out, packed.data(),
+                                                 d_gather_ + g.t0 + r0, n, row_bytes,
+                                                 ctx_->stream(), vp * es));
     }
   });
   // The last stage computed the logits; every stage returns them.
