@@ -191,6 +191,11 @@ def test_vocabulary_rows_padded_in_storage(kind, tmp_path, converted):
             assert torch.equal(t, source[name].to(dtype))
             rows = torch.as_strided(t, (104, 32), t.stride(), t.storage_offset())
             assert not rows[101:].any()
-    # A vocabulary of a multiple of 8 (96) needs no padding.
+    # Tensor-parallel ranks get exact tensors (the engine copies each rank's padded slice), and
+    # a vocabulary of a multiple of 8 (96) needs no padding.
+    split = convert(tmp_path / "hf", tmp_path / "wf2", 2, "fp32").output_dir
+    for rank in (0, 1):
+        assert all(t.untyped_storage().nbytes() == t.nbytes
+                   for t in load_weights(split, tp_rank=rank).values())
     even = load_weights(converted(kind))
     assert all(t.untyped_storage().nbytes() == t.nbytes for t in even.values())

@@ -186,8 +186,8 @@ def load_weights(
     ``final_layernorm``/``project_out``/``lm_head`` on the last; the last stage also gets ``wte``
     when the head is tied to it. Every file's byte size is checked against the config before
     anything is read; a missing or mis-sized file raises :class:`WeightFileError` naming it.
-    ``wte`` and ``lm_head.weight`` are views of the first ``V`` rows of zero-padded buffers of a
-    multiple of 8 rows, which the engine's lm_head uses in place.
+    Without tensor parallelism ``wte`` and ``lm_head.weight`` are views of the first ``V`` rows of
+    zero-padded buffers of a multiple of 8 rows, which the engine's lm_head uses in place.
     """
     root = resolve_model_dir(model_dir)
     config = GptConfig.from_ini(root / "config.ini")
@@ -232,7 +232,8 @@ def load_weights(
         tensor = _read_raw(path, file_dtype, shape)
         if dtype is not None and dtype != file_dtype:
             tensor = tensor.to(dtype)
-        out[name] = (_rows_padded_to_8(tensor, device) if name in _VOCAB_ROW_TENSORS
+        # Tensor-parallel ranks copy their padded slice of the head whatever they are given.
+        out[name] = (_rows_padded_to_8(tensor, device) if tp == 1 and name in _VOCAB_ROW_TENSORS
                      else tensor.to(device))
     return out
 
