@@ -30,8 +30,17 @@ __all__ = [
     "LAYERNORM_TYPES",
     "MODEL_VARIANTS",
     "ROTARY_STYLES",
+    "local_vocab",
     "normalize_activation",
 ]
+
+
+def local_vocab(vocab_size: int, tensor_para_size: int = 1) -> int:
+    """The lm_head rows (logits columns) one rank multiplies, as ``GptConfig::local_vocab`` in
+    the engine: its slice of the vocabulary, ``ceil(vocab_size / tensor_para_size)`` (all of it on
+    one GPU), rounded up to a multiple of 8 (an odd width puts cuBLASLt on a slow kernel)."""
+    per = -(-vocab_size // tensor_para_size)
+    return -(-per // 8) * 8
 
 
 class ConfigError(ValueError):

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from warpformer.config import GptConfig
+from warpformer.config import local_vocab as config_local_vocab
 
 __all__ = ["EXACT_ROWS", "MAX_PREFILL_GROUP_TOKENS", "MAX_WEIGHT_COPIES",
            "PREFILL_ACTIVATION_BYTES", "PREFILL_GROUP_TOKENS", "GemmShape", "ModelDims",
@@ -202,10 +203,8 @@ def layer_shapes(dims: ModelDims, m: int, phase: str, dtype_bytes: int = 2) -> l
 
 
 def local_vocab(dims: ModelDims) -> int:
-    """The lm_head columns one rank computes (mirrors ``GptConfig::local_vocab``): its slice of
-    the vocabulary, ``ceil(V / tp)`` (all of it on one GPU), rounded up to a multiple of 8."""
-    per = -(-dims.vocab // dims.tensor_para_size)
-    return -(-per // 8) * 8
+    """The lm_head columns one rank computes (:func:`warpformer.config.local_vocab`)."""
+    return config_local_vocab(dims.vocab, dims.tensor_para_size)
 
 
 def logits_shapes(dims: ModelDims, m: int, phase: str) -> list[GemmShape]:

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .config import GptConfig
+from .config import GptConfig, local_vocab
 
 __all__ = [
     "WeightSpec",
@@ -230,30 +230,28 @@ def load_weights(
     out: dict[str, torch.Tensor] = {}
     for name, path, shape in plan:
         tensor = _read_raw(path, file_dtype, shape)
-        if dtype is not None and dtype != file_dtype:
-            tensor = tensor.to(dtype)
-        # Tensor-parallel ranks copy their padded slice of the head whatever they are given.
-        out[name] = (_rows_padded_to_8(tensor, device) if tp == 1 and name in _VOCAB_ROW_TENSORS
-                     else tensor.to(device))
+        to = dtype if dtype is not None else file_dtype
+        # One GPU's head multiplies local_vocab rows; tensor-parallel ranks copy their padded
+        # slice of it whatever they are given.
+        rows = local_vocab(config.vocab_size) if tp == 1 and name in _VOCAB_ROW_TENSORS else 0
+        out[name] = (_in_padded_rows(tensor, rows, to, device) if rows > shape[0]
+                     else tensor.to(dtype=to, device=device))
     return out
 
 
-# The tensors with one row per vocabulary entry, which load_weights pads (_rows_padded_to_8).
+# The tensors with one row per vocabulary entry, which load_weights pads (_in_padded_rows).
 _VOCAB_ROW_TENSORS = ("wte", "lm_head.weight")
 
 
-def _rows_padded_to_8(tensor: torch.Tensor, device: str | torch.device) -> torch.Tensor:
-    """``tensor`` ``[V, e]`` copied to ``device`` as the first ``V`` rows of a zeroed buffer of
-    ``V`` rounded up to a multiple of 8 rows: still shape ``[V, e]``, but the CUDA engine finds the
-    padding rows in its storage and multiplies its lm_head at that width in place (an odd width
-    such as GPT-2's 50,257 runs about 6x slower past 8 rows) instead of copying it."""
-    rows = tensor.shape[0]
-    padded = -(-rows // 8) * 8
-    if padded == rows:
-        return tensor.to(device)
-    buffer = torch.zeros((padded, *tensor.shape[1:]), dtype=tensor.dtype, device=device)
-    buffer[:rows].copy_(tensor)
-    return buffer[:rows]
+def _in_padded_rows(tensor: torch.Tensor, rows: int, dtype: torch.dtype,
+                    device: str | torch.device) -> torch.Tensor:
+    """``tensor`` ``[V, e]`` cast to ``dtype`` on ``device`` as the first ``V`` of ``rows`` zeroed
+    rows: still shape ``[V, e]``, but the CUDA engine finds the padding rows in its storage and
+    multiplies its lm_head at that width in place (an odd width such as GPT-2's 50,257 runs about
+    6x slower past 8 rows) instead of copying it."""
+    buffer = torch.zeros((rows, *tensor.shape[1:]), dtype=dtype, device=device)
+    buffer[: tensor.shape[0]].copy_(tensor)
+    return buffer[: tensor.shape[0]]
 
 
 def load_merged_weights(
