@@ -16,7 +16,6 @@ from warpformer.gemm_tune import (
     parse_prompt_rows,
     prefill_group_tokens,
     prefill_groups,
-    prompt_buckets_on,
     row_buckets,
     weight_copies,
 )
@@ -104,8 +103,7 @@ def test_prefill_groups_mirror_the_engine(monkeypatch) -> None:
     assert prefill_group_tokens(gpt2m) == prefill_group_tokens(gptj) == 1000
     ctx = {s.m for s in gemm_shapes(gpt2m, batch=8, beam=1, max_input_len=300)
            if s.what == "context qkv"}
-    # 8 x 300 tokens as groups of 3, 3 and 2 sequences, their products at the rounded counts
-    assert ctx == {heuristic_rows(900), heuristic_rows(600)} == {960, 640}
+    assert ctx == {900, 600}  # 8 x 300 tokens as groups of 3, 3 and 2 sequences
     monkeypatch.setenv("WARPFORMER_PREFILL_TOKENS", "-3")
     with pytest.raises(ValueError, match="WARPFORMER_PREFILL_TOKENS must be a positive"):
         prefill_group_tokens(gpt2m)
@@ -142,26 +140,6 @@ def test_rounded_row_counts_mirror_the_engine() -> None:
     for lo, hi in ((0, 5), (9, 8)):
         with pytest.raises(ValueError, match="1 <= lo <= hi"):
             row_buckets(lo, hi)
-
-
-def test_prompt_products_run_at_the_rounded_count(monkeypatch) -> None:
-    # A prompt pass's layer products run at heuristic_rows(group tokens) (GptModel::prompt_rows);
-    # WARPFORMER_PROMPT_BUCKETS=0 runs them at the count itself. Logits and decode stay exact.
-    dims = ModelDims(hidden=1024, inter=4096, vocab=50257)
-    monkeypatch.delenv("WARPFORMER_PROMPT_BUCKETS", raising=False)
-    assert prompt_buckets_on()
-    shapes = gemm_shapes(dims, batch=7, beam=1, max_input_len=90)  # one group of 630 tokens
-    assert {s.what: s.m for s in shapes if s.what.startswith("context")} == {
-        "context qkv": 640, "context attention out": 640, "context ffn in": 640,
-        "context ffn out": 640, "context lm_head": 7}
-    assert {s.m for s in shapes if s.what.startswith("decode")} == {7}
-    monkeypatch.setenv("WARPFORMER_PROMPT_BUCKETS", "0")
-    assert not prompt_buckets_on()
-    assert {s.m for s in gemm_shapes(dims, batch=7, beam=1, max_input_len=90)
-            if s.what == "context qkv"} == {630}
-    monkeypatch.setenv("WARPFORMER_PROMPT_BUCKETS", "yes")
-    with pytest.raises(ValueError, match="WARPFORMER_PROMPT_BUCKETS must be 1 or 0"):
-        prompt_buckets_on()
 
 
 def test_prompt_rows_option() -> None:

@@ -6,14 +6,13 @@ benchmarks/bench_lambada.py (same samples, same batches, same calls).
 
 Prints, per batch (medians and means over ``--batches`` batches of the workload, after warm-up):
 the wall time of the benchmark's loop body (host -> device copies, ``generate``, the device ->
-host copy) on the first pass over the batches (each new rounded prompt token count plans its
-GEMMs, as in the benchmark), on a second pass, on a third without CUDA graphs, and with one new
-token (the prompt pass alone); what a new prompt token count costs, with the products at the
-rounded count and at the exact one (WARPFORMER_PROMPT_BUCKETS=0); with ``--api`` also through
-``GPT.generate`` (token lists, as ``warpformer lambada`` calls it, and CPU tensors), with a
-cProfile of its host time; then, from a torch.profiler trace of the same batches: GPU busy time
-(the union of kernel intervals, so overlapping kernels under programmatic launch count once),
-idle time, the kernels and the host-side CUDA runtime calls.
+host copy) on the first pass over the batches (each new prompt token count plans its GEMMs, as
+in the benchmark), on a second pass, on a third without CUDA graphs, and with one new token (the
+prompt pass alone); with ``--api`` also through ``GPT.generate`` (token lists, as ``warpformer
+lambada`` calls it, and CPU tensors), with a cProfile of its host time; then, from a
+torch.profiler trace of the same batches: GPU busy time (the union of kernel intervals, so
+overlapping kernels under programmatic launch count once), idle time, the kernels and the
+host-side CUDA runtime calls.
 """
 
 from __future__ import annotations
@@ -81,8 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     samples = bl.make_samples(bl.LAMBADA_SAMPLES, shape.vocab, 0)
     batches = bl.make_batches(len(samples), args.batch)[: args.batches + 4]
     prep = common.prepare_model(shape, args.cache_dir, 0, need_hf=False)
-    # The longest sample, and the one-row prompts of up to 277 tokens below.
-    max_len = max(max(len(s.context) for s in samples) + max(bl.TARGET_LENS), 278)
+    # The longest sample, and the one-row prompts of up to 213 tokens below.
+    max_len = max(max(len(s.context) for s in samples) + max(bl.TARGET_LENS), 214)
     model = load_gpt_model(prep.model_dir, dtype=torch.float16, max_batch=args.batch,
                            max_seq_len=max_len)
     packed = [bl.pack(samples, b, left=False) for b in batches]
@@ -168,37 +167,24 @@ def main(argv: list[str] | None = None) -> int:
         print("GPT.generate with token lists under cProfile (host time by function, "
               f"{len(batches) - 4} calls):\n\n```\n{text.getvalue().strip()}\n```\n")
 
-    # What a new GEMM row count costs: prompt passes (with their first token, as the workload
-    # runs them) of one row of 150-213 tokens, counts the batches above never made, each timed on
-    # its first call and again; then of 214-277 tokens with the products at the exact count
-    # (WARPFORMER_PROMPT_BUCKETS=0), each count a plan of its own.
+    # What a new GEMM row count costs: prompt passes of one row of 150-213 tokens (counts the
+    # batches above never made), each timed on its first call and again.
     def one_row(n: int) -> float:
         ids = packed[4][0][:1, :1].expand(1, n).contiguous().cuda()
         lens = torch.tensor([n], dtype=torch.int32, device="cuda")
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        model.generate(ids, lens, 1, end)
+        model.forward(ids, lens)
         torch.cuda.synchronize()
         return 1000 * (time.perf_counter() - t0)
 
-    saved = os.environ.get("WARPFORMER_PROMPT_BUCKETS")
-    for label, counts, env in (("rounded counts (default)", range(150, 214), "1"),
-                               ("exact counts (WARPFORMER_PROMPT_BUCKETS=0)", range(214, 278),
-                                "0")):
-        os.environ["WARPFORMER_PROMPT_BUCKETS"] = env
-        q0, p0 = model.gemm_heuristic_queries(), model.gemm_cached_plans()
-        cold = [one_row(n) for n in counts]
-        queries = model.gemm_heuristic_queries() - q0
-        plans = model.gemm_cached_plans() - p0
-        warm = [one_row(n) for n in counts]
-        print(f"a new prompt token count, products at {label}: prompt pass of one row "
-              f"{statistics.mean(cold):.3f} ms on the first call against "
-              f"{statistics.mean(warm):.3f} again, over {len(cold)} counts ({plans} new cuBLASLt "
-              f"plans, {queries} heuristic queries)\n")
-    if saved is None:
-        del os.environ["WARPFORMER_PROMPT_BUCKETS"]
-    else:
-        os.environ["WARPFORMER_PROMPT_BUCKETS"] = saved
+    q0 = model.gemm_heuristic_queries()
+    cold = [one_row(n) for n in range(150, 214)]
+    queries = model.gemm_heuristic_queries() - q0
+    warm = [one_row(n) for n in range(150, 214)]
+    print(f"a new GEMM row count: prompt pass of one row {statistics.mean(cold):.3f} ms on the "
+          f"first call against {statistics.mean(warm):.3f} again, over {len(cold)} counts "
+          f"({queries} cuBLASLt heuristic queries)\n")
 
     acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=acts) as prof:

@@ -625,10 +625,8 @@ void Gemm::run_transposed(DType dtype, const void* in, const void* weight, const
   launch(GemmKey{m, n, k, dtype, epi, false, true}, in, weight, bias, out, 0.f);
 }
 
-void Gemm::launch(const GemmKey& exact, const void* in, const void* weight, const void* bias,
+void Gemm::launch(const GemmKey& key, const void* in, const void* weight, const void* bias,
                   void* out, float beta) {
-  GemmKey key = exact;
-  if (key.m > kExactRows && heuristic_rows(key.m) <= row_room_) key.m = heuristic_rows(key.m);
   const std::shared_ptr<Plan> held = plan_for(key);
   Plan& plan = *held;
   if (plan.workspace > ctx_->workspace_size()) reserve_workspace(plan.workspace, key);

@@ -22,11 +22,6 @@
 // cuBLASLt has checked it for the exact shape (cublasLtMatmulAlgoCheck); a shape it refuses, or
 // one in a tuning file, is planned exactly. A tuning file's entry for the rounded count itself
 // (gemm-tune --prompt-rows) replaces the heuristic's choice there, for every m it rounds from.
-// Where the caller says its buffers have the rows (RowRoom: a prompt pass's layers), such a
-// product runs at heuristic_rows(m) rows instead, computing rows past m that nothing reads: the
-// prompt lengths of a bucket then share one cached plan, where each new m cost ~0.5-0.7 ms of
-// host time on its first launch (the heuristic, cublasLtMatmulAlgoCheck and cuBLASLt's own first
-// call for a shape) and a workload of many lengths overflowed the plan cache.
 #pragma once
 
 #include <cublasLt.h>
@@ -197,25 +192,6 @@ class Gemm {
   // prefetch_weight). Off by default: the `warpformer.gemm` op cannot promise it.
   void set_static_weights(bool on) { static_weights_ = on; }
 
-  // While one lives, the in and out buffers of every product on this Gemm hold at least `rows`
-  // rows (0: exactly m, the default), so a cuBLASLt product of m > kExactRows rows runs at
-  // heuristic_rows(m) rows when that is at most `rows`. Rows are independent in a product: the
-  // extra rows read whatever the buffers hold and write rows that nothing reads. Products whose
-  // output is exactly m rows (logits, the ops) must not run inside one.
-  class RowRoom {
-   public:
-    RowRoom(Gemm* gemm, int64_t rows) : gemm_(gemm), before_(gemm->row_room_) {
-      gemm_->row_room_ = rows;
-    }
-    ~RowRoom() { gemm_->row_room_ = before_; }
-    RowRoom(const RowRoom&) = delete;
-    RowRoom& operator=(const RowRoom&) = delete;
-
-   private:
-    Gemm* gemm_;
-    int64_t before_;
-  };
-
   // Number of shapes whose plan is cached now (at most kMaxPlans).
   size_t cached_plans() const;
   // The cached shapes, one line each with the tuning file's key columns ("float16 m n k
@@ -282,7 +258,6 @@ class Gemm {
                     bool second_ready = false) const;
   // Rows up to which the GEMV runs [k, n] (or transposed [n, k]) products under the policy.
   int gemv_max_rows(bool transposed) const;
-  // Plans and launches `key`'s product, at heuristic_rows(m) rows where the RowRoom allows.
   void launch(const GemmKey& key, const void* in, const void* weight, const void* bias, void* out,
               float beta);
   // Grows the context's workspace to `bytes`; refuses while the stream is capturing a graph.
@@ -294,7 +269,6 @@ class Gemm {
   bool static_weights_ = false;
   bool norm_fusion_ = true;
   bool activation_epilogue_ = true;
-  int64_t row_room_ = 0;  // see RowRoom
   mutable std::mutex mu_;
   struct CachedPlan {
     std::shared_ptr<Plan> plan;

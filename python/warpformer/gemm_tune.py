@@ -31,8 +31,8 @@ __all__ = ["EXACT_ROWS", "MAX_PREFILL_GROUP_TOKENS", "MAX_WEIGHT_COPIES",
            "activation_bytes_per_token", "activation_epilogue_on", "add_arguments",
            "default_cold_bytes", "ffn_in_epilogue", "gemm_shapes", "heuristic_rows",
            "layer_shapes", "local_vocab", "logits_shapes", "parse_prompt_rows",
-           "prefill_group_tokens", "prefill_groups", "prompt_buckets_on", "row_buckets", "run",
-           "tune", "weight_copies"]
+           "prefill_group_tokens", "prefill_groups", "row_buckets", "run", "tune",
+           "weight_copies"]
 
 _TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -92,18 +92,6 @@ def heuristic_rows(m: int) -> int:
         return m
     step = max(16, (1 << (m - 1).bit_length()) // 16)
     return -(-m // step) * step
-
-
-def prompt_buckets_on() -> bool:
-    """Whether the engine runs a prompt pass's layer products at ``heuristic_rows`` of the
-    group's token count (``WARPFORMER_PROMPT_BUCKETS`` unset or ``1``; mirrors ``GptModel::
-    prompt_rows``) rather than at the count itself (``0``)."""
-    env = os.environ.get("WARPFORMER_PROMPT_BUCKETS")
-    if env is None or env == "1":
-        return True
-    if env != "0":
-        raise ValueError(f"WARPFORMER_PROMPT_BUCKETS must be 1 or 0, got {env!r}")
-    return False
 
 
 def row_buckets(lo: int, hi: int) -> list[int]:
@@ -239,8 +227,7 @@ def gemm_shapes(dims: ModelDims, batch: int, beam: int, max_input_len: int,
     """Every distinct GEMM the engine runs for this workload: the layers' products
     (``layer_shapes``) in the context phase at each prefill group's token count (``batch``
     prompts of ``max_input_len`` tokens, groups as ``prefill_groups`` with ``group_tokens``,
-    default ``prefill_group_tokens(dims, dtype_bytes)``; each group's products at its count's
-    ``heuristic_rows`` while ``prompt_buckets_on``) and in decode at ``batch * beam`` rows;
+    default ``prefill_group_tokens(dims, dtype_bytes)``) and in decode at ``batch * beam`` rows;
     the logits' (``logits_shapes``) at ``batch`` rows after the prompt and at ``batch * beam`` in
     decode.
     ``dtype_bytes`` is the element size (it decides the MLP-in epilogue). ``prompt_rows``
@@ -250,9 +237,8 @@ def gemm_shapes(dims: ModelDims, batch: int, beam: int, max_input_len: int,
         raise ValueError(f"group_tokens must be >= 1 (or None for the engine's default), got "
                          f"{group_tokens}")
     size = prefill_group_tokens(dims, dtype_bytes) if group_tokens is None else group_tokens
-    bucket = heuristic_rows if prompt_buckets_on() else (lambda m: m)
     shapes: list[GemmShape] = []
-    for tokens in sorted({bucket(t) for t in prefill_groups([max_input_len] * batch, size)}):
+    for tokens in sorted(set(prefill_groups([max_input_len] * batch, size))):
         shapes += layer_shapes(dims, tokens, "context", dtype_bytes)
     if prompt_rows is not None:
         for rows in row_buckets(*prompt_rows):

@@ -257,14 +257,11 @@ def test_benchmark_takes_stacked_weight_copies(monkeypatch):
     assert copies > 1  # every GPU this runs on has more than 1 MiB of L2
 
 
-def test_plan_cache_keeps_the_most_recent_shapes(tmp_path, monkeypatch):
-    """A server meets a new GEMM m with every prompt length (here the prompt's products run at
-    the exact token count, WARPFORMER_PROMPT_BUCKETS=0): the model's cuBLASLt plan cache stops
+def test_plan_cache_keeps_the_most_recent_shapes(tmp_path):
+    """A server meets a new GEMM m with every prompt length: the model's cuBLASLt plan cache stops
     at Gemm::kMaxPlans (1024) shapes, dropping the least recently used, and a dropped shape is
     planned again with the same result."""
     from warpformer.models.gpt import load_gpt_model
-
-    monkeypatch.setenv("WARPFORMER_PROMPT_BUCKETS", "0")
 
     cfg = _tiny_gpt2(n_embd=64, n_head=1, n_layer=1, n_positions=512)
     model = load_gpt_model(_checkpoint(tmp_path, cfg, "fp16"), max_batch=1, max_seq_len=512)
@@ -283,21 +280,15 @@ def test_plan_cache_keeps_the_most_recent_shapes(tmp_path, monkeypatch):
     assert torch.equal(logits(20), first)  # dropped long ago, planned again
 
 
-@pytest.mark.parametrize("buckets", ["1", "0"])
-def test_new_row_counts_reuse_the_rounded_heuristic(buckets, tmp_path, monkeypatch):
+def test_new_row_counts_reuse_the_rounded_heuristic(tmp_path):
     """Each new prompt token count is a new GEMM m. Above 64 rows the engine asks cuBLASLt's
-    heuristic once per m rounded up (to a multiple of 64 between 513 and 1024): the prompts of
-    513 to 576 tokens make the heuristic queries of the first of them only, 577 makes new ones,
-    and the logits match HF in fp32 and fp16. By default (buckets "1") the layers' products run
-    at the rounded count itself, so those prompts plan them once, at 576 rows, the rows past the
-    prompt computing values nothing reads; with WARPFORMER_PROMPT_BUCKETS=0 each count is its
-    own plan, borrowing the rounded count's algorithm once cuBLASLt has checked it for the exact
-    shape."""
+    heuristic once per m rounded up (to a multiple of 64 between 513 and 1024) and reuses that
+    algorithm for every m it rounds to, after cuBLASLt has checked it for the exact shape: the
+    prompts of 513 to 576 tokens make the heuristic queries of the first of them only, 577 makes
+    new ones, and the logits of a reused algorithm match HF in fp32 and fp16."""
     import transformers
 
     from warpformer.models.gpt import load_gpt_model
-
-    monkeypatch.setenv("WARPFORMER_PROMPT_BUCKETS", buckets)
 
     cfg = _tiny_gpt2(n_embd=128, n_head=2, n_layer=2, n_positions=1024)
     cfg._attn_implementation = "eager"
@@ -323,9 +314,6 @@ def test_new_row_counts_reuse_the_rounded_heuristic(buckets, tmp_path, monkeypat
         for n in (514, 540, 575, 576):
             logits(n)
             assert model.gemm_heuristic_queries() == first, f"{n} tokens asked the heuristic"
-        layer_rows = {int(line.split()[1]) for line in model.gemm_plan_shapes()
-                      if line.split()[4] == "0"}  # not the transposed lm_head
-        assert layer_rows == ({576} if buckets == "1" else {513, 514, 540, 575, 576}), layer_rows
         logits(577)
         assert model.gemm_heuristic_queries() > first
         err = float((logits(540).float() - ref).abs().max())
@@ -337,17 +325,12 @@ def test_new_row_counts_reuse_the_rounded_heuristic(buckets, tmp_path, monkeypat
                 f"fp16: ours {err:.3e} vs HF fp16 {err_hf:.3e}")
 
 
-@pytest.mark.parametrize("buckets", ["1", "0"])
-def test_tuned_rounded_row_counts_serve_every_prompt_length(buckets, tmp_path, monkeypatch):
+def test_tuned_rounded_row_counts_serve_every_prompt_length(tmp_path):
     """gemm-tune --prompt-rows tunes the rounded row counts of a range; a prompt of any length in
-    it takes its products' algorithms from the file (through the count it rounds to) and
-    computes what the untuned model computes (fp16: within rounding). The products run at the
-    rounded count, one plan per count (buckets "1", the default), or at the prompt's own count
-    with WARPFORMER_PROMPT_BUCKETS=0, one plan per new length."""
+    it takes its products' algorithms from the file (through the count it rounds to), one plan
+    per new length, and computes what the untuned model computes (fp16: within rounding)."""
     from warpformer.gemm_tune import row_buckets
     from warpformer.models.gpt import load_gpt_model
-
-    monkeypatch.setenv("WARPFORMER_PROMPT_BUCKETS", buckets)
 
     ckpt = _checkpoint(tmp_path, _tiny_gpt2(n_embd=128, n_head=2, n_layer=2, n_positions=1024),
                        "fp16")
@@ -366,15 +349,13 @@ def test_tuned_rounded_row_counts_serve_every_prompt_length(buckets, tmp_path, m
                              torch.tensor([n], dtype=torch.int32, device="cuda"))[0].float()
 
     assert tuned.gemm_tuned_plans() == 0
-    # the four layer products' plans from 576's or 640's entries after each length: per new
-    # rounded count (530 and 531 share 576), or per new length
-    want = [4, 4, 8] if buckets == "1" else [4, 8, 12]
-    for n, plans in zip((530, 531, 600), want, strict=True):
+    for i, n in enumerate((530, 531, 600), start=1):
         a, b = logits(tuned, n), logits(plain, n)
-        assert tuned.gemm_tuned_plans() == plans, n
+        # the four layer products of a new prompt length, borrowed from 576's or 640's entries
+        assert tuned.gemm_tuned_plans() == 4 * i, n
         torch.testing.assert_close(a, b, rtol=2e-3, atol=2e-3 * float(b.abs().max()))
     logits(tuned, 700)  # rounds to 704: not in the file, the heuristic's choice
-    assert tuned.gemm_tuned_plans() == want[-1]
+    assert tuned.gemm_tuned_plans() == 12
     assert plain.gemm_tuned_plans() == 0
 
 
@@ -440,8 +421,8 @@ def test_prefill_groups_follow_the_activation_budget(dtype, tmp_path, monkeypatc
     """A 1,024-wide model's prompt of 4 x 1,000 tokens runs as one group of 4,000 tokens in fp16
     (16 KiB of activations a token: 4,096-token groups fit GptModel::kPrefillActivationBytes) and
     as two of 2,000 in fp32 (32 KiB a token: 2,048), as gemm-tune's mirror says; the
-    prompt's products show it (their m is the group's token count rounded up, 4,096 / 2,048)."""
-    from warpformer.gemm_tune import heuristic_rows, prefill_group_tokens, prefill_groups
+    prompt's products show it (their m is the group's token count)."""
+    from warpformer.gemm_tune import prefill_group_tokens, prefill_groups
     from warpformer.models.gpt import load_gpt_model
     from warpformer.weights import read_config
 
@@ -456,9 +437,8 @@ def test_prefill_groups_follow_the_activation_budget(dtype, tmp_path, monkeypatc
     elem = torch.empty(0, dtype=dtype).element_size()
     dims = ModelDims.from_config(read_config(ckpt.parent))
     assert prefill_group_tokens(dims, elem) == (4096 if elem == 2 else 2048)
-    groups = set(prefill_groups([1000] * 4, prefill_group_tokens(dims, elem)))
-    assert groups == ({4000} if elem == 2 else {2000}), (dtype, groups)
-    assert qkv_rows == {heuristic_rows(g) for g in groups} == ({4096} if elem == 2 else {2048})
+    want = set(prefill_groups([1000] * 4, prefill_group_tokens(dims, elem)))
+    assert qkv_rows == want == ({4000} if elem == 2 else {2000}), (dtype, qkv_rows)
     # forward() computes a group's logits 2,048 rows at a time: the 4,000-token group's rows
     # (two chunks) equal each sequence scored alone (one chunk of 1,000), within rounding.
     lens = torch.full((4,), 1000, dtype=torch.int32, device="cuda")

@@ -191,7 +191,7 @@ void GptModel::decode_start(const int32_t* ids, const std::vector<int32_t>& leng
   s.serial = ++session_serial_;
   s.shared = shares_step_graph(opt);
   ensure_kv(s.rows, s.total);
-  ensure_activations(std::max(prompt_rows(plan_prefill(lengths)), s.rows), s.rows);
+  ensure_activations(std::max(plan_prefill(lengths), s.rows), s.rows);
   const size_t need = session_layout(nullptr);
   if (need > state_need_) {
     state_.reset();

@@ -94,17 +94,6 @@ bool pp_decode_split_from_env() {
   return false;
 }
 
-// WARPFORMER_PROMPT_BUCKETS, read per call: "1" (or unset) runs a prompt pass's products at
-// their bucketed row count (Gemm::RowRoom), "0" at the exact token count (for comparisons; the
-// tokens are the same up to the algorithm's rounding).
-bool prompt_buckets_from_env() {
-  const char* env = std::getenv("WARPFORMER_PROMPT_BUCKETS");
-  if (env == nullptr || std::strcmp(env, "1") == 0) return true;
-  TORCH_CHECK(std::strcmp(env, "0") == 0, "WARPFORMER_PROMPT_BUCKETS must be 1 or 0; got '", env,
-              "'");
-  return false;
-}
-
 // Grow policy: at least what is needed, at least 1.5x the previous size (fewer regrowths when
 // calls creep upwards), at most the limit.
 int64_t grown(int64_t need, int64_t have, int64_t limit) {
@@ -422,10 +411,6 @@ int64_t GptModel::activation_bytes_per_token() const {
   return words * static_cast<int64_t>(dtype_size(dtype_));
 }
 
-int64_t GptModel::prompt_rows(int64_t group_tokens) const {
-  return prompt_buckets_from_env() ? Gemm::heuristic_rows(group_tokens) : group_tokens;
-}
-
 int64_t GptModel::plan_prefill(const std::vector<int32_t>& lengths) {
   int64_t total = 0;
   for (int32_t l : lengths) total += l;
@@ -532,33 +517,26 @@ void GptModel::prefill(const int32_t* ids, const std::vector<int32_t>& lengths, 
     WF_CUDA_CHECK(kernels::launch_gather_rows(d_ids_, ids, d_gather_, tokens, sizeof(int32_t),
                                               ctx_->stream()));
   }
-  // The layers' buffers hold act_tokens_ rows, which the caller made at least
-  // prompt_rows(largest group): each group's products run at their row count's bucket.
-  const int64_t room = prompt_buckets_from_env() ? act_tokens_ : 0;
   for (int64_t gi = 0; gi < n_groups; ++gi) {
     const PrefillGroup& g = groups_[gi];
-    {
-      Gemm::RowRoom rows(gemm_.get(), room);
-      if (cfg_.first_stage()) {
-        embed(d_ids_ + g.t0, d_pos_ + g.t0, g.tokens(), seq);
-      } else {
-        stage_recv(g.tokens());
-      }
-      layers::AttentionInputs ai{};
-      ai.num_slots = static_cast<int>(kv_slots_);
-      ai.max_seq = static_cast<int>(kv_seq_);
-      ai.token_slot = d_slot_ + g.t0;
-      ai.token_pos = d_pos_ + g.t0;
-      ai.alibi_slopes = alibi_.as<float>();
-      ai.decode = false;
-      ai.cu_seqlens = d_cu_ + g.b0 + gi;
-      ai.seq_slot = d_iota_ + g.b0;
-      ai.batch = static_cast<int>(g.b1 - g.b0);
-      ai.max_seqlen = g.max_len;
-      run_layers(g.tokens(), ai);
+    if (cfg_.first_stage()) {
+      embed(d_ids_ + g.t0, d_pos_ + g.t0, g.tokens(), seq);
+    } else {
+      stage_recv(g.tokens());
     }
+    layers::AttentionInputs ai{};
+    ai.num_slots = static_cast<int>(kv_slots_);
+    ai.max_seq = static_cast<int>(kv_seq_);
+    ai.token_slot = d_slot_ + g.t0;
+    ai.token_pos = d_pos_ + g.t0;
+    ai.alibi_slopes = alibi_.as<float>();
+    ai.decode = false;
+    ai.cu_seqlens = d_cu_ + g.b0 + gi;
+    ai.seq_slot = d_iota_ + g.b0;
+    ai.batch = static_cast<int>(g.b1 - g.b0);
+    ai.max_seqlen = g.max_len;
+    run_layers(g.tokens(), ai);
     if (cfg_.last_stage()) {
-
       done(g);
     } else {
       stage_send(g.tokens());
@@ -597,7 +575,7 @@ void GptModel::forward(const int32_t* ids, const std::vector<int32_t>& lengths, 
   const int64_t batch = static_cast<int64_t>(lengths.size());
   ensure_kv(batch, seq);
   const int64_t group_tokens = plan_prefill(lengths);
-  ensure_activations(prompt_rows(group_tokens), batch);
+  ensure_activations(group_tokens, batch);
   const int64_t v = cfg_.vocab_size, vp = cfg_.vocab_padded();
   const size_t es = dtype_size(dtype_);
   const size_t row_bytes = v * es;

@@ -192,11 +192,6 @@ class GptModel {
   // size (none over it unless one sequence is); returns the largest group's token count, which
   // is what the activation buffer must hold.
   int64_t plan_prefill(const std::vector<int32_t>& lengths);
-  // The rows the activation buffer must hold for a prompt whose largest group has
-  // `group_tokens` tokens: the row count the group's products run at (Gemm::heuristic_rows;
-  // prefill() runs them in a Gemm::RowRoom), or the tokens themselves with
-  // WARPFORMER_PROMPT_BUCKETS=0.
-  int64_t prompt_rows(int64_t group_tokens) const;
   // The group size: WARPFORMER_PREFILL_TOKENS, else as prefill_group_tokens() says.
   int64_t prefill_group_size() const;
   // Refuses a communicator whose ranks would cut the prompt, or split decode steps, differently
