@@ -17,7 +17,7 @@
 // reserve_workspace) on their first eager launch. The cache keeps the
 // kMaxPlans most recently used shapes: a long-running server meets a new m with every prompt
 // length, and a dropped shape only costs a re-plan when it comes back. A new m above
-// kExactRows does not pay a heuristic query (~0.3 ms of host time) either: it borrows the
+// kExactRows does not pay a heuristic query (0.3-1.5 ms of host time) either: it borrows the
 // algorithm the heuristic chose for m rounded up to a step of 6-12% of m (heuristic_rows), once
 // cuBLASLt has checked it for the exact shape (cublasLtMatmulAlgoCheck); a shape it refuses, or
 // one in a tuning file, is planned exactly. A tuning file's entry for the rounded count itself
