@@ -152,28 +152,37 @@ GptModelHolder::GptModelHolder(const std::string& config, c10::Dict<std::string,
   w.pre_ln_b = ptr("pre_decoder_layernorm.bias");
   w.final_ln_w = ptr("final_layernorm.weight");
   w.final_ln_b = ptr("final_layernorm.bias");
-  w.lm_head = owned_.count("lm_head.weight") ? ptr("lm_head.weight") : ptr("wte");
-  w.lm_head_b = ptr("lm_head.bias");
   if (cfg.last_stage()) {
     // The head multiplies local_vocab() rows: this rank's slice of the vocabulary, padded to a
     // multiple of 8. On one GPU a tensor whose storage already holds the padding rows past its
     // vocab_size (load_weights allocates it so) is used in place: the padding logits are never
-    // read, so those rows need no particular values. Otherwise the rows are copied, with zeros.
+    // read, so those rows need no particular values. Otherwise the rows are copied, with zeros,
+    // and the full tensor is dropped unless the embedding still reads it (a tied head on the
+    // first stage): what stays alive of it is the caller's own tensor, not a converted copy.
     const int64_t vl = cfg.local_vocab(), start = cfg.tensor_para_rank * vl;
     const int64_t n = std::max<int64_t>(0, std::min(vl, cfg.vocab_size - start));
-    const bool tied = owned_.count("lm_head.weight") == 0;
-    const at::Tensor& head = owned_.at(tied ? "wte" : "lm_head.weight");
+    const std::string head_name = owned_.count("lm_head.weight") ? "lm_head.weight" : "wte";
+    const at::Tensor head = owned_.at(head_name);
     const bool one_gpu = cfg.tensor_para_size == 1;
-    if (!one_gpu || (vl != cfg.vocab_size && !storage_holds_rows(head, vl))) {
+    const bool pad_bias = owned_.count("lm_head.bias") && (!one_gpu || vl != cfg.vocab_size);
+    const bool copy_head = !one_gpu || (vl != cfg.vocab_size && !storage_holds_rows(head, vl));
+    w.lm_head = head.data_ptr();
+    w.lm_head_b = ptr("lm_head.bias");
+    if (copy_head) {
       at::Tensor local = at::zeros({vl, cfg.embed_dim()}, head.options());
       if (n > 0) local.narrow(0, 0, n).copy_(head.narrow(0, start, n));
       owned_["lm_head.local"] = local;
       w.lm_head = local.data_ptr();
+      if (head_name == "lm_head.weight" || !cfg.first_stage()) {
+        owned_.erase(head_name);
+        if (head_name == "wte") w.wte = nullptr;
+      }
     }
-    if (owned_.count("lm_head.bias") && (!one_gpu || vl != cfg.vocab_size)) {
+    if (pad_bias) {
       at::Tensor lb = at::zeros({vl}, head.options());
       if (n > 0) lb.narrow(0, 0, n).copy_(owned_.at("lm_head.bias").narrow(0, start, n));
       owned_["lm_head.bias.local"] = lb;
+      owned_.erase("lm_head.bias");
       w.lm_head_b = lb.data_ptr();
     }
   }

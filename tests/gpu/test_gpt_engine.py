@@ -204,9 +204,14 @@ def test_greedy_matches_hf(name, workdir):
 
 
 # An odd vocabulary, as GPT-2's 50,257: logits rows of 2-byte alignment.
-ODD = {"gpt2-odd-vocab": lambda: transformers.GPT2Config(
-    vocab_size=1001, n_embd=128, n_head=2, n_layer=2, n_positions=512, bos_token_id=1,
-    eos_token_id=2)}
+ODD = {
+    "gpt2-odd-vocab": lambda: transformers.GPT2Config(
+        vocab_size=1001, n_embd=128, n_head=2, n_layer=2, n_positions=512, bos_token_id=1,
+        eos_token_id=2),
+    "gptj-odd-vocab": lambda: transformers.GPTJConfig(  # an untied head with a bias
+        vocab_size=1001, n_embd=256, n_head=4, n_layer=2, rotary_dim=32, n_positions=512,
+        bos_token_id=1, eos_token_id=2),
+}
 
 
 @pytest.mark.parametrize("rows", [2, 12])
@@ -280,6 +285,35 @@ def test_odd_vocabulary_head_in_place_or_copied(workdir):
     logits = [m.forward(ids, lens) for m in models]
     assert logits[0].shape[-1] == 1001 and not logits[0].isnan().any()
     assert torch.equal(logits[0], logits[1])
+
+
+def test_untied_odd_head_keeps_no_converted_copy(workdir):
+    """GPT-J's untied head and its bias, of an odd vocabulary, given as exact [1001, e] tensors:
+    the engine pads them by copying into 1,008-row buffers and keeps no full-size copy besides.
+    Given fp32 tensors for an fp16 model it converts every weight, so it holds more than a model
+    given fp16 tensors (which it uses as they are) by exactly the converted weights other than
+    the head and its bias; greedy tokens are the same."""
+    hf, path = converted("gptj-odd-vocab", ODD, workdir, peak=4.0)
+    config = read_config(path)
+    # exact copies: load_weights' head and wte are views of padded storage
+    w32 = {k: v.clone() for k, v in load_weights(path, dtype=torch.float32, device="cuda").items()}
+    assert w32["lm_head.weight"].shape == (1001, 256) and w32["lm_head.bias"].shape == (1001,)
+    w16 = {k: v.half() for k, v in w32.items()}
+    warm = build_gpt_model(config, w16, dtype=torch.float16, max_batch=2, max_seq_len=64)
+    del warm
+    models, grew = [], []
+    for w in (w16, w32):
+        before = torch.cuda.memory_allocated()
+        models.append(build_gpt_model(config, w, dtype=torch.float16, max_batch=2,
+                                      max_seq_len=64))
+        grew.append(torch.cuda.memory_allocated() - before)
+    # the caching allocator's blocks are multiples of 512 bytes
+    converted_bytes = sum(-(-v.numel() * 2 // 512) * 512 for k, v in w32.items()
+                          if k not in ("lm_head.weight", "lm_head.bias"))
+    assert abs(grew[1] - grew[0] - converted_bytes) < 65536, (grew, converted_bytes)
+    ids, lens = random_batch(1001, [7, 3], seed=4)
+    outs = [m.generate(ids, lens, 8)[0] for m in models]
+    assert torch.equal(outs[0], outs[1])
 
 
 @pytest.mark.parametrize("name", ["gpt2", "bloom", "gptj", "gptneox-parallel"])
