@@ -120,11 +120,20 @@ __device__ __forceinline__ void normalize_input(const GemvNorm<T>& g, const T* g
     const int64_t row_off = static_cast<int64_t>(m) * k;
     float mean = 0.f;
     if (layer_norm) {
-      const float shift = norm::first_x(nm, row_off);
+      // The shift is x[0] of the row (norms.cu): thread 0's first vector, shared through shared
+      // memory while the other threads' first vectors are in flight (no round trip of its own).
+      __shared__ float shift_s;
+      const bool loads = threadIdx.x < g.norm_threads && static_cast<int>(threadIdx.x) < nvec;
+      float x[V];
+      if (loads) norm::load_x<T, V>(nm, row_off, threadIdx.x * V, x);
+      if (threadIdx.x == 0) shift_s = x[0];
+      __syncthreads();
+      const float shift = shift_s;
       float sum = 0.f;
-      if (threadIdx.x < g.norm_threads) {
-        for (int v = threadIdx.x; v < nvec; v += g.norm_threads) {
-          float x[V];
+      if (loads) {
+#pragma unroll
+        for (int j = 0; j < V; ++j) sum += x[j] - shift;
+        for (int v = threadIdx.x + g.norm_threads; v < nvec; v += g.norm_threads) {
           norm::load_x<T, V>(nm, row_off, v * V, x);
 #pragma unroll
           for (int j = 0; j < V; ++j) sum += x[j] - shift;

@@ -45,17 +45,28 @@ __global__ void __launch_bounds__(kMaxThreads) norm_kernel(const NormParams<T> p
 
   // LayerNorm sums x - shift, with shift = x[0] of the row, so that a large common offset (a
   // residual stream's mean far from 0) does not eat the fp32 sum's precision.
-  // Every thread must use the same shift: read it before anyone writes residual_out.
-  const float shift = layer_norm ? norm::first_x(p, row_off) : 0.f;
-  if (layer_norm && p.residual_out != nullptr) __syncthreads();
   if constexpr (ITEMS > 0) {
     float x[ITEMS][VEC];
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      const int v = threadIdx.x + i * blockDim.x;
+      if (v < nvec) norm::load_x<T, VEC>(p, row_off, v * VEC, x[i]);
+    }
+    // Thread 0's first vector starts the row: its x[0] is the shift, shared through shared
+    // memory rather than read again from global memory by every thread (a round trip more).
+    __shared__ float shift_s;
+    float shift = 0.f;
+    if (layer_norm) {
+      if (threadIdx.x == 0) shift_s = x[0][0];
+      __syncthreads();
+      shift = shift_s;
+    }
     float sum = 0.f;
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       const int v = threadIdx.x + i * blockDim.x;
       if (v < nvec) {
-        norm::load_x<T, VEC>(p, row_off, v * VEC, x[i]);
+        // Each thread writes only the vectors it read: residual_out may alias an input.
         if (p.residual_out != nullptr) store_vec<T, VEC>(p.residual_out + row_off + v * VEC, x[i]);
 #pragma unroll
         for (int j = 0; j < VEC; ++j) sum += x[i][j] - shift;
@@ -78,6 +89,9 @@ __global__ void __launch_bounds__(kMaxThreads) norm_kernel(const NormParams<T> p
     }
   } else {
     // Row too long for registers. After the first pass x lives in residual_out if requested.
+    // Every thread must use the same shift: read it before anyone writes residual_out.
+    const float shift = layer_norm ? norm::first_x(p, row_off) : 0.f;
+    if (layer_norm && p.residual_out != nullptr) __syncthreads();
     auto reload = [&](int v, float (&x)[VEC]) {
       if (p.residual_out != nullptr) {
         load_vec<T, VEC>(p.residual_out + row_off + v * VEC, x);
