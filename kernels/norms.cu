@@ -50,13 +50,7 @@ __global__ void __launch_bounds__(kMaxThreads) norm_kernel(const NormParams<T> p
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       const int v = threadIdx.x + i * blockDim.x;
-      if (v < nvec) {
-        norm::load_x<T, VEC>(p, row_off, v * VEC, x[i]);
-        // The norm weights are needed only after the two reductions: fetched into L1 with the
-        // row, they are not an L2 round trip of their own there.
-        prefetch_l1(p.gamma + v * VEC);
-        if (p.beta != nullptr) prefetch_l1(p.beta + v * VEC);
-      }
+      if (v < nvec) norm::load_x<T, VEC>(p, row_off, v * VEC, x[i]);
     }
     // Thread 0's first vector starts the row: its x[0] is the shift, shared through shared
     // memory rather than read again from global memory by every thread (a round trip more).
