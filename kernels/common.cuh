@@ -92,12 +92,6 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
 
 __host__ __device__ constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
-// Asks L1 for the line holding p, so that a later load of it does not wait on L2. Only for
-// data that no kernel still running writes (L1 is not coherent with such writes).
-__device__ __forceinline__ void prefetch_l1(const void* p) {
-  asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
-}
-
 // ---- launches -----------------------------------------------------------------------------------
 // Programmatic dependent launch (sm_90): a kernel started with launch_kernel() may be scheduled
 // before the kernel ahead of it on the stream has finished, which hides the launch gap between

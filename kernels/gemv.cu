@@ -63,6 +63,10 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
+__device__ __forceinline__ void prefetch_l1(const void* p) {
+  asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
+}
+
 // act(v + bias[col]) (+ beta * out[idx]): an output element's epilogue.
 template <typename T>
 __device__ __forceinline__ float finish(float v, const T* bias, Activation act, float beta,

@@ -23,10 +23,6 @@ constexpr int kSplitThreshold = 2048;   // max_seq at which long caches are spli
 constexpr int kSmallWorkChunk = 512;    // keys per chunk when rows * heads is small
 constexpr int kLargeWorkChunk = 4096;   // keys per chunk otherwise (bounds shared memory)
 constexpr int kSmallWork = 1024;        // rows * heads below which (row, head) pairs are split
-// Bytes of value rows a block asks L1 for during pass 1 (the first keys of its chunk), so that
-// pass 2 does not start with an L2 round trip; a bound on what they take of L1.
-constexpr int kValuePrefetchBytes = 32 << 10;
-constexpr int kLineBytes = 128;
 
 constexpr int next_pow2(int x) { return x <= 1 ? 1 : 2 * next_pow2((x + 1) / 2); }
 
@@ -197,11 +193,6 @@ __global__ void __launch_bounds__(kThreads, 2)
     return cache + src * slot_stride + h * head_stride + static_cast<int64_t>(k) * D;
   };
 
-  // Value rows to ask L1 for while pass 1 runs: the chunk's first keys, except the new token's
-  // row, which this block may have just written (L1 would not see that write).
-  constexpr int kRowBytes = D * static_cast<int>(sizeof(T));
-  const int prefetch_end = min(end, start + kValuePrefetchBytes / kRowBytes);
-
   // Pass 1: logits. The loop bounds are uniform over the block so the shuffles stay converged.
   float thread_max = -INFINITY;
   for (int base = start; base < end; base += NGROUPS * kUnroll) {
@@ -212,10 +203,6 @@ __global__ void __launch_bounds__(kThreads, 2)
       const int k = base + u * NGROUPS + g;
       const T* krow = k < end ? cache_row(p.k_cache, k) : nullptr;
       valid[u] = krow != nullptr;
-      if (k < prefetch_end && k != q_pos && li * kLineBytes < kRowBytes) {
-        const T* vrow = cache_row(p.v_cache, k);
-        if (vrow != nullptr) prefetch_l1(reinterpret_cast<const char*>(vrow) + li * kLineBytes);
-      }
 #pragma unroll
       for (int n = 0; n < NV; ++n) {
         const int vi = li + n * TPK;
