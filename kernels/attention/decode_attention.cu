@@ -51,27 +51,28 @@ struct DecodeShape {
   static_assert(D % VEC == 0, "head_dim must be a multiple of the vector width");
 };
 
-// The fused kernel's QKV preparation: the block's query, bias added and rotated at the new
-// token's position, rounded to T like launch_qkv_prep's q_out, into q_s; and when the block's key
-// chunk [start, end) holds that position, the new key and value into the cache. Same arithmetic
-// as qkv_prep_kernel, so fused and unfused results are bit-identical. Ends with a barrier: the
-// written cache row is read back by this block's own passes.
+// The fused kernel's QKV preparation in two parts. load_new_token reads what this thread needs
+// of the new token: its rotary pair j = threadIdx.x of q and k (bias added), its element of v,
+// its rotary frequency. It runs first thing after the wait, so those loads share one round trip
+// with the row's length, on which nothing of them depends. prepare_new_token then forms the
+// block's query, rotated at the new token's position and rounded to T like launch_qkv_prep's
+// q_out, into q_s. When the block's key chunk [start, end) holds that position, it also writes
+// the new key and value into the cache. The arithmetic is qkv_prep_kernel's (the angle exactly as
+// attn::rotary_table forms it), so fused and unfused results are bit-identical. Every pair,
+// element and angle belongs to one thread (D <= kThreads), so none passes through shared memory.
+// It ends with a barrier: q_s is read by every thread, and the written cache row by this block's
+// own passes.
+struct NewToken {
+  float qa = 0.f, qb = 0.f, ka = 0.f, kb = 0.f;  // the pair's q and k elements, biased
+  float v = 0.f;                                  // v element threadIdx.x, biased
+  float inv_freq = 0.f;                           // rotary frequency of pair threadIdx.x
+};
+
 template <typename T, int D>
-__device__ __forceinline__ void prepare_new_token(const DecodeAttentionParams<T>& p,
-                                                  const DecodeQkvInputs<T>& f, int row,
-                                                  int h, int slot, int start, int end,
-                                                  float* q_s, float* cos_s, float* sin_s) {
-  const int pos = p.lengths[row] - 1;  // launch_qkv_prep's token_pos (unclamped)
-  const bool write = pos >= start && pos < end;
-  const int rot_half = f.rotary_style == RotaryStyle::kNone ? 0 : f.rotary_dim / 2;
-  for (int i = threadIdx.x; i < rot_half; i += blockDim.x) {
-    // The angle exactly as attn::rotary_table forms it, from the precomputed frequencies.
-    float sn, cs;
-    sincosf(static_cast<float>(pos) * f.rotary_inv_freq[i], &sn, &cs);
-    cos_s[i] = cs;
-    sin_s[i] = sn;
-  }
-  __syncthreads();
+__device__ __forceinline__ NewToken load_new_token(const DecodeAttentionParams<T>& p,
+                                                   const DecodeQkvInputs<T>& f, int row, int h) {
+  static_assert(D <= kThreads, "one thread per pair and per element of v");
+  NewToken t;
   const int64_t row_elems = static_cast<int64_t>(p.heads) * D;  // one of q/k/v of a token
   const T* src = f.qkv + static_cast<int64_t>(row) * 3 * row_elems + static_cast<int64_t>(h) * D;
   const T* bias = f.qkv_bias != nullptr ? f.qkv_bias + static_cast<int64_t>(h) * D : nullptr;
@@ -79,34 +80,54 @@ __device__ __forceinline__ void prepare_new_token(const DecodeAttentionParams<T>
     const int64_t off = part * row_elems + d;
     return attn::load_biased(src, bias, off, static_cast<int>(off));
   };
+  const int rot_half = f.rotary_style == RotaryStyle::kNone ? 0 : f.rotary_dim / 2;
+  const int j = threadIdx.x;
+  if (j < D / 2) {
+    int a, b;
+    attn::rotary_pair(j, rot_half, f.rotary_style == RotaryStyle::kInterleaved, a, b);
+    t.qa = load(0, a);
+    t.qb = load(0, b);
+    t.ka = load(1, a);
+    t.kb = load(1, b);
+  }
+  if (j < D) t.v = load(2, j);
+  if (j < rot_half) t.inv_freq = f.rotary_inv_freq[j];
+  return t;
+}
+
+template <typename T, int D>
+__device__ __forceinline__ void prepare_new_token(const DecodeAttentionParams<T>& p,
+                                                  const DecodeQkvInputs<T>& f,
+                                                  const NewToken& t, int pos, int h, int slot,
+                                                  int start, int end, float* q_s) {
+  const bool write = pos >= start && pos < end;  // pos: launch_qkv_prep's token_pos (unclamped)
+  const int rot_half = f.rotary_style == RotaryStyle::kNone ? 0 : f.rotary_dim / 2;
   // The caches are const in the params (the plain kernel only reads them); the fused one writes
   // the new row, which no other block reads.
   const int64_t cache_off =
       ((static_cast<int64_t>(slot) * p.heads + h) * p.max_seq + pos) * D;
   T* k_new = const_cast<T*>(p.k_cache) + cache_off;
   T* v_new = const_cast<T*>(p.v_cache) + cache_off;
-  const bool interleaved = f.rotary_style == RotaryStyle::kInterleaved;
-  for (int j = threadIdx.x; j < D / 2; j += blockDim.x) {
+  const int j = threadIdx.x;
+  if (j < D / 2) {
     int a, b;
-    const bool rot = attn::rotary_pair(j, rot_half, interleaved, a, b);
-    for (int part = 0; part < (write ? 2 : 1); ++part) {  // q, then k
-      const float x = load(part, a), y = load(part, b);
-      float ox = x, oy = y;
-      if (rot) attn::rotate(x, y, cos_s[j], sin_s[j], ox, oy);
-      if (part == 0) {
-        q_s[a] = to_float(from_float<T>(ox));
-        q_s[b] = to_float(from_float<T>(oy));
-      } else {
-        k_new[a] = from_float<T>(ox);
-        k_new[b] = from_float<T>(oy);
-      }
+    const bool rot =
+        attn::rotary_pair(j, rot_half, f.rotary_style == RotaryStyle::kInterleaved, a, b);
+    float qx = t.qa, qy = t.qb, kx = t.ka, ky = t.kb;
+    if (rot) {
+      float sn, cs;
+      sincosf(static_cast<float>(pos) * t.inv_freq, &sn, &cs);
+      attn::rotate(t.qa, t.qb, cs, sn, qx, qy);
+      attn::rotate(t.ka, t.kb, cs, sn, kx, ky);
+    }
+    q_s[a] = to_float(from_float<T>(qx));
+    q_s[b] = to_float(from_float<T>(qy));
+    if (write) {
+      k_new[a] = from_float<T>(kx);
+      k_new[b] = from_float<T>(ky);
     }
   }
-  if (write) {
-    for (int d = threadIdx.x; d < D; d += blockDim.x) {
-      v_new[d] = from_float<T>(load(2, d));
-    }
-  }
+  if (write && j < D) v_new[j] = from_float<T>(t.v);
   __syncthreads();
 }
 
@@ -134,6 +155,9 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int64_t out_off = (static_cast<int64_t>(row) * p.heads + h) * D;
   const int64_t part = (static_cast<int64_t>(row) * p.heads + h) * splits + split;
 
+  // The new token's inputs first: their loads then share a round trip with the length's.
+  NewToken new_token;
+  if constexpr (FUSED) new_token = load_new_token<T, D>(p, f, row, h);
   const int len = min(p.lengths[row], p.max_seq);
   const int slot = p.row_slot != nullptr ? p.row_slot[row] : row;
   const bool row_ok = len >= 1 && slot >= 0 && slot < p.num_slots;
@@ -154,9 +178,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   float q[NV][VEC];
   if constexpr (FUSED) {
     __shared__ float q_s[D];
-    __shared__ float cos_s[D / 2];
-    __shared__ float sin_s[D / 2];
-    prepare_new_token<T, D>(p, f, row, h, slot, start, end, q_s, cos_s, sin_s);
+    prepare_new_token<T, D>(p, f, new_token, p.lengths[row] - 1, h, slot, start, end, q_s);
 #pragma unroll
     for (int n = 0; n < NV; ++n) {
       const int vi = li + n * TPK;
