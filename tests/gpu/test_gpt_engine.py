@@ -247,6 +247,23 @@ def test_odd_vocabulary_greedy_matches_hf(rows, workdir):
     assert masked_err(low.float(), ref, lens) <= 1e-2 * span
 
 
+def built_with_growth(config, weight_sets, dtype, max_batch, max_seq_len):
+    """(models, bytes of GPU memory each one's construction allocated) for models built from each
+    of ``weight_sets``, after a first instance built from the first set and dropped, which makes
+    any one-time allocation, so that the measured ones grow alike."""
+    def build(weights):
+        return build_gpt_model(config, weights, dtype=dtype, max_batch=max_batch,
+                               max_seq_len=max_seq_len)
+
+    build(weight_sets[0])  # dropped at once
+    models, grew = [], []
+    for weights in weight_sets:
+        before = torch.cuda.memory_allocated()
+        models.append(build(weights))
+        grew.append(torch.cuda.memory_allocated() - before)
+    return models, grew
+
+
 def test_odd_vocabulary_head_in_place_or_copied(workdir):
     """load_weights' wte carries the padding rows to 1,008 in its storage and the engine's head
     uses it in place: with NaN in those rows (no padding logit may be read) greedy and sampled
@@ -260,15 +277,7 @@ def test_odd_vocabulary_head_in_place_or_copied(workdir):
         float("nan"))
     exact = dict(weights, wte=wte.clone())
     assert exact["wte"].untyped_storage().nbytes() == 1001 * 128 * 4
-    # A first instance makes any one-time allocation, so that the two measured grow alike.
-    warm = build_gpt_model(config, weights, dtype=torch.float32, max_batch=12, max_seq_len=256)
-    del warm
-    models, grew = [], []
-    for w in (weights, exact):
-        before = torch.cuda.memory_allocated()
-        models.append(build_gpt_model(config, w, dtype=torch.float32, max_batch=12,
-                                      max_seq_len=256))
-        grew.append(torch.cuda.memory_allocated() - before)
+    models, grew = built_with_growth(config, (weights, exact), torch.float32, 12, 256)
     assert 1008 * 128 * 4 <= grew[1] - grew[0] < 1008 * 128 * 4 + 65536, grew
     lengths = [12, 5, 9, 1, 7, 3, 12, 8, 2, 11, 6, 4]
     ids, lens = random_batch(1001, lengths, seed=6)
@@ -299,14 +308,7 @@ def test_untied_odd_head_keeps_no_converted_copy(workdir):
     w32 = {k: v.clone() for k, v in load_weights(path, dtype=torch.float32, device="cuda").items()}
     assert w32["lm_head.weight"].shape == (1001, 256) and w32["lm_head.bias"].shape == (1001,)
     w16 = {k: v.half() for k, v in w32.items()}
-    warm = build_gpt_model(config, w16, dtype=torch.float16, max_batch=2, max_seq_len=64)
-    del warm
-    models, grew = [], []
-    for w in (w16, w32):
-        before = torch.cuda.memory_allocated()
-        models.append(build_gpt_model(config, w, dtype=torch.float16, max_batch=2,
-                                      max_seq_len=64))
-        grew.append(torch.cuda.memory_allocated() - before)
+    models, grew = built_with_growth(config, (w16, w32), torch.float16, 2, 64)
     # the caching allocator's blocks are multiples of 512 bytes
     converted_bytes = sum(-(-v.numel() * 2 // 512) * 512 for k, v in w32.items()
                           if k not in ("lm_head.weight", "lm_head.bias"))
