@@ -6,8 +6,11 @@
 // input elements of each of the M rows, so the input is read as 16-byte vectors too. Partial sums
 // are reduced across a warp's 4 slices with shuffles, across the block's 8 warps in shared memory,
 // and — when the tiles alone cannot fill the GPU (n small, k large: the attention output and the
-// second MLP matrix) — across up to 8 blocks of a thread-block cluster (sm_90) through
-// distributed shared memory, in a fixed order. One kernel, no workspace, no atomics.
+// second MLP matrix) — across up to 8 blocks of a thread-block cluster (sm_90): the other ranks
+// store their sums into rank 0's shared memory (st.async), completing a transaction barrier
+// there, and rank 0 adds them in rank order. One kernel, no workspace, no atomics, and no
+// cluster-wide barrier after the products (its release fence waits on the GPU's memory and its
+// acquire empties L1).
 //
 // A sum of two products (launch_gemv_sum) continues the k range over the second input and
 // weight; with second_ready each k-split block takes a share of both, streams the second's
@@ -19,8 +22,6 @@
 // 512-byte coalesced runs; a warp-sum gives the dot products. From kMmaMinRows rows on (16-bit
 // types) the products run on tensor cores instead (gemv_nk_mma_kernel), where the CUDA-core FMAs
 // per weight element, not the weight stream, would set the pace.
-#include <cooperative_groups.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
@@ -34,8 +35,6 @@
 namespace warpformer {
 namespace kernels {
 namespace {
-
-namespace cg = cooperative_groups;
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
@@ -66,6 +65,63 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
 __device__ __forceinline__ void prefetch_l1(const void* p) {
   asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
 }
+
+// The k-split cluster's reduction (sm_90). Rank 0 keeps a transaction barrier in shared memory
+// that expects the other ranks' partial sums as bytes; each of those ranks waits once for the
+// barrier's initialisation (the cluster barrier every block arrives at when it starts) and then
+// stores its sums straight into rank 0's shared memory with st.async, which counts the bytes
+// against that barrier. Rank 0 waits for the barrier's first phase only.
+__device__ __forceinline__ uint32_t shared_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// A shared-memory address of this block as the same variable's address in cluster rank `rank`.
+__device__ __forceinline__ uint32_t rank_addr(uint32_t local, unsigned rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+  return remote;
+}
+
+// One thread of rank 0, first thing: a barrier of one arrival (this one) and `bytes` expected.
+__device__ __forceinline__ void init_gather_barrier(uint64_t* bar, uint32_t bytes) {
+  const uint32_t a = shared_addr(bar);
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(a) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(a), "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
+
+__device__ __forceinline__ void cluster_wait() {
+  asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+}
+
+// Stores v at cluster address `dst`, counted against the barrier at cluster address `bar`.
+__device__ __forceinline__ void store_to_rank(uint32_t dst, float v, uint32_t bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [%0], %1, [%2];" ::"r"(
+                   dst),
+               "f"(v), "r"(bar)
+               : "memory");
+}
+
+// Waits until the barrier's first phase completes: every expected byte has landed.
+__device__ __forceinline__ void wait_gather_barrier(uint64_t* bar) {
+  const uint32_t a = shared_addr(bar);
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n"
+        " selp.u32 %0, 1, 0, p;\n}"
+        : "=r"(done)
+        : "r"(a)
+        : "memory");
+  }
+}
+#endif
 
 // act(v + bias[col]) (+ beta * out[idx]): an output element's epilogue.
 template <typename T>
@@ -198,9 +254,22 @@ __global__ void __launch_bounds__(kThreads, M <= 2 ? 4 : 1)
   constexpr int kTileCols = kColVecs * V;
   constexpr int kOut = M * kTileCols;  // a block's outputs, [M][kTileCols]
   __shared__ float red[kWarps][kOut];
-  __shared__ float part[kOut];
-  extern __shared__ __align__(16) unsigned char xs_bytes[];  // NORM: [M][kchunk] of T
+  __shared__ __align__(8) uint64_t gather_bar;  // rank 0 of a k-split: the other ranks' sums
+  // Dynamic: NORM's normalised input xs [M][kchunk] of T, then on rank 0 of a k-split the other
+  // ranks' sums [ksplit - 1][kOut] (kn_dynamic_smem).
+  extern __shared__ __align__(16) unsigned char xs_bytes[];
   T* xs = reinterpret_cast<T*>(xs_bytes);
+  float* gathered = reinterpret_cast<float*>(xs_bytes + (NORM ? M * kchunk * sizeof(T) : 0));
+  if (ksplit > 1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (blockIdx.y == 0 && threadIdx.x == 0) {
+      init_gather_barrier(&gather_bar, static_cast<uint32_t>((ksplit - 1) * kOut * sizeof(float)));
+    }
+    cluster_arrive_relaxed();
+#else
+    __trap();  // the launcher never splits k without sm_90 code
+#endif
+  }
 
   // The block's product: p's, or the second one's for the tiles after p's.
   const int tiles1 = (p.n + kTileCols - 1) / kTileCols;
@@ -336,13 +405,13 @@ __global__ void __launch_bounds__(kThreads, M <= 2 ? 4 : 1)
     }
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < kOut; i += kThreads) {
+  // This block's sum of output i over its warps.
+  auto block_part = [&](int i) {
     float v = 0.f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) v += red[w][i];
-    part[i] = v;
-  }
-
+    return v;
+  };
   auto store = [&](int i, float v) {
     const int m = i / kTileCols, cc = col0 + i % kTileCols;
     if (m < p.m && cc < n) {
@@ -352,23 +421,39 @@ __global__ void __launch_bounds__(kThreads, M <= 2 ? 4 : 1)
   };
   if (ksplit > 1) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    // The launcher sets a (1, ksplit, 1) cluster: rank 0 adds the k-ranges in rank order.
-    cg::cluster_group cluster = cg::this_cluster();
-    cluster.sync();
-    if (cluster.block_rank() == 0) {
+    // The launcher sets a (1, ksplit, 1) cluster, so a block's rank is blockIdx.y. Rank 0 adds
+    // the k-ranges in rank order.
+    const unsigned rank = blockIdx.y;
+    cluster_wait();  // rank 0's barrier is initialised (and every block has started)
+    if (rank != 0) {
+      const uint32_t bar = rank_addr(shared_addr(&gather_bar), 0);
+      const uint32_t dst = rank_addr(shared_addr(gathered + (rank - 1) * kOut), 0);
       for (int i = threadIdx.x; i < kOut; i += kThreads) {
-        float v = 0.f;
-        for (int r = 0; r < ksplit; ++r) v += cluster.map_shared_rank(part, r)[i];
-        store(i, v);
+        store_to_rank(dst + i * static_cast<uint32_t>(sizeof(float)), block_part(i), bar);
+      }
+    } else {
+      constexpr int kPer = (kOut + kThreads - 1) / kThreads;
+      float own[kPer];
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) {
+        const int i = threadIdx.x + j * kThreads;
+        own[j] = i < kOut ? block_part(i) : 0.f;
+      }
+      wait_gather_barrier(&gather_bar);
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) {
+        const int i = threadIdx.x + j * kThreads;
+        if (i < kOut) {
+          float v = 0.f;
+          v += own[j];
+          for (int r = 1; r < ksplit; ++r) v += gathered[(r - 1) * kOut + i];
+          store(i, v);
+        }
       }
     }
-    cluster.sync();  // the other blocks' shared memory must outlive rank 0's reads
-#else
-    __trap();  // the launcher never splits k without sm_90 code
 #endif
   } else {
-    __syncthreads();
-    for (int i = threadIdx.x; i < kOut; i += kThreads) store(i, part[i]);
+    for (int i = threadIdx.x; i < kOut; i += kThreads) store(i, block_part(i));
   }
   if (p.beside) wait_for_prior_kernels();  // complete only after the kernel it ran beside
 }
@@ -554,17 +639,23 @@ KnSplit kn_split(const GemvParams<T>& p, const GemvDepth<T>& dp, const DeviceInf
   return KnSplit{tiles, ceil_div(k, kchunk), kchunk};  // no empty splits
 }
 
-// Shared memory of the normalised input for one block of a normalising product.
+// The [k, n] kernel's dynamic shared memory for m rows: a normalising product's normalised input
+// ([m][kchunk] of T), then with a k-split rank 0's room for the other ranks' sums.
 template <typename T>
-size_t normed_smem(const GemvParams<T>& p, const KnSplit& s) {
-  return static_cast<size_t>(p.m) * s.kchunk * sizeof(T);
+size_t kn_dynamic_smem(const GemvParams<T>& p, const KnSplit& s, bool norm) {
+  constexpr int V = 16 / sizeof(T);
+  const size_t xs = norm ? static_cast<size_t>(p.m) * s.kchunk * sizeof(T) : 0;
+  const size_t outs = static_cast<size_t>(p.m) * kColVecs * V;  // a block's outputs
+  return xs + static_cast<size_t>(s.ksplit - 1) * outs * sizeof(float);
 }
 
-// The [k, n] kernel's static shared memory for m rows: red, part and the norm's scratch.
+// The [k, n] kernel's static shared memory for m rows: red, the norm's scratch and the
+// k-split's barrier.
 template <typename T>
 size_t kn_static_smem(int m) {
   constexpr int V = 16 / sizeof(T);
-  return static_cast<size_t>(kWarps + 1) * m * kColVecs * V * sizeof(float) + 32 * sizeof(float);
+  return static_cast<size_t>(kWarps) * m * kColVecs * V * sizeof(float) + 32 * sizeof(float) +
+         sizeof(uint64_t);
 }
 
 template <typename T, int M, bool NORM>
@@ -587,7 +678,7 @@ cudaError_t launch_rows(const GemvParams<T>& p, const GemvNorm<T>& g, const Gemv
   const KnSplit s = kn_split(p, dp, d, s2.n);
   shape.grid = dim3(static_cast<unsigned>(s.tiles), static_cast<unsigned>(s.ksplit), 1);
   shape.cluster_y = static_cast<unsigned>(s.ksplit);
-  shape.smem = NORM ? normed_smem(p, s) : 0;
+  shape.smem = kn_dynamic_smem(p, s, NORM);
   return launch_kernel(shape, stream, gemv_kn_kernel<T, M, NORM>, p, s.ksplit, s.kchunk, g, dp,
                        s2);
 }
@@ -693,7 +784,7 @@ bool normed_supported(const GemvParams<T>& p, const NormParams<T>& norm,
     }
   }
   const KnSplit split = kn_split(p, GemvDepth<T>{}, device_info(device), s2.n);
-  const size_t smem = normed_smem(p, split) + kn_static_smem<T>(p.m);
+  const size_t smem = kn_dynamic_smem(p, split, true) + kn_static_smem<T>(p.m);
   return aligned && no_alias && smem <= kMaxBlockSmem;
 }
 
