@@ -67,11 +67,10 @@ __device__ __forceinline__ void prefetch_l1(const void* p) {
 }
 
 // The k-split cluster's reduction (sm_90). Rank 0 keeps a transaction barrier in shared memory
-// that expects the other ranks' partial sums as bytes. Every block arrives at the cluster
-// barrier when it starts and waits on it once its first weight loads are in flight, so rank 0's
-// barrier is initialised before anyone stores into its shared memory. After the products each
-// other rank stores its sums there with st.async, which counts the bytes against that barrier;
-// rank 0 waits for the barrier's first phase only.
+// that expects the other ranks' partial sums as bytes; each of those ranks waits once for the
+// barrier's initialisation (the cluster barrier every block arrives at when it starts) and then
+// stores its sums straight into rank 0's shared memory with st.async, which counts the bytes
+// against that barrier. Rank 0 waits for the barrier's first phase only.
 __device__ __forceinline__ uint32_t shared_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
@@ -363,27 +362,6 @@ __global__ void __launch_bounds__(kThreads, M <= 2 ? 4 : 1)
       for (int i = 0; i < V; ++i) prefetch_l2(w + static_cast<int64_t>(i) * n);
     }
   }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // Rank 0's barrier is initialised once this returns: from here on the blocks may store into
-  // its shared memory. The wait empties L1, so it comes before anything is asked of L1.
-  if (ksplit > 1) cluster_wait();
-#endif
-  // The epilogue's inputs are asked of L1 too, by the block that stores the tile's outputs (rank
-  // 0 of a k-split), so that the store after the reductions does not wait on L2 for them: the
-  // tile's bias here when it is static, the output's old values (beta != 0) once the kernel
-  // ahead has written them (ask_l1_epilogue, after the wait).
-  const bool stores = blockIdx.y == 0 && col0 < n;
-  auto ask_l1_tile = [&](const T* row) {  // the tile's first and last column of a row
-    prefetch_l1(row + col0);
-    prefetch_l1(row + min(n, col0 + kTileCols) - 1);
-  };
-  if (stores && bias != nullptr && p.prefetch_weight && threadIdx.x == 0) ask_l1_tile(bias);
-  auto ask_l1_epilogue = [&]() {
-    const int t = threadIdx.x;
-    if (!stores || t >= 32) return;
-    if (beta != 0.f && t < p.m) ask_l1_tile(out + static_cast<int64_t>(t) * n);
-    if (bias != nullptr && !p.prefetch_weight && t == 31) ask_l1_tile(bias);
-  };
   if constexpr (NORM) {
     // gamma and beta are weights too: ask L1 for this thread's share of them now, so that the
     // normalising pass after the two reductions does not wait on L2.
@@ -395,10 +373,7 @@ __global__ void __launch_bounds__(kThreads, M <= 2 ? 4 : 1)
     }
   }
   if (!p.beside && !d.ready) wait_for_prior_kernels();
-  if (!d.ready) {
-    ask_l1_epilogue();
-    start_next_kernel();
-  }
+  if (!d.ready) start_next_kernel();
   if constexpr (NORM) normalize_input<T, M>(g, gamma, nbeta, p.k, kbeg, kend, kchunk, xs);
   if (col < n) {
     if (early) {
@@ -409,7 +384,6 @@ __global__ void __launch_bounds__(kThreads, M <= 2 ? 4 : 1)
   }
   if (d.ready) {  // a sum whose second input is ready: p's share after the wait
     wait_for_prior_kernels();
-    ask_l1_epilogue();
     start_next_kernel();
     if (col < n) stream_share(kbeg + s * V, kend);
   }
@@ -450,6 +424,7 @@ __global__ void __launch_bounds__(kThreads, M <= 2 ? 4 : 1)
     // The launcher sets a (1, ksplit, 1) cluster, so a block's rank is blockIdx.y. Rank 0 adds
     // the k-ranges in rank order.
     const unsigned rank = blockIdx.y;
+    cluster_wait();  // rank 0's barrier is initialised (and every block has started)
     if (rank != 0) {
       const uint32_t bar = rank_addr(shared_addr(&gather_bar), 0);
       const uint32_t dst = rank_addr(shared_addr(gathered + (rank - 1) * kOut), 0);
