@@ -58,8 +58,8 @@ __device__ __forceinline__ void store_vec(T* __restrict__ dst, const float (&src
   *reinterpret_cast<Vec<T, N>*>(dst) = tmp;
 }
 
-// True when the pointer is aligned to `bytes` (a null pointer counts as aligned).
-__host__ __device__ __forceinline__ bool aligned_to(const void* p, int bytes) {
+// True when every pointer is aligned to `bytes` (null pointers count as aligned).
+__host__ __forceinline__ bool aligned_to(const void* p, int bytes) {
   return (reinterpret_cast<std::uintptr_t>(p) % bytes) == 0;
 }
 

@@ -123,11 +123,11 @@ __device__ __forceinline__ void wait_gather_barrier(uint64_t* bar) {
 }
 #endif
 
-// act(v (+ b)) (+ beta * old): an output element's epilogue, given its bias b (added when
-// has_bias) and the output's old value.
-__device__ __forceinline__ float epilogue(float v, bool has_bias, float b, Activation act,
-                                          float beta, float old) {
-  if (has_bias) v += b;
+// act(v + bias[col]) (+ beta * out[idx]): an output element's epilogue.
+template <typename T>
+__device__ __forceinline__ float finish(float v, const T* bias, Activation act, float beta,
+                                        const T* out, int64_t idx, int col) {
+  if (bias != nullptr) v += to_float(bias[col]);
   switch (act) {
     case Activation::kGeluErf: v = activate<Activation::kGeluErf>(v); break;
     case Activation::kGeluTanh: v = activate<Activation::kGeluTanh>(v); break;
@@ -135,39 +135,8 @@ __device__ __forceinline__ float epilogue(float v, bool has_bias, float b, Activ
     case Activation::kSilu: v = activate<Activation::kSilu>(v); break;
     default: break;
   }
-  if (beta != 0.f) v += beta * old;
+  if (beta != 0.f) v += beta * to_float(out[idx]);
   return v;
-}
-
-// act(v + bias[col]) (+ beta * out[idx]), reading both from global memory.
-template <typename T>
-__device__ __forceinline__ float finish(float v, const T* bias, Activation act, float beta,
-                                        const T* out, int64_t idx, int col) {
-  const float b = bias != nullptr ? to_float(bias[col]) : 0.f;
-  return epilogue(v, bias != nullptr, b, act, beta, beta != 0.f ? to_float(out[idx]) : 0.f);
-}
-
-// 16 bytes from global to shared memory without passing through registers (sm_80+: the callers
-// fall back to plain loads below that).
-__device__ __forceinline__ void copy_async16(void* dst, const void* src) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
-                   static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
-               "l"(src)
-               : "memory");
-#endif
-}
-
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-constexpr bool kAsyncCopy = false;
-#else
-constexpr bool kAsyncCopy = true;
-#endif
-
-__device__ __forceinline__ void copy_async_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_all;" ::: "memory");
-#endif
 }
 
 template <typename T>
@@ -285,9 +254,6 @@ __global__ void __launch_bounds__(kThreads, M <= 2 ? 4 : 1)
   constexpr int kTileCols = kColVecs * V;
   constexpr int kOut = M * kTileCols;  // a block's outputs, [M][kTileCols]
   __shared__ float red[kWarps][kOut];
-  // The storing block's copy of its epilogue's inputs: the tile's bias (row 0) and the output's
-  // old values for beta != 0 (rows 1..M), fetched with cp.async while the products stream.
-  __shared__ __align__(16) T epi_in[M + 1][kTileCols];
   __shared__ __align__(8) uint64_t gather_bar;  // rank 0 of a k-split: the other ranks' sums
   // Dynamic: NORM's normalised input xs [M][kchunk] of T, then on rank 0 of a k-split the other
   // ranks' sums [ksplit - 1][kOut] (kn_dynamic_smem).
@@ -406,26 +372,8 @@ __global__ void __launch_bounds__(kThreads, M <= 2 ? 4 : 1)
       }
     }
   }
-  // The block that stores the tile (rank 0 of a k-split) fetches the epilogue's inputs into
-  // shared memory while it streams, so that the store after the reductions does not start a
-  // round trip to L2: the bias before the wait when it is static, the output's old values
-  // after it (16-byte copies, so only from 16-byte aligned rows; otherwise the store reads them).
-  const bool epi_async = kAsyncCopy && blockIdx.y == 0 && col0 < n && aligned_to(bias, 16) &&
-                         aligned_to(out, 16);
-  auto copy_epilogue = [&](bool bias_part, bool old_part) {
-    const int r = threadIdx.x / kColVecs, c = threadIdx.x % kColVecs;  // row r, vector c
-    if (!epi_async || r > M || col0 + c * V >= n) return;
-    if (r == 0 && bias_part && bias != nullptr) copy_async16(&epi_in[0][c * V], bias + col0 + c * V);
-    if (r >= 1 && old_part && beta != 0.f && r <= p.m) {
-      copy_async16(&epi_in[r][c * V], out + static_cast<int64_t>(r - 1) * n + col0 + c * V);
-    }
-  };
-  if (p.prefetch_weight) copy_epilogue(true, false);
   if (!p.beside && !d.ready) wait_for_prior_kernels();
-  if (!d.ready) {
-    copy_epilogue(!p.prefetch_weight, true);
-    start_next_kernel();
-  }
+  if (!d.ready) start_next_kernel();
   if constexpr (NORM) normalize_input<T, M>(g, gamma, nbeta, p.k, kbeg, kend, kchunk, xs);
   if (col < n) {
     if (early) {
@@ -436,7 +384,6 @@ __global__ void __launch_bounds__(kThreads, M <= 2 ? 4 : 1)
   }
   if (d.ready) {  // a sum whose second input is ready: p's share after the wait
     wait_for_prior_kernels();
-    copy_epilogue(!p.prefetch_weight, true);
     start_next_kernel();
     if (col < n) stream_share(kbeg + s * V, kend);
   }
@@ -457,8 +404,7 @@ __global__ void __launch_bounds__(kThreads, M <= 2 ? 4 : 1)
       for (int e = 0; e < V; ++e) red[warp][m * kTileCols + lane * V + e] = acc[m][e];
     }
   }
-  if (epi_async) copy_async_wait();
-  __syncthreads();  // red and epi_in are complete
+  __syncthreads();
   // This block's sum of output i over its warps.
   auto block_part = [&](int i) {
     float v = 0.f;
@@ -467,14 +413,10 @@ __global__ void __launch_bounds__(kThreads, M <= 2 ? 4 : 1)
     return v;
   };
   auto store = [&](int i, float v) {
-    const int m = i / kTileCols, j = i % kTileCols, cc = col0 + j;
+    const int m = i / kTileCols, cc = col0 + i % kTileCols;
     if (m < p.m && cc < n) {
       const int64_t idx = static_cast<int64_t>(m) * n + cc;
-      const float r =
-          epi_async ? epilogue(v, bias != nullptr, to_float(epi_in[0][j]), act, beta,
-                               to_float(epi_in[m + 1][j]))
-                    : finish(v, bias, act, beta, out, idx, cc);
-      out[idx] = from_float<T>(r);
+      out[idx] = from_float<T>(finish(v, bias, act, beta, out, idx, cc));
     }
   };
   if (ksplit > 1) {
@@ -707,13 +649,13 @@ size_t kn_dynamic_smem(const GemvParams<T>& p, const KnSplit& s, bool norm) {
   return xs + static_cast<size_t>(s.ksplit - 1) * outs * sizeof(float);
 }
 
-// The [k, n] kernel's static shared memory for m rows: red, the norm's scratch, the k-split's
-// barrier and the epilogue's inputs.
+// The [k, n] kernel's static shared memory for m rows: red, the norm's scratch and the
+// k-split's barrier.
 template <typename T>
 size_t kn_static_smem(int m) {
   constexpr int V = 16 / sizeof(T);
   return static_cast<size_t>(kWarps) * m * kColVecs * V * sizeof(float) + 32 * sizeof(float) +
-         sizeof(uint64_t) + static_cast<size_t>(m + 1) * kColVecs * V * sizeof(T) + 16;
+         sizeof(uint64_t);
 }
 
 template <typename T, int M, bool NORM>

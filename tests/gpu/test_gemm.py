@@ -139,32 +139,6 @@ def test_fused_epilogues_and_residual(dtype, epilogue, backend):
         assert err <= 2 * TOL[dtype], f"{epilogue} + residual: relative error {err:.2e}"
 
 
-@pytest.mark.parametrize("dtype", list(TOL))
-@pytest.mark.parametrize("m", [1, 2])
-@pytest.mark.parametrize("n,k", [(1000, 96), (1024, 4096)])
-@pytest.mark.parametrize("backend", ["gemv", "gemv_static"])
-def test_gemv_epilogue_inputs_aligned_or_not(dtype, m, n, k, backend):
-    """The block that stores a tile copies its bias and the output's old values into shared
-    memory while the products stream (16-byte copies: only from 16-byte aligned rows), and reads
-    them from global memory otherwise. Both ways give the same bits, with and without the k-split
-    (1024 x 4096) and a partial last tile (1000), the bias copied before (gemv_static) or after
-    the wait for the kernel ahead."""
-    a, w, b, ref = _gemv_case(dtype, m, n, k, False, seed=2)
-    res = torch.randn(m, n, device="cuda").to(dtype)
-    room = torch.zeros(n + 1, dtype=dtype, device="cuda")
-    room[1:] = b
-    b_odd = room[1:]  # the same values one element past an aligned address
-    assert b_odd.data_ptr() % 16 != 0
-    for epilogue in ("bias", "bias_gelu_tanh"):
-        aligned = ops.gemm(a, w, b, False, epilogue, backend, res)
-        odd = ops.gemm(a, w, b_odd, False, epilogue, backend, res)
-        assert torch.equal(aligned, odd), f"{epilogue}: aligned and unaligned bias differ"
-        if epilogue == "bias":
-            want = ref + res.double()
-            err = float((aligned.double() - want).abs().max() / want.abs().max())
-            assert err <= 2 * _tol(dtype, k), f"relative error {err:.2e}"
-
-
 def test_auto_backend_uses_gemv_where_it_measured_faster():
     # [k, n] weights: the GEMV's bits up to 2 rows, cuBLASLt's from 3; [n, k]: GEMV up to 8 rows.
     a, w, b, _ = _gemv_case(torch.float16, 2, 4096, 4096, False)
