@@ -182,9 +182,7 @@ __device__ __forceinline__ void normalize_input(const GemvNorm<T>& g, const T* g
       const bool loads = threadIdx.x < g.norm_threads && static_cast<int>(threadIdx.x) < nvec;
       float x[V];
       if (loads) norm::load_x<T, V>(nm, row_off, threadIdx.x * V, x);
-      if (threadIdx.x == 0) shift_s = x[0];
-      __syncthreads();
-      const float shift = shift_s;
+      const float shift = norm::from_thread0(x[0], &shift_s);
       float sum = 0.f;
       if (loads) {
 #pragma unroll

@@ -31,6 +31,15 @@ __device__ __forceinline__ void load_x(const NormParams<T>& p, int64_t row_off, 
   }
 }
 
+// Thread 0's v, for every thread of the block: LayerNorm's shift, which thread 0 holds as the
+// first element of the vector it has loaded, without a global round trip of its own. `slot` is a
+// __shared__ float of the caller's; a barrier.
+__device__ __forceinline__ float from_thread0(float v, float* slot) {
+  if (threadIdx.x == 0) *slot = v;
+  __syncthreads();
+  return *slot;
+}
+
 // x of the row's first element: LayerNorm's shift (its sums run over x - shift so that a large
 // common offset of the residual stream does not eat the fp32 sum's precision).
 template <typename T>

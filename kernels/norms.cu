@@ -55,12 +55,7 @@ __global__ void __launch_bounds__(kMaxThreads) norm_kernel(const NormParams<T> p
     // Thread 0's first vector starts the row: its x[0] is the shift, shared through shared
     // memory rather than read again from global memory by every thread (a round trip more).
     __shared__ float shift_s;
-    float shift = 0.f;
-    if (layer_norm) {
-      if (threadIdx.x == 0) shift_s = x[0][0];
-      __syncthreads();
-      shift = shift_s;
-    }
+    const float shift = layer_norm ? norm::from_thread0(x[0][0], &shift_s) : 0.f;
     float sum = 0.f;
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {

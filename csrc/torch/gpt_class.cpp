@@ -166,11 +166,19 @@ GptModelHolder::GptModelHolder(const std::string& config, c10::Dict<std::string,
     const bool one_gpu = cfg.tensor_para_size == 1;
     const bool pad_bias = owned_.count("lm_head.bias") && (!one_gpu || vl != cfg.vocab_size);
     const bool copy_head = !one_gpu || (vl != cfg.vocab_size && !storage_holds_rows(head, vl));
+    // This rank's rows [start, start + n) of `full` (the head or its bias) in a zeroed tensor of
+    // vl rows, in the head's dtype.
+    auto local_rows = [&](const at::Tensor& full) {
+      std::vector<int64_t> shape = full.sizes().vec();
+      shape[0] = vl;
+      at::Tensor local = at::zeros(shape, head.options());
+      if (n > 0) local.narrow(0, 0, n).copy_(full.narrow(0, start, n));
+      return local;
+    };
     w.lm_head = head.data_ptr();
     w.lm_head_b = ptr("lm_head.bias");
     if (copy_head) {
-      at::Tensor local = at::zeros({vl, cfg.embed_dim()}, head.options());
-      if (n > 0) local.narrow(0, 0, n).copy_(head.narrow(0, start, n));
+      const at::Tensor local = local_rows(head);
       owned_["lm_head.local"] = local;
       w.lm_head = local.data_ptr();
       if (head_name == "lm_head.weight" || !cfg.first_stage()) {
@@ -179,8 +187,7 @@ GptModelHolder::GptModelHolder(const std::string& config, c10::Dict<std::string,
       }
     }
     if (pad_bias) {
-      at::Tensor lb = at::zeros({vl}, head.options());
-      if (n > 0) lb.narrow(0, 0, n).copy_(owned_.at("lm_head.bias").narrow(0, start, n));
+      const at::Tensor lb = local_rows(owned_.at("lm_head.bias"));
       owned_["lm_head.bias.local"] = lb;
       owned_.erase("lm_head.bias");
       w.lm_head_b = lb.data_ptr();
