@@ -108,7 +108,11 @@ __device__ __forceinline__ void store_to_rank(uint32_t dst, float v, uint32_t ba
                : "memory");
 }
 
-// Waits until the barrier's first phase completes: every expected byte has landed.
+// Waits until the barrier's first phase completes: every expected byte has landed. The wait has
+// the default scope (.acquire.cta), as CUTLASS's cluster barrier waits on remote arrivals too;
+// the PTX memory model asks for .acquire.cluster to order the other blocks' st.async before the
+// reads, which compiles to the same wait plus an L1 invalidation (CCTL.IVALL). Not yet measured
+// or run on a GPU, so not yet taken.
 __device__ __forceinline__ void wait_gather_barrier(uint64_t* bar) {
   const uint32_t a = shared_addr(bar);
   uint32_t done = 0;
