@@ -63,6 +63,12 @@ __host__ __forceinline__ bool aligned_to(const void* p, int bytes) {
   return (reinterpret_cast<std::uintptr_t>(p) % bytes) == 0;
 }
 
+// The shared-state-space address of a pointer into this block's shared memory (what PTX
+// instructions on .shared operands take).
+__device__ __forceinline__ uint32_t shared_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
 // ---- reductions -------------------------------------------------------------------------------
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/common.cuh"
+
 namespace warpformer {
 namespace kernels {
 
@@ -47,7 +49,7 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a
 template <bool kTrans = false>
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const auto addr = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+  const uint32_t addr = shared_addr(row);
   if constexpr (kTrans) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
