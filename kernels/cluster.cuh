@@ -49,17 +49,18 @@ __device__ __forceinline__ void store_to_rank(uint32_t dst, float v, uint32_t ba
                : "memory");
 }
 
-// Waits until the barrier's first phase completes: every expected byte has landed. The wait has
-// the default scope (.acquire.cta), as CUTLASS's cluster barrier waits on remote arrivals too;
-// the PTX memory model asks for .acquire.cluster to order other blocks' st.async before the
-// reads, which compiles to the same wait plus an L1 invalidation (CCTL.IVALL). Not yet measured
-// or run on a GPU, so not yet taken.
+// Waits until the barrier's first phase completes: every expected byte has landed. The wait
+// acquires at cluster scope, as the PTX memory model asks for the other blocks' st.async (whose
+// complete_tx releases at cluster scope) to be ordered before this block's reads of what they
+// stored. (CUTLASS's cluster barrier waits with the default .cta scope; the .cluster form adds an
+// L1 invalidation after the wait, CCTL.IVALL, which the GEMV's epilogue does not notice: its
+// global reads were not in L1.)
 __device__ __forceinline__ void wait_tx_barrier(uint64_t* bar) {
   const uint32_t a = shared_addr(bar);
   uint32_t done = 0;
   while (!done) {
     asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n"
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], 0;\n"
         " selp.u32 %0, 1, 0, p;\n}"
         : "=r"(done)
         : "r"(a)

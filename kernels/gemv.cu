@@ -9,8 +9,7 @@
 // second MLP matrix) — across up to 8 blocks of a thread-block cluster (sm_90): the other ranks
 // store their sums into rank 0's shared memory (st.async), completing a transaction barrier
 // there, and rank 0 adds them in rank order. One kernel, no workspace, no atomics, and no
-// cluster-wide barrier after the products (its release fence waits on the GPU's memory and its
-// acquire empties L1).
+// cluster-wide barrier after the products (its release fence waits on the GPU's memory).
 //
 // A sum of two products (launch_gemv_sum) continues the k range over the second input and
 // weight; with second_ready each k-split block takes a share of both, streams the second's
