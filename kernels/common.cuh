@@ -115,7 +115,9 @@ __device__ __forceinline__ void wait_for_prior_kernels() {
 
 // Lets the next kernel on the stream be scheduled now rather than when this one's blocks exit
 // (it then runs up to its own wait_for_prior_kernels() while this one is still running). Called
-// right after the wait, it overlaps at most two kernels of a stream. Used where the next kernel
+// only after the wait, it overlaps at most two kernels of a stream: when a kernel starts, every
+// kernel but the one just ahead has completed (the fused decode attention reads the cache before
+// its wait on that promise). Used where the next kernel
 // is meant to be a GEMV, whose weight loads then overlap this kernel: the norms and the decode
 // attention (and its split-KV combine) at 1-2 rows, and the GEMV itself (whatever follows it).
 // Not meant for kernels ahead of cuBLASLt products: there an early start measured ~0.8 ms slower

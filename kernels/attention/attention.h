@@ -118,7 +118,10 @@ cudaError_t launch_context_attention(const ContextAttentionParams<T>& p, cudaStr
 // rows' slots must be distinct, and with cache_indir, cache_indir[r, lengths[r] - 1] must be
 // row_slot[r] and no other row may point at it (beam search keeps both: the newest position of
 // every beam is its own). The engine guarantees this; warpformer.decode_attention_fused checks
-// all of it on the host before launching.
+// all of it on the host before launching. The fused kernel reads lengths, row_slot, cache_indir
+// and the first key window's cache rows before it waits for the kernel ahead (programmatic
+// launch), so the kernel just ahead on the stream must not write them: at 1-2 rows that is the
+// QKV product.
 template <typename T>
 struct DecodeAttentionParams {
   T* out;                     // [rows, heads, head_dim]

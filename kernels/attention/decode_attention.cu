@@ -4,10 +4,15 @@
 // One block of 256 threads per (head, row, key chunk). Threads form groups of TPK lanes; a group
 // reads one cache row (key or value) at a time with 16-byte vectors, TPK = the number of vectors in
 // a head row rounded up to a power of two (at most 32; fp32 head_dim 256 takes two vectors per
-// lane). Pass 1: each group takes every NGROUPS-th key of the chunk (four keys in flight), reduces
-// q.k over its lanes with shuffles and stores the logit in shared memory. The block then takes the
-// max and turns logits into exp(logit - max) in place. Pass 2: each group accumulates p * v over the
-// same keys, and the groups' partial sums are added through shared memory.
+// lane). The chunk is walked in windows of NGROUPS x UNROLL keys (each group takes every
+// NGROUPS-th key, UNROLL keys in flight). Pass 1: each group reduces q.k over its lanes with
+// shuffles and stores the logit in shared memory. The block then takes the max and turns logits
+// into exp(logit - max) in place. Pass 2: each group accumulates p * v over the same keys, and the
+// groups' partial sums are added through shared memory.
+// The first window's key and value rows are loaded before the wait for the kernel ahead (the
+// QKV product at 1-2 rows, which starts this kernel early): no kernel in flight writes them,
+// except the new token's row, which comes after the wait (see load_window). A context within one
+// window then costs the passes no round trip to the cache.
 // Without a split the block writes the normalised output. With a split it writes the unnormalised
 // sum, the max and the exp-sum of its chunk to the workspace, and decode_combine_kernel merges the
 // chunks of a (row, head) with the usual rescaling.
@@ -18,7 +23,6 @@ namespace kernels {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kUnroll = 4;              // keys in flight per group
 constexpr int kSplitThreshold = 2048;   // max_seq at which long caches are split
 constexpr int kSmallWorkChunk = 512;    // keys per chunk when rows * heads is small
 constexpr int kLargeWorkChunk = 4096;   // keys per chunk otherwise (bounds shared memory)
@@ -48,20 +52,24 @@ struct DecodeShape {
   static constexpr int TPK = NVEC >= 32 ? 32 : next_pow2(NVEC);  // lanes per cache row
   static constexpr int NV = (NVEC + TPK - 1) / TPK;         // vectors per lane
   static constexpr int NGROUPS = kThreads / TPK;
+  // Keys in flight per group (a window is NGROUPS x UNROLL keys: 256 for 64-wide 16-bit heads):
+  // 8 where a lane holds one vector of a row, else 4. A group visits its keys in the same order
+  // whatever the window, so the sums are the same bits.
+  static constexpr int UNROLL = 4;
+  using Row = Vec<T, VEC>;
   static_assert(D % VEC == 0, "head_dim must be a multiple of the vector width");
 };
 
 // The fused kernel's QKV preparation in two parts. load_new_token reads what this thread needs
 // of the new token: its rotary pair j = threadIdx.x of q and k (bias added), its element of v,
-// its rotary frequency. It runs first thing after the wait, so those loads share one round trip
-// with the row's length, on which nothing of them depends. prepare_new_token then forms the
+// its rotary frequency. It runs first thing after the wait. prepare_new_token then forms the
 // block's query, rotated at the new token's position and rounded to T like launch_qkv_prep's
 // q_out, into q_s. When the block's key chunk [start, end) holds that position, it also writes
-// the new key and value into the cache. The arithmetic is qkv_prep_kernel's (the angle exactly as
-// attn::rotary_table forms it), so fused and unfused results are bit-identical. Every pair,
-// element and angle belongs to one thread (D <= kThreads), so none passes through shared memory.
-// It ends with a barrier: q_s is read by every thread, and the written cache row by this block's
-// own passes.
+// the new key and value into the cache, and into k_s / v_s, from which the passes take that row
+// (the window loaded before the wait leaves it out). The arithmetic is qkv_prep_kernel's (the
+// angle exactly as attn::rotary_table forms it), so fused and unfused results are bit-identical.
+// Every pair, element and angle belongs to one thread (D <= kThreads), so none passes through
+// shared memory on its way. It ends with a barrier: q_s, k_s and v_s are read by every thread.
 struct NewToken {
   float qa = 0.f, qb = 0.f, ka = 0.f, kb = 0.f;  // the pair's q and k elements, biased
   float v = 0.f;                                  // v element threadIdx.x, biased
@@ -99,7 +107,8 @@ template <typename T, int D>
 __device__ __forceinline__ void prepare_new_token(const DecodeAttentionParams<T>& p,
                                                   const DecodeQkvInputs<T>& f,
                                                   const NewToken& t, int pos, int h, int slot,
-                                                  int start, int end, float* q_s) {
+                                                  int start, int end, float* q_s, T* k_s,
+                                                  T* v_s) {
   const bool write = pos >= start && pos < end;  // pos: launch_qkv_prep's token_pos (unclamped)
   const int rot_half = f.rotary_style == RotaryStyle::kNone ? 0 : f.rotary_dim / 2;
   // The caches are const in the params (the plain kernel only reads them); the fused one writes
@@ -123,11 +132,11 @@ __device__ __forceinline__ void prepare_new_token(const DecodeAttentionParams<T>
     q_s[a] = to_float(from_float<T>(qx));
     q_s[b] = to_float(from_float<T>(qy));
     if (write) {
-      k_new[a] = from_float<T>(kx);
-      k_new[b] = from_float<T>(ky);
+      k_new[a] = k_s[a] = from_float<T>(kx);
+      k_new[b] = k_s[b] = from_float<T>(ky);
     }
   }
-  if (write && j < D) v_new[j] = from_float<T>(t.v);
+  if (write && j < D) v_new[j] = v_s[j] = from_float<T>(t.v);
   __syncthreads();
 }
 
@@ -138,10 +147,10 @@ template <typename T, int D, bool FUSED>
 __global__ void __launch_bounds__(kThreads, 2)
     decode_attention_kernel(const DecodeAttentionParams<T> p, int splits, int chunk,
                             const DecodeQkvInputs<T> f) {
-  wait_for_prior_kernels();
-  if (gridDim.y <= kEarlyStartRows) start_next_kernel();  // 1-2 rows: a GEMV follows
   using S = DecodeShape<T, D>;
+  using Row = typename S::Row;
   constexpr int VEC = S::VEC, NVEC = S::NVEC, TPK = S::TPK, NV = S::NV, NGROUPS = S::NGROUPS;
+  constexpr int UNROLL = S::UNROLL, WINDOW = NGROUPS * UNROLL;
   extern __shared__ float smem[];
   float* logits = smem;                 // [chunk]
   float* red = smem + chunk;            // [NGROUPS][D]
@@ -155,14 +164,82 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int64_t out_off = (static_cast<int64_t>(row) * p.heads + h) * D;
   const int64_t part = (static_cast<int64_t>(row) * p.heads + h) * splits + split;
 
-  // The new token's inputs first: their loads then share a round trip with the length's.
-  NewToken new_token;
-  if constexpr (FUSED) new_token = load_new_token<T, D>(p, f, row, h);
-  const int len = min(p.lengths[row], p.max_seq);
+  // The row's length, slot and indirection, and (fused) the first window's cache rows before
+  // the wait. A kernel starts the next one early only after its own wait (start_next_kernel),
+  // so when this one starts every kernel but the one just ahead has completed. Ahead of the fused
+  // kernel is the QKV product (or, past 2 rows, a cuBLASLt product, which starts nothing early),
+  // which writes none of these; of the cache rows only the new token's is written in this call,
+  // by this block (the other blocks write only positions that no other row reads: attention.h).
+  // The unfused kernel's first window waits: launch_qkv_prep ahead of it writes the cache.
+  const int new_pos = p.lengths[row] - 1;  // the new token's position (unclamped)
+  const int len = min(new_pos + 1, p.max_seq);
   const int slot = p.row_slot != nullptr ? p.row_slot[row] : row;
   const bool row_ok = len >= 1 && slot >= 0 && slot < p.num_slots;
   const int start = split * chunk;
   const int end = row_ok ? min(len, start + chunk) : 0;
+  const int64_t head_stride = static_cast<int64_t>(p.max_seq) * D;         // one (slot, head)
+  const int64_t slot_stride = static_cast<int64_t>(p.heads) * head_stride;  // one slot
+  const int32_t* indir = p.cache_indir != nullptr
+                             ? p.cache_indir + static_cast<int64_t>(row) * p.max_seq
+                             : nullptr;
+
+  // This group's cache row of key k, or null when k is past the chunk or its indirection slot
+  // is invalid.
+  auto cache_row = [&](const T* __restrict__ cache, int k) -> const T* {
+    if (k >= end) return nullptr;
+    const int src = indir != nullptr ? indir[k] : slot;
+    if (src < 0 || src >= p.num_slots) return nullptr;
+    return cache + src * slot_stride + h * head_stride + static_cast<int64_t>(k) * D;
+  };
+  // This lane's vectors of a row (zeros where there is none).
+  auto load_row = [&](const T* r, Row (&dst)[NV]) {
+#pragma unroll
+    for (int n = 0; n < NV; ++n) {
+      const int vi = li + n * TPK;
+      if (r != nullptr && vi < NVEC) {
+        dst[n] = *reinterpret_cast<const Row*>(r + vi * VEC);
+      } else {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) dst[n].v[e] = from_float<T>(0.f);
+      }
+    }
+  };
+  // The rows of the window at `base` (keys base + u * NGROUPS + g); ok[u]: key u has a row.
+  // Key `skip` (the fused kernel's new token) is left out here: fill_new adds it.
+  auto load_window = [&](const T* cache, int base, int skip, Row (&rows)[UNROLL][NV],
+                         bool (&ok)[UNROLL]) {
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int k = base + u * NGROUPS + g;
+      const T* r = k == skip ? nullptr : cache_row(cache, k);
+      ok[u] = r != nullptr;
+      load_row(r, rows[u]);
+    }
+  };
+  // The fused kernel's new token's row in the first window, after prepare_new_token: from the
+  // block's own copy of what it wrote into the cache.
+  auto fill_new = [&](const T* cache, const T* own, Row (&rows)[UNROLL][NV],
+                      bool (&ok)[UNROLL]) {
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      if (start + u * NGROUPS + g == new_pos) {
+        ok[u] = cache_row(cache, new_pos) != nullptr;
+        load_row(ok[u] ? own : nullptr, rows[u]);
+      }
+    }
+  };
+  Row k_first[UNROLL][NV], v_first[UNROLL][NV];
+  bool k_ok[UNROLL], v_ok[UNROLL];
+  if constexpr (FUSED) {
+    load_window(p.k_cache, start, new_pos, k_first, k_ok);
+    load_window(p.v_cache, start, new_pos, v_first, v_ok);
+  }
+
+  wait_for_prior_kernels();
+  if (gridDim.y <= kEarlyStartRows) start_next_kernel();  // 1-2 rows: a GEMV follows
+
+  NewToken new_token;
+  if constexpr (FUSED) new_token = load_new_token<T, D>(p, f, row, h);
   if (start >= end) {  // nothing to attend to in this chunk
     if (splits == 1) {
       for (int d = threadIdx.x; d < D; d += kThreads) p.out[out_off + d] = from_float<T>(0.f);
@@ -178,13 +255,16 @@ __global__ void __launch_bounds__(kThreads, 2)
   float q[NV][VEC];
   if constexpr (FUSED) {
     __shared__ float q_s[D];
-    prepare_new_token<T, D>(p, f, new_token, p.lengths[row] - 1, h, slot, start, end, q_s);
+    __shared__ __align__(16) T k_s[D], v_s[D];
+    prepare_new_token<T, D>(p, f, new_token, new_pos, h, slot, start, end, q_s, k_s, v_s);
 #pragma unroll
     for (int n = 0; n < NV; ++n) {
       const int vi = li + n * TPK;
 #pragma unroll
       for (int e = 0; e < VEC; ++e) q[n][e] = vi < NVEC ? q_s[vi * VEC + e] * p.scale : 0.f;
     }
+    fill_new(p.k_cache, k_s, k_first, k_ok);
+    fill_new(p.v_cache, v_s, v_first, v_ok);
   } else {
 #pragma unroll
     for (int n = 0; n < NV; ++n) {
@@ -198,62 +278,40 @@ __global__ void __launch_bounds__(kThreads, 2)
         for (int e = 0; e < VEC; ++e) q[n][e] = 0.f;
       }
     }
+    load_window(p.k_cache, start, -1, k_first, k_ok);
+    load_window(p.v_cache, start, -1, v_first, v_ok);
   }
 
-  const int64_t head_stride = static_cast<int64_t>(p.max_seq) * D;         // one (slot, head)
-  const int64_t slot_stride = static_cast<int64_t>(p.heads) * head_stride;  // one slot
-  const int32_t* indir = p.cache_indir != nullptr
-                             ? p.cache_indir + static_cast<int64_t>(row) * p.max_seq
-                             : nullptr;
   const float slope = p.alibi_slopes != nullptr ? p.alibi_slopes[h] : 0.f;
   const int q_pos = len - 1;
 
-  // Cache row of position k for this head, or null when its indirection slot is invalid.
-  auto cache_row = [&](const T* __restrict__ cache, int k) -> const T* {
-    const int src = indir != nullptr ? indir[k] : slot;
-    if (src < 0 || src >= p.num_slots) return nullptr;
-    return cache + src * slot_stride + h * head_stride + static_cast<int64_t>(k) * D;
-  };
-
   // Pass 1: logits. The loop bounds are uniform over the block so the shuffles stay converged.
   float thread_max = -INFINITY;
-  for (int base = start; base < end; base += NGROUPS * kUnroll) {
-    float kv[kUnroll][NV][VEC];
-    bool valid[kUnroll];
+  auto window_logits = [&](int base, const Row (&rows)[UNROLL][NV], const bool (&ok)[UNROLL]) {
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int k = base + u * NGROUPS + g;
-      const T* krow = k < end ? cache_row(p.k_cache, k) : nullptr;
-      valid[u] = krow != nullptr;
-#pragma unroll
-      for (int n = 0; n < NV; ++n) {
-        const int vi = li + n * TPK;
-        if (valid[u] && vi < NVEC) {
-          load_vec<T, VEC>(krow + vi * VEC, kv[u][n]);
-        } else {
-#pragma unroll
-          for (int e = 0; e < VEC; ++e) kv[u][n][e] = 0.f;
-        }
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < UNROLL; ++u) {
       float dot = 0.f;
 #pragma unroll
       for (int n = 0; n < NV; ++n) {
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) dot = fmaf(q[n][e], kv[u][n][e], dot);
+        for (int e = 0; e < VEC; ++e) dot = fmaf(q[n][e], to_float(rows[u][n].v[e]), dot);
       }
 #pragma unroll
       for (int off = TPK / 2; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
       const int k = base + u * NGROUPS + g;
       if (li == 0 && k < end) {
-        const float logit =
-            valid[u] ? dot + slope * static_cast<float>(k - q_pos) : -INFINITY;
+        const float logit = ok[u] ? dot + slope * static_cast<float>(k - q_pos) : -INFINITY;
         logits[k - start] = logit;
         thread_max = fmaxf(thread_max, logit);
       }
     }
+  };
+  window_logits(start, k_first, k_ok);
+  for (int base = start + WINDOW; base < end; base += WINDOW) {
+    Row rows[UNROLL][NV];
+    bool ok[UNROLL];
+    load_window(p.k_cache, base, -1, rows, ok);
+    window_logits(base, rows, ok);
   }
   const float m = block_max(thread_max, scratch);  // barrier: logits are visible
 
@@ -272,33 +330,25 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
     for (int e = 0; e < VEC; ++e) acc[n][e] = 0.f;
   }
-  for (int base = start; base < end; base += NGROUPS * kUnroll) {
-    float vv[kUnroll][NV][VEC];
-    float pk[kUnroll];
+  auto window_values = [&](int base, const Row (&rows)[UNROLL][NV], const bool (&ok)[UNROLL]) {
+    float pk[UNROLL];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int k = base + u * NGROUPS + g;
-      const T* vrow = k < end ? cache_row(p.v_cache, k) : nullptr;
-      pk[u] = vrow != nullptr ? logits[k - start] : 0.f;
+    for (int u = 0; u < UNROLL; ++u) pk[u] = ok[u] ? logits[base + u * NGROUPS + g - start] : 0.f;
 #pragma unroll
-      for (int n = 0; n < NV; ++n) {
-        const int vi = li + n * TPK;
-        if (vrow != nullptr && vi < NVEC) {
-          load_vec<T, VEC>(vrow + vi * VEC, vv[u][n]);
-        } else {
-#pragma unroll
-          for (int e = 0; e < VEC; ++e) vv[u][n][e] = 0.f;
-        }
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < UNROLL; ++u) {
 #pragma unroll
       for (int n = 0; n < NV; ++n) {
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) acc[n][e] = fmaf(pk[u], vv[u][n][e], acc[n][e]);
+        for (int e = 0; e < VEC; ++e) acc[n][e] = fmaf(pk[u], to_float(rows[u][n].v[e]), acc[n][e]);
       }
     }
+  };
+  window_values(start, v_first, v_ok);
+  for (int base = start + WINDOW; base < end; base += WINDOW) {
+    Row rows[UNROLL][NV];
+    bool ok[UNROLL];
+    load_window(p.v_cache, base, -1, rows, ok);
+    window_values(base, rows, ok);
   }
 #pragma unroll
   for (int n = 0; n < NV; ++n) {
