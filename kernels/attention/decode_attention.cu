@@ -9,10 +9,10 @@
 // shuffles and stores the logit in shared memory. The block then takes the max and turns logits
 // into exp(logit - max) in place. Pass 2: each group accumulates p * v over the same keys, and the
 // groups' partial sums are added through shared memory.
-// The first window's key and value rows are loaded before the wait for the kernel ahead (the
-// QKV product at 1-2 rows, which starts this kernel early): no kernel in flight writes them,
-// except the new token's row, which comes after the wait (see load_window). A context within one
-// window then costs the passes no round trip to the cache.
+// At 1-2 rows the fused kernel loads the first window's key and value rows before the wait for
+// the QKV product (which starts it early): no kernel in flight writes them, except the new token's
+// row, which the block takes from its own copy after preparing it. A context within one window
+// then costs the passes no round trip to the cache after the wait.
 // Without a split the block writes the normalised output. With a split it writes the unnormalised
 // sum, the max and the exp-sum of its chunk to the workspace, and decode_combine_kernel merges the
 // chunks of a (row, head) with the usual rescaling.
@@ -52,11 +52,6 @@ struct DecodeShape {
   static constexpr int TPK = NVEC >= 32 ? 32 : next_pow2(NVEC);  // lanes per cache row
   static constexpr int NV = (NVEC + TPK - 1) / TPK;         // vectors per lane
   static constexpr int NGROUPS = kThreads / TPK;
-  // Keys in flight per group (a window is NGROUPS x UNROLL keys: 256 for 64-wide 16-bit heads):
-  // 8 where a lane holds one vector of a row, else 4. A group visits its keys in the same order
-  // whatever the window, so the sums are the same bits.
-  static constexpr int UNROLL = 4;
-  using Row = Vec<T, VEC>;
   static_assert(D % VEC == 0, "head_dim must be a multiple of the vector width");
 };
 
@@ -148,9 +143,12 @@ __global__ void __launch_bounds__(kThreads, 2)
     decode_attention_kernel(const DecodeAttentionParams<T> p, int splits, int chunk,
                             const DecodeQkvInputs<T> f) {
   using S = DecodeShape<T, D>;
-  using Row = typename S::Row;
+  using Row = Vec<T, S::VEC>;
   constexpr int VEC = S::VEC, NVEC = S::NVEC, TPK = S::TPK, NV = S::NV, NGROUPS = S::NGROUPS;
-  constexpr int UNROLL = S::UNROLL, WINDOW = NGROUPS * UNROLL;
+  // Keys in flight per group; a window is NGROUPS x UNROLL keys (128 for 64-wide 16-bit heads).
+  // 8 measured no faster at one row and slower at 8 (H200), with 120 registers for the fused
+  // kernel and spills in bf16.
+  constexpr int UNROLL = 4, WINDOW = NGROUPS * UNROLL;
   extern __shared__ float smem[];
   float* logits = smem;                 // [chunk]
   float* red = smem + chunk;            // [NGROUPS][D]
@@ -164,13 +162,23 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int64_t out_off = (static_cast<int64_t>(row) * p.heads + h) * D;
   const int64_t part = (static_cast<int64_t>(row) * p.heads + h) * splits + split;
 
-  // The row's length, slot and indirection, and (fused) the first window's cache rows before
-  // the wait. A kernel starts the next one early only after its own wait (start_next_kernel),
-  // so when this one starts every kernel but the one just ahead has completed. Ahead of the fused
-  // kernel is the QKV product (or, past 2 rows, a cuBLASLt product, which starts nothing early),
-  // which writes none of these; of the cache rows only the new token's is written in this call,
-  // by this block (the other blocks write only positions that no other row reads: attention.h).
-  // The unfused kernel's first window waits: launch_qkv_prep ahead of it writes the cache.
+  // When the GEMV ahead started this kernel early (fused, 1-2 rows), the row's length, slot and
+  // indirection and the first window's cache rows are read before the wait. A kernel starts the
+  // next one early only after its own wait (start_next_kernel), so when this one starts every
+  // kernel but the one just ahead has completed, and that one, the QKV product, writes none of
+  // these. Of the cache rows only the new token's is written in this call, by this block (the
+  // other blocks write only positions that no other row reads: attention.h). Otherwise the kernel
+  // ahead has completed, or (unfused) writes the cache: everything follows the wait, the length
+  // in one round trip with the new token's inputs, the first key window next, and each value
+  // window after the softmax. (Reading the length before the wait there cost the chain a round
+  // trip: H200, batch 8, +3% per step.)
+  const bool early = FUSED && gridDim.y <= kEarlyStartRows;
+  NewToken new_token;
+  if (!early) {
+    wait_for_prior_kernels();
+    if (gridDim.y <= kEarlyStartRows) start_next_kernel();  // 1-2 rows: a GEMV follows
+    if constexpr (FUSED) new_token = load_new_token<T, D>(p, f, row, h);
+  }
   const int new_pos = p.lengths[row] - 1;  // the new token's position (unclamped)
   const int len = min(new_pos + 1, p.max_seq);
   const int slot = p.row_slot != nullptr ? p.row_slot[row] : row;
@@ -230,16 +238,13 @@ __global__ void __launch_bounds__(kThreads, 2)
   };
   Row k_first[UNROLL][NV], v_first[UNROLL][NV];
   bool k_ok[UNROLL], v_ok[UNROLL];
-  if constexpr (FUSED) {
+  if (early) {
     load_window(p.k_cache, start, new_pos, k_first, k_ok);
     load_window(p.v_cache, start, new_pos, v_first, v_ok);
+    wait_for_prior_kernels();
+    start_next_kernel();  // a GEMV follows
+    new_token = load_new_token<T, D>(p, f, row, h);
   }
-
-  wait_for_prior_kernels();
-  if (gridDim.y <= kEarlyStartRows) start_next_kernel();  // 1-2 rows: a GEMV follows
-
-  NewToken new_token;
-  if constexpr (FUSED) new_token = load_new_token<T, D>(p, f, row, h);
   if (start >= end) {  // nothing to attend to in this chunk
     if (splits == 1) {
       for (int d = threadIdx.x; d < D; d += kThreads) p.out[out_off + d] = from_float<T>(0.f);
@@ -263,8 +268,12 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
       for (int e = 0; e < VEC; ++e) q[n][e] = vi < NVEC ? q_s[vi * VEC + e] * p.scale : 0.f;
     }
-    fill_new(p.k_cache, k_s, k_first, k_ok);
-    fill_new(p.v_cache, v_s, v_first, v_ok);
+    if (early) {
+      fill_new(p.k_cache, k_s, k_first, k_ok);
+      fill_new(p.v_cache, v_s, v_first, v_ok);
+    } else {
+      load_window(p.k_cache, start, -1, k_first, k_ok);
+    }
   } else {
 #pragma unroll
     for (int n = 0; n < NV; ++n) {
@@ -279,7 +288,6 @@ __global__ void __launch_bounds__(kThreads, 2)
       }
     }
     load_window(p.k_cache, start, -1, k_first, k_ok);
-    load_window(p.v_cache, start, -1, v_first, v_ok);
   }
 
   const float slope = p.alibi_slopes != nullptr ? p.alibi_slopes[h] : 0.f;
@@ -343,8 +351,12 @@ __global__ void __launch_bounds__(kThreads, 2)
       }
     }
   };
-  window_values(start, v_first, v_ok);
-  for (int base = start + WINDOW; base < end; base += WINDOW) {
+  int base2 = start;
+  if (early) {
+    window_values(start, v_first, v_ok);
+    base2 += WINDOW;
+  }
+  for (int base = base2; base < end; base += WINDOW) {
     Row rows[UNROLL][NV];
     bool ok[UNROLL];
     load_window(p.v_cache, base, -1, rows, ok);
