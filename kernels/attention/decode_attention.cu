@@ -138,12 +138,14 @@ __device__ __forceinline__ void prepare_new_token(const DecodeAttentionParams<T>
 // FUSED: the QKV preparation (f) runs first. The fused fields travel as a separate small
 // argument, so that both instantiations address the main parameters alike (a larger parameter
 // struct made the compiler address it through a register and the passes measurably slower).
+// The unfused kernel runs many blocks to an SM at batch 64: bounded to four (64 registers; it
+// took 80, three blocks, with no spill either way). The fused one runs at most two per SM.
 template <typename T, int D, bool FUSED>
-__global__ void __launch_bounds__(kThreads, 2)
+__global__ void __launch_bounds__(kThreads, FUSED ? 2 : 4)
     decode_attention_kernel(const DecodeAttentionParams<T> p, int splits, int chunk,
                             const DecodeQkvInputs<T> f) {
   using S = DecodeShape<T, D>;
-  using Row = Vec<T, S::VEC>;
+  using Row = int4;  // a lane's 16 bytes of a cache row, as loaded (zeros: +0 in every type)
   constexpr int VEC = S::VEC, NVEC = S::NVEC, TPK = S::TPK, NV = S::NV, NGROUPS = S::NGROUPS;
   // Keys in flight per group; a window is NGROUPS x UNROLL keys (128 for 64-wide 16-bit heads).
   // 8 measured no faster at one row and slower at 8 (H200), with 120 registers for the fused
@@ -204,12 +206,8 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
     for (int n = 0; n < NV; ++n) {
       const int vi = li + n * TPK;
-      if (r != nullptr && vi < NVEC) {
-        dst[n] = *reinterpret_cast<const Row*>(r + vi * VEC);
-      } else {
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) dst[n].v[e] = from_float<T>(0.f);
-      }
+      dst[n] = r != nullptr && vi < NVEC ? *reinterpret_cast<const Row*>(r + vi * VEC)
+                                         : make_int4(0, 0, 0, 0);
     }
   };
   // The rows of the window at `base` (keys base + u * NGROUPS + g); ok[u]: key u has a row.
@@ -302,7 +300,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
       for (int n = 0; n < NV; ++n) {
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) dot = fmaf(q[n][e], to_float(rows[u][n].v[e]), dot);
+        for (int e = 0; e < VEC; ++e) dot = fmaf(q[n][e], to_float(reinterpret_cast<const T*>(&rows[u][n])[e]), dot);
       }
 #pragma unroll
       for (int off = TPK / 2; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
@@ -347,7 +345,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
       for (int n = 0; n < NV; ++n) {
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) acc[n][e] = fmaf(pk[u], to_float(rows[u][n].v[e]), acc[n][e]);
+        for (int e = 0; e < VEC; ++e) acc[n][e] = fmaf(pk[u], to_float(reinterpret_cast<const T*>(&rows[u][n])[e]), acc[n][e]);
       }
     }
   };
