@@ -138,8 +138,8 @@ __device__ __forceinline__ void prepare_new_token(const DecodeAttentionParams<T>
 // FUSED: the QKV preparation (f) runs first. The fused fields travel as a separate small
 // argument, so that both instantiations address the main parameters alike (a larger parameter
 // struct made the compiler address it through a register and the passes measurably slower).
-// The unfused kernel runs many blocks to an SM at batch 64: bounded to four (64 registers; it
-// took 80, three blocks, with no spill either way). The fused one runs at most two per SM.
+// The unfused kernel runs many blocks to an SM at batch 64: bounded to four (64 registers, no
+// spill; 80 without the bound, three blocks). The fused one runs at most two per SM.
 template <typename T, int D, bool FUSED>
 __global__ void __launch_bounds__(kThreads, FUSED ? 2 : 4)
     decode_attention_kernel(const DecodeAttentionParams<T> p, int splits, int chunk,
@@ -148,8 +148,8 @@ __global__ void __launch_bounds__(kThreads, FUSED ? 2 : 4)
   using Row = int4;  // a lane's 16 bytes of a cache row, as loaded (zeros: +0 in every type)
   constexpr int VEC = S::VEC, NVEC = S::NVEC, TPK = S::TPK, NV = S::NV, NGROUPS = S::NGROUPS;
   // Keys in flight per group; a window is NGROUPS x UNROLL keys (128 for 64-wide 16-bit heads).
-  // 8 measured no faster at one row and slower at 8 (H200), with 120 registers for the fused
-  // kernel and spills in bf16.
+  // 8 measured no faster at one row and slower at 8 rows (H200, runs 1553-1556 in
+  // benchmarks/README.md), with 120 registers for the fused kernel and spills in bf16.
   constexpr int UNROLL = 4, WINDOW = NGROUPS * UNROLL;
   extern __shared__ float smem[];
   float* logits = smem;                 // [chunk]
@@ -172,8 +172,8 @@ __global__ void __launch_bounds__(kThreads, FUSED ? 2 : 4)
   // other blocks write only positions that no other row reads: attention.h). Otherwise the kernel
   // ahead has completed, or (unfused) writes the cache: everything follows the wait, the length
   // in one round trip with the new token's inputs, the first key window next, and each value
-  // window after the softmax. (Reading the length before the wait there cost the chain a round
-  // trip: H200, batch 8, +3% per step.)
+  // window after the softmax (a length read before a wait that nothing overlaps would add a
+  // round trip of its own to the chain).
   const bool early = FUSED && gridDim.y <= kEarlyStartRows;
   NewToken new_token;
   if (!early) {
