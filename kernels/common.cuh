@@ -115,11 +115,14 @@ __device__ __forceinline__ void wait_for_prior_kernels() {
 
 // Lets the next kernel on the stream be scheduled now rather than when this one's blocks exit
 // (it then runs up to its own wait_for_prior_kernels() while this one is still running). Called
-// only after the wait, it overlaps at most two kernels of a stream: when a kernel starts, every
-// kernel but the one just ahead has completed (the fused decode attention reads the cache before
-// its wait on that promise). Used where the next kernel
-// is meant to be a GEMV, whose weight loads then overlap this kernel: the norms and the decode
-// attention (and its split-KV combine) at 1-2 rows, and the GEMV itself (whatever follows it).
+// after the wait, it overlaps at most two kernels of a stream: when a kernel starts, every kernel
+// before the one just ahead has completed (the fused decode attention reads the cache before its
+// wait on that promise of the QKV product ahead of it). The one exception is a GEMV launched
+// beside the kernel ahead (GemvParams::beside): it calls this at once and waits only before it
+// exits, so the kernel after it may start while the one before it still runs. Used where the
+// next kernel is meant to be a GEMV, whose weight loads then overlap this kernel: the norms and
+// the decode attention (and its split-KV combine) at 1-2 rows, and the GEMV itself (whatever
+// follows it).
 // Not meant for kernels ahead of cuBLASLt products: there an early start measured ~0.8 ms slower
 // per batch-1 prefill (H200). (With WARPFORMER_GEMV=0 the 1-2-row norms still start cuBLASLt
 // early; that costs speed, never correctness.)

@@ -327,11 +327,18 @@ at::Tensor run_decode_attention(const char* op, const at::Tensor& x, const char*
   if (prep != nullptr && prep->bias.has_value()) check_cuda(*prep->bias, op, "bias", x, x_name);
 
   const c10::cuda::CUDAGuard guard(x.device());
-  const std::vector<int32_t> lens = host_values(lengths);
+  // Contiguous copies first: the host checks below read the values back, which waits for them,
+  // so no copy kernel runs just ahead of the attention (the fused kernel reads the lengths,
+  // slots and indirection before its programmatic wait for the kernel ahead: attention.h).
+  const OptTensor slot_d = row_slot.has_value() ? OptTensor(row_slot->contiguous()) : OptTensor();
+  const at::Tensor len_d = lengths.contiguous();
+  const OptTensor ind_d =
+      cache_indir.has_value() ? OptTensor(cache_indir->contiguous()) : OptTensor();
+  const std::vector<int32_t> lens = host_values(len_d);
   check_values_in(lens, 1, max_seq + 1, op, "lengths", "1 .. max_seq of k_cache");
   std::vector<int32_t> slot_of(static_cast<size_t>(rows));
   if (row_slot.has_value()) {
-    slot_of = host_values(*row_slot);
+    slot_of = host_values(*slot_d);
     check_values_in(slot_of, 0, slots, op, "row_slot", "the slots of k_cache");
   } else {
     TORCH_CHECK(rows <= slots, op, ": row_slot is None, so row r reads slot r, but ", x_name,
@@ -352,7 +359,7 @@ at::Tensor run_decode_attention(const char* op, const at::Tensor& x, const char*
     }
   }
   if (cache_indir.has_value()) {
-    const std::vector<int32_t> ind = host_values(*cache_indir);
+    const std::vector<int32_t> ind = host_values(*ind_d);
     for (int64_t r = 0; r < rows; ++r) {
       for (int64_t pos = 0; pos < lens[r]; ++pos) {
         const int32_t s = ind[r * max_seq + pos];
@@ -376,10 +383,6 @@ at::Tensor run_decode_attention(const char* op, const at::Tensor& x, const char*
   if (prep == nullptr) check_aligned(x, op, x_name);
   check_aligned(k_cache, op, "k_cache");
   check_aligned(v_cache, op, "v_cache");
-  const OptTensor slot_d = row_slot.has_value() ? OptTensor(row_slot->contiguous()) : OptTensor();
-  const at::Tensor len_d = lengths.contiguous();
-  const OptTensor ind_d =
-      cache_indir.has_value() ? OptTensor(cache_indir->contiguous()) : OptTensor();
   const OptTensor slopes =
       alibi_slopes.has_value() ? OptTensor(alibi_slopes->contiguous()) : OptTensor();
   at::Tensor out = at::empty({rows, heads, head_dim}, x.options());

@@ -118,10 +118,12 @@ cudaError_t launch_context_attention(const ContextAttentionParams<T>& p, cudaStr
 // rows' slots must be distinct, and with cache_indir, cache_indir[r, lengths[r] - 1] must be
 // row_slot[r] and no other row may point at it (beam search keeps both: the newest position of
 // every beam is its own). The engine guarantees this; warpformer.decode_attention_fused checks
-// all of it on the host before launching. The fused kernel reads lengths, row_slot, cache_indir
-// and the first key window's cache rows before it waits for the kernel ahead (programmatic
-// launch), so the kernel just ahead on the stream must not write them: at 1-2 rows that is the
-// QKV product.
+// all of it on the host before launching. At 1-2 rows the fused kernel reads lengths, row_slot,
+// cache_indir and the first window's key and value rows (all but the new token's) before it
+// waits for the kernel ahead (programmatic launch). So the kernel just ahead on the stream must
+// not write them, and must start this one (griddepcontrol.launch_dependents) only after its own
+// wait, so that every kernel before it has completed: in the engine that is the QKV product's
+// GEMV; the op finishes its own copies of the index tensors before launching.
 template <typename T>
 struct DecodeAttentionParams {
   T* out;                     // [rows, heads, head_dim]

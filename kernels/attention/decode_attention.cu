@@ -165,15 +165,14 @@ __global__ void __launch_bounds__(kThreads, FUSED ? 2 : 4)
   const int64_t part = (static_cast<int64_t>(row) * p.heads + h) * splits + split;
 
   // When the GEMV ahead started this kernel early (fused, 1-2 rows), the row's length, slot and
-  // indirection and the first window's cache rows are read before the wait. A kernel starts the
-  // next one early only after its own wait (start_next_kernel), so when this one starts every
-  // kernel but the one just ahead has completed, and that one, the QKV product, writes none of
-  // these. Of the cache rows only the new token's is written in this call, by this block (the
-  // other blocks write only positions that no other row reads: attention.h). Otherwise the kernel
-  // ahead has completed, or (unfused) writes the cache: everything follows the wait, the length
-  // in one round trip with the new token's inputs, the first key window next, and each value
-  // window after the softmax (a length read before a wait that nothing overlaps would add a
-  // round trip of its own to the chain).
+  // indirection and the first window's cache rows are read before the wait. That GEMV, the QKV
+  // product, starts this kernel only after its own wait (start_next_kernel), so every kernel
+  // before it has completed, and it writes none of these. Of the cache rows only the new token's
+  // is written in this call, by this block (the other blocks write only positions that no other
+  // row reads: attention.h). Otherwise everything follows the wait, the length in one round trip
+  // with the new token's inputs, the first key window next, and each value window after the
+  // softmax (a length read before a wait that nothing overlaps would add a round trip of its own
+  // to the chain).
   const bool early = FUSED && gridDim.y <= kEarlyStartRows;
   NewToken new_token;
   if (!early) {
@@ -300,7 +299,9 @@ __global__ void __launch_bounds__(kThreads, FUSED ? 2 : 4)
 #pragma unroll
       for (int n = 0; n < NV; ++n) {
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) dot = fmaf(q[n][e], to_float(reinterpret_cast<const T*>(&rows[u][n])[e]), dot);
+        for (int e = 0; e < VEC; ++e) {
+          dot = fmaf(q[n][e], to_float(reinterpret_cast<const T*>(&rows[u][n])[e]), dot);
+        }
       }
 #pragma unroll
       for (int off = TPK / 2; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
@@ -345,7 +346,9 @@ __global__ void __launch_bounds__(kThreads, FUSED ? 2 : 4)
 #pragma unroll
       for (int n = 0; n < NV; ++n) {
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) acc[n][e] = fmaf(pk[u], to_float(reinterpret_cast<const T*>(&rows[u][n])[e]), acc[n][e]);
+        for (int e = 0; e < VEC; ++e) {
+          acc[n][e] = fmaf(pk[u], to_float(reinterpret_cast<const T*>(&rows[u][n])[e]), acc[n][e]);
+        }
       }
     }
   };
