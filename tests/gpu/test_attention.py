@@ -498,6 +498,33 @@ def test_decode_attention_fused_beams(dtype, long, seed) -> None:
     fused_vs_unfused(dtype, "gptj", lens, max_seq, None, len(lens), indir.to(DEV))
 
 
+@pytest.mark.parametrize("lens", [[1], [2], [32], [33], [64], [65], [128], [129], [300],
+                                  [4100], [4100, 1], [129, 128], [1, 300]])
+@pytest.mark.parametrize("arch", ["gpt2", "gptj", "bloom"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_attention_fused_early_window(dtype, arch, lens, seed) -> None:
+    """At 1-2 rows the fused kernel loads its first window of cache rows before waiting for the
+    kernel ahead, leaves the new token's row out and takes it from its own copy afterwards.
+    Lengths put the new token first, inside and just past the first window (32 keys for 256-wide
+    heads, 64 / 128 for 64-wide fp32 / 16-bit heads), in a later key chunk (4,100 splits the
+    keys over several blocks) and at different windows of two rows; the cache's new positions
+    hold NaN before the call, so a row read before it was written shows up."""
+    max_seq = 4200 if max(lens) > 512 else 512
+    row_slot = [1, 0][:len(lens)]
+    fused_vs_unfused(dtype, arch, lens, max_seq, row_slot, 2)
+
+
+@pytest.mark.parametrize("n", [70, 300, 4100])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_attention_fused_early_window_beams(dtype, n, seed) -> None:
+    """Two beams of one entry (the 2-row early path) reading older positions from either beam's
+    slot through cache_indir, the newest from their own."""
+    max_seq = 4200 if n > 512 else 512
+    indir = torch.randint(0, 2, (2, max_seq), dtype=torch.int32)
+    indir[0, n - 1], indir[1, n - 1] = 0, 1
+    fused_vs_unfused(dtype, "gpt2", [n, n], max_seq, None, 2, indir.to(DEV))
+
+
 def test_decode_attention_fused_refuses_foreign_new_slot(seed) -> None:
     kc, vc = nan_cache(2, 4, 16, 64, torch.float16)
     indir = torch.zeros(2, 16, dtype=torch.int32, device=DEV)  # row 1's new position -> slot 0
