@@ -268,8 +268,6 @@ __global__ void __launch_bounds__(kThreads, FUSED ? 2 : 4)
     if (early) {
       fill_new(p.k_cache, k_s, k_first, k_ok);
       fill_new(p.v_cache, v_s, v_first, v_ok);
-    } else {
-      load_window(p.k_cache, start, -1, k_first, k_ok);
     }
   } else {
 #pragma unroll
@@ -284,8 +282,8 @@ __global__ void __launch_bounds__(kThreads, FUSED ? 2 : 4)
         for (int e = 0; e < VEC; ++e) q[n][e] = 0.f;
       }
     }
-    load_window(p.k_cache, start, -1, k_first, k_ok);
   }
+  if (!early) load_window(p.k_cache, start, -1, k_first, k_ok);
 
   const float slope = p.alibi_slopes != nullptr ? p.alibi_slopes[h] : 0.f;
   const int q_pos = len - 1;
