@@ -138,10 +138,16 @@ __device__ __forceinline__ void prepare_new_token(const DecodeAttentionParams<T>
 // FUSED: the QKV preparation (f) runs first. The fused fields travel as a separate small
 // argument, so that both instantiations address the main parameters alike (a larger parameter
 // struct made the compiler address it through a register and the passes measurably slower).
-// The unfused kernel runs many blocks to an SM at batch 64: bounded to four (64 registers, no
-// spill; 80 without the bound, three blocks). The fused one runs at most two per SM.
-template <typename T, int D, bool FUSED>
-__global__ void __launch_bounds__(kThreads, FUSED ? 2 : 4)
+// EARLY (fused only, launched for 1-2 rows): the GEMV ahead starts the kernel early and the
+// first window's loads come before the wait (below).
+// Blocks per SM: the unfused kernel runs many blocks to an SM at batch 64, bounded to four (64
+// registers, no spill; 80 without the bound, three blocks). The fused kernel past 2 rows is
+// bounded to three (80 registers, no spill in 16-bit types; 96-108 and two blocks without): a
+// long context's split keys make several blocks per SM (bloom-560m at 2,048 tokens, 4-8 rows:
+// steps 9-12% faster, H200). The early kernel keeps its registers (two blocks): bounded to
+// three it was 2.5% slower at one row.
+template <typename T, int D, bool FUSED, bool EARLY>
+__global__ void __launch_bounds__(kThreads, FUSED ? (EARLY ? 2 : 3) : 4)
     decode_attention_kernel(const DecodeAttentionParams<T> p, int splits, int chunk,
                             const DecodeQkvInputs<T> f) {
   using S = DecodeShape<T, D>;
@@ -173,7 +179,8 @@ __global__ void __launch_bounds__(kThreads, FUSED ? 2 : 4)
   // with the new token's inputs, the first key window next, and each value window after the
   // softmax (a length read before a wait that nothing overlaps would add a round trip of its own
   // to the chain).
-  const bool early = FUSED && gridDim.y <= kEarlyStartRows;
+  static_assert(FUSED || !EARLY, "only the fused kernel starts early");
+  constexpr bool early = EARLY;
   NewToken new_token;
   if (!early) {
     wait_for_prior_kernels();
@@ -423,8 +430,9 @@ cudaError_t launch_for_dim(const DecodeAttentionParams<T>& p, const DecodeQkvInp
   using S = DecodeShape<T, D>;
   const int chunk = chunk_size(p.max_seq, splits);
   const size_t smem = (static_cast<size_t>(chunk) + S::NGROUPS * D) * sizeof(float);
-  auto kernel = fused != nullptr ? decode_attention_kernel<T, D, true>
-                                 : decode_attention_kernel<T, D, false>;
+  auto kernel = fused == nullptr            ? decode_attention_kernel<T, D, false, false>
+                : p.rows <= kEarlyStartRows ? decode_attention_kernel<T, D, true, true>
+                                            : decode_attention_kernel<T, D, true, false>;
   if (smem > 48 * 1024) {
     const cudaError_t err =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
