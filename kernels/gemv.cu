@@ -61,7 +61,7 @@ struct GemvNorm {
 // norm(input (+ input_bias) (+ residual)), rounded to T into xs [M][kchunk] (shared memory) exactly
 // as launch_norm would write them. The statistics of each row are the norms kernel's: threads
 // t < norm_threads form the same per-thread sums over the same vectors, the others add zeros,
-// and block_sum adds the warp sums alike (the extra warps' zeros change no bits). Blocks of the
+// and block_sum2 adds the warp sums alike (the extra warps' zeros change no bits). Blocks of the
 // first column tile also write the k-range's x to residual_out and its normalised values to out
 // when those are given; they must not alias the inputs, which the other blocks are still reading.
 // gamma / beta: the norm weights of the block's product (g.norm's, or a second product's).
@@ -70,7 +70,7 @@ __device__ __forceinline__ void normalize_input(const GemvNorm<T>& g, const T* g
                                                 const T* beta, int k, int kbeg, int kend,
                                                 int kchunk, T* xs) {
   constexpr int V = 16 / sizeof(T);
-  __shared__ float scratch[32];
+  __shared__ float2 scratch[32];
   const NormParams<T>& nm = g.norm;
   const int nvec = k / V;
   const bool layer_norm = nm.kind == NormKind::kLayerNorm;
@@ -79,37 +79,37 @@ __device__ __forceinline__ void normalize_input(const GemvNorm<T>& g, const T* g
 #pragma unroll 1
   for (int m = 0; m < M; ++m) {
     const int64_t row_off = static_cast<int64_t>(m) * k;
-    float mean = 0.f;
-    if (layer_norm) {
-      // The shift is x[0] of the row (norms.cu): thread 0's first vector, shared through shared
-      // memory while the other threads' first vectors are in flight (no round trip of its own).
-      __shared__ float shift_s;
-      const bool loads = threadIdx.x < g.norm_threads && static_cast<int>(threadIdx.x) < nvec;
-      float x[V];
-      if (loads) norm::load_x<T, V>(nm, row_off, threadIdx.x * V, x);
-      const float shift = norm::from_thread0(x[0], &shift_s);
-      float sum = 0.f;
-      if (loads) {
+    // The shift is the mean of the row's first vector (norms.cu): thread 0's, shared through
+    // shared memory (no round trip of its own).
+    __shared__ float shift_s;
+    const bool loads = threadIdx.x < g.norm_threads && static_cast<int>(threadIdx.x) < nvec;
+    float x[V];
+    if (loads) norm::load_x<T, V>(nm, row_off, threadIdx.x * V, x);
+    const float shift =
+        layer_norm ? norm::from_thread0(norm::vector_mean<V>(x), &shift_s) : 0.f;
+    float sum = 0.f, sq = 0.f;
+    if (loads) {
 #pragma unroll
-        for (int j = 0; j < V; ++j) sum += x[j] - shift;
-        for (int v = threadIdx.x + g.norm_threads; v < nvec; v += g.norm_threads) {
-          norm::load_x<T, V>(nm, row_off, v * V, x);
-#pragma unroll
-          for (int j = 0; j < V; ++j) sum += x[j] - shift;
-        }
-      }
-      mean = norm::mean(shift, block_sum(sum, scratch), inv_n);
-    }
-    float sq = 0.f;
-    if (threadIdx.x < g.norm_threads) {
-      for (int v = threadIdx.x; v < nvec; v += g.norm_threads) {
-        float x[V];
+      for (int j = 0; j < V; ++j) norm::accumulate(sum, sq, x[j], shift);
+      for (int v = threadIdx.x + g.norm_threads; v < nvec; v += g.norm_threads) {
         norm::load_x<T, V>(nm, row_off, v * V, x);
 #pragma unroll
-        for (int j = 0; j < V; ++j) sq = norm::add_square(sq, x[j], mean);
+        for (int j = 0; j < V; ++j) norm::accumulate(sum, sq, x[j], shift);
       }
     }
-    const float rstd = norm::rstd(block_sum(sq, scratch), inv_n, nm.eps);
+    norm::RowStats st = norm::row_stats(layer_norm, shift, sum, sq, inv_n, nm.eps, scratch);
+    if (__builtin_expect(st.refine, 0)) {
+      float sum2 = 0.f, sq2 = 0.f;
+      if (threadIdx.x < g.norm_threads) {
+        for (int v = threadIdx.x; v < nvec; v += g.norm_threads) {
+          norm::load_x<T, V>(nm, row_off, v * V, x);
+#pragma unroll
+          for (int j = 0; j < V; ++j) norm::accumulate(sum2, sq2, x[j], st.mean);
+        }
+      }
+      norm::refine_stats(st, sum2, sq2, inv_n, nm.eps, scratch);
+    }
+    const float mean = st.mean, rstd = st.rstd;
     for (int c = kbeg + threadIdx.x * V; c < kend; c += kThreads * V) {
       float x[V], y[V];
       norm::load_x<T, V>(nm, row_off, c, x);

@@ -31,39 +31,83 @@ __device__ __forceinline__ void load_x(const NormParams<T>& p, int64_t row_off, 
   }
 }
 
-// Thread 0's v, for every thread of the block: LayerNorm's shift, which thread 0 holds as the
-// first element of the vector it has loaded, without a global round trip of its own. `slot` is a
-// __shared__ float of the caller's; a barrier.
+// Thread 0's v, for every thread of the block: LayerNorm's shift, which thread 0 computes from
+// the first vector it has loaded, without a global round trip of its own. `slot` is a __shared__
+// float of the caller's; a barrier.
 __device__ __forceinline__ float from_thread0(float v, float* slot) {
   if (threadIdx.x == 0) *slot = v;
   __syncthreads();
   return *slot;
 }
 
-// x of the row's first element: LayerNorm's shift (its sums run over x - shift so that a large
-// common offset of the residual stream does not eat the fp32 sum's precision).
-template <typename T>
-__device__ __forceinline__ float first_x(const NormParams<T>& p, int64_t row_off) {
-  float x = to_float(p.input[row_off]);
-  if (p.input_bias != nullptr) x += to_float(p.input_bias[0]);
-  if (p.residual != nullptr) x += to_float(p.residual[row_off]);
-  return x;
+// LayerNorm's shift: the mean of the row's first vector (VEC elements, a power of two). The
+// sums run over x - shift so that a large common offset of the residual stream does not eat the
+// fp32 sums' precision; a mean rather than x[0] alone keeps one outlier feature at column 0
+// from doing the same (row_stats).
+template <int VEC>
+__device__ __forceinline__ float vector_mean(const float (&x)[VEC]) {
+  static_assert((VEC & (VEC - 1)) == 0, "VEC is a power of two");
+  float t[VEC];  // pairwise: log2(VEC) dependent adds on the path to the barrier, not VEC - 1
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) t[j] = x[j];
+#pragma unroll
+  for (int w = VEC / 2; w >= 1; w /= 2) {
+#pragma unroll
+    for (int j = 0; j < w; ++j) t[j] = __fadd_rn(t[j], t[j + w]);
+  }
+  return __fmul_rn(t[0], 1.f / VEC);
 }
 
-// mean = shift + sum(x - shift) / n
-__device__ __forceinline__ float mean(float shift, float total, float inv_n) {
-  return __fmaf_rn(total, inv_n, shift);
+// The shift read by each thread itself (the norms kernel's path for rows too long for registers).
+template <typename T, int VEC>
+__device__ __forceinline__ float first_vector_mean(const NormParams<T>& p, int64_t row_off) {
+  float x[VEC];
+  load_x<T, VEC>(p, row_off, 0, x);
+  return vector_mean<VEC>(x);
 }
 
-// One term of the variance sum: sq + (x - mean)^2.
-__device__ __forceinline__ float add_square(float sq, float x, float mean) {
-  const float d = __fsub_rn(x, mean);
-  return __fmaf_rn(d, d, sq);
+// One element of a row's sums: sum += x - shift and sq += (x - shift)^2 (shift 0 for RMSNorm).
+__device__ __forceinline__ void accumulate(float& sum, float& sq, float x, float shift) {
+  const float d = __fsub_rn(x, shift);
+  sum = __fadd_rn(sum, d);
+  sq = __fmaf_rn(d, d, sq);
 }
 
-// 1 / sqrt(sum((x - mean)^2) / n + eps)
-__device__ __forceinline__ float rstd(float total_sq, float inv_n, float eps) {
-  return rsqrtf(__fmaf_rn(total_sq, inv_n, eps));
+struct RowStats {
+  float mean;   // 0 for RMSNorm
+  float rstd;   // 1 / sqrt(variance + eps), or for RMSNorm 1 / sqrt(mean square + eps)
+  bool refine;  // LayerNorm only: a second pass is needed (the same for the whole block)
+};
+
+// The row's statistics from every thread's sums S = sum(x - shift) and Q = sum((x - shift)^2),
+// in one block reduction: mean = shift + S / n and variance = Q / n - (S / n)^2. The subtraction
+// loses the fraction (S / n)^2 / variance of Q's precision (and S's rounding, which grows with
+// |x - shift|, reaches the mean), so the result stands only where Q / n <= 2 variance: the
+// shift within a standard deviation of the mean. A row whose shift lies further out (an outlier
+// among its first columns) is marked `refine` and takes a second pass about this mean
+// (refine_stats). With the shift of vector_mean, that is about 1 row in 200 of Gaussian data.
+// RMSNorm: Q with shift 0, mean 0, never refined.
+__device__ __forceinline__ RowStats row_stats(bool layer_norm, float shift, float sum, float sq,
+                                              float inv_n, float eps, float2* scratch) {
+  const float2 t = block_sum2(make_float2(sum, sq), scratch);
+  if (!layer_norm) return {0.f, rsqrtf(__fmaf_rn(t.y, inv_n, eps)), false};
+  const float d = __fmul_rn(t.x, inv_n);
+  const float q = __fmul_rn(t.y, inv_n);
+  const float var = __fmaf_rn(-d, d, q);
+  const bool refine = q > __fmul_rn(2.f, var);
+  return {__fmaf_rn(t.x, inv_n, shift), rsqrtf(__fadd_rn(fmaxf(var, 0.f), eps)), refine};
+}
+
+// The second pass of a row marked `refine`: every thread's sums (accumulate) with the first
+// pass's mean as the shift, which now lies close to the true mean, so that mean and variance
+// come out as accurate as an exact two-pass computation (the corrected two-pass formula).
+__device__ __forceinline__ void refine_stats(RowStats& st, float sum, float sq, float inv_n,
+                                             float eps, float2* scratch) {
+  const float2 t = block_sum2(make_float2(sum, sq), scratch);
+  const float d = __fmul_rn(t.x, inv_n);
+  const float var = __fmaf_rn(-d, d, __fmul_rn(t.y, inv_n));
+  st.mean = __fadd_rn(st.mean, d);
+  st.rstd = rsqrtf(__fadd_rn(fmaxf(var, 0.f), eps));
 }
 
 // VEC normalised elements (x - mean) * rstd * gamma (+ beta for LayerNorm) of columns col...

@@ -1,9 +1,10 @@
 // LayerNorm / RMSNorm with fused residual and bias adds (see norms.h for the contract).
 //
 // One block normalises one row. Rows of up to 512 * 8 vectors are held in registers between the
-// mean pass, the variance pass and the output pass, so the row is read from memory once; longer
-// rows fall back to re-reading it (from residual_out when that was written, since it may alias an
-// input). Statistics are accumulated in fp32 with the exact two-pass variance.
+// statistics pass and the output pass, so the row is read from memory once; longer rows fall back
+// to re-reading it (from residual_out when that was written, since it may alias an input). The
+// statistics are fp32 sums of x - shift and of its squares, reduced together (norm::row_stats),
+// with an exact second pass for the rare row that needs it.
 #include "kernels/common.cuh"
 #include "kernels/norm_math.cuh"
 #include "kernels/norms.h"
@@ -28,7 +29,7 @@ template <typename T, int VEC, int ITEMS>
 __global__ void __launch_bounds__(kMaxThreads) norm_kernel(const NormParams<T> p) {
   wait_for_prior_kernels();
   if (p.rows <= kEarlyStartRows) start_next_kernel();  // decode-sized: a GEMV follows
-  __shared__ float scratch[32];
+  __shared__ float2 scratch[32];
   const int64_t row_off = static_cast<int64_t>(blockIdx.x) * p.hidden;
   const int nvec = p.hidden / VEC;
   const bool layer_norm = p.kind == NormKind::kLayerNorm;
@@ -43,8 +44,9 @@ __global__ void __launch_bounds__(kMaxThreads) norm_kernel(const NormParams<T> p
     return;
   }
 
-  // LayerNorm sums x - shift, with shift = x[0] of the row, so that a large common offset (a
-  // residual stream's mean far from 0) does not eat the fp32 sum's precision.
+  // LayerNorm sums x - shift, the shift being the mean of the row's first vector
+  // (norm::vector_mean).
+  float sum = 0.f, sq = 0.f;
   if constexpr (ITEMS > 0) {
     float x[ITEMS][VEC];
 #pragma unroll
@@ -52,11 +54,11 @@ __global__ void __launch_bounds__(kMaxThreads) norm_kernel(const NormParams<T> p
       const int v = threadIdx.x + i * blockDim.x;
       if (v < nvec) norm::load_x<T, VEC>(p, row_off, v * VEC, x[i]);
     }
-    // Thread 0's first vector starts the row: its x[0] is the shift, shared through shared
-    // memory rather than read again from global memory by every thread (a round trip more).
+    // Thread 0's first vector starts the row and gives the shift, shared through shared memory
+    // rather than read again from global memory by every thread (a round trip more).
     __shared__ float shift_s;
-    const float shift = layer_norm ? norm::from_thread0(x[0][0], &shift_s) : 0.f;
-    float sum = 0.f;
+    const float shift =
+        layer_norm ? norm::from_thread0(norm::vector_mean<VEC>(x[0]), &shift_s) : 0.f;
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       const int v = threadIdx.x + i * blockDim.x;
@@ -64,29 +66,39 @@ __global__ void __launch_bounds__(kMaxThreads) norm_kernel(const NormParams<T> p
         // Each thread writes only the vectors it read: residual_out may alias an input.
         if (p.residual_out != nullptr) store_vec<T, VEC>(p.residual_out + row_off + v * VEC, x[i]);
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) sum += x[i][j] - shift;
+        for (int j = 0; j < VEC; ++j) norm::accumulate(sum, sq, x[i][j], shift);
       }
     }
-    const float mean = layer_norm ? norm::mean(shift, block_sum(sum, scratch), inv_n) : 0.f;
-    float sq = 0.f;
+    norm::RowStats st = norm::row_stats(layer_norm, shift, sum, sq, inv_n, p.eps, scratch);
+    if (__builtin_expect(st.refine, 0)) {
+      float sum2 = 0.f, sq2 = 0.f;
 #pragma unroll
-    for (int i = 0; i < ITEMS; ++i) {
-      if (threadIdx.x + i * blockDim.x < nvec) {
+      for (int i = 0; i < ITEMS; ++i) {
+        if (threadIdx.x + i * blockDim.x < nvec) {
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) sq = norm::add_square(sq, x[i][j], mean);
+          for (int j = 0; j < VEC; ++j) norm::accumulate(sum2, sq2, x[i][j], st.mean);
+        }
       }
+      norm::refine_stats(st, sum2, sq2, inv_n, p.eps, scratch);
     }
-    const float rstd = norm::rstd(block_sum(sq, scratch), inv_n, p.eps);
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       const int v = threadIdx.x + i * blockDim.x;
-      if (v < nvec) store_normed<T, VEC>(p, row_off, v * VEC, x[i], mean, rstd);
+      if (v < nvec) store_normed<T, VEC>(p, row_off, v * VEC, x[i], st.mean, st.rstd);
     }
   } else {
     // Row too long for registers. After the first pass x lives in residual_out if requested.
     // Every thread must use the same shift: read it before anyone writes residual_out.
-    const float shift = layer_norm ? norm::first_x(p, row_off) : 0.f;
+    const float shift = layer_norm ? norm::first_vector_mean<T, VEC>(p, row_off) : 0.f;
     if (layer_norm && p.residual_out != nullptr) __syncthreads();
+    for (int v = threadIdx.x; v < nvec; v += blockDim.x) {
+      float x[VEC];
+      norm::load_x<T, VEC>(p, row_off, v * VEC, x);
+      if (p.residual_out != nullptr) store_vec<T, VEC>(p.residual_out + row_off + v * VEC, x);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) norm::accumulate(sum, sq, x[j], shift);
+    }
+    // Each element is re-read by the thread that wrote it, so no barrier is needed for that.
     auto reload = [&](int v, float (&x)[VEC]) {
       if (p.residual_out != nullptr) {
         load_vec<T, VEC>(p.residual_out + row_off + v * VEC, x);
@@ -94,28 +106,21 @@ __global__ void __launch_bounds__(kMaxThreads) norm_kernel(const NormParams<T> p
         norm::load_x<T, VEC>(p, row_off, v * VEC, x);
       }
     };
-    float sum = 0.f;
-    for (int v = threadIdx.x; v < nvec; v += blockDim.x) {
-      float x[VEC];
-      norm::load_x<T, VEC>(p, row_off, v * VEC, x);
-      if (p.residual_out != nullptr) store_vec<T, VEC>(p.residual_out + row_off + v * VEC, x);
+    norm::RowStats st = norm::row_stats(layer_norm, shift, sum, sq, inv_n, p.eps, scratch);
+    if (__builtin_expect(st.refine, 0)) {
+      float sum2 = 0.f, sq2 = 0.f;
+      for (int v = threadIdx.x; v < nvec; v += blockDim.x) {
+        float x[VEC];
+        reload(v, x);
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) sum += x[j] - shift;
+        for (int j = 0; j < VEC; ++j) norm::accumulate(sum2, sq2, x[j], st.mean);
+      }
+      norm::refine_stats(st, sum2, sq2, inv_n, p.eps, scratch);
     }
-    // Each element is re-read by the thread that wrote it, so no barrier is needed for that.
-    const float mean = layer_norm ? norm::mean(shift, block_sum(sum, scratch), inv_n) : 0.f;
-    float sq = 0.f;
     for (int v = threadIdx.x; v < nvec; v += blockDim.x) {
       float x[VEC];
       reload(v, x);
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) sq = norm::add_square(sq, x[j], mean);
-    }
-    const float rstd = norm::rstd(block_sum(sq, scratch), inv_n, p.eps);
-    for (int v = threadIdx.x; v < nvec; v += blockDim.x) {
-      float x[VEC];
-      reload(v, x);
-      store_normed<T, VEC>(p, row_off, v * VEC, x, mean, rstd);
+      store_normed<T, VEC>(p, row_off, v * VEC, x, st.mean, st.rstd);
     }
   }
 }

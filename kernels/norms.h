@@ -15,7 +15,7 @@ enum class NormKind { kLayerNorm = 0, kRmsNorm = 1, kAddOnly = 2 };
 
 // For each row r:
 //   x[r]   = input[r] (+ input_bias) (+ residual[r])
-//   out[r] = normalize(x[r]) * gamma (+ beta)         (fp32 statistics, two-pass variance)
+//   out[r] = normalize(x[r]) * gamma (+ beta)         (fp32 statistics, shifted sums)
 //   residual_out[r] = x[r]                            when residual_out is given
 // residual_out may alias residual (in-place residual update of a pre-norm layer) or input.
 // All row-major and contiguous. The 16-byte vector path is taken when hidden and every pointer

@@ -46,13 +46,30 @@ def ref_rms_norm(x, w, eps):
 @pytest.mark.parametrize("hidden", HIDDEN)
 @pytest.mark.parametrize("rows", ROWS)
 def test_layer_norm(dtype, hidden, rows, seed):
-    # An offset mean checks the two-pass variance (one-pass E[x^2]-E[x]^2 loses it in fp32).
+    # An offset mean checks the shifted sums (unshifted E[x^2]-E[x]^2 loses it in fp32).
     x = rand(rows, hidden, dtype=dtype) + 30.0
     w, b = rand(hidden, dtype=dtype), rand(hidden, dtype=dtype)
     poison(x)
     out = ops.layer_norm(x, w, b, 1e-5)
     assert_close(out, ref_layer_norm(x, w, b, 1e-5), dtype)
     assert_close(ops.layer_norm(x, w, None, 1e-5), ref_layer_norm(x, w, None, 1e-5), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hidden", [1024, 4096, 12288, 40000])
+@pytest.mark.parametrize("col", [0, 3, 9])
+def test_layer_norm_outlier_column(dtype, hidden, col, seed):
+    """A feature 1,000 standard deviations out (LLM residual streams have such "massive
+    activations"). In the first vector (col 0, 3) it moves the shift of the one-reduction
+    statistics far from the row's mean, so the kernel must take its exact second pass; at col 9
+    the shifted sums stand."""
+    x = rand(4, hidden, dtype=dtype)
+    x[:, col] = 1000.0
+    x[1, col] = -1000.0
+    x[2] += 30.0  # and an offset on top
+    w, b = rand(hidden, dtype=dtype), rand(hidden, dtype=dtype)
+    poison(x)
+    assert_close(ops.layer_norm(x, w, b, 1e-5), ref_layer_norm(x, w, b, 1e-5), dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
