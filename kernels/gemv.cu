@@ -407,13 +407,13 @@ size_t kn_dynamic_smem(const GemvParams<T>& p, const KnSplit& s, bool norm) {
   return xs + static_cast<size_t>(s.ksplit - 1) * outs * sizeof(float);
 }
 
-// The [k, n] kernel's static shared memory for m rows: red, the norm's scratch and the
-// k-split's barrier.
+// The [k, n] kernel's static shared memory for m rows: red, the norm's scratch and shift
+// (normalize_input) and the k-split's barrier.
 template <typename T>
 size_t kn_static_smem(int m) {
   constexpr int V = 16 / sizeof(T);
-  return static_cast<size_t>(kWarps) * m * kColVecs * V * sizeof(float) + 32 * sizeof(float) +
-         sizeof(uint64_t);
+  return static_cast<size_t>(kWarps) * m * kColVecs * V * sizeof(float) +
+         32 * sizeof(float2) + sizeof(float) + sizeof(uint64_t);
 }
 
 template <typename T, int M, bool NORM>
