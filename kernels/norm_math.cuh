@@ -80,6 +80,23 @@ struct RowStats {
   bool refine;  // LayerNorm only: a second pass is needed (the same for the whole block)
 };
 
+// Block totals t = (S, Q) of x - shift and its square: d = S / n, q = Q / n and the variance
+// q - d^2 (before clamping), the shared arithmetic of both passes.
+struct Moments {
+  float d, q, var;
+};
+
+__device__ __forceinline__ Moments moments(float2 t, float inv_n) {
+  const float d = __fmul_rn(t.x, inv_n);
+  const float q = __fmul_rn(t.y, inv_n);
+  return {d, q, __fmaf_rn(-d, d, q)};
+}
+
+// 1 / sqrt(variance + eps), the variance clamped at 0.
+__device__ __forceinline__ float rstd_of(float var, float eps) {
+  return rsqrtf(__fadd_rn(fmaxf(var, 0.f), eps));
+}
+
 // The row's statistics from every thread's sums S = sum(x - shift) and Q = sum((x - shift)^2),
 // in one block reduction: mean = shift + S / n and variance = Q / n - (S / n)^2. The subtraction
 // loses the fraction (S / n)^2 / variance of Q's precision (and S's rounding, which grows with
@@ -94,11 +111,9 @@ __device__ __forceinline__ RowStats row_stats(bool layer_norm, float shift, floa
                                               float inv_n, float eps, float2* scratch) {
   const float2 t = block_sum2(make_float2(sum, sq), scratch);
   if (!layer_norm) return {0.f, rsqrtf(__fmaf_rn(t.y, inv_n, eps)), false};
-  const float d = __fmul_rn(t.x, inv_n);
-  const float q = __fmul_rn(t.y, inv_n);
-  const float var = __fmaf_rn(-d, d, q);
-  const bool refine = q > __fmul_rn(2.f, var);
-  return {__fmaf_rn(t.x, inv_n, shift), rsqrtf(__fadd_rn(fmaxf(var, 0.f), eps)), refine};
+  const Moments mo = moments(t, inv_n);
+  const bool refine = mo.q > __fmul_rn(2.f, mo.var);
+  return {__fmaf_rn(t.x, inv_n, shift), rstd_of(mo.var, eps), refine};
 }
 
 // The second pass of a row marked `refine`: every thread's sums (accumulate) with the first
@@ -106,11 +121,9 @@ __device__ __forceinline__ RowStats row_stats(bool layer_norm, float shift, floa
 // come out as accurate as an exact two-pass computation (the corrected two-pass formula).
 __device__ __forceinline__ void refine_stats(RowStats& st, float sum, float sq, float inv_n,
                                              float eps, float2* scratch) {
-  const float2 t = block_sum2(make_float2(sum, sq), scratch);
-  const float d = __fmul_rn(t.x, inv_n);
-  const float var = __fmaf_rn(-d, d, __fmul_rn(t.y, inv_n));
-  st.mean = __fadd_rn(st.mean, d);
-  st.rstd = rsqrtf(__fadd_rn(fmaxf(var, 0.f), eps));
+  const Moments mo = moments(block_sum2(make_float2(sum, sq), scratch), inv_n);
+  st.mean = __fadd_rn(st.mean, mo.d);
+  st.rstd = rstd_of(mo.var, eps);
 }
 
 // VEC normalised elements (x - mean) * rstd * gamma (+ beta for LayerNorm) of columns col...
