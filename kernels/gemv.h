@@ -24,7 +24,7 @@ constexpr int kGemvMaxRows = 8;
 // Where the GEMV measured faster than cuBLASLt on H200 (benchmarks/bench_kernels.py, fp16 and
 // bf16, gpt2-medium and gpt-j-6b shapes): [k, n] weights up to 2 rows (at 3-4 rows its CUDA-core
 // FMAs, not the weight stream, set the pace; a tensor-core variant was no faster than cuBLASLt
-// there either, benchmarks/README.md); [n, k] weights (lm_head) up to 8 rows.
+// there either, benchmarks/HISTORY.md); [n, k] weights (lm_head) up to 8 rows.
 constexpr int kGemvPreferredRowsKN = 2;
 constexpr int kGemvPreferredRowsNK = 8;
 

@@ -155,7 +155,7 @@ __global__ void __launch_bounds__(kThreads, FUSED ? (EARLY ? 2 : 3) : 4)
   constexpr int VEC = S::VEC, NVEC = S::NVEC, TPK = S::TPK, NV = S::NV, NGROUPS = S::NGROUPS;
   // Keys in flight per group; a window is NGROUPS x UNROLL keys (128 for 64-wide 16-bit heads).
   // 8 measured no faster at one row and slower at 8 rows (H200, runs 1553-1556 in
-  // benchmarks/README.md), with 120 registers for the fused kernel and spills in bf16.
+  // benchmarks/HISTORY.md), with 120 registers for the fused kernel and spills in bf16.
   constexpr int UNROLL = 4, WINDOW = NGROUPS * UNROLL;
   extern __shared__ float smem[];
   float* logits = smem;                 // [chunk]

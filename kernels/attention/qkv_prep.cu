@@ -7,7 +7,7 @@
 // copied with 16-byte vectors. Unaligned tensors, or a half-split rotation whose halves are not
 // whole vectors apart, take the element-by-element path (same arithmetic, same bits). The kernel
 // is memory-bound: at 2,048 prompt tokens of a 1,024-wide model it moved the QKV product at about
-// half the copy bandwidth element by element (13 us of the layer's ~130, benchmarks/README.md).
+// half the copy bandwidth element by element (13 us of the layer's ~130, benchmarks/HISTORY.md).
 #include "kernels/attention/attention_common.cuh"
 
 namespace warpformer {

@@ -122,7 +122,7 @@ class GptModel {
   // activations (activation_bytes_per_token) stay within kPrefillActivationBytes: gpt2-medium and
   // bloom-560m run 4,096-token groups in fp16 (batch-64 prompts 9-12% faster than with 2,048,
   // peak memory under HF's), wider models 2,048 (groups of about 2,700 were slower than both;
-  // benchmarks/README.md). The environment variable WARPFORMER_PREFILL_TOKENS, read when the
+  // benchmarks/HISTORY.md). The environment variable WARPFORMER_PREFILL_TOKENS, read when the
   // model is built, sets another size.
   static constexpr int64_t kPrefillGroupTokens = 2048;
   static constexpr int64_t kMaxPrefillGroupTokens = 4096;
