@@ -314,18 +314,39 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
       }
     }
 
-    // Mask, bias and the online-softmax update (registers 0-1: row a, 2-3: row b).
+    // Mask, bias and the online-softmax update (registers 0-1: row a, 2-3: row b). A tile whose
+    // keys all lie at or before this warp's first row and inside the sequence (all but the
+    // diagonal tiles of a long prompt) needs no mask, and without ALiBi no bias either: those
+    // tiles skip that arithmetic. The tests are warp-uniform, and the scores keep their bits (a
+    // zero bias term adds nothing).
+    const bool masked = k0 + kMmaBK - 1 > q0 + warp * 16 || k0 + kMmaBK > n_keys;
     float mx_a = -INFINITY, mx_b = -INFINITY;
+    auto score = [&](int nt, int i, bool mask, bool bias) {
+      const int key = k0 + nt * 8 + 2 * q + (i & 1);
+      const int pos = i < 2 ? pos_a : pos_b;
+      float v = s[nt][i] * p.scale;
+      if (bias) v = v + slope * static_cast<float>(key - pos);
+      v = mask && (key > pos || key >= n_keys) ? -INFINITY : v * kLog2e;
+      s[nt][i] = v;
+      if (i < 2) mx_a = fmaxf(mx_a, v); else mx_b = fmaxf(mx_b, v);
+    };
+    if (!masked && slope == 0.f) {
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
+      for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int key = k0 + nt * 8 + 2 * q + (i & 1);
-        const int pos = i < 2 ? pos_a : pos_b;
-        float v = s[nt][i] * p.scale + slope * static_cast<float>(key - pos);
-        v = key > pos || key >= n_keys ? -INFINITY : v * kLog2e;
-        s[nt][i] = v;
-        if (i < 2) mx_a = fmaxf(mx_a, v); else mx_b = fmaxf(mx_b, v);
+        for (int i = 0; i < 4; ++i) score(nt, i, false, false);
+      }
+    } else if (!masked) {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) score(nt, i, false, true);
+      }
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) score(nt, i, true, true);
       }
     }
 #pragma unroll
