@@ -180,9 +180,8 @@ __global__ void __launch_bounds__(kThreads, FUSED ? (EARLY ? 2 : 3) : 4)
   // softmax (a length read before a wait that nothing overlaps would add a round trip of its own
   // to the chain).
   static_assert(FUSED || !EARLY, "only the fused kernel starts early");
-  constexpr bool early = EARLY;
   NewToken new_token;
-  if (!early) {
+  if (!EARLY) {
     wait_for_prior_kernels();
     if (gridDim.y <= kEarlyStartRows) start_next_kernel();  // 1-2 rows: a GEMV follows
     if constexpr (FUSED) new_token = load_new_token<T, D>(p, f, row, h);
@@ -242,7 +241,7 @@ __global__ void __launch_bounds__(kThreads, FUSED ? (EARLY ? 2 : 3) : 4)
   };
   Row k_first[UNROLL][NV], v_first[UNROLL][NV];
   bool k_ok[UNROLL], v_ok[UNROLL];
-  if (early) {
+  if (EARLY) {
     load_window(p.k_cache, start, new_pos, k_first, k_ok);
     load_window(p.v_cache, start, new_pos, v_first, v_ok);
     wait_for_prior_kernels();
@@ -272,7 +271,7 @@ __global__ void __launch_bounds__(kThreads, FUSED ? (EARLY ? 2 : 3) : 4)
 #pragma unroll
       for (int e = 0; e < VEC; ++e) q[n][e] = vi < NVEC ? q_s[vi * VEC + e] * p.scale : 0.f;
     }
-    if (early) {
+    if (EARLY) {
       fill_new(p.k_cache, k_s, k_first, k_ok);
       fill_new(p.v_cache, v_s, v_first, v_ok);
     }
@@ -290,7 +289,7 @@ __global__ void __launch_bounds__(kThreads, FUSED ? (EARLY ? 2 : 3) : 4)
       }
     }
   }
-  if (!early) load_window(p.k_cache, start, -1, k_first, k_ok);
+  if (!EARLY) load_window(p.k_cache, start, -1, k_first, k_ok);
 
   const float slope = p.alibi_slopes != nullptr ? p.alibi_slopes[h] : 0.f;
   const int q_pos = len - 1;
@@ -358,7 +357,7 @@ __global__ void __launch_bounds__(kThreads, FUSED ? (EARLY ? 2 : 3) : 4)
     }
   };
   int base2 = start;
-  if (early) {
+  if (EARLY) {
     window_values(start, v_first, v_ok);
     base2 += WINDOW;
   }
