@@ -86,7 +86,7 @@ __device__ __forceinline__ void normalize_input(const GemvNorm<T>& g, const T* g
     float x[V];
     if (loads) norm::load_x<T, V>(nm, row_off, threadIdx.x * V, x);
     const float shift =
-        layer_norm ? norm::from_thread0(norm::vector_mean<V>(x), &shift_s) : 0.f;
+        layer_norm ? norm::from_thread0([&] { return norm::vector_mean<V>(x); }, &shift_s) : 0.f;
     float sum = 0.f, sq = 0.f;
     if (loads) {
 #pragma unroll

@@ -31,11 +31,13 @@ __device__ __forceinline__ void load_x(const NormParams<T>& p, int64_t row_off, 
   }
 }
 
-// Thread 0's v, for every thread of the block: LayerNorm's shift, which thread 0 computes from
-// the first vector it has loaded, without a global round trip of its own. `slot` is a __shared__
-// float of the caller's; a barrier.
-__device__ __forceinline__ float from_thread0(float v, float* slot) {
-  if (threadIdx.x == 0) *slot = v;
+// Thread 0's f(), for every thread of the block: LayerNorm's shift, which thread 0 computes from
+// the first vector it has loaded, without a global round trip of its own. Only thread 0 calls f
+// (the other threads' vectors may be unloaded). `slot` is a __shared__ float of the caller's; a
+// barrier.
+template <typename F>
+__device__ __forceinline__ float from_thread0(F f, float* slot) {
+  if (threadIdx.x == 0) *slot = f();
   __syncthreads();
   return *slot;
 }

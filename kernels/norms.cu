@@ -58,7 +58,8 @@ __global__ void __launch_bounds__(kMaxThreads) norm_kernel(const NormParams<T> p
     // rather than read again from global memory by every thread (a round trip more).
     __shared__ float shift_s;
     const float shift =
-        layer_norm ? norm::from_thread0(norm::vector_mean<VEC>(x[0]), &shift_s) : 0.f;
+        layer_norm ? norm::from_thread0([&] { return norm::vector_mean<VEC>(x[0]); }, &shift_s)
+                   : 0.f;
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       const int v = threadIdx.x + i * blockDim.x;
