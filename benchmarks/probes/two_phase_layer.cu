@@ -14,7 +14,7 @@
 //   B (16 clusters of BC blocks): M = residual + the 16 partials of A; LayerNorm; the block's
 //     MLP-in columns + GELU; its rows of MLP-out -> 1,024 partial sums, reduced over the cluster
 //     through DSMEM -> a partial of 1,024 per cluster. BC = 16 (256 blocks of 16 columns, two
-//     per SM) or 8 (128 blocks of 32 columns, whose 137 KB of shared memory allow only 15
+//     per SM) or 8 (128 blocks of 32 columns, whose 137 KiB of shared memory allow only 15
 //     resident clusters: a second wave).
 //
 // Each kernel copies its weight share (A: 64 KiB, B/16: 64 KiB, laid out contiguously per block,
@@ -28,16 +28,20 @@
 //   no-pdl         the same kernels serialised
 //   chain          pdl, no weight or KV copies: the dependent chain alone
 //   direct         every block reads all 16 partials itself (64 KiB from L2) instead of a
-//                  128-column slice, a cluster barrier and a DSMEM gather
-//   A + A, B + B   one kernel kind only, twice per layer
+//                  (1024 / cluster size)-column slice, a cluster barrier and a DSMEM gather
+//   B/8            B as 16 clusters of 8 (two waves)
+//   A + A, B + B   one kernel kind only, twice per layer; both kernels of a layer read that
+//                  layer's weights, so the second finds them in L2 (a chain figure, not a
+//                  traffic one)
 //   idle           kernels that only trigger and wait: the hand-off alone
-// plus the weights' floor (26 MB a layer at the measured device-to-device copy bandwidth) and
-// block 0's clock64 at marks along each kernel (median over the layers of one replay).
+// plus the floor (26 MB of weights and KV a layer at the measured device-to-device copy
+// bandwidth) and block 0's clock64 at marks along each kernel (median over the layers of one
+// replay, taken on a re-run of the design and of direct).
 //
 //   nvcc -arch=sm_90 -O3 -std=c++17 two_phase_layer.cu -o two_phase && ./two_phase [ctx] [layers]
 //
 // Results and the decision they led to: benchmarks/HISTORY.md, "Measured and dropped: a batch-1
-// layer as two cluster kernels (probe)".
+// layer as two cluster kernels".
 #include <cooperative_groups.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -84,7 +88,8 @@ struct Args {
 
 constexpr int kMarks = 11;
 
-// Block 0's SM cycles since its start at mark i (thread 0, after the block's barrier).
+// Block 0's SM cycles since its start at mark i (thread 0; after a block barrier where there is
+// one: mark 0 and the direct path's marks 1-2 have none).
 __device__ __forceinline__ void mark(const Args& a, int layer, int kernel, int i, long long t0) {
   if (a.trace != nullptr && blockIdx.x == 0 && threadIdx.x == 0) {
     a.trace[(layer * 2 + kernel) * kMarks + i] = clock64() - t0;
@@ -145,9 +150,9 @@ __device__ __forceinline__ float2 block_sum2(float x, float y, float* red) {
 }
 
 // The residual row: base + the 16 partials, formed a (1024 / CS)-column slice per cluster rank
-// (two threads per column, eight partials each) and gathered over DSMEM into row[1024];
-// LayerNorm (unit gain, zero shift, one-pass statistics) in place. The caller stores the slice
-// as the new residual later, after an arrive (see cluster_arrive). Marks 1-3.
+// (256 / kCols threads per column, 16 * kCols / 256 partials each) and gathered over DSMEM into
+// row[1024]; LayerNorm (unit gain, zero shift, one-pass statistics) in place. The caller stores
+// the slice as the new residual later, after an arrive (see cluster_arrive). Marks 1-3.
 template <int CS>
 __device__ void residual_norm(const half* base, const float* parts, float* slice, float* row,
                               float* red, const Args& a, int layer, int kernel, long long t0) {
@@ -223,7 +228,8 @@ __device__ void residual_norm(const half* base, const float* parts, float* slice
 
 // out[j] = row . w[j][:] for `count` outputs of 1,024-long rows of w in shared memory. Each
 // lane keeps its 32 row values (4 chunks of 8) in registers; a warp takes R outputs at a time
-// (count / 8 warps, R = 2 or 3 here) so their shuffles overlap; lane 0 writes out[j].
+// (count / 8 warps: R = 3 for A, 2 for B/16, 4 for B/8) so their shuffles overlap; lane 0
+// writes out[j].
 template <int R>
 __device__ __forceinline__ void dot_rows(const half* w, const float* row, float* out, bool gelu) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -273,7 +279,8 @@ __device__ __forceinline__ void dot_rows(const half* w, const float* row, float*
 }
 
 // At most 80 registers a thread (three blocks per SM): one A block beside two B/16 blocks, so
-// the next kernel's blocks can become resident and start their copies.
+// the next kernel's blocks can become resident and start their copies. Their shared memory fits
+// too at context 192 (392 bytes to spare), not at 512, where A's KV share is larger.
 template <int MODE>
 __global__ void __launch_bounds__(kThreads, 3) phase_a(Args a, int layer) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -573,6 +580,8 @@ float time_layers(const Args& a, int layers, bool pdl, cudaStream_t s, int reps,
   }
   CHECK(cudaGetLastError());
   std::sort(t.begin(), t.end());
+  CHECK(cudaEventDestroy(e0));
+  CHECK(cudaEventDestroy(e1));
   CHECK(cudaGraphExecDestroy(ge));
   CHECK(cudaGraphDestroy(g));
   return t[t.size() / 2];
