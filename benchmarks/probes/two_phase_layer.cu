@@ -52,7 +52,16 @@
 #include <cstdlib>
 #include <vector>
 
+// The engine's device helpers (CUDA headers only): warp reductions, the programmatic-launch
+// wait and trigger, shared-state-space addresses.
+#include "../../kernels/common.cuh"
+
 namespace cg = cooperative_groups;
+using warpformer::kernels::shared_addr;
+using warpformer::kernels::start_next_kernel;
+using warpformer::kernels::wait_for_prior_kernels;
+using warpformer::kernels::warp_max;
+using warpformer::kernels::warp_sum;
 
 #define CHECK(x)                                                                     \
   do {                                                                               \
@@ -97,15 +106,11 @@ __device__ __forceinline__ void mark(const Args& a, int layer, int kernel, int i
 }
 
 __device__ __forceinline__ void cp16(void* s, const void* g) {
-  const unsigned sa = static_cast<unsigned>(__cvta_generic_to_shared(s));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa), "l"(g) : "memory");
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(shared_addr(s)), "l"(g)
+               : "memory");
 }
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-__device__ __forceinline__ void pdl_trigger() {
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-}
-__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 // Split cluster barrier. A release arrive waits for the thread's earlier memory operations
 // (global stores included) to be performed, so global stores go after an arrive, never just
 // before one.
@@ -120,19 +125,10 @@ __device__ __forceinline__ void cluster_sync() {
   cluster_wait();
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-
-// (sum of x, sum of y) over the block (256 threads) in one exchange; red: 16 floats.
-__device__ __forceinline__ float2 block_sum2(float x, float y, float* red) {
+// (sum of x, sum of y) over the block (256 threads) in one exchange; red: 16 floats. Not
+// common.cuh's block_sum2, whose 32 float2 of scratch would take 192 more bytes a block: at
+// context 192 one A block fits beside two B/16 blocks with 392 bytes to spare.
+__device__ __forceinline__ float2 block_sum_pair(float x, float y, float* red) {
   x = warp_sum(x);
   y = warp_sum(y);
   if ((threadIdx.x & 31) == 0) {
@@ -181,7 +177,7 @@ __device__ void residual_norm(const half* base, const float* parts, float* slice
     mark(a, layer, kernel, 1, t0);
     mark(a, layer, kernel, 2, t0);
     const float2 t =
-        block_sum2(v.x + v.y + v.z + v.w, v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w, red);
+        block_sum_pair(v.x + v.y + v.z + v.w, v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w, red);
     const float mean = t.x * (1.f / kHidden);
     const float rstd = rsqrtf(fmaxf(t.y * (1.f / kHidden) - mean * mean, 0.f) + 1e-5f);
     *reinterpret_cast<float4*>(row + c) = make_float4((v.x - mean) * rstd, (v.y - mean) * rstd,
@@ -218,7 +214,7 @@ __device__ void residual_norm(const half* base, const float* parts, float* slice
     sum += v;
     sq += v * v;
   }
-  const float2 t = block_sum2(sum, sq, red);
+  const float2 t = block_sum_pair(sum, sq, red);
   const float mean = t.x * (1.f / kHidden);
   const float rstd = rsqrtf(fmaxf(t.y * (1.f / kHidden) - mean * mean, 0.f) + 1e-5f);
   for (int i = threadIdx.x; i < kHidden; i += kThreads) row[i] = (row[i] - mean) * rstd;
@@ -308,8 +304,8 @@ __global__ void __launch_bounds__(kThreads, 3) phase_a(Args a, int layer) {
     for (int i = threadIdx.x; i < kvn / 8; i += kThreads) cp16(kvs + i * 8, ksrc + i * 8);
     cp_commit();
   }
-  pdl_trigger();
-  pdl_wait();
+  start_next_kernel();
+  wait_for_prior_kernels();
   if (MODE == kIdle) {
     if (threadIdx.x == 0) a.pa[blockIdx.x] = 1.f;
     return;
@@ -447,8 +443,8 @@ __global__ void __launch_bounds__(kThreads, 3) phase_b(Args a, int layer) {
     for (int i = threadIdx.x; i < S::kWbB / 8; i += kThreads) cp16(w + i * 8, src + i * 8);
     cp_commit();
   }
-  pdl_trigger();
-  pdl_wait();
+  start_next_kernel();
+  wait_for_prior_kernels();
   if (MODE == kIdle) {
     if (threadIdx.x == 0) a.pb[blockIdx.x] = 1.f;
     return;
@@ -512,24 +508,38 @@ size_t smem_b() {
   return S::kWbB * 2 + (kHidden + S::kCols + S::kInterB + kHidden + 16) * 4;
 }
 
+// A launch of `blocks` blocks in clusters of `cluster` (the cluster attribute), to which
+// programmatic() adds programmatic stream serialisation. cfg points into attr: not copyable.
+struct ClusterLaunch {
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[2];
+  ClusterLaunch(int blocks, int cluster, size_t smem, cudaStream_t s = nullptr) {
+    cfg.gridDim = dim3(blocks);
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = cluster;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+  }
+  ClusterLaunch(const ClusterLaunch&) = delete;
+  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+  void programmatic(bool on) {
+    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[1].val.programmaticStreamSerializationAllowed = on ? 1 : 0;
+    cfg.numAttrs = 2;
+  }
+};
+
 template <typename K>
 void launch(K kernel, int blocks, int cluster, size_t smem, bool pdl, cudaStream_t s, const Args& a,
             int layer) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(blocks);
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = s;
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = cluster;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = pdl ? 1 : 0;
-  cfg.attrs = attr;
-  cfg.numAttrs = 2;
-  CHECK(cudaLaunchKernelEx(&cfg, kernel, a, layer));
+  ClusterLaunch l(blocks, cluster, smem, s);
+  l.programmatic(pdl);
+  CHECK(cudaLaunchKernelEx(&l.cfg, kernel, a, layer));
 }
 
 template <int MODE, int BC>
@@ -589,19 +599,9 @@ float time_layers(const Args& a, int layers, bool pdl, cudaStream_t s, int reps,
 
 template <typename K>
 int max_clusters(K kernel, int blocks, int cluster, size_t smem) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(blocks);
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = smem;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = cluster;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  ClusterLaunch l(blocks, cluster, smem);
   int n = 0;
-  CHECK(cudaOccupancyMaxActiveClusters(&n, kernel, &cfg));
+  CHECK(cudaOccupancyMaxActiveClusters(&n, kernel, &l.cfg));
   return n;
 }
 
