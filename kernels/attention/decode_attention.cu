@@ -5,14 +5,15 @@
 // reads one cache row (key or value) at a time with 16-byte vectors, TPK = the number of vectors in
 // a head row rounded up to a power of two (at most 32; fp32 head_dim 256 takes two vectors per
 // lane). The chunk is walked in windows of NGROUPS x UNROLL keys (each group takes every
-// NGROUPS-th key, UNROLL keys in flight). Pass 1: each group reduces q.k over its lanes with
-// shuffles and stores the logit in shared memory. The block then takes the max and turns logits
-// into exp(logit - max) in place. Pass 2: each group accumulates p * v over the same keys, and the
-// groups' partial sums are added through shared memory.
+// NGROUPS-th key, UNROLL keys in flight). One pass: a group loads a window's key and value rows
+// together, reduces q.k over its lanes with shuffles, and folds the window into its own running
+// max, exp-sum and p * v accumulator (online softmax, rescaling by exp(old max - new max)), so a
+// window costs one round trip to the cache and no barrier. At the end the groups' accumulators
+// meet in shared memory, each weighted by exp(group max - block max).
 // At 1-2 rows the fused kernel loads the first window's key and value rows before the wait for
 // the QKV product (which starts it early): no kernel in flight writes them, except the new token's
 // row, which the block takes from its own copy after preparing it. A context within one window
-// then costs the passes no round trip to the cache after the wait.
+// then costs no round trip to the cache after the wait.
 // Without a split the block writes the normalised output. With a split it writes the unnormalised
 // sum, the max and the exp-sum of its chunk to the workspace, and decode_combine_kernel merges the
 // chunks of a (row, head) with the usual rescaling.
@@ -25,25 +26,13 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kSplitThreshold = 2048;   // max_seq at which long caches are split
 constexpr int kSmallWorkChunk = 512;    // keys per chunk when rows * heads is small
-constexpr int kLargeWorkChunk = 4096;   // keys per chunk otherwise (bounds shared memory)
+constexpr int kLargeWorkChunk = 4096;   // keys per chunk otherwise (the pairs fill the GPU)
 constexpr int kSmallWork = 1024;        // rows * heads below which (row, head) pairs are split
 
 constexpr int next_pow2(int x) { return x <= 1 ? 1 : 2 * next_pow2((x + 1) / 2); }
 
 // Keys per block for a given split (the last chunk may be shorter).
 int chunk_size(int max_seq, int splits) { return ceil_div(max_seq, splits); }
-
-__device__ __forceinline__ float block_max(float v, float* scratch) {
-  const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
-  const int nwarps = (blockDim.x + 31) >> 5;
-  v = warp_max(v);
-  __syncthreads();
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  v = (lane < nwarps) ? scratch[lane] : -INFINITY;
-  return warp_max(v);
-}
 
 template <typename T, int D>
 struct DecodeShape {
@@ -60,7 +49,7 @@ struct DecodeShape {
 // its rotary frequency. It runs first thing after the wait. prepare_new_token then forms the
 // block's query, rotated at the new token's position and rounded to T like launch_qkv_prep's
 // q_out, into q_s. When the block's key chunk [start, end) holds that position, it also writes
-// the new key and value into the cache, and into k_s / v_s, from which the passes take that row
+// the new key and value into the cache, and into k_s / v_s, from which the window takes that row
 // (the window loaded before the wait leaves it out). The arithmetic is qkv_prep_kernel's (the
 // angle exactly as attn::rotary_table forms it), so fused and unfused results are bit-identical.
 // Every pair, element and angle belongs to one thread (D <= kThreads), so none passes through
@@ -137,15 +126,17 @@ __device__ __forceinline__ void prepare_new_token(const DecodeAttentionParams<T>
 
 // FUSED: the QKV preparation (f) runs first. The fused fields travel as a separate small
 // argument, so that both instantiations address the main parameters alike (a larger parameter
-// struct made the compiler address it through a register and the passes measurably slower).
+// struct made the compiler address it through a register and the kernel measurably slower).
 // EARLY (fused only, launched for 1-2 rows): the GEMV ahead starts the kernel early and the
 // first window's loads come before the wait (below).
 // Blocks per SM: the unfused kernel runs many blocks to an SM at batch 64, bounded to four (64
-// registers, no spill; 80 without the bound, three blocks). The fused kernel past 2 rows is
-// bounded to three (80 registers, no spill in 16-bit types; 96-108 and two blocks without): a
-// long context's split keys make several blocks per SM (bloom-560m at 2,048 tokens, 4-8 rows:
-// steps 9-12% faster, H200). The early kernel keeps its registers (two blocks): bounded to
-// three it was 2.5% slower at one row.
+// registers, no spill; the two-pass kernel before took 80 and three blocks without the bound).
+// The fused kernel past 2 rows is bounded to three (72-80 registers, no spill): a long
+// context's split keys make several blocks per SM (bloom-560m at 2,048 tokens, 4-8 rows: steps
+// 9-12% faster, H200). The early kernel keeps its registers (94-104, two blocks): bounded to
+// three it was 2.5% slower at one row. None of them spills (sm_90, nvcc 13, ptxas -v).
+// Requesting each window's rows before folding in the one ahead (the early kernel, 115-124
+// registers) made batch 1 and 2 steps 2-4% slower (benchmarks/HISTORY.md).
 template <typename T, int D, bool FUSED, bool EARLY>
 __global__ void __launch_bounds__(kThreads, FUSED ? (EARLY ? 2 : 3) : 4)
     decode_attention_kernel(const DecodeAttentionParams<T> p, int splits, int chunk,
@@ -153,14 +144,14 @@ __global__ void __launch_bounds__(kThreads, FUSED ? (EARLY ? 2 : 3) : 4)
   using S = DecodeShape<T, D>;
   using Row = int4;  // a lane's 16 bytes of a cache row, as loaded (zeros: +0 in every type)
   constexpr int VEC = S::VEC, NVEC = S::NVEC, TPK = S::TPK, NV = S::NV, NGROUPS = S::NGROUPS;
-  // Keys in flight per group; a window is NGROUPS x UNROLL keys (128 for 64-wide 16-bit heads).
-  // 8 measured no faster at one row and slower at 8 rows (H200, runs 1553-1556 in
-  // benchmarks/HISTORY.md), with 120 registers for the fused kernel and spills in bf16.
-  constexpr int UNROLL = 4, WINDOW = NGROUPS * UNROLL;
-  extern __shared__ float smem[];
-  float* logits = smem;                 // [chunk]
-  float* red = smem + chunk;            // [NGROUPS][D]
-  __shared__ float scratch[32];
+  // Keys in flight per group (each with its value row); a window is NGROUPS x UNROLL keys (128 for
+  // 64-wide 16-bit heads). 8 measured no faster at one row and slower at 8 rows (H200, runs
+  // 1553-1556 in benchmarks/HISTORY.md), with 120 registers for the fused kernel and spills in
+  // bf16. Two vectors per lane (fp32, head_dim 256) take 2, which holds the rows in flight to the
+  // same 8 vectors a lane (4 spilled 392 bytes in the unfused kernel).
+  constexpr int UNROLL = NV > 1 ? 2 : 4, WINDOW = NGROUPS * UNROLL;
+  __shared__ float red[NGROUPS * D];  // the groups' accumulators, [NGROUPS][D]
+  __shared__ float group_m[NGROUPS], group_l[NGROUPS];  // their running maxima and exp-sums
 
   const int h = blockIdx.x;
   const int row = blockIdx.y;
@@ -240,10 +231,10 @@ __global__ void __launch_bounds__(kThreads, FUSED ? (EARLY ? 2 : 3) : 4)
     }
   };
   Row k_first[UNROLL][NV], v_first[UNROLL][NV];
-  bool k_ok[UNROLL], v_ok[UNROLL];
+  bool ok_first[UNROLL];  // a key's and its value's rows share one source slot
   if (EARLY) {
-    load_window(p.k_cache, start, new_pos, k_first, k_ok);
-    load_window(p.v_cache, start, new_pos, v_first, v_ok);
+    load_window(p.k_cache, start, new_pos, k_first, ok_first);
+    load_window(p.v_cache, start, new_pos, v_first, ok_first);
     wait_for_prior_kernels();
     start_next_kernel();  // a GEMV follows
     new_token = load_new_token<T, D>(p, f, row, h);
@@ -272,8 +263,8 @@ __global__ void __launch_bounds__(kThreads, FUSED ? (EARLY ? 2 : 3) : 4)
       for (int e = 0; e < VEC; ++e) q[n][e] = vi < NVEC ? q_s[vi * VEC + e] * p.scale : 0.f;
     }
     if (EARLY) {
-      fill_new(p.k_cache, k_s, k_first, k_ok);
-      fill_new(p.v_cache, v_s, v_first, v_ok);
+      fill_new(p.k_cache, k_s, k_first, ok_first);
+      fill_new(p.v_cache, v_s, v_first, ok_first);
     }
   } else {
 #pragma unroll
@@ -289,14 +280,29 @@ __global__ void __launch_bounds__(kThreads, FUSED ? (EARLY ? 2 : 3) : 4)
       }
     }
   }
-  if (!EARLY) load_window(p.k_cache, start, -1, k_first, k_ok);
+  if (!EARLY) {
+    load_window(p.k_cache, start, -1, k_first, ok_first);
+    load_window(p.v_cache, start, -1, v_first, ok_first);
+  }
 
   const float slope = p.alibi_slopes != nullptr ? p.alibi_slopes[h] : 0.f;
   const int q_pos = len - 1;
 
-  // Pass 1: logits. The loop bounds are uniform over the block so the shuffles stay converged.
-  float thread_max = -INFINITY;
-  auto window_logits = [&](int base, const Row (&rows)[UNROLL][NV], const bool (&ok)[UNROLL]) {
+  // The group's running max m_run (-inf until it meets a key), exp-sum l_run and this lane's
+  // p * v sums, all relative to m_run. Every lane of a group holds the same m_run and l_run. The
+  // loop bounds are uniform over the block so the shuffles stay converged.
+  float m_run = -INFINITY, l_run = 0.f;
+  float acc[NV][VEC];
+#pragma unroll
+  for (int n = 0; n < NV; ++n) {
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) acc[n][e] = 0.f;
+  }
+  // ok[u]: key u of the window has its rows.
+  auto window = [&](int base, const Row (&krows)[UNROLL][NV], const Row (&vrows)[UNROLL][NV],
+                    const bool (&ok)[UNROLL]) {
+    float logit[UNROLL];
+    float m_new = m_run;
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
       float dot = 0.f;
@@ -304,68 +310,45 @@ __global__ void __launch_bounds__(kThreads, FUSED ? (EARLY ? 2 : 3) : 4)
       for (int n = 0; n < NV; ++n) {
 #pragma unroll
         for (int e = 0; e < VEC; ++e) {
-          dot = fmaf(q[n][e], to_float(reinterpret_cast<const T*>(&rows[u][n])[e]), dot);
+          dot = fmaf(q[n][e], to_float(reinterpret_cast<const T*>(&krows[u][n])[e]), dot);
         }
       }
 #pragma unroll
       for (int off = TPK / 2; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
       const int k = base + u * NGROUPS + g;
-      if (li == 0 && k < end) {
-        const float logit = ok[u] ? dot + slope * static_cast<float>(k - q_pos) : -INFINITY;
-        logits[k - start] = logit;
-        thread_max = fmaxf(thread_max, logit);
-      }
+      logit[u] = ok[u] ? dot + slope * static_cast<float>(k - q_pos) : -INFINITY;
+      m_new = fmaxf(m_new, logit[u]);
     }
-  };
-  window_logits(start, k_first, k_ok);
-  for (int base = start + WINDOW; base < end; base += WINDOW) {
-    Row rows[UNROLL][NV];
-    bool ok[UNROLL];
-    load_window(p.k_cache, base, -1, rows, ok);
-    window_logits(base, rows, ok);
-  }
-  const float m = block_max(thread_max, scratch);  // barrier: logits are visible
-
-  float thread_sum = 0.f;
-  for (int i = threadIdx.x; i < end - start; i += kThreads) {
-    const float e = attn::exp_shifted(logits[i], m);
-    logits[i] = e;
-    thread_sum += e;
-  }
-  const float l = block_sum(thread_sum, scratch);  // barrier: probabilities are visible
-
-  // Pass 2: sum of p * v per group.
-  float acc[NV][VEC];
+    // Shifting by 0 while no key has been met keeps exp(-inf - shift) = 0 free of a branch.
+    const float shift = m_new == -INFINITY ? 0.f : m_new;
+    const float alpha = __expf(m_run - shift);  // 0 until the group meets its first key
+    m_run = m_new;
+    l_run *= alpha;
 #pragma unroll
-  for (int n = 0; n < NV; ++n) {
+    for (int n = 0; n < NV; ++n) {
 #pragma unroll
-    for (int e = 0; e < VEC; ++e) acc[n][e] = 0.f;
-  }
-  auto window_values = [&](int base, const Row (&rows)[UNROLL][NV], const bool (&ok)[UNROLL]) {
-    float pk[UNROLL];
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u) pk[u] = ok[u] ? logits[base + u * NGROUPS + g - start] : 0.f;
+      for (int e = 0; e < VEC; ++e) acc[n][e] *= alpha;
+    }
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
+      const float pk = __expf(logit[u] - shift);  // 0 for a key without rows
+      l_run += pk;
 #pragma unroll
       for (int n = 0; n < NV; ++n) {
 #pragma unroll
         for (int e = 0; e < VEC; ++e) {
-          acc[n][e] = fmaf(pk[u], to_float(reinterpret_cast<const T*>(&rows[u][n])[e]), acc[n][e]);
+          acc[n][e] = fmaf(pk, to_float(reinterpret_cast<const T*>(&vrows[u][n])[e]), acc[n][e]);
         }
       }
     }
   };
-  int base2 = start;
-  if (EARLY) {
-    window_values(start, v_first, v_ok);
-    base2 += WINDOW;
-  }
-  for (int base = base2; base < end; base += WINDOW) {
-    Row rows[UNROLL][NV];
+  window(start, k_first, v_first, ok_first);
+  for (int base = start + WINDOW; base < end; base += WINDOW) {
+    Row krows[UNROLL][NV], vrows[UNROLL][NV];
     bool ok[UNROLL];
-    load_window(p.v_cache, base, -1, rows, ok);
-    window_values(base, rows, ok);
+    load_window(p.k_cache, base, -1, krows, ok);
+    load_window(p.v_cache, base, -1, vrows, ok);
+    window(base, krows, vrows, ok);
   }
 #pragma unroll
   for (int n = 0; n < NV; ++n) {
@@ -375,22 +358,39 @@ __global__ void __launch_bounds__(kThreads, FUSED ? (EARLY ? 2 : 3) : 4)
       for (int e = 0; e < VEC; ++e) red[g * D + vi * VEC + e] = acc[n][e];
     }
   }
+  if (li == 0) {
+    group_m[g] = m_run;
+    group_l[g] = l_run;
+  }
   __syncthreads();
 
-  for (int d = threadIdx.x; d < D; d += kThreads) {
+  // The block's max M and exp-sum L, and each group's weight exp(group max - M): lane gi of
+  // every warp takes group gi (NGROUPS <= 32), so no further barrier is needed. The warps that
+  // hold output elements then add the groups' sums, weighted.
+  static_assert(NGROUPS <= 32 && D <= kThreads, "a lane per group, a thread per output element");
+  const int lane = threadIdx.x & 31;
+  const float gm = lane < NGROUPS ? group_m[lane] : -INFINITY;
+  const float m = warp_max(gm);
+  const float w = __expf(gm - (m == -INFINITY ? 0.f : m));  // 0 for a group that met no key
+  const float l = warp_sum(lane < NGROUPS ? w * group_l[lane] : 0.f);
+  if (threadIdx.x < (D + 31) / 32 * 32) {  // whole warps: the shuffles below take every lane
+    const int d = threadIdx.x;
     float sum = 0.f;
-#pragma unroll 8
-    for (int gi = 0; gi < NGROUPS; ++gi) sum += red[gi * D + d];
-    if (splits == 1) {
-      p.out[out_off + d] = from_float<T>(l > 0.f ? sum / l : 0.f);
-    } else {
-      p.workspace[part * D + d] = sum;
+#pragma unroll
+    for (int gi = 0; gi < NGROUPS; ++gi) {
+      const float wg = __shfl_sync(0xffffffffu, w, gi);
+      if (d < D) sum = fmaf(wg, red[gi * D + d], sum);
     }
-  }
-  if (splits > 1 && threadIdx.x == 0) {
-    float* ws_m = p.workspace + static_cast<int64_t>(p.rows) * p.heads * splits * D;
-    ws_m[part] = m;
-    ws_m[static_cast<int64_t>(p.rows) * p.heads * splits + part] = l;
+    if (d < D && splits == 1) {
+      p.out[out_off + d] = from_float<T>(l > 0.f ? sum / l : 0.f);
+    } else if (d < D) {
+      p.workspace[part * D + d] = sum;
+      if (d == 0) {
+        float* ws_m = p.workspace + static_cast<int64_t>(p.rows) * p.heads * splits * D;
+        ws_m[part] = m;
+        ws_m[static_cast<int64_t>(p.rows) * p.heads * splits + part] = l;
+      }
+    }
   }
 }
 
@@ -426,22 +426,13 @@ __global__ void decode_combine_kernel(const DecodeAttentionParams<T> p, int spli
 template <typename T, int D>
 cudaError_t launch_for_dim(const DecodeAttentionParams<T>& p, const DecodeQkvInputs<T>* fused,
                            int splits, cudaStream_t stream) {
-  using S = DecodeShape<T, D>;
   const int chunk = chunk_size(p.max_seq, splits);
-  const size_t smem = (static_cast<size_t>(chunk) + S::NGROUPS * D) * sizeof(float);
   auto kernel = fused == nullptr            ? decode_attention_kernel<T, D, false, false>
                 : p.rows <= kEarlyStartRows ? decode_attention_kernel<T, D, true, true>
                                             : decode_attention_kernel<T, D, true, false>;
-  if (smem > 48 * 1024) {
-    const cudaError_t err =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(smem));
-    if (err != cudaSuccess) return err;
-  }
   LaunchShape shape;
   shape.grid = dim3(p.heads, p.rows, splits);
   shape.block = dim3(kThreads);
-  shape.smem = smem;
   const cudaError_t err = launch_kernel(shape, stream, kernel, p, splits, chunk,
                                        fused != nullptr ? *fused : DecodeQkvInputs<T>{});
   if (err != cudaSuccess || splits == 1) return err;

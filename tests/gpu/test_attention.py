@@ -350,6 +350,47 @@ def test_decode_attention_split_kv_many_rows(dtype, seed) -> None:
 
 @pytest.mark.parametrize("long", [False, True])
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_attention_running_max(dtype, long, seed) -> None:
+    """The decode attention folds each window of keys into running maxima and sums as it goes
+    (online softmax) and weights its key groups by their maxima at the end. Keys aligned with
+    the query make logits 15-25 above the rest, so a window whose maximum is not rescaled when a
+    later one raises it, or a group weighted wrongly, puts its values in the output at e^15
+    times their weight. Rows: the dominant key in a late window, in the first window, logits
+    growing window by window, two dominant keys far apart, and 5 keys (most groups meet none).
+    `long`: a cache of 4,200 positions, split into key chunks and combined."""
+    heads, hd = 4, 64
+    max_seq = 4200 if long else 1100
+    lengths = [1000, 1000, 1000, 1000, 5]
+    row_slot = [3, 0, 4, 1, 2]
+    kc, vc = nan_cache(5, heads, max_seq, hd, dtype)
+    fill_cache(kc, vc, row_slot, lengths)
+    q = rand(5, heads, hd, dtype=dtype)
+    scale = 1.0 / math.sqrt(hd)
+    # q / (scale |q|^2): the key of q's direction whose logit is 1 (the others' are ~N(0, 1)).
+    unit = q.float() / (scale * q.float().pow(2).sum(dim=-1, keepdim=True))
+
+    def align(r: int, pos: int, logit: float) -> None:
+        kc[row_slot[r], :, pos] = (unit[r] * logit).to(dtype)
+
+    align(0, 900, 25.0)  # late window; the windows before it had small maxima
+    align(1, 3, 25.0)  # first window; every later window is far below it
+    for pos in range(0, 1000, 37):  # the maximum moves up in every window
+        align(2, pos, 15.0 * pos / 999)
+    align(3, 10, 18.0)
+    align(3, 990, 18.0)
+    align(4, 2, 16.0)
+    slot_t = torch.tensor(row_slot, dtype=torch.int32, device=DEV)
+    len_t = torch.tensor(lengths, dtype=torch.int32, device=DEV)
+    poison((5, heads, hd), dtype)
+    out = ops.decode_attention(q, kc, vc, slot_t, len_t, None, None, scale)
+    per_pos = [torch.full((n,), s, dtype=torch.long, device=DEV)
+               for s, n in zip(row_slot, lengths, strict=True)]
+    ref64, ref_lp = decode_refs(q, kc, vc, lengths, per_pos, scale, None)
+    check_attention(out, ref64, ref_lp, dtype, "decode_attention running max")
+
+
+@pytest.mark.parametrize("long", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_decode_attention_cache_indir(dtype, long, seed) -> None:
     """Beam search: 2 batch entries x 3 beams; each row reads every position but its newest from
     a random beam of its batch entry (row_slot None: row r owns slot r)."""
