@@ -129,14 +129,14 @@ __device__ __forceinline__ void prepare_new_token(const DecodeAttentionParams<T>
 // struct made the compiler address it through a register and the kernel measurably slower).
 // EARLY (fused only, launched for 1-2 rows): the GEMV ahead starts the kernel early and the
 // first window's loads come before the wait (below).
-// Blocks per SM: the unfused kernel runs many blocks to an SM at batch 64, bounded to four (64
-// registers, no spill; the two-pass kernel before took 80 and three blocks without the bound).
-// The fused kernel past 2 rows is bounded to three (72-80 registers, no spill): a long
-// context's split keys make several blocks per SM (bloom-560m at 2,048 tokens, 4-8 rows: steps
-// 9-12% faster, H200). The early kernel keeps its registers (94-104, two blocks): bounded to
-// three it was 2.5% slower at one row. None of them spills (sm_90, nvcc 13, ptxas -v).
-// Requesting each window's rows before folding in the one ahead (the early kernel, 115-124
-// registers) made batch 1 and 2 steps 2-4% slower (benchmarks/HISTORY.md).
+// Blocks per SM: the unfused kernel runs many blocks to an SM at batch 64, bounded to four (62-64
+// registers; the two-pass kernel before took 80 and three blocks without the bound). The fused
+// kernel past 2 rows is bounded to three (70-80 registers): a long context's split keys make
+// several blocks per SM (bloom-560m at 2,048 tokens, 4-8 rows: steps 9-12% faster, H200). The
+// early kernel keeps its registers (90-104, two blocks): bounded to three it was 2.5% slower at
+// one row. None of them spills (sm_90, nvcc 13, ptxas -v). Requesting each window's rows before
+// folding in the one ahead (the early kernel, 115-124 registers) made batch 1 and 2 steps 1-5%
+// slower (benchmarks/HISTORY.md).
 template <typename T, int D, bool FUSED, bool EARLY>
 __global__ void __launch_bounds__(kThreads, FUSED ? (EARLY ? 2 : 3) : 4)
     decode_attention_kernel(const DecodeAttentionParams<T> p, int splits, int chunk,
@@ -148,7 +148,7 @@ __global__ void __launch_bounds__(kThreads, FUSED ? (EARLY ? 2 : 3) : 4)
   // 64-wide 16-bit heads). 8 measured no faster at one row and slower at 8 rows (H200, runs
   // 1553-1556 in benchmarks/HISTORY.md), with 120 registers for the fused kernel and spills in
   // bf16. Two vectors per lane (fp32, head_dim 256) take 2, which holds the rows in flight to the
-  // same 8 vectors a lane (4 spilled 392 bytes in the unfused kernel).
+  // same 8 vectors a lane (with 4 the unfused kernel spilled ~400 bytes).
   constexpr int UNROLL = NV > 1 ? 2 : 4, WINDOW = NGROUPS * UNROLL;
   __shared__ float red[NGROUPS * D];  // the groups' accumulators, [NGROUPS][D]
   __shared__ float group_m[NGROUPS], group_l[NGROUPS];  // their running maxima and exp-sums
@@ -167,9 +167,8 @@ __global__ void __launch_bounds__(kThreads, FUSED ? (EARLY ? 2 : 3) : 4)
   // before it has completed, and it writes none of these. Of the cache rows only the new token's
   // is written in this call, by this block (the other blocks write only positions that no other
   // row reads: attention.h). Otherwise everything follows the wait, the length in one round trip
-  // with the new token's inputs, the first key window next, and each value window after the
-  // softmax (a length read before a wait that nothing overlaps would add a round trip of its own
-  // to the chain).
+  // with the new token's inputs, then each window's key and value rows together (a length read
+  // before a wait that nothing overlaps would add a round trip of its own to the chain).
   static_assert(FUSED || !EARLY, "only the fused kernel starts early");
   NewToken new_token;
   if (!EARLY) {

@@ -353,10 +353,12 @@ def test_decode_attention_split_kv_many_rows(dtype, seed) -> None:
 def test_decode_attention_running_max(dtype, long, seed) -> None:
     """The decode attention folds each window of keys into running maxima and sums as it goes
     (online softmax) and weights its key groups by their maxima at the end. Keys aligned with
-    the query make logits 15-25 above the rest, so a window whose maximum is not rescaled when a
-    later one raises it, or a group weighted wrongly, puts its values in the output at e^15
-    times their weight. Rows: the dominant key in a late window, in the first window, logits
-    growing window by window, two dominant keys far apart, and 5 keys (most groups meet none).
+    the query make logits up to 25 above the rest (~N(0, 1)), so a window whose maximum is not
+    rescaled when a later one raises it, or a group weighted wrongly, puts its values in the
+    output at up to e^16 times their weight. Rows: the dominant key (25) in a late window, in
+    the first window, aligned keys every 37 positions with logits rising 0-15 over the context
+    (in a different group each, so the block's weights decide), two dominant keys (18) far
+    apart, and 5 keys with one at 16 (most groups meet none).
     `long`: a cache of 4,200 positions, split into key chunks and combined."""
     heads, hd = 4, 64
     max_seq = 4200 if long else 1100
@@ -539,17 +541,18 @@ def test_decode_attention_fused_beams(dtype, long, seed) -> None:
     fused_vs_unfused(dtype, "gptj", lens, max_seq, None, len(lens), indir.to(DEV))
 
 
-@pytest.mark.parametrize("lens", [[1], [2], [32], [33], [64], [65], [128], [129], [300],
-                                  [4100], [4100, 1], [129, 128], [1, 300]])
+@pytest.mark.parametrize("lens", [[1], [2], [16], [17], [32], [33], [64], [65], [128], [129],
+                                  [300], [4100], [4100, 1], [129, 128], [1, 300]])
 @pytest.mark.parametrize("arch", ["gpt2", "gptj", "bloom"])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_decode_attention_fused_early_window(dtype, arch, lens, seed) -> None:
     """At 1-2 rows the fused kernel loads its first window of cache rows before waiting for the
     kernel ahead, leaves the new token's row out and takes it from its own copy afterwards.
-    Lengths put the new token first, inside and just past the first window (32 keys for 256-wide
-    heads, 64 / 128 for 64-wide fp32 / 16-bit heads), in a later key chunk (4,100 splits the
-    keys over several blocks) and at different windows of two rows; the cache's new positions
-    hold NaN before the call, so a row read before it was written shows up."""
+    Lengths put the new token first, inside and just past the first window (NGROUPS x UNROLL
+    keys in decode_attention.cu: 16 for fp32 256-wide heads, 32 for 16-bit ones, 64 / 128 for
+    64-wide fp32 / 16-bit heads), in a later key chunk (4,100 splits the keys over several
+    blocks) and at different windows of two rows; the cache's new positions hold NaN before the
+    call, so a row read before it was written shows up."""
     max_seq = 4200 if max(lens) > 512 else 512
     row_slot = [1, 0][:len(lens)]
     fused_vs_unfused(dtype, arch, lens, max_seq, row_slot, 2)
