@@ -129,11 +129,11 @@ __device__ __forceinline__ void prepare_new_token(const DecodeAttentionParams<T>
 // struct made the compiler address it through a register and the kernel measurably slower).
 // EARLY (fused only, launched for 1-2 rows): the GEMV ahead starts the kernel early and the
 // first window's loads come before the wait (below).
-// Blocks per SM: the unfused kernel runs many blocks to an SM at batch 64, bounded to four (62-64
+// Blocks per SM: the unfused kernel runs many blocks to an SM at batch 64, bounded to four (55-64
 // registers; the two-pass kernel before took 80 and three blocks without the bound). The fused
-// kernel past 2 rows is bounded to three (70-80 registers): a long context's split keys make
+// kernel past 2 rows is bounded to three (60-71 registers): a long context's split keys make
 // several blocks per SM (bloom-560m at 2,048 tokens, 4-8 rows: steps 9-12% faster, H200). The
-// early kernel keeps its registers (90-104, two blocks): bounded to three it was 2.5% slower at
+// early kernel keeps its registers (91-96, two blocks): bounded to three it was 2.5% slower at
 // one row. None of them spills (sm_90, nvcc 13, ptxas -v). Requesting each window's rows before
 // folding in the one ahead (the early kernel, 115-124 registers) made batch 1 and 2 steps 1-5%
 // slower (benchmarks/HISTORY.md).
@@ -188,13 +188,13 @@ __global__ void __launch_bounds__(kThreads, FUSED ? (EARLY ? 2 : 3) : 4)
                              ? p.cache_indir + static_cast<int64_t>(row) * p.max_seq
                              : nullptr;
 
-  // This group's cache row of key k, or null when k is past the chunk or its indirection slot
-  // is invalid.
-  auto cache_row = [&](const T* __restrict__ cache, int k) -> const T* {
-    if (k >= end) return nullptr;
+  // Where key k's row sits in either cache, or -1 when k is past the chunk or its indirection
+  // slot is invalid (a key's and its value's rows share the offset).
+  auto row_offset = [&](int k) -> int64_t {
+    if (k >= end) return -1;
     const int src = indir != nullptr ? indir[k] : slot;
-    if (src < 0 || src >= p.num_slots) return nullptr;
-    return cache + src * slot_stride + h * head_stride + static_cast<int64_t>(k) * D;
+    if (src < 0 || src >= p.num_slots) return -1;
+    return src * slot_stride + h * head_stride + static_cast<int64_t>(k) * D;
   };
   // This lane's vectors of a row (zeros where there is none).
   auto load_row = [&](const T* r, Row (&dst)[NV]) {
@@ -205,35 +205,39 @@ __global__ void __launch_bounds__(kThreads, FUSED ? (EARLY ? 2 : 3) : 4)
                                          : make_int4(0, 0, 0, 0);
     }
   };
-  // The rows of the window at `base` (keys base + u * NGROUPS + g); ok[u]: key u has a row.
-  // Key `skip` (the fused kernel's new token) is left out here: fill_new adds it.
-  auto load_window = [&](const T* cache, int base, int skip, Row (&rows)[UNROLL][NV],
+  // The key and value rows of the window at `base` (keys base + u * NGROUPS + g); ok[u]: key u
+  // has rows. Key `skip` (the fused kernel's new token) is left out here: fill_new adds it.
+  auto load_window = [&](int base, int skip, Row (&krows)[UNROLL][NV], Row (&vrows)[UNROLL][NV],
                          bool (&ok)[UNROLL]) {
+    int64_t off[UNROLL];
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
       const int k = base + u * NGROUPS + g;
-      const T* r = k == skip ? nullptr : cache_row(cache, k);
-      ok[u] = r != nullptr;
-      load_row(r, rows[u]);
+      off[u] = k == skip ? -1 : row_offset(k);
+      ok[u] = off[u] >= 0;
     }
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) load_row(ok[u] ? p.k_cache + off[u] : nullptr, krows[u]);
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) load_row(ok[u] ? p.v_cache + off[u] : nullptr, vrows[u]);
   };
-  // The fused kernel's new token's row in the first window, after prepare_new_token: from the
-  // block's own copy of what it wrote into the cache.
-  auto fill_new = [&](const T* cache, const T* own, Row (&rows)[UNROLL][NV],
-                      bool (&ok)[UNROLL]) {
+  // The fused kernel's new token's rows in the first window, after prepare_new_token: from the
+  // block's own copies of what it wrote into the caches.
+  auto fill_new = [&](Row (&krows)[UNROLL][NV], Row (&vrows)[UNROLL][NV], bool (&ok)[UNROLL],
+                      const T* k_own, const T* v_own) {
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
       if (start + u * NGROUPS + g == new_pos) {
-        ok[u] = cache_row(cache, new_pos) != nullptr;
-        load_row(ok[u] ? own : nullptr, rows[u]);
+        ok[u] = row_offset(new_pos) >= 0;
+        load_row(ok[u] ? k_own : nullptr, krows[u]);
+        load_row(ok[u] ? v_own : nullptr, vrows[u]);
       }
     }
   };
   Row k_first[UNROLL][NV], v_first[UNROLL][NV];
-  bool ok_first[UNROLL];  // a key's and its value's rows share one source slot
+  bool ok_first[UNROLL];
   if (EARLY) {
-    load_window(p.k_cache, start, new_pos, k_first, ok_first);
-    load_window(p.v_cache, start, new_pos, v_first, ok_first);
+    load_window(start, new_pos, k_first, v_first, ok_first);
     wait_for_prior_kernels();
     start_next_kernel();  // a GEMV follows
     new_token = load_new_token<T, D>(p, f, row, h);
@@ -261,10 +265,7 @@ __global__ void __launch_bounds__(kThreads, FUSED ? (EARLY ? 2 : 3) : 4)
 #pragma unroll
       for (int e = 0; e < VEC; ++e) q[n][e] = vi < NVEC ? q_s[vi * VEC + e] * p.scale : 0.f;
     }
-    if (EARLY) {
-      fill_new(p.k_cache, k_s, k_first, ok_first);
-      fill_new(p.v_cache, v_s, v_first, ok_first);
-    }
+    if (EARLY) fill_new(k_first, v_first, ok_first, k_s, v_s);
   } else {
 #pragma unroll
     for (int n = 0; n < NV; ++n) {
@@ -279,10 +280,7 @@ __global__ void __launch_bounds__(kThreads, FUSED ? (EARLY ? 2 : 3) : 4)
       }
     }
   }
-  if (!EARLY) {
-    load_window(p.k_cache, start, -1, k_first, ok_first);
-    load_window(p.v_cache, start, -1, v_first, ok_first);
-  }
+  if (!EARLY) load_window(start, -1, k_first, v_first, ok_first);
 
   const float slope = p.alibi_slopes != nullptr ? p.alibi_slopes[h] : 0.f;
   const int q_pos = len - 1;
@@ -345,8 +343,7 @@ __global__ void __launch_bounds__(kThreads, FUSED ? (EARLY ? 2 : 3) : 4)
   for (int base = start + WINDOW; base < end; base += WINDOW) {
     Row krows[UNROLL][NV], vrows[UNROLL][NV];
     bool ok[UNROLL];
-    load_window(p.k_cache, base, -1, krows, ok);
-    load_window(p.v_cache, base, -1, vrows, ok);
+    load_window(base, -1, krows, vrows, ok);
     window(base, krows, vrows, ok);
   }
 #pragma unroll
@@ -380,15 +377,12 @@ __global__ void __launch_bounds__(kThreads, FUSED ? (EARLY ? 2 : 3) : 4)
       const float wg = __shfl_sync(0xffffffffu, w, gi);
       if (d < D) sum = fmaf(wg, red[gi * D + d], sum);
     }
-    if (d < D && splits == 1) {
-      p.out[out_off + d] = from_float<T>(l > 0.f ? sum / l : 0.f);
-    } else if (d < D) {
-      p.workspace[part * D + d] = sum;
-      if (d == 0) {
-        float* ws_m = p.workspace + static_cast<int64_t>(p.rows) * p.heads * splits * D;
-        ws_m[part] = m;
-        ws_m[static_cast<int64_t>(p.rows) * p.heads * splits + part] = l;
-      }
+    if (d < D && splits == 1) p.out[out_off + d] = from_float<T>(l > 0.f ? sum / l : 0.f);
+    if (d < D && splits > 1) p.workspace[part * D + d] = sum;
+    if (d == 0 && splits > 1) {
+      float* ws_m = p.workspace + static_cast<int64_t>(p.rows) * p.heads * splits * D;
+      ws_m[part] = m;
+      ws_m[static_cast<int64_t>(p.rows) * p.heads * splits + part] = l;
     }
   }
 }
