@@ -8,7 +8,10 @@ generate convention). Timed end to end over all batches (host -> device copies, 
 device -> host copy of the outputs), after a few warm-up batches. warpformer is timed twice on
 one instance: through the TorchScript class (``warpformer``: packed GPU tensors in, GPU tensors
 out) and through ``warpformer.GPT.generate`` on token lists (``warpformer-api``: what ``warpformer
-lambada`` and Python users call, input checks and list outputs included). Reported: the times, the
+lambada`` and Python users call, input checks and list outputs included). ``--in-flight 2,3`` (the
+default; ``none`` to skip) adds rows ``warpformer-in-flight-N``: ``GPT.generate_batches`` on the
+token lists with N batches on the GPU at once (N engine instances over the same weights, a CUDA
+stream each; the batches, the batch size and the tokens are the same). Reported: the times, the
 speedups, peak memory and the agreement of the generated target tokens.
 
 Length model (synthetic; no dataset is downloaded): context tokens ~ lognormal with mean 80 and
@@ -19,7 +22,7 @@ standard deviation 28, rounded and clipped to [16, 256] (LAMBADA passages averag
 FT's reference figures for this workload: 13.0 s vs 146.7 s for HF (FT's seed article, A800);
 10.84 s vs 23.37 s (FT's docs).
 
-    python benchmarks/bench_lambada.py [--samples 1000] [--skip-hf] [--dry-run]
+    python benchmarks/bench_lambada.py [--samples 1000] [--skip-hf] [--in-flight 2,3] [--dry-run]
 """
 
 from __future__ import annotations
@@ -146,8 +149,28 @@ def _timed_loop(step, batches: list[list[int]], warmup: int) -> tuple[float, flo
     return time.perf_counter() - t0, torch.cuda.max_memory_allocated() / 1e9, outs
 
 
+def _timed_batches(gpt, lists: list[list[list[int]]], out_lens: list[int], end_id: int,
+                   in_flight: int, warmup: int) -> tuple[float, float, list[list[list[int]]]]:
+    """(seconds, peak GB, each batch's generated rows) of ``GPT.generate_batches`` over every
+    batch with ``in_flight`` batches on the GPU at once, after ``warmup`` batches (at least
+    ``in_flight``, so that every engine instance has been built and has run)."""
+    def run(count: int) -> list[list[list[int]]]:
+        outs = gpt.generate_batches(lists[:count], out_lens[:count], in_flight=in_flight,
+                                    end_id=end_id)
+        return [[t[0] for t in out.tokens] for out in outs]
+
+    run(min(max(warmup, in_flight), len(lists)))
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    outs = run(len(lists))
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0, torch.cuda.max_memory_allocated() / 1e9, outs
+
+
 def run_warpformer(model_dir: Path, samples: list[Sample], batches: list[list[int]],
-                   batch: int, end_id: int, warmup: int, ab_env: tuple[str, str] | None = None
+                   batch: int, end_id: int, warmup: int, ab_env: tuple[str, str] | None = None,
+                   in_flight: tuple[int, ...] = ()
                    ) -> dict[str, tuple[float, float, list[list[int]]]]:
     """(seconds, peak GB, tokens) of one engine instance, called two ways: ``warpformer``, the
     TorchScript class's ``generate`` on packed GPU tensors, and ``warpformer-api``,
@@ -208,6 +231,13 @@ def run_warpformer(model_dir: Path, samples: list[Sample], batches: list[list[in
                 with mock.patch.dict(os.environ, env):
                     seconds, peak, outs = _timed_loop(step, batches, warmup)
                 results[f"warpformer-{label}-{k}"] = (seconds, peak, class_tokens(outs))
+    for n in in_flight:
+        seconds, peak, outs = _timed_batches(gpt, lists, out_lens, end_id, n, warmup)
+        tokens = [[] for _ in samples]
+        for out, b in zip(outs, batches, strict=True):
+            for row, i in enumerate(b):
+                tokens[i] = out[row][: samples[i].target_len]
+        results[f"warpformer-in-flight-{n}"] = (seconds, peak, tokens)
     return results
 
 
@@ -240,6 +270,19 @@ def _name_value(text: str) -> tuple[str, str]:
     return name.strip(), value
 
 
+def _counts(text: str) -> tuple[int, ...]:
+    if text.strip().lower() == "none":
+        return ()
+    try:
+        counts = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        counts = ()
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"expected N[,N...] with every N >= 1, or none; got "
+                                         f"{text!r}")
+    return counts
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--samples", type=int, default=None,
@@ -257,6 +300,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--ab-env", type=_name_value, default=None, metavar="NAME=VALUE",
                     help="A/B: four more passes of the class's generate on the same engine, "
                          "alternating without and with this environment variable")
+    ap.add_argument("--in-flight", type=_counts, default=(2, 3), metavar="N[,N...]|none",
+                    help="also time GPT.generate_batches on token lists with N batches in "
+                         "flight (N engine instances over the same weights, a CUDA stream "
+                         "each); default 2,3")
     args = ap.parse_args(argv)
     if args.samples is None:
         args.samples = 1000 if args.quick else LAMBADA_SAMPLES
@@ -315,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for name, (sec, peak, toks) in run_warpformer(
                 prep.model_dir, samples, batches, args.batch, shape.vocab - 1,
-                args.warmup, args.ab_env).items():
+                args.warmup, args.ab_env, args.in_flight).items():
             results[name], tokens[name] = {"seconds": sec, "peak_gb": peak}, toks
     except Exception as exc:  # noqa: BLE001
         results["warpformer"] = {"error": short_error(exc)}

@@ -313,6 +313,12 @@ def test_lambada_packing_and_agreement():
 
 def test_lambada_args_and_dry_run(capsys):
     a = bench_lambada.parse_args([])
+    assert a.in_flight == (2, 3)
+    assert bench_lambada.parse_args(["--in-flight", "none"]).in_flight == ()
+    assert bench_lambada.parse_args(["--in-flight", "1,4"]).in_flight == (1, 4)
+    for bad in ("0", "2,x", ""):
+        with pytest.raises(SystemExit):
+            bench_lambada.parse_args(["--in-flight", bad])
     assert a.samples == 5153 and a.batch == 8 and a.shape.name == "bloom-560m"
     assert bench_lambada.parse_args(["--quick"]).samples == 1000
     with pytest.raises(SystemExit):

@@ -425,6 +425,87 @@ def test_generate_stream_errors_and_early_close(gpt):
     assert gpt.generate(PROMPTS, 3).sequences.shape == (3, 1, 10)
 
 
+# ---------------------------------------------------------------------------- many batches
+BATCHES = [PROMPTS, [[9, 8, 7]], [[1, 2, 3, 4], [40, 41]]]
+
+
+def _same_output(a, b):
+    assert a.tokens == b.tokens
+    assert torch.equal(a.sequences, b.sequences)
+    assert torch.equal(a.sequence_lengths, b.sequence_lengths)
+    assert torch.equal(a.input_lengths, b.input_lengths)
+    for x, y in ((a.cum_log_probs, b.cum_log_probs), (a.log_probs, b.log_probs)):
+        assert (x is None) == (y is None) and (x is None or torch.equal(x, y))
+
+
+@pytest.mark.parametrize("kw", [
+    {},
+    dict(do_sample=True, top_k=5, seed=11, return_log_probs=True),
+    dict(num_beams=3, return_cum_log_probs=1),
+])
+def test_generate_batches_equals_generate(gpt, kw):
+    counts = [6, 3, 8]
+    expected = [gpt.generate(b, n, **kw) for b, n in zip(BATCHES, counts, strict=True)]
+    got = list(gpt.generate_batches(BATCHES, counts, in_flight=2, **kw))
+    assert len(got) == len(expected)
+    for a, b in zip(got, expected, strict=True):
+        _same_output(a, b)
+    # one count for all batches; a generator of batches; padded tensor pairs
+    same = [gpt.generate(b, 4, **kw) for b in BATCHES]
+    for a, b in zip(gpt.generate_batches(iter(BATCHES), 4, **kw), same, strict=True):
+        _same_output(a, b)
+    ids = torch.tensor([[1, 2, 3, 4], [40, 41, 0, 0]])
+    (pair,) = gpt.generate_batches([(ids, [4, 2])], 5, **kw)
+    _same_output(pair, gpt.generate(ids, 5, input_lengths=[4, 2], **kw))
+
+
+def test_generate_batches_errors(gpt):
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match=r"in_flight must be an integer >= 1"):
+            gpt.generate_batches(BATCHES, 3, in_flight=bad)
+    with pytest.raises(ValueError, match=r"max_new_tokens must be an integer >= 1"):
+        gpt.generate_batches(BATCHES, 0)
+    with pytest.raises(TypeError, match=r"unexpected argument"):
+        gpt.generate_batches(BATCHES, 3, top_q=0.5)
+    # errors of batch i come after the outputs of the batches before it
+    outs = gpt.generate_batches(BATCHES, [3, 2])
+    assert len(next(outs).tokens) == 3 and len(next(outs).tokens) == 1
+    with pytest.raises(ValueError, match=r"max_new_tokens has 2 values but batches has more"):
+        next(outs)
+    outs = gpt.generate_batches([PROMPTS, [[5, VOCAB]]], 3)
+    next(outs)
+    with pytest.raises(ValueError, match=r"input_ids\[0, 1\] = 96 is outside the vocabulary"):
+        next(outs)
+    with pytest.raises(ValueError, match=r"max_new_tokens\[1\] must be an integer >= 1"):
+        list(gpt.generate_batches(BATCHES, [3, 0, 2]))
+    with pytest.raises(ValueError, match=r"batches\[0\]: a tensor batch is input_ids or"):
+        list(gpt.generate_batches([(torch.ones(1, 2, dtype=torch.long),) * 3], 2))
+
+
+def test_generate_batches_in_flight_needs_one_gpu(tiny):
+    # Checked before anything runs: a tensor-parallel model cannot keep batches in flight.
+    import dataclasses
+
+    class Engine:  # what GPT reads of an engine at construction
+        def max_batch(self):
+            return 8
+
+        def max_seq_len(self):
+            return 32
+
+    config = dataclasses.replace(gpt_config(tiny), tensor_para_size=2)
+    model = GPT(Engine(), config, "cuda", torch.float16, torch.device("cpu"))
+    with pytest.raises(ValueError, match=r"in_flight=2 needs a model on one GPU; this one has "
+                                         r"tensor_para_size 2"):
+        model.generate_batches(BATCHES, 3, in_flight=2)
+
+
+def gpt_config(tiny):
+    from warpformer.weights import read_config
+
+    return read_config(tiny[1])
+
+
 # ---------------------------------------------------------------------------- beam search
 def _hf_beam(hf, prompt, n, beams, lp, eos):
     with torch.no_grad():

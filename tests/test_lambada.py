@@ -205,6 +205,40 @@ def test_cli_lambada_test_hf_end_to_end(tiny_lm, tmp_path, capsys):
     assert all(recs[i]["correct"] for i in planted)
 
 
+def test_in_flight_gives_the_same_records(tiny_lm, tmp_path, capsys):
+    # The CLI's --in-flight reaches GPT.generate_batches (one batch at a time on the reference
+    # backend) and scores the same tokens as batch-by-batch generate.
+    hf_dir, ckpt, data, _ = tiny_lm
+    outs = {}
+    for n in (1, 3):
+        out = tmp_path / f"res{n}.json"
+        rc = cli_main(["lambada", "--checkpoint-path", str(ckpt), "--tokenizer-path",
+                       str(hf_dir), "--dataset-path", str(data), "--batch-size", "4",
+                       "--output-path", str(out), "--dtype", "fp32", "--backend", "reference",
+                       "--in-flight", str(n)])
+        assert rc == 0
+        text = capsys.readouterr().out
+        assert ("(3 batches in flight)" in text) == (n == 3)
+        outs[n] = json.loads(out.read_text())
+    assert outs[3]["summary"]["in_flight"] == 3
+    for key in ("correct", "total"):
+        assert outs[3]["summary"][key] == outs[1]["summary"][key]
+    assert [r["generated_ids"] for r in outs[3]["samples"]] == [
+        r["generated_ids"] for r in outs[1]["samples"]]
+
+
+def test_in_flight_errors():
+    samples = [_sample(0, [2, 3], [4])]
+    fake = ScriptedGPT({(2, 3): [4]})
+    for bad in (0, 2.0, True):
+        with pytest.raises(ValueError, match=r"in_flight must be an integer >= 1"):
+            lambada.evaluate(fake, samples, in_flight=bad)
+    with pytest.raises(ValueError, match=r"in_flight=2 needs a model with generate_batches "
+                                         r"\(warpformer.GPT\); ScriptedGPT has none"):
+        lambada.evaluate(fake, samples, in_flight=2)
+    assert lambada.evaluate(fake, samples, in_flight=1).correct == 1
+
+
 def test_logits_metric_alone_and_nll_matches_hf(tiny_lm):
     hf_dir, ckpt, data, _ = tiny_lm
     hf = lambada.load_hf_model(hf_dir, torch.float32)

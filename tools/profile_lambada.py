@@ -2,7 +2,7 @@
 time against idle time, the kernels, and the host's CUDA API calls, for the workload of
 benchmarks/bench_lambada.py (same samples, same batches, same calls).
 
-    python tools/profile_lambada.py [--batches 96] [--model bloom-560m] [--api]
+    python tools/profile_lambada.py [--batches 96] [--model bloom-560m] [--api] [--in-flight 1,2,3]
 
 Prints, per batch (medians and means over ``--batches`` batches of the workload, after warm-up):
 the wall time of the benchmark's loop body (host -> device copies, ``generate``, the device ->
@@ -12,7 +12,9 @@ prompt pass alone); with ``--api`` also through ``GPT.generate`` (token lists, a
 lambada`` calls it, and CPU tensors), with a cProfile of its host time; then, from a
 torch.profiler trace of the same batches: GPU busy time (the union of kernel intervals, so
 overlapping kernels under programmatic launch count once), idle time, the kernels and the
-host-side CUDA runtime calls.
+host-side CUDA runtime calls. ``--in-flight N[,N...]`` also times ``GPT.generate_batches`` over
+the same batches (token lists) with N batches on the GPU at once (before any profiling) and sets
+each wall against the GPU busy time of one batch at a time.
 """
 
 from __future__ import annotations
@@ -75,6 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--api", action="store_true",
                     help="also time the batches through GPT.generate (token lists and tensors) "
                          "and print a cProfile of its host time")
+    ap.add_argument("--in-flight", type=lambda t: [int(x) for x in t.split(",")], default=[],
+                    metavar="N[,N...]",
+                    help="also time GPT.generate_batches with N batches in flight (token "
+                         "lists), for each N, against the GPU time of one batch at a time")
     args = ap.parse_args(argv)
     shape = common.SHAPES[args.model]
     samples = bl.make_samples(bl.LAMBADA_SAMPLES, shape.vocab, 0)
@@ -138,6 +144,10 @@ def main(argv: list[str] | None = None) -> int:
         api_walls(False)
         passes["GPT.generate, token lists (warpformer lambada's call), again"] = api_walls(False)
         passes["GPT.generate, CPU tensors + input_lengths, again"] = api_walls(True)
+    # Before any torch.profiler session: a profiled process keeps paying for the profiler's
+    # callbacks on every CUDA call afterwards, which slows the host's launches.
+    flights = {n: InFlight(n, model, read_config(prep.model_dir), samples, batches, out_lens,
+                           end) for n in args.in_flight}
     steps = [n - 1 for n in out_lens[4:]]
     tokens = [int(packed[i][1].sum()) for i in range(4, len(batches))]
     print(f"\n## LAMBADA batch profile: {shape.name}, batch {args.batch}, "
@@ -154,7 +164,11 @@ def main(argv: list[str] | None = None) -> int:
     again = passes["benchmark loop, again"]
     prompt = passes["one new token (the prompt pass), again"]
     dec = (statistics.mean(again) - statistics.mean(prompt)) / max(statistics.mean(steps), 1e-9)
-    print(f"| difference per decode step (again) | | {dec:.3f} |\n")
+    print(f"| difference per decode step (again) | | {dec:.3f} |")
+    for n_flight, f in flights.items():
+        print(f"| GPT.generate_batches, {n_flight} in flight (token lists), again | | "
+              f"{f.wall:.3f} |")
+    print()
 
     if args.api:
         prof_py = cProfile.Profile()
@@ -244,7 +258,37 @@ def main(argv: list[str] | None = None) -> int:
     print(table(by_pair, n, "batch", 12) + "\n")
     print("Host-side CUDA calls (their duration on the CPU):\n")
     print(table(per_r, n, "batch", 12))
+    if flights:
+        # A profiled process's host is slowed by the profiler's callbacks, which starves the GPU
+        # of overlapping batches; so the overlap is read from the unprofiled walls instead.
+        print("\nBatches in flight against the GPU time of one batch at a time (busy, profiled "
+              "above): a wall below it means that kernels of different batches ran at once.\n")
+        print("| in flight | wall ms/batch | GPU busy of one batch at a time / wall |\n"
+              "|---:|---:|---:|")
+        for n_flight, f in flights.items():
+            print(f"| {n_flight} | {f.wall:.3f} | {busy / n / 1000 / f.wall:.2f} |")
     return 0
+
+
+class InFlight:
+    """``GPT.generate_batches`` with ``n`` batches in flight over the profiled batches (token
+    lists), built, warmed and timed at construction: ``wall`` in ms per batch."""
+
+    def __init__(self, n: int, model, config, samples, batches, out_lens: list[int],
+                 end: int) -> None:
+        gpt = GPT(model, config, "cuda", torch.float16, torch.device("cuda"))
+        lists = [[samples[j].context.tolist() for j in b] for b in batches[4:]]
+
+        def run() -> None:
+            for _ in gpt.generate_batches(lists, out_lens[4:], in_flight=n, end_id=end):
+                pass
+
+        run()  # builds the replicas; each meets the batches' row counts
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        run()
+        torch.cuda.synchronize()
+        self.wall = (time.perf_counter() - t0) * 1000 / len(lists)
 
 
 if __name__ == "__main__":

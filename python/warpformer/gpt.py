@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -144,6 +144,9 @@ class GPT:
         self.backend = backend
         self.dtype = dtype
         self.device = device
+        self._replicas: list = []  # generate_batches' extra engine instances
+        self._streams: list[torch.cuda.Stream] = []  # one per engine in generate_batches
+        self._pipeline_para_size = 1  # from_pretrained's; the config holds the tensor split
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -215,7 +218,9 @@ class GPT:
 
             engine = load_gpt_model(path, dtype=dtype, device=device, max_batch=max_batch,
                                     max_seq_len=limit)
-        return cls(engine, config, "cuda", dtype, device)
+        gpt = cls(engine, config, "cuda", dtype, device)
+        gpt._pipeline_para_size = pipeline_para_size
+        return gpt
 
     @classmethod
     def _load_reference(cls, path, config, dtype, max_batch, limit, device) -> GPT:
@@ -468,6 +473,23 @@ class GPT:
         Returns:
             :class:`GenerationOutput`.
         """
+        return self._output(*self._submit(
+            self.engine, input_ids, max_new_tokens, input_lengths=input_lengths,
+            do_sample=do_sample, top_k=top_k, top_p=top_p, temperature=temperature,
+            repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
+            frequency_penalty=frequency_penalty, min_length=min_length, num_beams=num_beams,
+            length_penalty=length_penalty, diversity_rate=diversity_rate, stop_words=stop_words,
+            bad_words=bad_words, end_id=end_id, seed=seed, return_log_probs=return_log_probs,
+            return_cum_log_probs=return_cum_log_probs))
+
+    def _submit(self, engine, input_ids: IdsLike, max_new_tokens: int, *, input_lengths,
+                do_sample, top_k, top_p, temperature, repetition_penalty, presence_penalty,
+                frequency_penalty, min_length, num_beams, length_penalty, diversity_rate,
+                stop_words, bad_words, end_id, seed, return_log_probs, return_cum_log_probs
+                ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """Check one call's arguments and queue it on ``engine`` (this GPT's engine or one of
+        its replicas): ``(result, lengths)`` for :meth:`_output`, the result's tensors on the
+        device, written in the order of the current CUDA stream; nothing waits for the GPU."""
         ids, lengths = self._inputs(input_ids, input_lengths, max_new_tokens)
         # Default options (as plain Python values: anything else takes the general path and its
         # checks): the engine's greedy loop, without the per-row option arrays decode() parses
@@ -487,8 +509,8 @@ class GPT:
                 "end_id", end_id, ids.shape[0], torch.int32, lambda e: 0 <= e < self.vocab_size,
                 f"a token id in [0, {self.vocab_size})"))
             with torch.no_grad():
-                out_ids, seq = self.engine.generate(ids, lengths, max_new_tokens, end)
-            return self._output({"output_ids": out_ids, "sequence_lengths": seq}, lengths)
+                out_ids, seq = engine.generate(ids, lengths, max_new_tokens, end)
+            return {"output_ids": out_ids, "sequence_lengths": seq}, lengths
         opts = self._options(
             ids.shape[0], max_new_tokens, do_sample=do_sample, top_k=top_k, top_p=top_p,
             temperature=temperature, repetition_penalty=repetition_penalty,
@@ -498,8 +520,116 @@ class GPT:
             end_id=end_id, seed=seed, return_log_probs=return_log_probs,
             return_cum_log_probs=return_cum_log_probs)
         with torch.no_grad():
-            result = self.engine.decode(ids, lengths, max_new_tokens, opts)
-        return self._output(result, lengths)
+            result = engine.decode(ids, lengths, max_new_tokens, opts)
+        return result, lengths
+
+    def generate_batches(self, batches: Iterable[IdsLike | tuple[torch.Tensor, Any]],
+                         max_new_tokens: int | Sequence[int], *, in_flight: int = 1,
+                         **kwargs: Any) -> Iterator[GenerationOutput]:
+        """:meth:`generate` over many batches, up to ``in_flight`` of them on the GPU at once;
+        yields one :class:`GenerationOutput` per batch, in order.
+
+        Small models leave most of the GPU idle during a decode step (a chain of short
+        kernels), so one batch's prompt pass can run beside another's steps. With
+        ``in_flight = N > 1`` the cuda backend keeps N engine instances over the same weight
+        tensors (the replicas are built on first use and kept; each adds its own KV cache,
+        activations and GEMM workspace, no weights), each on its own CUDA stream: batch ``i``
+        goes to instance ``i % N``, and the host waits for a batch's outputs only when its
+        instance is needed again or the batch is yielded. The tokens are those of
+        :meth:`generate` batch by batch. The reference backend runs the batches one at a time.
+
+        Args:
+            batches: an iterable of batches, each what :meth:`generate` takes as ``input_ids``
+                (a list of ``B`` token lists, or an int tensor ``[B, S]`` of full rows), or a
+                pair ``(input_ids tensor [B, S], input_lengths int [B])`` for right-padded rows.
+            max_new_tokens: one count for every batch, or one per batch (a sequence as long as
+                ``batches``).
+            in_flight: batches on the GPU at once, >= 1; > 1 needs the cuda backend on one GPU
+                (``tensor_para_size`` and ``pipeline_para_size`` 1).
+            **kwargs: :meth:`generate`'s options (``do_sample``, ``top_k``, ``num_beams``, ...),
+                the same for every batch.
+        Yields:
+            :class:`GenerationOutput` of each batch, in the order of ``batches``; its tensors
+            may be used on the caller's current CUDA stream.
+
+        An argument error in batch ``i`` is raised after the outputs of the batches before it
+        have been yielded.
+        """
+        if isinstance(in_flight, bool) or not isinstance(in_flight, int) or in_flight < 1:
+            raise ValueError(f"in_flight must be an integer >= 1, got {in_flight!r}")
+        if in_flight > 1 and self.backend == "cuda" and (
+                self.config.tensor_para_size > 1 or self._pipeline_para_size > 1):
+            raise ValueError(
+                f"in_flight={in_flight} needs a model on one GPU; this one has tensor_para_size "
+                f"{self.config.tensor_para_size} and pipeline_para_size "
+                f"{self._pipeline_para_size} (use in_flight=1)")
+        if isinstance(max_new_tokens, (list, tuple)):
+            counts: Sequence[int] | None = max_new_tokens
+        else:
+            _check_new_tokens(max_new_tokens)
+            counts = None
+        opts = _option_kwargs(kwargs)
+        if self.backend != "cuda":
+            in_flight = 1
+        return self._batches(iter(batches), max_new_tokens, counts, in_flight, opts)
+
+    def _batches(self, items: Iterator, max_new_tokens, counts: Sequence[int] | None,
+                 in_flight: int, opts: dict[str, Any]) -> Iterator[GenerationOutput]:
+        if in_flight == 1 and self.backend != "cuda":
+            for i, item in enumerate(items):
+                ids, lengths = _batch_item(item, i)
+                yield self._output(*self._submit(
+                    self.engine, ids, _batch_count(max_new_tokens, counts, i),
+                    input_lengths=lengths, **opts))
+            return
+        engines = self._engines(in_flight)
+        caller = torch.cuda.current_stream(self.device)
+        streams = self._streams[:in_flight]
+        for st in streams:  # inputs the caller made on its stream come first
+            st.wait_stream(caller)
+        pending: list[tuple[int, dict[str, torch.Tensor], torch.Tensor]] = []
+
+        def collect() -> GenerationOutput:
+            k, result, lengths = pending.pop(0)
+            with torch.cuda.stream(streams[k]):
+                out = self._output(result, lengths)
+            caller.wait_stream(streams[k])
+            for t in (out.sequences, out.sequence_lengths, out.input_lengths,
+                      out.cum_log_probs, out.log_probs):
+                if t is not None and t.is_cuda:
+                    t.record_stream(caller)  # made on streams[k], used on the caller's
+            return out
+
+        try:
+            for i, item in enumerate(items):
+                k = i % in_flight
+                if len(pending) == in_flight:
+                    yield collect()
+                try:
+                    ids, lengths = _batch_item(item, i)
+                    with torch.cuda.stream(streams[k]):
+                        result, lengths = self._submit(
+                            engines[k], ids, _batch_count(max_new_tokens, counts, i),
+                            input_lengths=lengths, **opts)
+                except Exception:
+                    while pending:  # the earlier batches' outputs first, then the error
+                        yield collect()
+                    raise
+                pending.append((k, result, lengths))
+            while pending:
+                yield collect()
+        finally:
+            for st in streams:  # a consumer that stops early leaves nothing running unseen
+                caller.wait_stream(st)
+
+    def _engines(self, n: int) -> list:
+        """This GPT's engine and ``n - 1`` replicas over the same weight tensors (built once,
+        kept), with a CUDA stream each in ``self._streams``."""
+        while len(self._replicas) < n - 1:
+            self._replicas.append(torch.classes.warpformer.GptModel(*_engine_args(self.engine)))
+        while len(self._streams) < n:
+            self._streams.append(torch.cuda.Stream(device=self.device))
+        return [self.engine, *self._replicas[: n - 1]]
 
     def _output(self, result: dict[str, torch.Tensor], lengths: torch.Tensor
                 ) -> GenerationOutput:
@@ -588,6 +718,39 @@ def _option_kwargs(kwargs: dict) -> dict:
     if unknown:
         raise TypeError(f"unexpected argument(s) {sorted(unknown)}")
     return {**_OPTION_DEFAULTS, **kwargs}
+
+
+def _engine_args(engine: torch.ScriptObject) -> tuple:
+    """The constructor arguments of a ``torch.classes.warpformer.GptModel`` (config JSON,
+    weights by name, max_batch, max_seq_len, dtype, tensor_para_rank, pipeline_para_size,
+    pipeline_para_rank, gemm_config): its pickled state, the weights being the very tensors it
+    was given (not copies), so a class built from them is a second instance of the same model
+    and limits. (Python's ``ScriptObject.__getstate__`` returns ``(state, class name)``.)"""
+    state, _ = engine.__getstate__()
+    return tuple(state)
+
+
+def _batch_item(item, i: int) -> tuple[IdsLike, Any]:
+    """(input_ids, input_lengths) of :meth:`GPT.generate_batches`' batch ``i``."""
+    if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], torch.Tensor):
+        return item
+    if isinstance(item, tuple) and item and isinstance(item[0], torch.Tensor):
+        raise ValueError(f"batches[{i}]: a tensor batch is input_ids or (input_ids, "
+                         f"input_lengths), got a tuple of {len(item)}")
+    return item, None
+
+
+def _batch_count(max_new_tokens, counts: Sequence[int] | None, i: int) -> int:
+    """Batch ``i``'s ``max_new_tokens`` (checked) in :meth:`GPT.generate_batches`."""
+    if counts is None:
+        return max_new_tokens
+    if i >= len(counts):
+        raise ValueError(f"max_new_tokens has {len(counts)} values but batches has more "
+                         "batches than that")
+    n = counts[i]
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"max_new_tokens[{i}] must be an integer >= 1, got {n!r}")
+    return n
 
 
 def _check_new_tokens(max_new_tokens: int) -> None:

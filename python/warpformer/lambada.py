@@ -22,7 +22,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -139,6 +139,7 @@ class LambadaResult:
     hf_logits_correct: int | None = None
     hf_logits_nll: float | None = None
     agree: int | None = None
+    in_flight: int = 1  # batches on the GPU at once in the generate metric
     records: list[dict] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
@@ -162,8 +163,9 @@ def format_report(r: LambadaResult, title: str = "LAMBADA") -> str:
     """The printed summary: accuracies as ``xx.xxxx% (n/total)``, times, agreement, speedup."""
     lines = [f"{title}: {r.total} samples"]
     if r.correct is not None:
+        flight = f" ({r.in_flight} batches in flight)" if r.in_flight > 1 else ""
         lines.append(f"warpformer accuracy: {_pct(r.correct, r.total)}  "
-                     f"elapsed {r.seconds:.3f} s")
+                     f"elapsed {r.seconds:.3f} s{flight}")
     if r.logits_correct is not None:
         lines.append(f"warpformer logits accuracy: {_pct(r.logits_correct, r.total)}  "
                      f"target ppl {math.exp(r.logits_nll):.3f}  elapsed {r.logits_seconds:.3f} s")
@@ -195,6 +197,17 @@ def warpformer_generate(gpt: LambadaModel, batch: list[Sample]) -> list[list[int
     n = max(len(s.target_ids) for s in batch)
     out = gpt.generate([s.context_ids for s in batch], n)
     return [row[0] for row in out.tokens]
+
+
+def warpformer_generate_batches(gpt: GPT, groups: list[list[Sample]], in_flight: int
+                                ) -> Iterator[list[list[int]]]:
+    """:func:`warpformer_generate` of every batch through :meth:`GPT.generate_batches` with
+    ``in_flight`` batches on the GPU at once; yields each batch's rows in order."""
+    outs = gpt.generate_batches([[s.context_ids for s in b] for b in groups],
+                                [max(len(s.target_ids) for s in b) for b in groups],
+                                in_flight=in_flight)
+    for out in outs:
+        yield [row[0] for row in out.tokens]
 
 
 def hf_generate(model: transformers.PreTrainedModel, batch: list[Sample], end_id: int,
@@ -271,14 +284,22 @@ def _progress(items, show: bool, desc: str):
 def evaluate(gpt: LambadaModel, samples: list[Sample], *, batch_size: int = 8,
              metric: str = "generate", hf_model: transformers.PreTrainedModel | None = None,
              show_progress: bool = False, end_id: int | None = None,
-             pad_id: int | None = None, decode: Callable[[list[int]], str] | None = None
-             ) -> LambadaResult:
+             pad_id: int | None = None, decode: Callable[[list[int]], str] | None = None,
+             in_flight: int = 1) -> LambadaResult:
     """Run LAMBADA on tokenised ``samples`` with ``gpt`` (a :class:`warpformer.GPT`) and, when
     ``hf_model`` is given, with HF on the same batches. ``metric``: generate, logits or both.
     ``end_id`` defaults to ``gpt.end_id``, HF's ``pad_id`` to ``end_id``; ``decode`` (ids ->
-    text) adds the generated text to the per-sample records."""
+    text) adds the generated text to the per-sample records. ``in_flight > 1`` runs the
+    generate metric through :meth:`warpformer.GPT.generate_batches` with that many batches on
+    the GPU at once (same tokens; its time is then the loop's wall time rather than the sum of
+    the batches')."""
     if metric not in ("generate", "logits", "both"):
         raise ValueError(f"metric must be generate, logits or both, got {metric!r}")
+    if isinstance(in_flight, bool) or not isinstance(in_flight, int) or in_flight < 1:
+        raise ValueError(f"in_flight must be an integer >= 1, got {in_flight!r}")
+    if in_flight > 1 and not callable(getattr(gpt, "generate_batches", None)):
+        raise ValueError(f"in_flight={in_flight} needs a model with generate_batches "
+                         f"(warpformer.GPT); {type(gpt).__name__} has none")
     end_id = gpt.end_id if end_id is None else end_id
     pad_id = end_id if pad_id is None else pad_id
     groups = batches(samples, batch_size)
@@ -287,13 +308,23 @@ def evaluate(gpt: LambadaModel, samples: list[Sample], *, batch_size: int = 8,
              "target_ids": s.target_ids} for s in samples]
     gen = metric in ("generate", "both")
     if gen:
-        res.correct, res.seconds = 0, 0.0
-        for batch in _progress(groups, show_progress, "warpformer"):
+        res.correct, res.seconds, res.in_flight = 0, 0.0, in_flight
+        if in_flight > 1:
             _sync()
             t0 = time.perf_counter()
-            outs = warpformer_generate(gpt, batch)
+            all_outs = list(_progress(warpformer_generate_batches(gpt, groups, in_flight),
+                                      show_progress, "warpformer"))
             _sync()
-            res.seconds += time.perf_counter() - t0
+            res.seconds = time.perf_counter() - t0
+        else:
+            all_outs = []
+            for batch in _progress(groups, show_progress, "warpformer"):
+                _sync()
+                t0 = time.perf_counter()
+                all_outs.append(warpformer_generate(gpt, batch))
+                _sync()
+                res.seconds += time.perf_counter() - t0
+        for batch, outs in zip(groups, all_outs, strict=True):
             for s, toks in zip(batch, outs, strict=True):
                 got = toks[: len(s.target_ids)]
                 ok = got == s.target_ids
@@ -400,6 +431,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", choices=("auto", "cuda", "reference"), default="auto")
     p.add_argument("--tensor-para-size", type=int, default=1)
     p.add_argument("--pipeline-para-size", type=int, default=1)
+    p.add_argument("--in-flight", type=int, default=1,
+                   help="batches on the GPU at once (one GPU only): a batch's prompt pass runs "
+                        "beside another's decode steps; each extra batch costs its KV cache")
 
 
 def load_hf_model(path: str | os.PathLike[str], dtype: torch.dtype
@@ -420,7 +454,8 @@ def run(checkpoint_path: str | os.PathLike[str], tokenizer_path: str | os.PathLi
         output_path: str | os.PathLike[str] | None = None, show_progress: bool = False,
         metric: str = "generate", dtype: str = "fp16", max_samples: int | None = None,
         backend: str = "auto", tensor_para_size: int = 1, pipeline_para_size: int = 1,
-        gpt: GPT | None = None, print_fn: Callable[[str], None] = print) -> LambadaResult:
+        gpt: GPT | None = None, print_fn: Callable[[str], None] = print,
+        in_flight: int = 1) -> LambadaResult:
     """Load tokenizer, data and model (or use ``gpt``), evaluate, print on rank 0, write JSON.
 
     ``dtype`` is ``"fp32"``, ``"fp16"`` or ``"bf16"``: warpformer's and HF's compute dtype on a
@@ -459,7 +494,7 @@ def run(checkpoint_path: str | os.PathLike[str], tokenizer_path: str | os.PathLi
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else gpt.end_id
     res = evaluate(gpt, samples, batch_size=batch_size, metric=metric, hf_model=hf,
                    show_progress=show_progress and main_rank, pad_id=pad,
-                   decode=lambda ids: _safe_decode(tokenizer, ids))
+                   decode=lambda ids: _safe_decode(tokenizer, ids), in_flight=in_flight)
     say(format_report(res, f"LAMBADA {Path(dataset_path).name}"))
     if output_path and main_rank:
         Path(output_path).write_text(json.dumps(
@@ -481,5 +516,6 @@ def main_from_args(args: argparse.Namespace) -> int:
         batch_size=args.batch_size, test_hf=args.test_hf, hf_model_path=args.hf_model_path,
         output_path=args.output_path, show_progress=args.show_progress, metric=args.metric,
         dtype=args.dtype, max_samples=args.max_samples, backend=args.backend,
-        tensor_para_size=args.tensor_para_size, pipeline_para_size=args.pipeline_para_size)
+        tensor_para_size=args.tensor_para_size, pipeline_para_size=args.pipeline_para_size,
+        in_flight=args.in_flight)
     return 0

@@ -30,7 +30,7 @@ from _models import make_hf
 import warpformer  # noqa: F401
 from warpformer import lambada
 from warpformer.converters import convert
-from warpformer.gpt import GPT
+from warpformer.gpt import GPT, _engine_args
 
 pytestmark = pytest.mark.gpu
 
@@ -405,6 +405,64 @@ def test_stream_equals_generate(kw, root):
     assert final.tokens == full.tokens
 
 
+# ---------------------------------------------------------------------------- many batches
+def _same_output(a, b, what):
+    assert a.tokens == b.tokens, what
+    assert torch.equal(a.sequences, b.sequences), what
+    assert torch.equal(a.sequence_lengths, b.sequence_lengths), what
+    for x, y in ((a.cum_log_probs, b.cum_log_probs), (a.log_probs, b.log_probs)):
+        assert (x is None) == (y is None), what
+        if x is not None:
+            torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5, msg=what)
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(do_sample=True, top_k=40, seed=9,
+                                             return_log_probs=True),
+                                dict(num_beams=3, return_cum_log_probs=1),
+                                dict(repetition_penalty=1.3, end_id=7)])
+def test_generate_batches_in_flight_equals_generate(kw, root):
+    # Batches of different sizes, prompt lengths and token counts, 1-3 of them on the GPU at
+    # once over the engine and its replicas: each batch's output is that of generate alone,
+    # read on the caller's stream (the sequences are compared there).
+    hf, gpt = model_pair("gpt2", root)
+    sizes, lens, counts = [3, 1, 8, 2, 5, 4, 7], [9, 30, 4, 17, 11, 2, 25], [12, 5, 20, 1, 9, 16, 3]
+    batches = [prompts(1000, [lens[i] + (j * 5) % 7 for j in range(n)], seed=20 + i)
+               for i, n in enumerate(sizes)]
+    want = [gpt.generate(b, n, **kw) for b, n in zip(batches, counts, strict=True)]
+    for in_flight in (1, 2, 3):
+        got = list(gpt.generate_batches(batches, counts, in_flight=in_flight, **kw))
+        assert len(got) == len(want)
+        for i, (a, b) in enumerate(zip(got, want, strict=True)):
+            _same_output(a, b, f"in_flight={in_flight} batch {i}")
+    assert len(gpt._replicas) == 2 and len(gpt._streams) == 3
+
+
+def test_generate_batches_errors_and_replica_weights(root):
+    hf, gpt = model_pair("bloom", root)
+    rows = prompts(1000, [5, 8], seed=3)
+    # An argument error in batch 2 comes after batches 0 and 1; the engines stay usable.
+    outs = gpt.generate_batches([rows, rows[:1], [[4, 1000]], rows], 6, in_flight=2)
+    first, second = next(outs), next(outs)
+    assert first.tokens == gpt.generate(rows, 6).tokens
+    assert second.tokens == gpt.generate(rows[:1], 6).tokens
+    with pytest.raises(ValueError, match=r"input_ids\[0, 1\] = 1000 is outside the vocabulary"):
+        next(outs)
+    again = list(gpt.generate_batches([rows, rows[::-1]], 6, in_flight=2))
+    assert again[1].tokens == gpt.generate(rows[::-1], 6).tokens
+    # A consumer that stops early leaves the engines usable too.
+    outs = gpt.generate_batches([rows] * 4, 6, in_flight=2)
+    next(outs)
+    outs.close()
+    assert gpt.generate(rows, 6).tokens == first.tokens
+    # The replicas run over the engine's own weight tensors (no copies).
+    names, mine = _engine_args(gpt.engine)[1], None
+    for replica in gpt._replicas:
+        mine = _engine_args(replica)[1]
+        assert set(mine.keys()) == set(names.keys())
+        assert all(mine[k].data_ptr() == names[k].data_ptr() for k in names.keys())
+    assert mine is not None
+
+
 # ---------------------------------------------------------------------------- LAMBADA
 def synthetic_lambada(path: Path, n: int, seed: int = 0) -> None:
     """LAMBADA-format lines of pseudo-words whose last word appeared earlier in the passage."""
@@ -444,4 +502,28 @@ def test_lambada_5000_agrees_with_hf(dtype, need, bloom560m_lambada):
           f"{res.seconds:.2f} s, HF {res.hf_correct}/5000 in {res.hf_seconds:.2f} s, "
           f"agreement {res.agree / 50:.2f}%, speedup {res.hf_seconds / res.seconds:.2f}x")
     assert res.agree >= need * res.total, f"{dtype}: agreement {res.agree}/5000"
+    torch.cuda.empty_cache()
+
+
+def test_lambada_in_flight_same_records_no_weight_copies(bloom560m_lambada):
+    # Two batches in flight score the same tokens as one at a time, and the second engine
+    # instance adds its buffers, not a second copy of BLOOM's 514 MB embedding / lm_head.
+    hf_dir, ckpt, data = bloom560m_lambada
+    gpt = GPT.from_pretrained(ckpt, dtype=torch.float16, max_batch=16, max_seq_len=128,
+                              backend="cuda")
+    one = lambada.run(ckpt, hf_dir, data, batch_size=16, dtype="fp16", max_samples=800, gpt=gpt)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    two = lambada.run(ckpt, hf_dir, data, batch_size=16, dtype="fp16", max_samples=800,
+                      gpt=gpt, in_flight=2)
+    torch.cuda.synchronize()
+    added = torch.cuda.memory_allocated() - before
+    assert two.in_flight == 2 and len(gpt._replicas) == 1
+    assert [r["generated_ids"] for r in two.records] == [r["generated_ids"] for r in one.records]
+    assert two.correct == one.correct
+    embedding = 250880 * 1024 * 2
+    assert added < embedding / 4, f"a replica added {added / 1e6:.0f} MB"
+    print(f"\nreplica: {added / 1e6:.1f} MB; {one.seconds:.2f} s one at a time, "
+          f"{two.seconds:.2f} s with two in flight")
+    del gpt
     torch.cuda.empty_cache()
