@@ -313,7 +313,7 @@ def test_lambada_packing_and_agreement():
 
 def test_lambada_args_and_dry_run(capsys):
     a = bench_lambada.parse_args([])
-    assert a.in_flight == (2, 3)
+    assert a.in_flight == (1, 2, 3)
     assert bench_lambada.parse_args(["--in-flight", "none"]).in_flight == ()
     assert bench_lambada.parse_args(["--in-flight", "1,4"]).in_flight == (1, 4)
     for bad in ("0", "2,x", ""):

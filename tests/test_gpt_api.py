@@ -465,21 +465,59 @@ def test_generate_batches_errors(gpt):
             gpt.generate_batches(BATCHES, 3, in_flight=bad)
     with pytest.raises(ValueError, match=r"max_new_tokens must be an integer >= 1"):
         gpt.generate_batches(BATCHES, 0)
+    with pytest.raises(ValueError, match=r"max_new_tokens must be an integer >= 1 or a sequence"):
+        gpt.generate_batches(BATCHES, "3")
+    with pytest.raises(ValueError, match=r"max_new_tokens\[1\] must be an integer >= 1, got 0"):
+        gpt.generate_batches(BATCHES, [3, 0, 2])
+    with pytest.raises(ValueError, match=r"max_new_tokens\[0\] must be an integer >= 1, got True"):
+        gpt.generate_batches(BATCHES, [True, 1, 2])
+    with pytest.raises(ValueError, match=r"max_new_tokens has 2 values for 3 batches"):
+        gpt.generate_batches(BATCHES, [3, 2])
     with pytest.raises(TypeError, match=r"unexpected argument"):
         gpt.generate_batches(BATCHES, 3, top_q=0.5)
-    # errors of batch i come after the outputs of the batches before it
-    outs = gpt.generate_batches(BATCHES, [3, 2])
-    assert len(next(outs).tokens) == 3 and len(next(outs).tokens) == 1
-    with pytest.raises(ValueError, match=r"max_new_tokens has 2 values but batches has more"):
-        next(outs)
-    outs = gpt.generate_batches([PROMPTS, [[5, VOCAB]]], 3)
-    next(outs)
-    with pytest.raises(ValueError, match=r"input_ids\[0, 1\] = 96 is outside the vocabulary"):
-        next(outs)
-    with pytest.raises(ValueError, match=r"max_new_tokens\[1\] must be an integer >= 1"):
-        list(gpt.generate_batches(BATCHES, [3, 0, 2]))
+
+
+@pytest.mark.parametrize("in_flight", [1, 2, 3])
+def test_generate_batches_errors_come_in_order(gpt, in_flight):
+    # Whatever the depth of the queue, an error of batch i comes after batches 0..i-1 (and
+    # names the batch), and counts that do not match a generator's batches are reported once
+    # it ends or outruns them.
+    def run(batches, counts=3, **kw):
+        got = []
+        with pytest.raises(Exception) as exc:
+            for out in gpt.generate_batches(batches, counts, in_flight=in_flight, **kw):
+                got.append(out.tokens)
+        return got, exc
+
+    want = [gpt.generate(b, 3).tokens for b in BATCHES]
+    got, exc = run(BATCHES[:2] + [[[5, VOCAB]]] + BATCHES)
+    assert got == want[:2] and exc.type is ValueError
+    assert str(exc.value).startswith("batches[2]: input_ids[0, 1] = 96 is outside the vocabulary")
+    got, exc = run(BATCHES, top_k=-1, do_sample=True)  # option values are checked per batch
+    assert got == [] and "batches[0]: top_k must be in [0, 1024]" in str(exc.value)
+
+    def failing():
+        yield from BATCHES[:2]
+        raise RuntimeError("the batches' source broke")
+
+    got, exc = run(failing())
+    assert got == want[:2] and exc.type is RuntimeError and "source broke" in str(exc.value)
+    got, exc = run(iter(BATCHES), [3, 3])
+    assert got == want[:2]
+    assert "max_new_tokens has 2 values but batches has more batches" in str(exc.value)
+    got, exc = run(iter(BATCHES), [3, 3, 3, 3])
+    assert got == want and "max_new_tokens has 4 values for 3 batches" in str(exc.value)
     with pytest.raises(ValueError, match=r"batches\[0\]: a tensor batch is input_ids or"):
         list(gpt.generate_batches([(torch.ones(1, 2, dtype=torch.long),) * 3], 2))
+
+
+def test_generate_batches_warnings_point_at_the_caller(gpt):
+    with pytest.warns(UserWarning, match=r"top_k/top_p are ignored") as rec:
+        gpt.generate(PROMPTS, 2, top_k=5)
+    assert rec[0].filename == __file__
+    with pytest.warns(UserWarning, match=r"top_k/top_p are ignored") as rec:
+        list(gpt.generate_batches(BATCHES, 2, in_flight=2, top_k=5))
+    assert {r.filename for r in rec} == {__file__}
 
 
 def test_generate_batches_in_flight_needs_one_gpu(tiny):
@@ -496,7 +534,7 @@ def test_generate_batches_in_flight_needs_one_gpu(tiny):
     config = dataclasses.replace(gpt_config(tiny), tensor_para_size=2)
     model = GPT(Engine(), config, "cuda", torch.float16, torch.device("cpu"))
     with pytest.raises(ValueError, match=r"in_flight=2 needs a model on one GPU; this one has "
-                                         r"tensor_para_size 2"):
+                                         r"tensor_para_size 2 \(use in_flight=1\)"):
         model.generate_batches(BATCHES, 3, in_flight=2)
 
 

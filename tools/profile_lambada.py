@@ -39,6 +39,7 @@ import bench_lambada as bl  # noqa: E402
 import common  # noqa: E402
 from profile_decode import kernel_name  # noqa: E402  (same folder)
 
+from warpformer.config import GptConfig  # noqa: E402
 from warpformer.gpt import GPT  # noqa: E402
 from warpformer.models.gpt import load_gpt_model  # noqa: E402
 from warpformer.weights import read_config  # noqa: E402
@@ -77,8 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--api", action="store_true",
                     help="also time the batches through GPT.generate (token lists and tensors) "
                          "and print a cProfile of its host time")
-    ap.add_argument("--in-flight", type=lambda t: [int(x) for x in t.split(",")], default=[],
-                    metavar="N[,N...]",
+    ap.add_argument("--in-flight", type=bl._counts, default=(), metavar="N[,N...]",
                     help="also time GPT.generate_batches with N batches in flight (token "
                          "lists), for each N, against the GPU time of one batch at a time")
     args = ap.parse_args(argv)
@@ -274,7 +274,8 @@ class InFlight:
     """``GPT.generate_batches`` with ``n`` batches in flight over the profiled batches (token
     lists), built, warmed and timed at construction: ``wall`` in ms per batch."""
 
-    def __init__(self, n: int, model, config, samples, batches, out_lens: list[int],
+    def __init__(self, n: int, model: torch.ScriptObject, config: GptConfig,
+                 samples: list[bl.Sample], batches: list[list[int]], out_lens: list[int],
                  end: int) -> None:
         gpt = GPT(model, config, "cuda", torch.float16, torch.device("cuda"))
         lists = [[samples[j].context.tolist() for j in b] for b in batches[4:]]

@@ -15,6 +15,7 @@ errors raise ``ValueError`` naming the argument before anything runs on the devi
 
 from __future__ import annotations
 
+import numbers
 import os
 import warnings
 from collections.abc import Generator, Iterable, Iterator, Sequence
@@ -144,9 +145,7 @@ class GPT:
         self.backend = backend
         self.dtype = dtype
         self.device = device
-        self._replicas: list = []  # generate_batches' extra engine instances
-        self._streams: list[torch.cuda.Stream] = []  # one per engine in generate_batches
-        self._pipeline_para_size = 1  # from_pretrained's; the config holds the tensor split
+        self._replicas: list[torch.ScriptObject] = []  # generate_batches' extra instances
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -218,9 +217,7 @@ class GPT:
 
             engine = load_gpt_model(path, dtype=dtype, device=device, max_batch=max_batch,
                                     max_seq_len=limit)
-        gpt = cls(engine, config, "cuda", dtype, device)
-        gpt._pipeline_para_size = pipeline_para_size
-        return gpt
+        return cls(engine, config, "cuda", dtype, device)
 
     @classmethod
     def _load_reference(cls, path, config, dtype, max_batch, limit, device) -> GPT:
@@ -364,7 +361,8 @@ class GPT:
     def _options(self, batch: int, max_new_tokens: int, *, do_sample, top_k, top_p, temperature,
                  repetition_penalty, presence_penalty, frequency_penalty, min_length, num_beams,
                  length_penalty, diversity_rate, stop_words, bad_words, end_id, seed,
-                 return_log_probs, return_cum_log_probs=0) -> dict[str, torch.Tensor]:
+                 return_log_probs, return_cum_log_probs=0, stacklevel: int = 3
+                 ) -> dict[str, torch.Tensor]:
         _check_new_tokens(max_new_tokens)
         if not isinstance(num_beams, int) or not 1 <= num_beams <= MAX_BEAMS:
             raise ValueError(f"num_beams must be in [1, {MAX_BEAMS}], got {num_beams!r}")
@@ -400,7 +398,7 @@ class GPT:
         else:
             if top_k not in (None, 1) or top_p not in (None, 1.0):
                 warnings.warn("top_k/top_p are ignored without do_sample=True (greedy decoding); "
-                              "pass do_sample=True to sample", stacklevel=3)
+                              "pass do_sample=True to sample", stacklevel=stacklevel)
             opts["top_k"] = torch.tensor(1, dtype=torch.int32)
             opts["top_p"] = torch.tensor(1.0, dtype=torch.float32)
         if seed is not None:
@@ -485,11 +483,13 @@ class GPT:
     def _submit(self, engine, input_ids: IdsLike, max_new_tokens: int, *, input_lengths,
                 do_sample, top_k, top_p, temperature, repetition_penalty, presence_penalty,
                 frequency_penalty, min_length, num_beams, length_penalty, diversity_rate,
-                stop_words, bad_words, end_id, seed, return_log_probs, return_cum_log_probs
-                ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+                stop_words, bad_words, end_id, seed, return_log_probs, return_cum_log_probs,
+                stacklevel: int = 4) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """Check one call's arguments and queue it on ``engine`` (this GPT's engine or one of
         its replicas): ``(result, lengths)`` for :meth:`_output`, the result's tensors on the
-        device, written in the order of the current CUDA stream; nothing waits for the GPU."""
+        device, written in the order of the current CUDA stream; nothing waits for the GPU.
+        ``stacklevel``: of the option warnings, counted from :meth:`_options` to the user's
+        frame."""
         ids, lengths = self._inputs(input_ids, input_lengths, max_new_tokens)
         # Default options (as plain Python values: anything else takes the general path and its
         # checks): the engine's greedy loop, without the per-row option arrays decode() parses
@@ -518,7 +518,7 @@ class GPT:
             min_length=min_length, num_beams=num_beams, length_penalty=length_penalty,
             diversity_rate=diversity_rate, stop_words=stop_words, bad_words=bad_words,
             end_id=end_id, seed=seed, return_log_probs=return_log_probs,
-            return_cum_log_probs=return_cum_log_probs)
+            return_cum_log_probs=return_cum_log_probs, stacklevel=stacklevel)
         with torch.no_grad():
             result = engine.decode(ids, lengths, max_new_tokens, opts)
         return result, lengths
@@ -532,65 +532,77 @@ class GPT:
         Small models leave most of the GPU idle during a decode step (a chain of short
         kernels), so one batch's prompt pass can run beside another's steps. With
         ``in_flight = N > 1`` the cuda backend keeps N engine instances over the same weight
-        tensors (the replicas are built on first use and kept; each adds its own KV cache,
-        activations and GEMM workspace, no weights), each on its own CUDA stream: batch ``i``
-        goes to instance ``i % N``, and the host waits for a batch's outputs only when its
-        instance is needed again or the batch is yielded. The tokens are those of
-        :meth:`generate` batch by batch. The reference backend runs the batches one at a time.
+        tensors, each on its own CUDA stream: batch ``i`` goes to instance ``i % N``, and the
+        host waits for a batch's outputs only when its instance is needed again. The replicas
+        are built on first use and kept; each adds its own KV cache, activations and GEMM
+        workspace, and shares the engine's weights when the engine was given contiguous tensors
+        of its dtype whose lm_head storage holds the padded vocabulary (what
+        :meth:`from_pretrained` and :func:`warpformer.weights.load_weights` give); otherwise a
+        replica converts its own copy, with a warning. A replica reads the build-time
+        environment (``WARPFORMER_GEMM_CONFIG``, ``WARPFORMER_PREFILL_TOKENS``, ...) when it is
+        built. The tokens are those of :meth:`generate` batch by batch. The reference backend
+        runs each batch as it is submitted (one at a time, on its one engine) and yields the
+        outputs in the same order, ``in_flight`` batches behind.
 
         Args:
             batches: an iterable of batches, each what :meth:`generate` takes as ``input_ids``
                 (a list of ``B`` token lists, or an int tensor ``[B, S]`` of full rows), or a
                 pair ``(input_ids tensor [B, S], input_lengths int [B])`` for right-padded rows.
-            max_new_tokens: one count for every batch, or one per batch (a sequence as long as
-                ``batches``).
+                CUDA tensors are read in the order of the caller's current stream.
+            max_new_tokens: one count for every batch, or a sequence of one count per batch
+                (exactly as many as there are batches).
             in_flight: batches on the GPU at once, >= 1; > 1 needs the cuda backend on one GPU
                 (``tensor_para_size`` and ``pipeline_para_size`` 1).
             **kwargs: :meth:`generate`'s options (``do_sample``, ``top_k``, ``num_beams``, ...),
                 the same for every batch.
         Yields:
             :class:`GenerationOutput` of each batch, in the order of ``batches``; its tensors
-            may be used on the caller's current CUDA stream.
+            are ready on the stream that was current when it was yielded.
 
-        An argument error in batch ``i`` is raised after the outputs of the batches before it
-        have been yielded.
+        An argument error in batch ``i`` (its ``input_ids``, its options' values) or an error
+        raised by ``batches`` itself comes after the outputs of the batches before it; argument
+        errors name the batch (``batches[i]: ...``).
         """
         if isinstance(in_flight, bool) or not isinstance(in_flight, int) or in_flight < 1:
             raise ValueError(f"in_flight must be an integer >= 1, got {in_flight!r}")
-        if in_flight > 1 and self.backend == "cuda" and (
-                self.config.tensor_para_size > 1 or self._pipeline_para_size > 1):
-            raise ValueError(
-                f"in_flight={in_flight} needs a model on one GPU; this one has tensor_para_size "
-                f"{self.config.tensor_para_size} and pipeline_para_size "
-                f"{self._pipeline_para_size} (use in_flight=1)")
-        if isinstance(max_new_tokens, (list, tuple)):
-            counts: Sequence[int] | None = max_new_tokens
+        if in_flight > 1 and self.backend == "cuda":
+            for name, size in (("tensor_para_size", lambda: self.config.tensor_para_size),
+                               ("pipeline_para_size", lambda: _engine_args(self.engine)[6])):
+                if int(size()) > 1:
+                    raise ValueError(f"in_flight={in_flight} needs a model on one GPU; this one "
+                                     f"has {name} {int(size())} (use in_flight=1)")
+        if isinstance(max_new_tokens, numbers.Integral) and not isinstance(max_new_tokens, bool):
+            _check_new_tokens(int(max_new_tokens))
+            counts: tuple[int, ...] | None = None
+        elif isinstance(max_new_tokens, Sequence) and not isinstance(max_new_tokens, str):
+            counts = tuple(max_new_tokens)
+            for i, n in enumerate(counts):
+                if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+                    raise ValueError(f"max_new_tokens[{i}] must be an integer >= 1, got {n!r}")
+            counts = tuple(int(n) for n in counts)
+            if hasattr(batches, "__len__") and len(batches) != len(counts):
+                raise ValueError(f"max_new_tokens has {len(counts)} values for "
+                                 f"{len(batches)} batches")
         else:
-            _check_new_tokens(max_new_tokens)
-            counts = None
+            raise ValueError("max_new_tokens must be an integer >= 1 or a sequence of them, got "
+                             f"{max_new_tokens!r}")
         opts = _option_kwargs(kwargs)
-        if self.backend != "cuda":
-            in_flight = 1
-        return self._batches(iter(batches), max_new_tokens, counts, in_flight, opts)
+        return self._batches(iter(batches), int(max_new_tokens) if counts is None else counts,
+                             in_flight, opts)
 
-    def _batches(self, items: Iterator, max_new_tokens, counts: Sequence[int] | None,
-                 in_flight: int, opts: dict[str, Any]) -> Iterator[GenerationOutput]:
-        if in_flight == 1 and self.backend != "cuda":
-            for i, item in enumerate(items):
-                ids, lengths = _batch_item(item, i)
-                yield self._output(*self._submit(
-                    self.engine, ids, _batch_count(max_new_tokens, counts, i),
-                    input_lengths=lengths, **opts))
-            return
-        engines = self._engines(in_flight)
-        caller = torch.cuda.current_stream(self.device)
-        streams = self._streams[:in_flight]
-        for st in streams:  # inputs the caller made on its stream come first
-            st.wait_stream(caller)
+    def _batches(self, items: Iterator, counts: int | tuple[int, ...], in_flight: int,
+                 opts: dict[str, Any]) -> Iterator[GenerationOutput]:
+        cuda = self.backend == "cuda"
+        dev = torch.device("cuda", int(self.engine.device())) if cuda else None
+        engines = [self.engine]
+        streams: list[torch.cuda.Stream] = []
         pending: list[tuple[int, dict[str, torch.Tensor], torch.Tensor]] = []
 
         def collect() -> GenerationOutput:
             k, result, lengths = pending.pop(0)
+            if not cuda:
+                return self._output(result, lengths)
+            caller = torch.cuda.current_stream(dev)
             with torch.cuda.stream(streams[k]):
                 out = self._output(result, lengths)
             caller.wait_stream(streams[k])
@@ -600,36 +612,80 @@ class GPT:
                     t.record_stream(caller)  # made on streams[k], used on the caller's
             return out
 
+        def submit(i: int, item: Any) -> None:
+            k = i % in_flight
+            n = counts if isinstance(counts, int) else counts[i]
+            ids, lengths = _batch_item(item, i)
+            if not cuda:
+                pending.append((k, *self._submit(self.engine, ids, n, input_lengths=lengths,
+                                                 stacklevel=5, **opts)))
+                return
+            if k == len(engines):
+                engines.append(self._replica(k - 1))
+            while len(streams) <= k:
+                streams.append(torch.cuda.Stream(device=dev))
+            # The batch's inputs (and anything the caller made before it) come first.
+            streams[k].wait_stream(torch.cuda.current_stream(dev))
+            with torch.cuda.stream(streams[k]):
+                pending.append((k, *self._submit(engines[k], ids, n, input_lengths=lengths,
+                                                 stacklevel=5, **opts)))
+
+        i = 0
         try:
-            for i, item in enumerate(items):
-                k = i % in_flight
+            while True:
                 if len(pending) == in_flight:
                     yield collect()
                 try:
-                    ids, lengths = _batch_item(item, i)
-                    with torch.cuda.stream(streams[k]):
-                        result, lengths = self._submit(
-                            engines[k], ids, _batch_count(max_new_tokens, counts, i),
-                            input_lengths=lengths, **opts)
+                    item = next(items)
+                except StopIteration:
+                    break
                 except Exception:
                     while pending:  # the earlier batches' outputs first, then the error
                         yield collect()
                     raise
-                pending.append((k, result, lengths))
+                if not isinstance(counts, int) and i >= len(counts):
+                    while pending:
+                        yield collect()
+                    raise ValueError(f"max_new_tokens has {len(counts)} values but batches has "
+                                     "more batches than that")
+                try:
+                    submit(i, item)
+                except (ValueError, TypeError) as exc:
+                    while pending:
+                        yield collect()
+                    raise type(exc)(f"batches[{i}]: {exc}") from exc
+                i += 1
             while pending:
                 yield collect()
+            if not isinstance(counts, int) and i != len(counts):
+                raise ValueError(f"max_new_tokens has {len(counts)} values for {i} batches")
         finally:
-            for st in streams:  # a consumer that stops early leaves nothing running unseen
-                caller.wait_stream(st)
+            if cuda:  # a consumer that stops early leaves nothing running unseen
+                caller = torch.cuda.current_stream(dev)
+                for st in streams:
+                    caller.wait_stream(st)
 
-    def _engines(self, n: int) -> list:
-        """This GPT's engine and ``n - 1`` replicas over the same weight tensors (built once,
-        kept), with a CUDA stream each in ``self._streams``."""
-        while len(self._replicas) < n - 1:
-            self._replicas.append(torch.classes.warpformer.GptModel(*_engine_args(self.engine)))
-        while len(self._streams) < n:
-            self._streams.append(torch.cuda.Stream(device=self.device))
-        return [self.engine, *self._replicas[: n - 1]]
+    def _replica(self, index: int) -> torch.ScriptObject:
+        """Replica ``index`` of the engine (built on first use, then kept): a second instance
+        of the same model and limits over the engine's weight tensors. Warns when building it
+        allocated more than 1% of the weights' bytes beyond its KV cache and workspace, i.e.
+        when it converted weights of its own (see :meth:`generate_batches`)."""
+        if index < len(self._replicas):
+            return self._replicas[index]
+        args = _engine_args(self.engine)
+        dev = torch.device("cuda", int(self.engine.device()))
+        before = torch.cuda.memory_allocated(dev)
+        replica = torch.classes.warpformer.GptModel(*args)
+        copied = torch.cuda.memory_allocated(dev) - before - int(replica.memory_bytes())
+        weights = sum(t.nbytes for t in args[1].values())
+        if copied > 0.01 * weights:
+            warnings.warn(
+                f"warpformer: a generate_batches replica converted {copied / 2**20:.0f} MiB of "
+                "weights of its own (the engine's weights are not contiguous tensors of its "
+                "dtype, or its lm_head has no padding rows); pass weights as load_weights "
+                "returns them to share them", stacklevel=4)
+        self._replicas.append(replica)
+        return replica
 
     def _output(self, result: dict[str, torch.Tensor], lengths: torch.Tensor
                 ) -> GenerationOutput:
@@ -730,7 +786,7 @@ def _engine_args(engine: torch.ScriptObject) -> tuple:
     return tuple(state)
 
 
-def _batch_item(item, i: int) -> tuple[IdsLike, Any]:
+def _batch_item(item: Any, i: int) -> tuple[IdsLike, Any]:
     """(input_ids, input_lengths) of :meth:`GPT.generate_batches`' batch ``i``."""
     if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], torch.Tensor):
         return item
@@ -738,19 +794,6 @@ def _batch_item(item, i: int) -> tuple[IdsLike, Any]:
         raise ValueError(f"batches[{i}]: a tensor batch is input_ids or (input_ids, "
                          f"input_lengths), got a tuple of {len(item)}")
     return item, None
-
-
-def _batch_count(max_new_tokens, counts: Sequence[int] | None, i: int) -> int:
-    """Batch ``i``'s ``max_new_tokens`` (checked) in :meth:`GPT.generate_batches`."""
-    if counts is None:
-        return max_new_tokens
-    if i >= len(counts):
-        raise ValueError(f"max_new_tokens has {len(counts)} values but batches has more "
-                         "batches than that")
-    n = counts[i]
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"max_new_tokens[{i}] must be an integer >= 1, got {n!r}")
-    return n
 
 
 def _check_new_tokens(max_new_tokens: int) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import warnings
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,9 @@ from _models import make_hf
 import warpformer  # noqa: F401
 from warpformer import lambada
 from warpformer.converters import convert
-from warpformer.gpt import GPT, _engine_args
+from warpformer.gpt import GPT
+from warpformer.models.gpt import build_gpt_model
+from warpformer.weights import load_weights, read_config, resolve_model_dir
 
 pytestmark = pytest.mark.gpu
 
@@ -434,7 +437,32 @@ def test_generate_batches_in_flight_equals_generate(kw, root):
         assert len(got) == len(want)
         for i, (a, b) in enumerate(zip(got, want, strict=True)):
             _same_output(a, b, f"in_flight={in_flight} batch {i}")
-    assert len(gpt._replicas) == 2 and len(gpt._streams) == 3
+    assert len(gpt._replicas) == 2
+
+
+def test_generate_batches_reads_cuda_inputs_in_stream_order(root):
+    # Batches made on the GPU by the caller, on a stream of its own, after a long kernel: the
+    # engines must read them in that stream's order (zeros would be read otherwise), and the
+    # outputs must be ready on it.
+    hf, gpt = model_pair("gpt2", root)
+    rows = [prompts(1000, [6, 9, 3], seed=40 + i) for i in range(4)]
+    want = [gpt.generate(r, 7) for r in rows]
+    caller = torch.cuda.Stream()
+
+    def made_late():
+        for r in rows:
+            S = max(map(len, r))
+            ids = torch.tensor([x + [0] * (S - len(x)) for x in r], dtype=torch.int32)
+            dev = torch.zeros_like(ids, device="cuda")
+            torch.cuda._sleep(20_000_000)  # ~10 ms on the caller's stream before the ids
+            dev.copy_(ids.pin_memory(), non_blocking=True)
+            yield dev, [len(x) for x in r]
+
+    with torch.cuda.stream(caller):
+        for in_flight in (1, 3):
+            got = list(gpt.generate_batches(made_late(), 7, in_flight=in_flight))
+            for i, (a, b) in enumerate(zip(got, want, strict=True)):
+                _same_output(a, b, f"in_flight={in_flight} batch {i}")
 
 
 def test_generate_batches_errors_and_replica_weights(root):
@@ -445,7 +473,7 @@ def test_generate_batches_errors_and_replica_weights(root):
     first, second = next(outs), next(outs)
     assert first.tokens == gpt.generate(rows, 6).tokens
     assert second.tokens == gpt.generate(rows[:1], 6).tokens
-    with pytest.raises(ValueError, match=r"input_ids\[0, 1\] = 1000 is outside the vocabulary"):
+    with pytest.raises(ValueError, match=r"batches\[2\]: input_ids\[0, 1\] = 1000 is outside"):
         next(outs)
     again = list(gpt.generate_batches([rows, rows[::-1]], 6, in_flight=2))
     assert again[1].tokens == gpt.generate(rows[::-1], 6).tokens
@@ -454,13 +482,21 @@ def test_generate_batches_errors_and_replica_weights(root):
     next(outs)
     outs.close()
     assert gpt.generate(rows, 6).tokens == first.tokens
-    # The replicas run over the engine's own weight tensors (no copies).
-    names, mine = _engine_args(gpt.engine)[1], None
-    for replica in gpt._replicas:
-        mine = _engine_args(replica)[1]
-        assert set(mine.keys()) == set(names.keys())
-        assert all(mine[k].data_ptr() == names[k].data_ptr() for k in names.keys())
-    assert mine is not None
+    # A replica over the engine's own tensors converts nothing (no warning); one whose engine
+    # was given fp32 weights for an fp16 model converts its own copy, and says so.
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        list(gpt.generate_batches([rows] * 3, 2, in_flight=3))
+    assert not [w for w in rec if "replica converted" in str(w.message)]
+    out_dir = root / "bloom-4.0-wf"
+    config = read_config(out_dir)
+    fp32 = load_weights(resolve_model_dir(out_dir), dtype=torch.float32, device="cuda")
+    engine = build_gpt_model(config, fp32, dtype=torch.float16, max_batch=8, max_seq_len=256)
+    half = GPT(engine, config, "cuda", torch.float16, torch.device("cuda"))
+    with pytest.warns(UserWarning, match=r"a generate_batches replica converted \d+ MiB of "
+                                         r"weights of its own"):
+        got = list(half.generate_batches([rows, rows], 6, in_flight=2))
+    assert got[1].tokens == half.generate(rows, 6).tokens
 
 
 # ---------------------------------------------------------------------------- LAMBADA
