@@ -51,6 +51,16 @@ def run(model_dir: str, tp: int, pp: int, dtype: torch.dtype, out: str, steps: i
     res["early_end_lengths"] = e.sequence_lengths.cpu()
     gen = model.generate_stream(ids, 20, input_lengths=lengths, end_id=999, chunk_size=10)
     res["stream"] = torch.cat(list(gen), dim=1)
+    # generate_batches one batch at a time (its own stream) runs on every grid; more batches in
+    # flight need a model on one GPU.
+    outs = list(model.generate_batches([(ids, lengths), (ids[:2], lengths[:2])], [steps, 9],
+                                       end_id=999))
+    res["batches"] = [o.sequences.cpu() for o in outs]
+    if tp * pp > 1:
+        try:
+            model.generate_batches([ids], 2, in_flight=2)
+        except ValueError as exc:
+            res["in_flight_refused"] = str(exc)
     # Kernel launches of the first stage during a 12-step greedy run (1 prefill group, then a
     # run of 11 steps of one embedding per micro-batch): shows whether decode steps were split.
     # WARPFORMER_CUDA_GRAPHS=0: every launch its own profiler record.

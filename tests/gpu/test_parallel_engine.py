@@ -185,6 +185,12 @@ def test_parallel_equals_single_gpu(name, tp, pp, checkpoints, tmp_path):
     assert torch.equal(par32["early_end_lengths"], ref32["early_end_lengths"])
     assert int(ref32["early_end_lengths"][1, 0]) <= 17 + 4, "row 1 should end by its 4th token"
     assert torch.equal(par32["stream"], ref32["stream"]), f"{name} tp{tp} pp{pp} stream"
+    assert torch.equal(par32["batches"][0], ref32["greedy"]), f"{name} tp{tp} pp{pp} batches"
+    assert torch.equal(par32["batches"][1], ref32["batches"][1]), f"{name} tp{tp} pp{pp} batch 1"
+    size = "tensor_para_size" if tp > 1 else "pipeline_para_size"
+    assert par32["in_flight_refused"] == (f"in_flight=2 needs a model on one GPU; this one has "
+                                          f"{size} {max(tp, pp)} (use in_flight=1)")
+    assert "in_flight_refused" not in ref32
     # One embedding launch per prefill group (1) and per micro-batch of each later step (11).
     assert par32["embedding_launches"] == 1 + 11 * pp, par32["embedding_launches"]
     assert ref32["embedding_launches"] == 1 + 11
