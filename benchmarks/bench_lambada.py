@@ -23,7 +23,7 @@ standard deviation 28, rounded and clipped to [16, 256] (LAMBADA passages averag
 FT's reference figures for this workload: 13.0 s vs 146.7 s for HF (FT's seed article, A800);
 10.84 s vs 23.37 s (FT's docs).
 
-    python benchmarks/bench_lambada.py [--samples 1000] [--skip-hf] [--in-flight 2,3] [--dry-run]
+    python benchmarks/bench_lambada.py [--samples 1000] [--skip-hf] [--in-flight 1,2,3] [--dry-run]
 """
 
 from __future__ import annotations

@@ -39,7 +39,6 @@ import bench_lambada as bl  # noqa: E402
 import common  # noqa: E402
 from profile_decode import kernel_name  # noqa: E402  (same folder)
 
-from warpformer.config import GptConfig  # noqa: E402
 from warpformer.gpt import GPT  # noqa: E402
 from warpformer.models.gpt import load_gpt_model  # noqa: E402
 from warpformer.weights import read_config  # noqa: E402
@@ -146,8 +145,10 @@ def main(argv: list[str] | None = None) -> int:
         passes["GPT.generate, CPU tensors + input_lengths, again"] = api_walls(True)
     # Before any torch.profiler session: a profiled process keeps paying for the profiler's
     # callbacks on every CUDA call afterwards, which slows the host's launches.
-    flights = {n: InFlight(n, model, read_config(prep.model_dir), samples, batches, out_lens,
-                           end) for n in args.in_flight}
+    flight_gpt = GPT(model, read_config(prep.model_dir), "cuda", torch.float16,
+                     torch.device("cuda"))
+    flights = {n: in_flight_wall(flight_gpt, n, samples, batches, out_lens, end)
+               for n in args.in_flight}
     steps = [n - 1 for n in out_lens[4:]]
     tokens = [int(packed[i][1].sum()) for i in range(4, len(batches))]
     print(f"\n## LAMBADA batch profile: {shape.name}, batch {args.batch}, "
@@ -165,9 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     prompt = passes["one new token (the prompt pass), again"]
     dec = (statistics.mean(again) - statistics.mean(prompt)) / max(statistics.mean(steps), 1e-9)
     print(f"| difference per decode step (again) | | {dec:.3f} |")
-    for n_flight, f in flights.items():
+    for n_flight, wall in flights.items():
         print(f"| GPT.generate_batches, {n_flight} in flight (token lists), again | | "
-              f"{f.wall:.3f} |")
+              f"{wall:.3f} |")
     print()
 
     if args.api:
@@ -265,31 +266,28 @@ def main(argv: list[str] | None = None) -> int:
               "above): a wall below it means that kernels of different batches ran at once.\n")
         print("| in flight | wall ms/batch | GPU busy of one batch at a time / wall |\n"
               "|---:|---:|---:|")
-        for n_flight, f in flights.items():
-            print(f"| {n_flight} | {f.wall:.3f} | {busy / n / 1000 / f.wall:.2f} |")
+        for n_flight, wall in flights.items():
+            print(f"| {n_flight} | {wall:.3f} | {busy / n / 1000 / wall:.2f} |")
     return 0
 
 
-class InFlight:
-    """``GPT.generate_batches`` with ``n`` batches in flight over the profiled batches (token
-    lists), built, warmed and timed at construction: ``wall`` in ms per batch."""
+def in_flight_wall(gpt: GPT, n: int, samples: list[bl.Sample], batches: list[list[int]],
+                   out_lens: list[int], end: int) -> float:
+    """ms per batch of ``gpt.generate_batches`` with ``n`` batches in flight over the profiled
+    batches (token lists), after an untimed pass (which builds the replicas it needs and meets
+    every prompt row count)."""
+    lists = [[samples[j].context.tolist() for j in b] for b in batches[4:]]
 
-    def __init__(self, n: int, model: torch.ScriptObject, config: GptConfig,
-                 samples: list[bl.Sample], batches: list[list[int]], out_lens: list[int],
-                 end: int) -> None:
-        gpt = GPT(model, config, "cuda", torch.float16, torch.device("cuda"))
-        lists = [[samples[j].context.tolist() for j in b] for b in batches[4:]]
+    def run() -> None:
+        for _ in gpt.generate_batches(lists, out_lens[4:], in_flight=n, end_id=end):
+            pass
 
-        def run() -> None:
-            for _ in gpt.generate_batches(lists, out_lens[4:], in_flight=n, end_id=end):
-                pass
-
-        run()  # builds the replicas; each meets the batches' row counts
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        run()
-        torch.cuda.synchronize()
-        self.wall = (time.perf_counter() - t0) * 1000 / len(lists)
+    run()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    run()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) * 1000 / len(lists)
 
 
 if __name__ == "__main__":

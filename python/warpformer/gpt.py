@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from . import _in_flight
 from .config import GptConfig
 from .weights import read_config, resolve_model_dir
 
@@ -566,11 +567,12 @@ class GPT:
         if isinstance(in_flight, bool) or not isinstance(in_flight, int) or in_flight < 1:
             raise ValueError(f"in_flight must be an integer >= 1, got {in_flight!r}")
         if in_flight > 1 and self.backend == "cuda":
-            for name, size in (("tensor_para_size", lambda: self.config.tensor_para_size),
-                               ("pipeline_para_size", lambda: _engine_args(self.engine)[6])):
-                if int(size()) > 1:
+            tp = self.config.tensor_para_size
+            pp = 1 if tp > 1 else int(_in_flight.engine_args(self.engine)[6])
+            for name, size in (("tensor_para_size", tp), ("pipeline_para_size", pp)):
+                if size > 1:
                     raise ValueError(f"in_flight={in_flight} needs a model on one GPU; this one "
-                                     f"has {name} {int(size())} (use in_flight=1)")
+                                     f"has {name} {size} (use in_flight=1)")
         if isinstance(max_new_tokens, numbers.Integral) and not isinstance(max_new_tokens, bool):
             _check_new_tokens(int(max_new_tokens))
             counts: tuple[int, ...] | None = None
@@ -586,106 +588,9 @@ class GPT:
         else:
             raise ValueError("max_new_tokens must be an integer >= 1 or a sequence of them, got "
                              f"{max_new_tokens!r}")
-        opts = _option_kwargs(kwargs)
-        return self._batches(iter(batches), int(max_new_tokens) if counts is None else counts,
-                             in_flight, opts)
-
-    def _batches(self, items: Iterator, counts: int | tuple[int, ...], in_flight: int,
-                 opts: dict[str, Any]) -> Iterator[GenerationOutput]:
-        cuda = self.backend == "cuda"
-        dev = torch.device("cuda", int(self.engine.device())) if cuda else None
-        engines = [self.engine]
-        streams: list[torch.cuda.Stream] = []
-        pending: list[tuple[int, dict[str, torch.Tensor], torch.Tensor]] = []
-
-        def collect() -> GenerationOutput:
-            k, result, lengths = pending.pop(0)
-            if not cuda:
-                return self._output(result, lengths)
-            caller = torch.cuda.current_stream(dev)
-            with torch.cuda.stream(streams[k]):
-                out = self._output(result, lengths)
-            caller.wait_stream(streams[k])
-            for t in (out.sequences, out.sequence_lengths, out.input_lengths,
-                      out.cum_log_probs, out.log_probs):
-                if t is not None and t.is_cuda:
-                    t.record_stream(caller)  # made on streams[k], used on the caller's
-            return out
-
-        def submit(i: int, item: Any) -> None:
-            k = i % in_flight
-            n = counts if isinstance(counts, int) else counts[i]
-            ids, lengths = _batch_item(item, i)
-            if not cuda:
-                pending.append((k, *self._submit(self.engine, ids, n, input_lengths=lengths,
-                                                 stacklevel=5, **opts)))
-                return
-            if k == len(engines):
-                engines.append(self._replica(k - 1))
-            while len(streams) <= k:
-                streams.append(torch.cuda.Stream(device=dev))
-            # The batch's inputs (and anything the caller made before it) come first.
-            streams[k].wait_stream(torch.cuda.current_stream(dev))
-            with torch.cuda.stream(streams[k]):
-                pending.append((k, *self._submit(engines[k], ids, n, input_lengths=lengths,
-                                                 stacklevel=5, **opts)))
-
-        i = 0
-        try:
-            while True:
-                if len(pending) == in_flight:
-                    yield collect()
-                try:
-                    item = next(items)
-                except StopIteration:
-                    break
-                except Exception:
-                    while pending:  # the earlier batches' outputs first, then the error
-                        yield collect()
-                    raise
-                if not isinstance(counts, int) and i >= len(counts):
-                    while pending:
-                        yield collect()
-                    raise ValueError(f"max_new_tokens has {len(counts)} values but batches has "
-                                     "more batches than that")
-                try:
-                    submit(i, item)
-                except (ValueError, TypeError) as exc:
-                    while pending:
-                        yield collect()
-                    raise type(exc)(f"batches[{i}]: {exc}") from exc
-                i += 1
-            while pending:
-                yield collect()
-            if not isinstance(counts, int) and i != len(counts):
-                raise ValueError(f"max_new_tokens has {len(counts)} values for {i} batches")
-        finally:
-            if cuda:  # a consumer that stops early leaves nothing running unseen
-                caller = torch.cuda.current_stream(dev)
-                for st in streams:
-                    caller.wait_stream(st)
-
-    def _replica(self, index: int) -> torch.ScriptObject:
-        """Replica ``index`` of the engine (built on first use, then kept): a second instance
-        of the same model and limits over the engine's weight tensors. Warns when building it
-        allocated more than 1% of the weights' bytes beyond its KV cache and workspace, i.e.
-        when it converted weights of its own (see :meth:`generate_batches`)."""
-        if index < len(self._replicas):
-            return self._replicas[index]
-        args = _engine_args(self.engine)
-        dev = torch.device("cuda", int(self.engine.device()))
-        before = torch.cuda.memory_allocated(dev)
-        replica = torch.classes.warpformer.GptModel(*args)
-        copied = torch.cuda.memory_allocated(dev) - before - int(replica.memory_bytes())
-        weights = sum(t.nbytes for t in args[1].values())
-        if copied > 0.01 * weights:
-            warnings.warn(
-                f"warpformer: a generate_batches replica converted {copied / 2**20:.0f} MiB of "
-                "weights of its own (the engine's weights are not contiguous tensors of its "
-                "dtype, or its lm_head has no padding rows); pass weights as load_weights "
-                "returns them to share them", stacklevel=4)
-        self._replicas.append(replica)
-        return replica
+        return _in_flight.run(self, iter(batches),
+                              int(max_new_tokens) if counts is None else counts, in_flight,
+                              _option_kwargs(kwargs))
 
     def _output(self, result: dict[str, torch.Tensor], lengths: torch.Tensor
                 ) -> GenerationOutput:
@@ -774,26 +679,6 @@ def _option_kwargs(kwargs: dict) -> dict:
     if unknown:
         raise TypeError(f"unexpected argument(s) {sorted(unknown)}")
     return {**_OPTION_DEFAULTS, **kwargs}
-
-
-def _engine_args(engine: torch.ScriptObject) -> tuple:
-    """The constructor arguments of a ``torch.classes.warpformer.GptModel`` (config JSON,
-    weights by name, max_batch, max_seq_len, dtype, tensor_para_rank, pipeline_para_size,
-    pipeline_para_rank, gemm_config): its pickled state, the weights being the very tensors it
-    was given (not copies), so a class built from them is a second instance of the same model
-    and limits. (Python's ``ScriptObject.__getstate__`` returns ``(state, class name)``.)"""
-    state, _ = engine.__getstate__()
-    return tuple(state)
-
-
-def _batch_item(item: Any, i: int) -> tuple[IdsLike, Any]:
-    """(input_ids, input_lengths) of :meth:`GPT.generate_batches`' batch ``i``."""
-    if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], torch.Tensor):
-        return item
-    if isinstance(item, tuple) and item and isinstance(item[0], torch.Tensor):
-        raise ValueError(f"batches[{i}]: a tensor batch is input_ids or (input_ids, "
-                         f"input_lengths), got a tuple of {len(item)}")
-    return item, None
 
 
 def _check_new_tokens(max_new_tokens: int) -> None:

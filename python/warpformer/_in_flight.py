@@ -1,0 +1,141 @@
+"""The machinery behind :meth:`warpformer.GPT.generate_batches`: batches queued on up to N
+engine instances of one model (the GPT's engine and replicas over its weight tensors), each
+driven from its own CUDA stream, and their outputs handed back in order on the caller's stream
+(``docs/ARCHITECTURE.md``, "Batches in flight"). The public method checks the arguments; this
+module runs them.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from .gpt import GPT, GenerationOutput, IdsLike
+
+
+def engine_args(engine: torch.ScriptObject) -> tuple:
+    """The constructor arguments of a ``torch.classes.warpformer.GptModel`` (config JSON,
+    weights by name, max_batch, max_seq_len, dtype, tensor_para_rank, pipeline_para_size,
+    pipeline_para_rank, gemm_config): its pickled state, the weights being the very tensors it
+    was given (not copies), so a class built from them is a second instance of the same model
+    and limits. (Python's ``ScriptObject.__getstate__`` returns ``(state, class name)``.)"""
+    state, _ = engine.__getstate__()
+    return tuple(state)
+
+
+def batch_item(item: Any) -> tuple[IdsLike, Any]:
+    """(input_ids, input_lengths) of one of ``generate_batches``' batches."""
+    if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], torch.Tensor):
+        return item
+    if isinstance(item, tuple) and item and isinstance(item[0], torch.Tensor):
+        raise ValueError(f"a tensor batch is input_ids or (input_ids, input_lengths), got a "
+                         f"tuple of {len(item)}")
+    return item, None
+
+
+def replica(gpt: GPT, index: int) -> torch.ScriptObject:
+    """Replica ``index`` of ``gpt``'s engine (built on first use, then kept in
+    ``gpt._replicas``): a second instance of the same model and limits over the engine's weight
+    tensors. Warns when building it allocated more than 1% of the weights' bytes beyond its KV
+    cache and workspace, i.e. when it converted weights of its own."""
+    if index < len(gpt._replicas):
+        return gpt._replicas[index]
+    args = engine_args(gpt.engine)
+    dev = torch.device("cuda", int(gpt.engine.device()))
+    before = torch.cuda.memory_allocated(dev)
+    made = torch.classes.warpformer.GptModel(*args)
+    copied = torch.cuda.memory_allocated(dev) - before - int(made.memory_bytes())
+    weights = sum(t.nbytes for t in args[1].values())
+    if copied > 0.01 * weights:
+        warnings.warn(
+            f"warpformer: a generate_batches replica converted {copied / 2**20:.0f} MiB of "
+            "weights of its own (the engine's weights are not contiguous tensors of its "
+            "dtype, or its lm_head has no padding rows); pass weights as load_weights "
+            "returns them to share them", stacklevel=4)
+    gpt._replicas.append(made)
+    return made
+
+
+def run(gpt: GPT, items: Iterator, counts: int | tuple[int, ...], in_flight: int,
+        opts: dict[str, Any]) -> Iterator[GenerationOutput]:
+    """Yield ``gpt``'s output of every batch of ``items`` in order, ``in_flight`` of them
+    queued: on the cuda backend each on instance ``i % in_flight`` and its stream, on the
+    reference backend on its one engine as submitted. ``counts``: every batch's
+    ``max_new_tokens``, or one per batch (checked); ``opts``: :meth:`GPT.generate`'s options."""
+    cuda = gpt.backend == "cuda"
+    dev = torch.device("cuda", int(gpt.engine.device())) if cuda else None
+    engines = [gpt.engine]
+    streams: list[torch.cuda.Stream] = []
+    pending: list[tuple[int, dict[str, torch.Tensor], torch.Tensor]] = []
+
+    def collect() -> GenerationOutput:
+        k, result, lengths = pending.pop(0)
+        if not cuda:
+            return gpt._output(result, lengths)
+        caller = torch.cuda.current_stream(dev)
+        with torch.cuda.stream(streams[k]):
+            out = gpt._output(result, lengths)
+        caller.wait_stream(streams[k])
+        for t in (out.sequences, out.sequence_lengths, out.input_lengths,
+                  out.cum_log_probs, out.log_probs):
+            if t is not None and t.is_cuda:
+                t.record_stream(caller)  # made on streams[k], used on the caller's
+        return out
+
+    def submit(i: int, item: Any) -> None:
+        k = i % in_flight
+        n = counts if isinstance(counts, int) else counts[i]
+        ids, lengths = batch_item(item)
+        if not cuda:
+            pending.append((k, *gpt._submit(gpt.engine, ids, n, input_lengths=lengths,
+                                            stacklevel=5, **opts)))
+            return
+        if k == len(engines):
+            engines.append(replica(gpt, k - 1))
+        while len(streams) <= k:
+            streams.append(torch.cuda.Stream(device=dev))
+        # The batch's inputs (and anything the caller made before it) come first.
+        streams[k].wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(streams[k]):
+            pending.append((k, *gpt._submit(engines[k], ids, n, input_lengths=lengths,
+                                            stacklevel=5, **opts)))
+
+    # An error stops the queue: the batches before it are still yielded, then it is raised.
+    i, error = 0, None
+    try:
+        while True:
+            if len(pending) == in_flight:
+                yield collect()
+            try:
+                item = next(items)
+            except StopIteration:
+                break
+            except Exception as exc:  # the batches' source itself
+                error = exc
+                break
+            if not isinstance(counts, int) and i >= len(counts):
+                error = ValueError(f"max_new_tokens has {len(counts)} values but batches has "
+                                   "more batches than that")
+                break
+            try:
+                submit(i, item)
+            except (ValueError, TypeError) as exc:
+                error = type(exc)(f"batches[{i}]: {exc}")
+                error.__cause__ = exc
+                break
+            i += 1
+        while pending:
+            yield collect()
+        if error is not None:
+            raise error
+        if not isinstance(counts, int) and i != len(counts):
+            raise ValueError(f"max_new_tokens has {len(counts)} values for {i} batches")
+    finally:
+        if cuda:  # a consumer that stops early leaves nothing running unseen
+            caller = torch.cuda.current_stream(dev)
+            for st in streams:
+                caller.wait_stream(st)
