@@ -302,6 +302,7 @@ at::Tensor GptModelHolder::prompt_then_end_ids(const Prompt& p, const int32_t* e
 }
 
 at::Tensor GptModelHolder::forward(const at::Tensor& input_ids, const at::Tensor& input_lengths) {
+  const std::lock_guard<std::recursive_mutex> lock(call_mu_);
   const char* op = "GptModel.forward";
   TORCH_CHECK(!model_->decode_active(), op,
               ": a generation session is running (it owns the KV cache); call decode_finish()");
@@ -321,6 +322,7 @@ at::Tensor GptModelHolder::forward(const at::Tensor& input_ids, const at::Tensor
 std::tuple<at::Tensor, at::Tensor> GptModelHolder::generate(const at::Tensor& input_ids,
                                                             const at::Tensor& input_lengths,
                                                             int64_t output_len, int64_t end_id) {
+  const std::lock_guard<std::recursive_mutex> lock(call_mu_);
   const char* op = "GptModel.generate";
   TORCH_CHECK(!model_->decode_active(), op,
               ": a generation session is running; call decode_finish() first");
@@ -362,6 +364,7 @@ void GptModelHolder::check_parallel_ready(const char* op) const {
 }
 
 void GptModelHolder::attach_pipeline_parallel(const c10::intrusive_ptr<NcclCommHolder>& comm) {
+  const std::lock_guard<std::recursive_mutex> lock(call_mu_);
   TORCH_CHECK(comm->device() == device_, "GptModel.attach_pipeline_parallel: the communicator is "
               "on cuda:", comm->device(), " but the model is on cuda:", device_);
   model_->set_pipeline_parallel(comm->get());
@@ -369,6 +372,7 @@ void GptModelHolder::attach_pipeline_parallel(const c10::intrusive_ptr<NcclCommH
 }
 
 void GptModelHolder::attach_tensor_parallel(const c10::intrusive_ptr<NcclCommHolder>& comm) {
+  const std::lock_guard<std::recursive_mutex> lock(call_mu_);
   TORCH_CHECK(comm->device() == device_, "GptModel.attach_tensor_parallel: the communicator is on "
               "cuda:", comm->device(), " but the model is on cuda:", device_);
   model_->set_tensor_parallel(comm->get());

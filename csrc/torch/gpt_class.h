@@ -9,6 +9,7 @@
 #include <torch/custom_class.h>
 
 #include <memory>
+#include <mutex>
 #include <string>
 #include <tuple>
 #include <unordered_map>
@@ -87,10 +88,12 @@ class GptModelHolder : public torch::CustomClassHolder {
   // Bytes held for the KV cache and the workspace, the cuBLASLt one included (grow-only; flat
   // across equal calls).
   int64_t memory_bytes() const {
+    const std::lock_guard<std::recursive_mutex> lock(call_mu_);
     return static_cast<int64_t>(model_->kv_cache_bytes() + model_->workspace_bytes());
   }
   // Of which the cuBLASLt workspace: what the algorithms chosen so far need.
   int64_t gemm_workspace_bytes() const {
+    const std::lock_guard<std::recursive_mutex> lock(call_mu_);
     return static_cast<int64_t>(model_->gemm_workspace_bytes());
   }
 
@@ -139,6 +142,12 @@ class GptModelHolder : public torch::CustomClassHolder {
   c10::intrusive_ptr<NcclCommHolder> pp_comm_;
   void check_parallel_ready(const char* op) const;
   std::unique_ptr<gpt::GptModel> model_;
+  // One call at a time per instance: the model's buffers, plans and session are not safe to
+  // touch from two host threads at once (TorchScript methods run without the GIL), so a call
+  // from another thread waits for the running one. Recursive: decode() is decode_start,
+  // decode_step and decode_finish under one hold. Calls of different instances do not wait
+  // for each other (GPT.generate_batches drives several from threads of their own).
+  mutable std::recursive_mutex call_mu_;
 };
 
 }  // namespace warpformer

@@ -120,6 +120,7 @@ at::Tensor per_beam(const at::Tensor& t, int64_t beam) {
 void GptModelHolder::decode_start(const at::Tensor& input_ids, const at::Tensor& input_lengths,
                                   int64_t output_len,
                                   const c10::Dict<std::string, at::Tensor>& options) {
+  const std::lock_guard<std::recursive_mutex> lock(call_mu_);
   TORCH_CHECK(!model_->decode_active(), kOp,
               ": a generation session is running; call decode_finish() first");
   for (const auto& kv : options) {
@@ -288,6 +289,7 @@ int64_t GptModelHolder::run_steps(int64_t max_steps) {
 }
 
 at::Tensor GptModelHolder::decode_step(int64_t max_steps) {
+  const std::lock_guard<std::recursive_mutex> lock(call_mu_);
   const int64_t before = model_->decode_active() ? model_->decode_tokens_done() : 0;
   const int64_t n = run_steps(max_steps);
   const c10::cuda::CUDAGuard guard(device_);
@@ -306,6 +308,7 @@ at::Tensor GptModelHolder::decode_step(int64_t max_steps) {
 }
 
 c10::Dict<std::string, at::Tensor> GptModelHolder::decode_finish() {
+  const std::lock_guard<std::recursive_mutex> lock(call_mu_);
   TORCH_CHECK(model_->decode_active(), "GptModel.decode_finish: no generation session "
               "(call decode_start first)");
   const c10::cuda::CUDAGuard guard(device_);
@@ -333,6 +336,7 @@ c10::Dict<std::string, at::Tensor> GptModelHolder::decode_finish() {
 c10::Dict<std::string, at::Tensor> GptModelHolder::decode(
     const at::Tensor& input_ids, const at::Tensor& input_lengths, int64_t output_len,
     const c10::Dict<std::string, at::Tensor>& options) {
+  const std::lock_guard<std::recursive_mutex> lock(call_mu_);
   decode_start(input_ids, input_lengths, output_len, options);
   run_steps(output_len);  // the outputs are read from decode_finish's dict, not step by step
   return decode_finish();

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numbers
 import os
 import warnings
-from collections.abc import Generator, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -481,16 +481,26 @@ class GPT:
             bad_words=bad_words, end_id=end_id, seed=seed, return_log_probs=return_log_probs,
             return_cum_log_probs=return_cum_log_probs))
 
-    def _submit(self, engine, input_ids: IdsLike, max_new_tokens: int, *, input_lengths,
-                do_sample, top_k, top_p, temperature, repetition_penalty, presence_penalty,
-                frequency_penalty, min_length, num_beams, length_penalty, diversity_rate,
-                stop_words, bad_words, end_id, seed, return_log_probs, return_cum_log_probs,
-                stacklevel: int = 4) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    def _submit(self, engine, input_ids: IdsLike, max_new_tokens: int, *,
+                stacklevel: int = 5, **kwargs: Any) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """Check one call's arguments and queue it on ``engine`` (this GPT's engine or one of
         its replicas): ``(result, lengths)`` for :meth:`_output`, the result's tensors on the
         device, written in the order of the current CUDA stream; nothing waits for the GPU.
-        ``stacklevel``: of the option warnings, counted from :meth:`_options` to the user's
-        frame."""
+        ``kwargs``: ``input_lengths`` and every option of :meth:`generate`."""
+        return self._prepare(input_ids, max_new_tokens, stacklevel=stacklevel, **kwargs)(engine)
+
+    def _prepare(self, input_ids: IdsLike, max_new_tokens: int, *, input_lengths,
+                 do_sample, top_k, top_p, temperature, repetition_penalty, presence_penalty,
+                 frequency_penalty, min_length, num_beams, length_penalty, diversity_rate,
+                 stop_words, bad_words, end_id, seed, return_log_probs, return_cum_log_probs,
+                 stacklevel: int = 4
+                 ) -> Callable[[Any], tuple[dict[str, torch.Tensor], torch.Tensor]]:
+        """Check one call's arguments (raising ``ValueError`` as :meth:`generate` does) and
+        return the call itself: a function of an engine (this GPT's engine or one of its
+        replicas, on any host thread) that queues the call on it and returns ``(result,
+        lengths)`` for :meth:`_output`, the result's tensors on the device, written in the
+        order of that thread's current CUDA stream; nothing waits for the GPU. ``stacklevel``:
+        of the option warnings, counted from :meth:`_options` to the user's frame."""
         ids, lengths = self._inputs(input_ids, input_lengths, max_new_tokens)
         # Default options (as plain Python values: anything else takes the general path and its
         # checks): the engine's greedy loop, without the per-row option arrays decode() parses
@@ -509,9 +519,12 @@ class GPT:
             end = -1 if end_id is None else int(self._per_row(
                 "end_id", end_id, ids.shape[0], torch.int32, lambda e: 0 <= e < self.vocab_size,
                 f"a token id in [0, {self.vocab_size})"))
-            with torch.no_grad():
-                out_ids, seq = engine.generate(ids, lengths, max_new_tokens, end)
-            return {"output_ids": out_ids, "sequence_lengths": seq}, lengths
+
+            def greedy(engine) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+                with torch.no_grad():
+                    out_ids, seq = engine.generate(ids, lengths, max_new_tokens, end)
+                return {"output_ids": out_ids, "sequence_lengths": seq}, lengths
+            return greedy
         opts = self._options(
             ids.shape[0], max_new_tokens, do_sample=do_sample, top_k=top_k, top_p=top_p,
             temperature=temperature, repetition_penalty=repetition_penalty,
@@ -520,9 +533,11 @@ class GPT:
             diversity_rate=diversity_rate, stop_words=stop_words, bad_words=bad_words,
             end_id=end_id, seed=seed, return_log_probs=return_log_probs,
             return_cum_log_probs=return_cum_log_probs, stacklevel=stacklevel)
-        with torch.no_grad():
-            result = engine.decode(ids, lengths, max_new_tokens, opts)
-        return result, lengths
+
+        def decode(engine) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+            with torch.no_grad():
+                return engine.decode(ids, lengths, max_new_tokens, opts), lengths
+        return decode
 
     def generate_batches(self, batches: Iterable[IdsLike | tuple[torch.Tensor, Any]],
                          max_new_tokens: int | Sequence[int], *, in_flight: int = 1,

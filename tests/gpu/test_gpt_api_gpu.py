@@ -423,10 +423,13 @@ def _same_output(a, b, what):
                                              return_log_probs=True),
                                 dict(num_beams=3, return_cum_log_probs=1),
                                 dict(repetition_penalty=1.3, end_id=7)])
-def test_generate_batches_in_flight_equals_generate(kw, root):
+@pytest.mark.parametrize("threads", ["1", "0"])
+def test_generate_batches_in_flight_equals_generate(kw, threads, root, monkeypatch):
     # Batches of different sizes, prompt lengths and token counts, 1-3 of them on the GPU at
-    # once over the engine and its replicas: each batch's output is that of generate alone,
-    # read on the caller's stream (the sequences are compared there).
+    # once over the engine and its replicas, driven from worker threads (one per instance) or
+    # all from this thread (WARPFORMER_IN_FLIGHT_THREADS=0): each batch's output is that of
+    # generate alone, read on the caller's stream (the sequences are compared there).
+    monkeypatch.setenv("WARPFORMER_IN_FLIGHT_THREADS", threads)
     hf, gpt = model_pair("gpt2", root)
     sizes, lens, counts = [3, 1, 8, 2, 5, 4, 7], [9, 30, 4, 17, 11, 2, 25], [12, 5, 20, 1, 9, 16, 3]
     batches = [prompts(1000, [lens[i] + (j * 5) % 7 for j in range(n)], seed=20 + i)
@@ -497,6 +500,92 @@ def test_generate_batches_errors_and_replica_weights(root):
                                          r"weights of its own"):
         got = list(half.generate_batches([rows, rows], 6, in_flight=2))
     assert got[1].tokens == half.generate(rows, 6).tokens
+
+
+def test_generate_batches_engine_error_comes_in_order(root, monkeypatch):
+    # An error raised by the engine's call itself (on an instance's worker thread) comes after
+    # the outputs of the batches before it; the batch after it is not yielded, the worker
+    # threads are gone and the engines stay usable.
+    import threading
+
+    hf, gpt = model_pair("gpt2", root)
+    rows = prompts(1000, [5, 8, 3], seed=5)
+    bad = [[7, 8, 9]]
+    prepare = gpt._prepare
+    where = []
+
+    def failing(ids, n, **kw):
+        call = prepare(ids, n, **kw)
+        if ids is not bad:
+            return call
+
+        def boom(engine):
+            where.append(threading.current_thread().name)
+            raise RuntimeError("engine failed on purpose")
+        return boom
+
+    monkeypatch.setattr(gpt, "_prepare", failing)
+    outs = gpt.generate_batches([rows, rows[:2], bad, rows[::-1]], 6, in_flight=2)
+    assert next(outs).tokens == gpt.generate(rows, 6).tokens
+    assert next(outs).tokens == gpt.generate(rows[:2], 6).tokens
+    with pytest.raises(RuntimeError, match="engine failed on purpose"):
+        next(outs)
+    with pytest.raises(StopIteration):
+        next(outs)
+    assert where == ["warpformer-in-flight-0_0"]  # batch 2 ran on instance 0's thread
+    assert not [t for t in threading.enumerate() if t.name.startswith("warpformer-in-flight")]
+    monkeypatch.undo()
+    assert [o.tokens for o in gpt.generate_batches([rows, rows[:1]], 6, in_flight=2)] == [
+        gpt.generate(rows, 6).tokens, gpt.generate(rows[:1], 6).tokens]
+
+
+def test_engine_calls_from_threads_wait_for_each_other(root):
+    # The engine serialises its calls: four threads calling one instance at once (each on a
+    # stream of its own) get the outputs of calls made one at a time: the same tokens and
+    # lengths, the same logits. Without the lock they would share the call state and buffers
+    # (wrong tokens, or "a generation session is running" errors).
+    import threading
+
+    hf, gpt = model_pair("bloom", root)
+    engine = gpt.engine
+    batches = [prompts(1000, [4 + t, 9, 2 + 3 * t], seed=60 + t) for t in range(4)]
+
+    def packed(rows):
+        S = max(map(len, rows))
+        return (torch.tensor([r + [0] * (S - len(r)) for r in rows], dtype=torch.int32),
+                torch.tensor([len(r) for r in rows], dtype=torch.int32))
+
+    want = []
+    for rows in batches:
+        out, lens = engine.generate(*packed(rows), 12, -1)
+        want.append((out.cpu(), lens.cpu()))
+        logits = engine.forward(*packed(rows))
+        want.append(logits.cpu())
+    errors, got = [], {}
+
+    def worker(t):
+        try:
+            stream = torch.cuda.Stream()
+            with torch.cuda.stream(stream):
+                for it in range(15):
+                    out, lens = engine.generate(*packed(batches[t]), 12, -1)
+                    logits = engine.forward(*packed(batches[t]))
+                    got[(t, it)] = (out.cpu(), lens.cpu(), logits.cpu())
+        except Exception as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors
+    for (t, it), (out, lens, logits) in got.items():
+        assert torch.equal(out, want[2 * t][0]) and torch.equal(lens, want[2 * t][1]), (t, it)
+        # (a forward's first call of a shape may take another cuBLASLt algorithm than later
+        # ones: equal within fp32 rounding; a shared buffer would give other logits altogether)
+        torch.testing.assert_close(logits, want[2 * t + 1], rtol=1e-4, atol=1e-4,
+                                   msg=f"thread {t}, call {it}")
 
 
 # ---------------------------------------------------------------------------- LAMBADA

@@ -1,0 +1,164 @@
+"""Probe: where the host spends a LAMBADA-shaped batch, and whether it is the bound.
+
+``engine.generate`` is meant to queue a batch's work and return while the GPU runs it. This probe
+measures, per batch of bench_lambada.py's workload (bloom-560m dimensions, batch 8, CPU inputs
+as ``GPT.generate`` passes them): the host time inside the engine's call, whether the GPU was
+still busy when the call returned (``torch.cuda.Stream.query``), and the wait that followed; with
+the real new-token counts and with one token (the prompt pass alone), and without CUDA graphs.
+Then ``GPT.generate_batches`` at 1-6 in flight with its instances driven from worker threads
+(the default) and at 2 and 4 from the caller's thread alone (``WARPFORMER_IN_FLIGHT_THREADS=0``),
+its host time split into the argument checks, the engine's call, the wait for the GPU before
+each batch's outputs are read, and the output conversion.
+
+    python benchmarks/probes/host_timeline.py [--batches 200]
+
+Not part of the test suite or gpu_check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import bench_lambada as bl  # noqa: E402
+import common  # noqa: E402
+
+from warpformer.gpt import GPT  # noqa: E402
+from warpformer.models.gpt import load_gpt_model  # noqa: E402
+from warpformer.weights import read_config  # noqa: E402
+
+
+def engine_calls(model, packed, out_lens, end, one_token: bool) -> dict[str, float]:
+    """ms per batch: host time in generate, share of calls that returned with the GPU busy,
+    the wait after it."""
+    call, wait, busy = [], [], 0
+    stream = torch.cuda.current_stream()
+    for (ids, lens), n in zip(packed, out_lens, strict=True):
+        t0 = time.perf_counter()
+        out, _ = model.generate(ids, lens, 1 if one_token else n, end)
+        t1 = time.perf_counter()
+        busy += not stream.query()
+        stream.synchronize()
+        t2 = time.perf_counter()
+        call.append(1000 * (t1 - t0))
+        wait.append(1000 * (t2 - t1))
+    return {"call": statistics.mean(call), "call_median": statistics.median(call),
+            "wait": statistics.mean(wait), "busy_at_return": busy / len(packed)}
+
+
+def flight_split(gpt: GPT, lists, out_lens, end, n: int, threads: bool) -> dict[str, float]:
+    """ms per batch of generate_batches at ``n`` in flight (instances driven from worker threads
+    or all from the caller's), and its host time by part, summed over the threads."""
+    acc: dict[str, float] = defaultdict(float)
+    lock = threading.Lock()
+    orig_inputs, orig_prepare, orig_output = gpt._inputs, gpt._prepare, gpt._output
+
+    def add(name: str, t0: float) -> None:
+        with lock:
+            acc[name] += time.perf_counter() - t0
+
+    def inputs(*a, **k):
+        t0 = time.perf_counter()
+        try:
+            return orig_inputs(*a, **k)
+        finally:
+            add("input checks (Python)", t0)
+
+    def prepare(*a, **k):
+        t0 = time.perf_counter()
+        call = orig_prepare(*a, **k)
+        add("argument checks (inputs included)", t0)
+
+        def timed_call(engine):
+            t1 = time.perf_counter()
+            try:
+                return call(engine)
+            finally:
+                add("engine call", t1)
+        return timed_call
+
+    def output(result, lengths):
+        t0 = time.perf_counter()
+        torch.cuda.current_stream().synchronize()  # the batch's stream
+        add("wait for the GPU", t0)
+        t1 = time.perf_counter()
+        try:
+            return orig_output(result, lengths)
+        finally:
+            add("outputs (host)", t1)
+
+    os.environ["WARPFORMER_IN_FLIGHT_THREADS"] = "1" if threads else "0"
+    try:
+        for _ in gpt.generate_batches(lists, out_lens, in_flight=n, end_id=end):
+            pass  # untimed: replicas built, every row count met
+        torch.cuda.synchronize()
+        gpt._inputs, gpt._prepare, gpt._output = inputs, prepare, output
+        t0 = time.perf_counter()
+        for _ in gpt.generate_batches(lists, out_lens, in_flight=n, end_id=end):
+            pass
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    finally:
+        del gpt._inputs, gpt._prepare, gpt._output
+        os.environ.pop("WARPFORMER_IN_FLIGHT_THREADS", None)
+    res = {k: 1000 * v / len(lists) for k, v in acc.items()}
+    res["wall"] = 1000 * wall / len(lists)
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batches", type=int, default=200)
+    ap.add_argument("--cache-dir", type=Path, default=common.DEFAULT_CACHE_DIR)
+    args = ap.parse_args(argv)
+    shape = common.SHAPES["bloom-560m"]
+    samples = bl.make_samples(bl.LAMBADA_SAMPLES, shape.vocab, 0)
+    batches = bl.make_batches(len(samples), 8)[: args.batches]
+    prep = common.prepare_model(shape, args.cache_dir, 0, need_hf=False)
+    max_len = max(len(s.context) for s in samples) + max(bl.TARGET_LENS)
+    model = load_gpt_model(prep.model_dir, dtype=torch.float16, max_batch=8, max_seq_len=max_len)
+    packed = [bl.pack(samples, b, left=False) for b in batches]
+    out_lens = [max(samples[i].target_len for i in b) for b in batches]
+    end = shape.vocab - 1
+    print(f"## Host timeline: {shape.name}, batch 8, {len(batches)} batches, "
+          f"{common.gpu_name()}\n")
+    print("| engine.generate (CPU inputs) | host ms in the call (mean / median) | returned with "
+          "the GPU busy | wait after it ms |\n|---|---:|---:|---:|")
+    for label, one, env in (("new tokens as in the workload", False, {}),
+                            ("one new token (prompt pass)", True, {}),
+                            ("new tokens, WARPFORMER_CUDA_GRAPHS=0", False,
+                             {"WARPFORMER_CUDA_GRAPHS": "0"}),
+                            ("new tokens, WARPFORMER_SHARED_GRAPHS=0", False,
+                             {"WARPFORMER_SHARED_GRAPHS": "0"})):
+        os.environ.update(env)
+        engine_calls(model, packed, out_lens, end, one)  # warm: plans, graphs
+        r = engine_calls(model, packed, out_lens, end, one)
+        for k in env:
+            del os.environ[k]
+        print(f"| {label} | {r['call']:.3f} / {r['call_median']:.3f} | "
+              f"{100 * r['busy_at_return']:.0f}% | {r['wait']:.3f} |")
+    gpt = GPT(model, read_config(prep.model_dir), "cuda", torch.float16, torch.device("cuda"))
+    lists = [[samples[j].context.tolist() for j in b] for b in batches]
+    splits = {f"{n} in flight{', one thread' if not threads else ''}":
+              flight_split(gpt, lists, out_lens, end, n, threads)
+              for threads in (False, True) for n in ((1, 2, 3, 4, 6) if threads else (2, 4))}
+    names = ["wall", "argument checks (inputs included)", "input checks (Python)",
+             "engine call", "wait for the GPU", "outputs (host)"]
+    print("\nGPT.generate_batches, ms per batch (host parts summed over threads):\n")
+    print("| | " + " | ".join(names) + " |\n|---|" + "---:|" * len(names))
+    for label, r in splits.items():
+        print(f"| {label} | " + " | ".join(f"{r.get(k, 0.0):.3f}" for k in names) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
