@@ -510,6 +510,21 @@ def test_generate_batches_errors_come_in_order(gpt, in_flight):
     with pytest.raises(ValueError, match=r"batches\[0\]: a tensor batch is input_ids or"):
         list(gpt.generate_batches([(torch.ones(1, 2, dtype=torch.long),) * 3], 2))
 
+    def failing_call(ids, n, **kw):  # the engine's call fails (out of memory, a CUDA error)
+        call = prepare(ids, n, **kw)
+
+        def boom(engine):
+            raise RuntimeError("the engine failed")
+        return boom if ids is BATCHES[2] else call
+
+    prepare = gpt._prepare
+    gpt._prepare = failing_call
+    try:
+        got, exc = run(BATCHES + BATCHES[:1])
+    finally:
+        del gpt._prepare
+    assert got == want[:2] and exc.type is RuntimeError and str(exc.value) == "the engine failed"
+
 
 def test_generate_batches_warnings_point_at_the_caller(gpt):
     with pytest.warns(UserWarning, match=r"top_k/top_p are ignored") as rec:

@@ -5,10 +5,11 @@ measures, per batch of bench_lambada.py's workload (bloom-560m dimensions, batch
 as ``GPT.generate`` passes them): the host time inside the engine's call, whether the GPU was
 still busy when the call returned (``torch.cuda.Stream.query``), and the wait that followed; with
 the real new-token counts and with one token (the prompt pass alone), and without CUDA graphs.
-Then ``GPT.generate_batches`` at 1-6 in flight with its instances driven from worker threads
-(the default) and at 2 and 4 from the caller's thread alone (``WARPFORMER_IN_FLIGHT_THREADS=0``),
-its host time split into the argument checks, the engine's call, the wait for the GPU before
-each batch's outputs are read, and the output conversion.
+Then ``GPT.generate_batches`` at 1-6 in flight, its host time split into the argument checks,
+the engine's call, the wait for the GPU before each batch's outputs are read, and the output
+conversion: where that host time nearly fills the wall, the host is the bound. (Run 0129 of
+``benchmarks/HISTORY.md`` measured the instances driven from worker threads with this probe's
+earlier form, code ``df09788``.)
 
     python benchmarks/probes/host_timeline.py [--batches 200]
 
@@ -21,7 +22,6 @@ import argparse
 import os
 import statistics
 import sys
-import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -55,16 +55,13 @@ def engine_calls(model, packed, out_lens, end, one_token: bool) -> dict[str, flo
             "wait": statistics.mean(wait), "busy_at_return": busy / len(packed)}
 
 
-def flight_split(gpt: GPT, lists, out_lens, end, n: int, threads: bool) -> dict[str, float]:
-    """ms per batch of generate_batches at ``n`` in flight (instances driven from worker threads
-    or all from the caller's), and its host time by part, summed over the threads."""
+def flight_split(gpt: GPT, lists, out_lens, end, n: int) -> dict[str, float]:
+    """ms per batch of generate_batches at ``n`` in flight, and its host time by part."""
     acc: dict[str, float] = defaultdict(float)
-    lock = threading.Lock()
     orig_inputs, orig_prepare, orig_output = gpt._inputs, gpt._prepare, gpt._output
 
     def add(name: str, t0: float) -> None:
-        with lock:
-            acc[name] += time.perf_counter() - t0
+        acc[name] += time.perf_counter() - t0
 
     def inputs(*a, **k):
         t0 = time.perf_counter()
@@ -96,7 +93,6 @@ def flight_split(gpt: GPT, lists, out_lens, end, n: int, threads: bool) -> dict[
         finally:
             add("outputs (host)", t1)
 
-    os.environ["WARPFORMER_IN_FLIGHT_THREADS"] = "1" if threads else "0"
     try:
         for _ in gpt.generate_batches(lists, out_lens, in_flight=n, end_id=end):
             pass  # untimed: replicas built, every row count met
@@ -109,7 +105,6 @@ def flight_split(gpt: GPT, lists, out_lens, end, n: int, threads: bool) -> dict[
         wall = time.perf_counter() - t0
     finally:
         del gpt._inputs, gpt._prepare, gpt._output
-        os.environ.pop("WARPFORMER_IN_FLIGHT_THREADS", None)
     res = {k: 1000 * v / len(lists) for k, v in acc.items()}
     res["wall"] = 1000 * wall / len(lists)
     return res
@@ -148,12 +143,11 @@ def main(argv: list[str] | None = None) -> int:
               f"{100 * r['busy_at_return']:.0f}% | {r['wait']:.3f} |")
     gpt = GPT(model, read_config(prep.model_dir), "cuda", torch.float16, torch.device("cuda"))
     lists = [[samples[j].context.tolist() for j in b] for b in batches]
-    splits = {f"{n} in flight{', one thread' if not threads else ''}":
-              flight_split(gpt, lists, out_lens, end, n, threads)
-              for threads in (False, True) for n in ((1, 2, 3, 4, 6) if threads else (2, 4))}
+    splits = {f"{n} in flight": flight_split(gpt, lists, out_lens, end, n)
+              for n in (1, 2, 3, 4, 6)}
     names = ["wall", "argument checks (inputs included)", "input checks (Python)",
              "engine call", "wait for the GPU", "outputs (host)"]
-    print("\nGPT.generate_batches, ms per batch (host parts summed over threads):\n")
+    print("\nGPT.generate_batches, ms per batch:\n")
     print("| | " + " | ".join(names) + " |\n|---|" + "---:|" * len(names))
     for label, r in splits.items():
         print(f"| {label} | " + " | ".join(f"{r.get(k, 0.0):.3f}" for k in names) + " |")

@@ -8,10 +8,8 @@ module runs them.
 from __future__ import annotations
 
 import collections
-import os
 import warnings
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -63,13 +61,6 @@ def replica(gpt: GPT, index: int) -> torch.ScriptObject:
     return made
 
 
-def threads_enabled() -> bool:
-    """Whether batches in flight on the cuda backend are driven from worker threads (one per
-    engine instance); ``WARPFORMER_IN_FLIGHT_THREADS=0`` drives them all from the caller's
-    thread instead (for A/B measurements; read per ``generate_batches`` call)."""
-    return os.environ.get("WARPFORMER_IN_FLIGHT_THREADS") != "0"
-
-
 def run(gpt: GPT, items: Iterator, counts: int | tuple[int, ...], in_flight: int,
         opts: dict[str, Any]) -> Iterator[GenerationOutput]:
     """Yield ``gpt``'s output of every batch of ``items`` in order, ``in_flight`` of them
@@ -77,54 +68,26 @@ def run(gpt: GPT, items: Iterator, counts: int | tuple[int, ...], in_flight: int
     reference backend on its one engine as submitted. ``counts``: every batch's
     ``max_new_tokens``, or one per batch (checked); ``opts``: :meth:`GPT.generate`'s options.
 
-    The caller's thread checks each batch's arguments. With more than one instance (and
-    :func:`threads_enabled`), instance ``k``'s engine calls and output conversions run on a
-    worker thread of its own: the engine releases the GIL while it launches a batch's kernels
-    (about 1 ms of host time for a LAMBADA-sized prompt pass, which one thread driving every
-    instance made the bound), so the instances' launches proceed side by side."""
+    One host thread drives every instance. The host is the bound from about 3 in flight on
+    (bloom-560m's LAMBADA batches: ~1.3 ms of launches a batch, mostly the prompt pass's), and
+    worker threads per instance were measured slower: the launches contend in the CUDA driver
+    (``benchmarks/HISTORY.md``, "Measured and dropped: batches in flight from worker
+    threads")."""
     cuda = gpt.backend == "cuda"
     dev = torch.device("cuda", int(gpt.engine.device())) if cuda else None
-    workers = cuda and in_flight > 1 and threads_enabled()
     engines = [gpt.engine]
     streams: list[torch.cuda.Stream] = []
-    pools: list[ThreadPoolExecutor] = []
-    # Per queued batch: (instance, its call's result or the future of its output).
-    pending: collections.deque[tuple[int, Any]] = collections.deque()
-
-    def instance(k: int) -> None:
-        """Instance ``k``'s engine, stream and (with workers) thread, made on first use. With
-        workers every replica is built before the first batch is handed to a thread: building
-        one measures the allocator (:func:`replica`), which running engines would disturb."""
-        if k == len(engines):
-            for j in range(len(engines), in_flight if workers else k + 1):
-                engines.append(replica(gpt, j - 1))
-        while len(streams) <= k:
-            streams.append(torch.cuda.Stream(device=dev))
-        while workers and len(pools) <= k:
-            pools.append(ThreadPoolExecutor(1, thread_name_prefix=f"warpformer-in-flight-{k}"))
-
-    def work(k: int, call: Any, ready: torch.cuda.Event) -> tuple[GenerationOutput,
-                                                                  torch.cuda.Event]:
-        """On instance ``k``'s thread: queue the call, wait for it, convert its outputs."""
-        with torch.cuda.device(dev), torch.cuda.stream(streams[k]):
-            streams[k].wait_event(ready)
-            out = gpt._output(*call(engines[k]))
-            done = torch.cuda.Event()
-            done.record(streams[k])
-        return out, done
+    pending: collections.deque[tuple[int, dict[str, torch.Tensor], torch.Tensor]] = (
+        collections.deque())
 
     def collect() -> GenerationOutput:
-        k, queued = pending.popleft()
+        k, result, lengths = pending.popleft()
         if not cuda:
-            return gpt._output(*queued)
+            return gpt._output(result, lengths)
         caller = torch.cuda.current_stream(dev)
-        if workers:
-            out, done = queued.result()
-            caller.wait_event(done)
-        else:
-            with torch.cuda.stream(streams[k]):
-                out = gpt._output(*queued)
-            caller.wait_stream(streams[k])
+        with torch.cuda.stream(streams[k]):
+            out = gpt._output(result, lengths)
+        caller.wait_stream(streams[k])
         for t in (out.sequences, out.sequence_lengths, out.input_lengths,
                   out.cum_log_probs, out.log_probs):
             if t is not None and t.is_cuda:
@@ -137,20 +100,19 @@ def run(gpt: GPT, items: Iterator, counts: int | tuple[int, ...], in_flight: int
         ids, lengths = batch_item(item)
         call = gpt._prepare(ids, n, input_lengths=lengths, stacklevel=5, **opts)
         if not cuda:
-            pending.append((k, call(gpt.engine)))
+            pending.append((k, *call(gpt.engine)))
             return
-        instance(k)
-        if workers:
-            # The batch's inputs (and anything the caller made before it) come first.
-            ready = torch.cuda.Event()
-            ready.record(torch.cuda.current_stream(dev))
-            pending.append((k, pools[k].submit(work, k, call, ready)))
-            return
+        if k == len(engines):
+            engines.append(replica(gpt, k - 1))
+        while len(streams) <= k:
+            streams.append(torch.cuda.Stream(device=dev))
+        # The batch's inputs (and anything the caller made before it) come first.
         streams[k].wait_stream(torch.cuda.current_stream(dev))
         with torch.cuda.stream(streams[k]):
-            pending.append((k, call(engines[k])))
+            pending.append((k, *call(engines[k])))
 
-    # An error stops the queue: the batches before it are still yielded, then it is raised.
+    # An error stops the queue: the batches before it are still yielded, then it is raised
+    # (argument errors of a batch named after it).
     i, error = 0, None
     try:
         while True:
@@ -173,6 +135,9 @@ def run(gpt: GPT, items: Iterator, counts: int | tuple[int, ...], in_flight: int
                 error = type(exc)(f"batches[{i}]: {exc}")
                 error.__cause__ = exc
                 break
+            except Exception as exc:  # the engine's call (a CUDA error, out of memory, ...)
+                error = exc
+                break
             i += 1
         while pending:
             yield collect()
@@ -181,12 +146,7 @@ def run(gpt: GPT, items: Iterator, counts: int | tuple[int, ...], in_flight: int
         if not isinstance(counts, int) and i != len(counts):
             raise ValueError(f"max_new_tokens has {len(counts)} values for {i} batches")
     finally:
-        # A consumer that stops early, or an error, leaves nothing running unseen: the
-        # threads' calls end (their errors, after the first, are dropped with their batches)
-        # and the caller's stream is ordered after every instance's work.
-        for pool in pools:
-            pool.shutdown(wait=True)
-        if cuda:
+        if cuda:  # a consumer that stops early leaves nothing running unseen
             caller = torch.cuda.current_stream(dev)
             for st in streams:
                 caller.wait_stream(st)
