@@ -534,6 +534,37 @@ def test_generate_batches_engine_error_comes_in_order(root, monkeypatch):
         gpt.generate(rows, 6).tokens, gpt.generate(rows[:1], 6).tokens]
 
 
+def _packed(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids int32 [B, S] right-padded, lengths int32 [B]) on the CPU."""
+    S = max(map(len, rows))
+    return (torch.tensor([r + [0] * (S - len(r)) for r in rows], dtype=torch.int32),
+            torch.tensor([len(r) for r in rows], dtype=torch.int32))
+
+
+def test_engine_calls_from_two_streams_run_in_call_order(root):
+    # A forward queued from one stream right after a long generate queued from another runs
+    # after it: both run on the instance's own stream. (The forward used to run on its caller's
+    # stream at once, over the activations the generate's steps were still using.)
+    hf, gpt = model_pair("gpt2", root)
+    engine = gpt.engine
+    a = _packed(prompts(1000, [30, 12, 25, 30, 7, 19, 30, 2], seed=70))
+    b = _packed(prompts(1000, [20, 7, 25], seed=71))
+    out0, lens0 = (t.cpu() for t in engine.generate(*a, 150, -1))
+    logits0 = engine.forward(*b).cpu()
+    first, second = torch.cuda.Stream(), torch.cuda.Stream()
+    for _ in range(3):
+        with torch.cuda.stream(first):
+            out, lens = engine.generate(*a, 150, -1)
+        with torch.cuda.stream(second):
+            logits = engine.forward(*b)
+        with torch.cuda.stream(first):
+            out, lens = out.cpu(), lens.cpu()
+        with torch.cuda.stream(second):
+            logits = logits.cpu()
+        assert torch.equal(out, out0) and torch.equal(lens, lens0)
+        torch.testing.assert_close(logits, logits0, rtol=1e-4, atol=1e-4)
+
+
 def test_engine_calls_from_threads_wait_for_each_other(root):
     # The engine serialises its calls: four threads calling one instance at once (each on a
     # stream of its own) get the outputs of calls made one at a time: the same tokens and
@@ -544,11 +575,7 @@ def test_engine_calls_from_threads_wait_for_each_other(root):
     hf, gpt = model_pair("bloom", root)
     engine = gpt.engine
     batches = [prompts(1000, [4 + t, 9, 2 + 3 * t], seed=60 + t) for t in range(4)]
-
-    def packed(rows):
-        S = max(map(len, rows))
-        return (torch.tensor([r + [0] * (S - len(r)) for r in rows], dtype=torch.int32),
-                torch.tensor([len(r) for r in rows], dtype=torch.int32))
+    packed = _packed
 
     want = []
     for rows in batches:

@@ -572,6 +572,10 @@ void GptModel::broadcast_from_last_stage(void* data, int64_t bytes) {
 
 void GptModel::forward(const int32_t* ids, const std::vector<int32_t>& lengths, int64_t seq,
                        void* logits_out) {
+  // On the model's own stream, as generation: calls made from different caller streams then
+  // never run on the shared buffers at once (a forward on one stream while a generate queued
+  // from another still ran would have read and written the same activations).
+  const StreamScope scope(this);
   const int64_t batch = static_cast<int64_t>(lengths.size());
   ensure_kv(batch, seq);
   const int64_t group_tokens = plan_prefill(lengths);

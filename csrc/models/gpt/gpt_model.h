@@ -252,15 +252,17 @@ class GptModel {
   int32_t* d_ids_ = nullptr;      // [T]  packed ids
   int32_t* host_flag_ = nullptr;     // pinned: the all-finished flag polled during generation
   cudaEvent_t flag_event_ = nullptr;
-  // Generation runs on a stream of its own (PyTorch's default current stream is the legacy
-  // default stream, which cannot be captured into a CUDA graph), ordered after the caller's
-  // stream on entry and before it on exit of every decode_* call.
+  // Generation and scoring run on a stream of the model's own (PyTorch's default current stream
+  // is the legacy default stream, which cannot be captured into a CUDA graph), ordered after
+  // the caller's stream on entry and before it on exit of every decode_* call and forward: an
+  // instance's work runs in call order whatever streams its callers use.
   cudaStream_t decode_stream_ = nullptr;
   cudaEvent_t order_event_ = nullptr;
   cudaStream_t caller_stream_ = nullptr;
   void enter_decode_stream();
   void leave_decode_stream();
-  // Runs the enclosing decode_* call on decode_stream_ (entered here, left on scope exit).
+  // Runs the enclosing decode_* or forward call on decode_stream_ (entered here, left on scope
+  // exit).
   struct StreamScope {
     GptModel* m;
     explicit StreamScope(GptModel* model) : m(model) { m->enter_decode_stream(); }
