@@ -510,7 +510,9 @@ def test_generate_batches_errors_come_in_order(gpt, in_flight):
     with pytest.raises(ValueError, match=r"batches\[0\]: a tensor batch is input_ids or"):
         list(gpt.generate_batches([(torch.ones(1, 2, dtype=torch.long),) * 3], 2))
 
-    def failing_call(ids, n, **kw):  # the engine's call fails (out of memory, a CUDA error)
+    # The engine's call fails (out of memory, a check of the C++ engine): after the outputs
+    # before it too (at depths 2-3 those were lost before, raised over).
+    def failing_call(ids, n, **kw):
         call = prepare(ids, n, **kw)
 
         def boom(engine):

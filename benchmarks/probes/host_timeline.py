@@ -93,11 +93,11 @@ def flight_split(gpt: GPT, lists, out_lens, end, n: int) -> dict[str, float]:
         finally:
             add("outputs (host)", t1)
 
+    for _ in gpt.generate_batches(lists, out_lens, in_flight=n, end_id=end):
+        pass  # untimed: replicas built, every row count met
+    torch.cuda.synchronize()
+    gpt._inputs, gpt._prepare, gpt._output = inputs, prepare, output
     try:
-        for _ in gpt.generate_batches(lists, out_lens, in_flight=n, end_id=end):
-            pass  # untimed: replicas built, every row count met
-        torch.cuda.synchronize()
-        gpt._inputs, gpt._prepare, gpt._output = inputs, prepare, output
         t0 = time.perf_counter()
         for _ in gpt.generate_batches(lists, out_lens, in_flight=n, end_id=end):
             pass
@@ -135,10 +135,12 @@ def main(argv: list[str] | None = None) -> int:
                             ("new tokens, WARPFORMER_SHARED_GRAPHS=0", False,
                              {"WARPFORMER_SHARED_GRAPHS": "0"})):
         os.environ.update(env)
-        engine_calls(model, packed, out_lens, end, one)  # warm: plans, graphs
-        r = engine_calls(model, packed, out_lens, end, one)
-        for k in env:
-            del os.environ[k]
+        try:
+            engine_calls(model, packed, out_lens, end, one)  # warm: plans, graphs
+            r = engine_calls(model, packed, out_lens, end, one)
+        finally:
+            for k in env:
+                del os.environ[k]
         print(f"| {label} | {r['call']:.3f} / {r['call_median']:.3f} | "
               f"{100 * r['busy_at_return']:.0f}% | {r['wait']:.3f} |")
     gpt = GPT(model, read_config(prep.model_dir), "cuda", torch.float16, torch.device("cuda"))

@@ -71,18 +71,28 @@ class GptModelHolder : public torch::CustomClassHolder {
   int64_t gemm_tuned_shapes() const { return static_cast<int64_t>(model_->gemm().tuned_shapes()); }
   // cuBLASLt plans made so far whose algorithm came from the tuning file (its own shape's entry,
   // or that of the rounded row count a prompt's shape borrows from; Gemm::tuned_plans).
-  int64_t gemm_tuned_plans() const { return model_->gemm().tuned_plans(); }
+  int64_t gemm_tuned_plans() const {
+    const std::lock_guard<std::recursive_mutex> lock(call_mu_);
+    return model_->gemm().tuned_plans();
+  }
   // cuBLASLt plans cached now (at most Gemm::kMaxPlans; least recently used shapes are dropped).
   int64_t gemm_cached_plans() const {
+    const std::lock_guard<std::recursive_mutex> lock(call_mu_);
     return static_cast<int64_t>(model_->gemm().cached_plans());
   }
   // The shapes of the cached plans (Gemm::plan_shapes): "float16 m n k transposed epilogue
   // accumulate" per shape the calls so far ran on cuBLASLt, for comparing with gemm-tune's list.
-  std::vector<std::string> gemm_plan_shapes() const { return model_->gemm().plan_shapes(); }
+  std::vector<std::string> gemm_plan_shapes() const {
+    const std::lock_guard<std::recursive_mutex> lock(call_mu_);
+    return model_->gemm().plan_shapes();
+  }
   // cuBLASLt heuristic queries made so far: one per new shape of up to Gemm::kExactRows rows,
   // one per rounded-up row count above (Gemm::heuristic_rows), and one per shape of a tuning
   // file or whose borrowed algorithm cuBLASLt refused.
-  int64_t gemm_heuristic_queries() const { return model_->gemm().heuristic_queries(); }
+  int64_t gemm_heuristic_queries() const {
+    const std::lock_guard<std::recursive_mutex> lock(call_mu_);
+    return model_->gemm().heuristic_queries();
+  }
   // One line about the GEMM tuning file: shapes loaded, or why it was not used ("" without one).
   std::string gemm_tuning_note() const { return gemm_note_; }
   // Bytes held for the KV cache and the workspace, the cuBLASLt one included (grow-only; flat
@@ -145,8 +155,8 @@ class GptModelHolder : public torch::CustomClassHolder {
   // One call at a time per instance: the model's buffers, plans and session are not safe to
   // touch from two host threads at once (TorchScript methods run without the GIL), so a call
   // from another thread waits for the running one. Recursive: decode() is decode_start,
-  // decode_step and decode_finish under one hold. Calls of different instances do not wait
-  // for each other (GPT.generate_batches drives several from threads of their own).
+  // decode_step and decode_finish under one hold; the getters of sizes and plan counts take it
+  // too. Calls of different instances do not wait for each other.
   mutable std::recursive_mutex call_mu_;
 };
 

@@ -140,7 +140,15 @@ def run(gpt: GPT, items: Iterator, counts: int | tuple[int, ...], in_flight: int
                 break
             i += 1
         while pending:
-            yield collect()
+            try:
+                out = collect()
+            except BaseException:
+                if error is None:
+                    raise
+                # The earlier outputs cannot be read (a CUDA error sticks to the context): the
+                # first error is the one to report, with this one as its context.
+                raise error  # noqa: B904
+            yield out
         if error is not None:
             raise error
         if not isinstance(counts, int) and i != len(counts):

@@ -59,6 +59,10 @@ void GptModel::enter_decode_stream() {
     WF_CUDA_CHECK(cudaStreamCreateWithFlags(&decode_stream_, cudaStreamNonBlocking));
     WF_CUDA_CHECK(cudaEventCreateWithFlags(&order_event_, cudaEventDisableTiming));
   }
+  // Scopes never nest: a nested one would take the model's stream for the caller's and leave
+  // the real caller unordered after the work.
+  TORCH_INTERNAL_ASSERT(ctx_->stream() != decode_stream_,
+                        "GptModel: a stream scope was entered inside another");
   caller_stream_ = ctx_->stream();
   WF_CUDA_CHECK(cudaEventRecord(order_event_, caller_stream_));
   WF_CUDA_CHECK(cudaStreamWaitEvent(decode_stream_, order_event_, 0));
