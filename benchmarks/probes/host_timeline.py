@@ -9,7 +9,7 @@ Then ``GPT.generate_batches`` at 1-6 in flight, its host time split into the arg
 the engine's call, the wait for the GPU before each batch's outputs are read, and the output
 conversion: where that host time nearly fills the wall, the host is the bound. (Run 0129 of
 ``benchmarks/HISTORY.md`` measured the instances driven from worker threads with this probe's
-earlier form, code ``df09788``.)
+earlier form, code ``4451d23``.)
 
     python benchmarks/probes/host_timeline.py [--batches 200]
 
