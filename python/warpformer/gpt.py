@@ -472,22 +472,15 @@ class GPT:
         Returns:
             :class:`GenerationOutput`.
         """
-        return self._output(*self._submit(
-            self.engine, input_ids, max_new_tokens, input_lengths=input_lengths,
+        call = self._prepare(
+            input_ids, max_new_tokens, input_lengths=input_lengths,
             do_sample=do_sample, top_k=top_k, top_p=top_p, temperature=temperature,
             repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
             frequency_penalty=frequency_penalty, min_length=min_length, num_beams=num_beams,
             length_penalty=length_penalty, diversity_rate=diversity_rate, stop_words=stop_words,
             bad_words=bad_words, end_id=end_id, seed=seed, return_log_probs=return_log_probs,
-            return_cum_log_probs=return_cum_log_probs))
-
-    def _submit(self, engine, input_ids: IdsLike, max_new_tokens: int, *,
-                stacklevel: int = 5, **kwargs: Any) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        """Check one call's arguments and queue it on ``engine`` (this GPT's engine or one of
-        its replicas): ``(result, lengths)`` for :meth:`_output`, the result's tensors on the
-        device, written in the order of the current CUDA stream; nothing waits for the GPU.
-        ``kwargs``: ``input_lengths`` and every option of :meth:`generate`."""
-        return self._prepare(input_ids, max_new_tokens, stacklevel=stacklevel, **kwargs)(engine)
+            return_cum_log_probs=return_cum_log_probs)
+        return self._output(*call(self.engine))
 
     def _prepare(self, input_ids: IdsLike, max_new_tokens: int, *, input_lengths,
                  do_sample, top_k, top_p, temperature, repetition_penalty, presence_penalty,
@@ -497,10 +490,10 @@ class GPT:
                  ) -> Callable[[Any], tuple[dict[str, torch.Tensor], torch.Tensor]]:
         """Check one call's arguments (raising ``ValueError`` as :meth:`generate` does) and
         return the call itself: a function of an engine (this GPT's engine or one of its
-        replicas, on any host thread) that queues the call on it and returns ``(result,
-        lengths)`` for :meth:`_output`, the result's tensors on the device, written in the
-        order of that thread's current CUDA stream; nothing waits for the GPU. ``stacklevel``:
-        of the option warnings, counted from :meth:`_options` to the user's frame."""
+        replicas) that queues the call on it and returns ``(result, lengths)`` for
+        :meth:`_output`, the result's tensors on the device, written in the order of the current
+        CUDA stream; nothing waits for the GPU. ``stacklevel``: of the option warnings, counted
+        from :meth:`_options` to the user's frame."""
         ids, lengths = self._inputs(input_ids, input_lengths, max_new_tokens)
         # Default options (as plain Python values: anything else takes the general path and its
         # checks): the engine's greedy loop, without the per-row option arrays decode() parses

@@ -440,6 +440,13 @@ def test_generate_batches_in_flight_equals_generate(kw, root):
     assert len(gpt._replicas) == 2
 
 
+def _packed(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids int32 [B, S] right-padded, lengths int32 [B]) on the CPU."""
+    S = max(map(len, rows))
+    return (torch.tensor([r + [0] * (S - len(r)) for r in rows], dtype=torch.int32),
+            torch.tensor([len(r) for r in rows], dtype=torch.int32))
+
+
 def test_generate_batches_reads_cuda_inputs_in_stream_order(root):
     # Batches made on the GPU by the caller, on a stream of its own, after a long kernel: the
     # engines must read them in that stream's order (zeros would be read otherwise), and the
@@ -451,12 +458,11 @@ def test_generate_batches_reads_cuda_inputs_in_stream_order(root):
 
     def made_late():
         for r in rows:
-            S = max(map(len, r))
-            ids = torch.tensor([x + [0] * (S - len(x)) for x in r], dtype=torch.int32)
+            ids, lens = _packed(r)
             dev = torch.zeros_like(ids, device="cuda")
             torch.cuda._sleep(20_000_000)  # ~10 ms on the caller's stream before the ids
             dev.copy_(ids.pin_memory(), non_blocking=True)
-            yield dev, [len(x) for x in r]
+            yield dev, lens.tolist()
 
     with torch.cuda.stream(caller):
         for in_flight in (1, 3):
@@ -536,13 +542,6 @@ def test_generate_batches_engine_error_comes_in_order(root, monkeypatch):
         gpt.generate(rows, 6).tokens, gpt.generate(rows[:1], 6).tokens]
 
 
-def _packed(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ids int32 [B, S] right-padded, lengths int32 [B]) on the CPU."""
-    S = max(map(len, rows))
-    return (torch.tensor([r + [0] * (S - len(r)) for r in rows], dtype=torch.int32),
-            torch.tensor([len(r) for r in rows], dtype=torch.int32))
-
-
 def test_engine_calls_from_two_streams_run_in_call_order(root):
     # A forward queued from one stream right after a long generate queued from another runs
     # after it: both run on the instance's own stream. (The forward used to run on its caller's
@@ -577,13 +576,12 @@ def test_engine_calls_from_threads_wait_for_each_other(root):
     hf, gpt = model_pair("bloom", root)
     engine = gpt.engine
     batches = [prompts(1000, [4 + t, 9, 2 + 3 * t], seed=60 + t) for t in range(4)]
-    packed = _packed
 
     want = []
     for rows in batches:
-        out, lens = engine.generate(*packed(rows), 12, -1)
+        out, lens = engine.generate(*_packed(rows), 12, -1)
         want.append((out.cpu(), lens.cpu()))
-        logits = engine.forward(*packed(rows))
+        logits = engine.forward(*_packed(rows))
         want.append(logits.cpu())
     errors, got = [], {}
 
@@ -592,8 +590,8 @@ def test_engine_calls_from_threads_wait_for_each_other(root):
             stream = torch.cuda.Stream()
             with torch.cuda.stream(stream):
                 for it in range(15):
-                    out, lens = engine.generate(*packed(batches[t]), 12, -1)
-                    logits = engine.forward(*packed(batches[t]))
+                    out, lens = engine.generate(*_packed(batches[t]), 12, -1)
+                    logits = engine.forward(*_packed(batches[t]))
                     got[(t, it)] = (out.cpu(), lens.cpu(), logits.cpu())
         except Exception as exc:  # surfaced below
             errors.append(exc)
