@@ -16,6 +16,8 @@ from warpformer.gemm_tune import (
     parse_prompt_rows,
     prefill_group_tokens,
     prefill_groups,
+    prompt_graph_tokens,
+    prompt_pass_rows,
     row_buckets,
     weight_copies,
 )
@@ -114,6 +116,28 @@ def test_cli_requires_dimensions(capsys) -> None:
         main(["gemm-tune", "--batch-size", "2"])
     with pytest.raises(SystemExit, match="--batch-size must be >= 1"):
         main(["gemm-tune", "--batch-size", "0", "--head-num", "2"])
+
+
+def test_prompt_pass_rows_mirror_the_engine(monkeypatch) -> None:
+    """GptModel::prompt_graph_tokens: a one-group pass on one GPU past 8 tokens runs padded to a
+    multiple of 16 up to 128 tokens and of 64 beyond (the GPU tests see these m in the plans);
+    several groups, tensor parallelism and either graph variable set to 0 keep exact counts."""
+    monkeypatch.delenv("WARPFORMER_CUDA_GRAPHS", raising=False)
+    monkeypatch.delenv("WARPFORMER_PROMPT_GRAPHS", raising=False)
+    one = ModelDims(hidden=1024, inter=4096, vocab=50257)
+    tp2 = ModelDims(hidden=1024, inter=4096, vocab=50257, tensor_para_size=2)
+    assert [prompt_graph_tokens(t, one) for t in (1, 8, 9, 16, 17, 128, 129, 640, 641, 4000)] \
+        == [0, 0, 16, 16, 32, 128, 192, 640, 704, 4032]
+    assert prompt_graph_tokens(100, tp2) == 0
+    assert prompt_pass_rows([1000] * 4, 4096, one) == [4032]
+    assert prompt_pass_rows([1000] * 4, 4096, tp2) == [4000]
+    assert prompt_pass_rows([1000] * 4, 2048, one) == [2000, 2000]
+    ms = {s.m for s in gemm_shapes(one, 8, 1, 81) if s.what == "context qkv"}
+    assert ms == {704}  # 648 tokens
+    for var in ("WARPFORMER_CUDA_GRAPHS", "WARPFORMER_PROMPT_GRAPHS"):
+        monkeypatch.setenv(var, "0")
+        assert prompt_pass_rows([1000] * 4, 4096, one) == [4000]
+        monkeypatch.delenv(var)
 
 
 def test_group_tokens_override() -> None:

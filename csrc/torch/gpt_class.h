@@ -93,6 +93,12 @@ class GptModelHolder : public torch::CustomClassHolder {
     const std::lock_guard<std::recursive_mutex> lock(call_mu_);
     return model_->gemm().heuristic_queries();
   }
+  // [prompt graphs held, prompt passes replayed from one so far] (GptModel::prompt_graph_stats).
+  std::vector<int64_t> prompt_graph_stats() const {
+    const std::lock_guard<std::recursive_mutex> lock(call_mu_);
+    const auto s = model_->prompt_graph_stats();
+    return {s.first, s.second};
+  }
   // One line about the GEMM tuning file: shapes loaded, or why it was not used ("" without one).
   std::string gemm_tuning_note() const { return gemm_note_; }
   // Bytes held for the KV cache and the workspace, the cuBLASLt one included (grow-only; flat

@@ -236,6 +236,7 @@ TORCH_LIBRARY(warpformer, m) {
       .def("gemm_plan_shapes", &GptModelHolder::gemm_plan_shapes)
       .def("gemm_heuristic_queries", &GptModelHolder::gemm_heuristic_queries)
       .def("gemm_tuning_note", &GptModelHolder::gemm_tuning_note)
+      .def("prompt_graph_stats", &GptModelHolder::prompt_graph_stats)
       .def_pickle(
           [](const c10::intrusive_ptr<GptModelHolder>& self) { return self->get_state(); },
           [](GptModelHolder::State s) {

@@ -31,8 +31,8 @@ __all__ = ["EXACT_ROWS", "MAX_PREFILL_GROUP_TOKENS", "MAX_WEIGHT_COPIES",
            "activation_bytes_per_token", "activation_epilogue_on", "add_arguments",
            "default_cold_bytes", "ffn_in_epilogue", "gemm_shapes", "heuristic_rows",
            "layer_shapes", "local_vocab", "logits_shapes", "parse_prompt_rows",
-           "prefill_group_tokens", "prefill_groups", "row_buckets", "run", "tune",
-           "weight_copies"]
+           "prefill_group_tokens", "prefill_groups", "prompt_graph_tokens", "prompt_pass_rows",
+           "row_buckets", "run", "tune", "weight_copies"]
 
 _TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -184,6 +184,33 @@ def prefill_groups(lengths: list[int], size: int) -> list[int]:
     return groups
 
 
+# kernels::kGemvMaxRows: up to this many rows the products run on the GEMV path.
+GEMV_MAX_ROWS = 8
+
+
+def prompt_graph_tokens(tokens: int, dims: ModelDims) -> int:
+    """The padded token count a one-group prompt pass of ``tokens`` tokens runs at as a CUDA
+    graph, or 0 when it runs unpadded (mirrors ``GptModel::prompt_graph_tokens`` for pipeline size
+    1): padded to a multiple of 16 up to 128 tokens, of 64 beyond, on one GPU
+    (``tensor_para_size`` 1) past ``GEMV_MAX_ROWS`` tokens, unless ``WARPFORMER_CUDA_GRAPHS`` or
+    ``WARPFORMER_PROMPT_GRAPHS`` is ``0``."""
+    off = any(os.environ.get(v) == "0"
+              for v in ("WARPFORMER_CUDA_GRAPHS", "WARPFORMER_PROMPT_GRAPHS"))
+    if off or dims.tensor_para_size != 1 or tokens <= GEMV_MAX_ROWS:
+        return 0
+    step = 16 if tokens <= 128 else 64
+    return -(-tokens // step) * step
+
+
+def prompt_pass_rows(lengths: list[int], size: int, dims: ModelDims) -> list[int]:
+    """The row counts of a prompt pass's layer products, one per group: ``prefill_groups``'
+    token counts, or the padded count of a single group that runs as a prompt graph
+    (``prompt_graph_tokens``)."""
+    groups = prefill_groups(lengths, size)
+    padded = prompt_graph_tokens(groups[0], dims) if len(groups) == 1 else 0
+    return [padded] if padded else groups
+
+
 def layer_shapes(dims: ModelDims, m: int, phase: str, dtype_bytes: int = 2) -> list[GemmShape]:
     """The products of one decoder layer at ``m`` rows (mirroring csrc/layers): QKV,
     attention-out, FFN-in (its activation on the epilogue where ``ffn_in_epilogue`` says so),
@@ -225,9 +252,10 @@ def gemm_shapes(dims: ModelDims, batch: int, beam: int, max_input_len: int,
                 dtype_bytes: int = 2, group_tokens: int | None = None,
                 prompt_rows: tuple[int, int] | None = None) -> list[GemmShape]:
     """Every distinct GEMM the engine runs for this workload: the layers' products
-    (``layer_shapes``) in the context phase at each prefill group's token count (``batch``
-    prompts of ``max_input_len`` tokens, groups as ``prefill_groups`` with ``group_tokens``,
-    default ``prefill_group_tokens(dims, dtype_bytes)``) and in decode at ``batch * beam`` rows;
+    (``layer_shapes``) in the context phase at each prefill group's row count (``batch``
+    prompts of ``max_input_len`` tokens, rows as ``prompt_pass_rows`` with groups of
+    ``group_tokens``, default ``prefill_group_tokens(dims, dtype_bytes)``; a single group that
+    runs as a prompt graph at its padded count) and in decode at ``batch * beam`` rows;
     the logits' (``logits_shapes``) at ``batch`` rows after the prompt and at ``batch * beam`` in
     decode.
     ``dtype_bytes`` is the element size (it decides the MLP-in epilogue). ``prompt_rows``
@@ -238,7 +266,7 @@ def gemm_shapes(dims: ModelDims, batch: int, beam: int, max_input_len: int,
                          f"{group_tokens}")
     size = prefill_group_tokens(dims, dtype_bytes) if group_tokens is None else group_tokens
     shapes: list[GemmShape] = []
-    for tokens in sorted(set(prefill_groups([max_input_len] * batch, size))):
+    for tokens in sorted(set(prompt_pass_rows([max_input_len] * batch, size, dims))):
         shapes += layer_shapes(dims, tokens, "context", dtype_bytes)
     if prompt_rows is not None:
         for rows in row_buckets(*prompt_rows):

@@ -84,6 +84,8 @@ def test_short_sessions_share_a_graph(tiny, monkeypatch):
     _, path = tiny
     monkeypatch.delenv("WARPFORMER_CUDA_GRAPHS", raising=False)
     monkeypatch.delenv("WARPFORMER_SHARED_GRAPHS", raising=False)
+    # Step graphs only: the prompt passes' graphs (test_gpt_engine.py) would add to the counts.
+    monkeypatch.setenv("WARPFORMER_PROMPT_GRAPHS", "0")
     model = load_gpt_model(path, dtype=torch.float16, max_batch=4, max_seq_len=128)
     a = batch([5, 9, 1, 17], seed=5)
     b = batch([12, 3, 30, 8], seed=6)  # same batch size, other prompts and lengths

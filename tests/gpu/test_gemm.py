@@ -257,11 +257,14 @@ def test_benchmark_takes_stacked_weight_copies(monkeypatch):
     assert copies > 1  # every GPU this runs on has more than 1 MiB of L2
 
 
-def test_plan_cache_keeps_the_most_recent_shapes(tmp_path):
+def test_plan_cache_keeps_the_most_recent_shapes(tmp_path, monkeypatch):
     """A server meets a new GEMM m with every prompt length: the model's cuBLASLt plan cache stops
     at Gemm::kMaxPlans (1024) shapes, dropping the least recently used, and a dropped shape is
-    planned again with the same result."""
+    planned again with the same result. (Exact prompt lengths: a prompt graph's padded count
+    would give few m.)"""
     from warpformer.models.gpt import load_gpt_model
+
+    monkeypatch.setenv("WARPFORMER_PROMPT_GRAPHS", "0")
 
     cfg = _tiny_gpt2(n_embd=64, n_head=1, n_layer=1, n_positions=512)
     model = load_gpt_model(_checkpoint(tmp_path, cfg, "fp16"), max_batch=1, max_seq_len=512)
@@ -280,7 +283,7 @@ def test_plan_cache_keeps_the_most_recent_shapes(tmp_path):
     assert torch.equal(logits(20), first)  # dropped long ago, planned again
 
 
-def test_new_row_counts_reuse_the_rounded_heuristic(tmp_path):
+def test_new_row_counts_reuse_the_rounded_heuristic(tmp_path, monkeypatch):
     """Each new prompt token count is a new GEMM m. Above 64 rows the engine asks cuBLASLt's
     heuristic once per m rounded up (to a multiple of 64 between 513 and 1024) and reuses that
     algorithm for every m it rounds to, after cuBLASLt has checked it for the exact shape: the
@@ -290,6 +293,7 @@ def test_new_row_counts_reuse_the_rounded_heuristic(tmp_path):
 
     from warpformer.models.gpt import load_gpt_model
 
+    monkeypatch.setenv("WARPFORMER_PROMPT_GRAPHS", "0")  # m = the exact prompt length
     cfg = _tiny_gpt2(n_embd=128, n_head=2, n_layer=2, n_positions=1024)
     cfg._attn_implementation = "eager"
     torch.manual_seed(0)
@@ -325,12 +329,14 @@ def test_new_row_counts_reuse_the_rounded_heuristic(tmp_path):
                 f"fp16: ours {err:.3e} vs HF fp16 {err_hf:.3e}")
 
 
-def test_tuned_rounded_row_counts_serve_every_prompt_length(tmp_path):
+def test_tuned_rounded_row_counts_serve_every_prompt_length(tmp_path, monkeypatch):
     """gemm-tune --prompt-rows tunes the rounded row counts of a range; a prompt of any length in
     it takes its products' algorithms from the file (through the count it rounds to), one plan
     per new length, and computes what the untuned model computes (fp16: within rounding)."""
     from warpformer.gemm_tune import row_buckets
     from warpformer.models.gpt import load_gpt_model
+
+    monkeypatch.setenv("WARPFORMER_PROMPT_GRAPHS", "0")  # m = the exact prompt length
 
     ckpt = _checkpoint(tmp_path, _tiny_gpt2(n_embd=128, n_head=2, n_layer=2, n_positions=1024),
                        "fp16")
@@ -419,10 +425,11 @@ def test_gemm_tune_lists_every_shape_the_engine_plans(family, fuse, tmp_path, mo
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 def test_prefill_groups_follow_the_activation_budget(dtype, tmp_path, monkeypatch):
     """A 1,024-wide model's prompt of 4 x 1,000 tokens runs as one group of 4,000 tokens in fp16
-    (16 KiB of activations a token: 4,096-token groups fit GptModel::kPrefillActivationBytes) and
-    as two of 2,000 in fp32 (32 KiB a token: 2,048), as gemm-tune's mirror says; the
-    prompt's products show it (their m is the group's token count)."""
-    from warpformer.gemm_tune import prefill_group_tokens, prefill_groups
+    (16 KiB of activations a token: 4,096-token groups fit GptModel::kPrefillActivationBytes),
+    replayed as a prompt graph at 4,032 rows, and as two of 2,000 in fp32 (32 KiB a token:
+    2,048), as gemm-tune's mirror says; the prompt's products show it (their m is the group's
+    row count)."""
+    from warpformer.gemm_tune import prefill_group_tokens, prompt_pass_rows
     from warpformer.models.gpt import load_gpt_model
     from warpformer.weights import read_config
 
@@ -437,8 +444,8 @@ def test_prefill_groups_follow_the_activation_budget(dtype, tmp_path, monkeypatc
     elem = torch.empty(0, dtype=dtype).element_size()
     dims = ModelDims.from_config(read_config(ckpt.parent))
     assert prefill_group_tokens(dims, elem) == (4096 if elem == 2 else 2048)
-    want = set(prefill_groups([1000] * 4, prefill_group_tokens(dims, elem)))
-    assert qkv_rows == want == ({4000} if elem == 2 else {2000}), (dtype, qkv_rows)
+    want = set(prompt_pass_rows([1000] * 4, prefill_group_tokens(dims, elem), dims))
+    assert qkv_rows == want == ({4032} if elem == 2 else {2000}), (dtype, qkv_rows)
     # forward() computes a group's logits 2,048 rows at a time: the 4,000-token group's rows
     # (two chunks) equal each sequence scored alone (one chunk of 1,000), within rounding.
     lens = torch.full((4,), 1000, dtype=torch.int32, device="cuda")

@@ -348,6 +348,45 @@ def test_ragged_batch_equals_single_rows(name, workdir):
         assert int(seq[b, 0]) == int(one_len[0, 0])
 
 
+@pytest.mark.parametrize("name", list(TINY))
+def test_prompt_graph_replay_equals_eager(name, workdir, monkeypatch):
+    """A one-group prompt pass runs over its token count padded up (112 for both batches below:
+    100 and 111 tokens) with its attention grid for the longest sequence rounded up to 64, so
+    batches of other lengths and contents share one captured pass: the key's first pass is eager,
+    the second captured, later ones replayed. Tokens equal, and logits match, the exact-length
+    passes of WARPFORMER_PROMPT_GRAPHS=0 for every architecture (learned, rotary and ALiBi
+    positions; pre- and post-norm; OPT-350m's projections)."""
+    hf, path = converted(name, TINY, workdir, peak=4.0)
+    model = load_gpt_model(path, dtype=torch.float32, max_batch=4, max_seq_len=512)
+    a = random_batch(hf.config.vocab_size, [30, 7, 61, 2], seed=21)
+    b = random_batch(hf.config.vocab_size, [12, 50, 40, 9], seed=22)
+    monkeypatch.setenv("WARPFORMER_PROMPT_GRAPHS", "0")
+    want = {k: (model.generate(*x, 16), model.forward(*x)) for k, x in (("a", a), ("b", b))}
+    monkeypatch.delenv("WARPFORMER_PROMPT_GRAPHS")
+    monkeypatch.delenv("WARPFORMER_CUDA_GRAPHS", raising=False)
+    assert model.prompt_graph_stats() == [0, 0]
+    model.generate(*a, 16)
+    assert model.prompt_graph_stats() == [1, 0]  # the key's first pass: eager
+    # Captured by the second pass, or the third if the first grew the products' workspace (the
+    # graphs of the old buffers are then dropped).
+    model.generate(*a, 16)
+    model.generate(*a, 16)
+    held, replays = model.prompt_graph_stats()
+    assert held == 1 and replays >= 1
+    span = float(want["a"][1].max() - want["a"][1].min())
+    for k, call in [("b", "generate"), ("a", "forward"), ("b", "forward"), ("a", "generate")]:
+        x = a if k == "a" else b
+        if call == "generate":
+            out, seq = model.generate(*x, 16)
+            assert torch.equal(out, want[k][0][0]) and torch.equal(seq, want[k][0][1]), k
+        else:
+            got = model.forward(*x)
+            err = masked_err(got, want[k][1], x[1])
+            assert err <= 1e-5 * span, f"{name} {k}: logits off by {err:.3e} (range {span:.3f})"
+        replays += 1
+        assert model.prompt_graph_stats() == [1, replays], (name, k, call)
+
+
 # Prompts run through the layers in groups of whole sequences (GptModel's prefill groups; the
 # tests set the group size to 1,024 tokens with WARPFORMER_PREFILL_TOKENS, the default being
 # 2,048). Lengths chosen so that groups end before and after sequences of every size;

@@ -180,7 +180,7 @@ void GptModel::decode_start(const int32_t* ids, const std::vector<int32_t>& leng
               opt.beam_width);
   TORCH_CHECK(output_len >= 1, "GptModel.decode: output_len must be >= 1, got ", output_len);
   TORCH_CHECK(!lengths.empty(), "GptModel.decode: empty batch");
-  drop_step_graphs(/*unshared_only=*/true);
+  drop_graphs(/*unshared_only=*/true);
   const StreamScope scope(this);
   Session& s = session_;
   s = Session{};
@@ -649,7 +649,7 @@ void GptModel::decode_finish() {
   }
   // The pinned flag may still be the target of a pending copy.
   if (s.flag_pending) WF_CUDA_CHECK(cudaEventSynchronize(flag_event_));
-  drop_step_graphs(/*unshared_only=*/true);
+  drop_graphs(/*unshared_only=*/true);
   s.active = false;
 }
 
@@ -658,7 +658,7 @@ void GptModel::decode_abort() {
   if (decode_stream_ != nullptr) cudaStreamSynchronize(decode_stream_);
   cudaStreamSynchronize(ctx_->stream());
   (void)cudaGetLastError();
-  drop_step_graphs(/*unshared_only=*/false);
+  drop_graphs(/*unshared_only=*/false);
   s.flag_pending = false;
   s.active = false;
 }

@@ -380,7 +380,7 @@ void GptModel::attach(Communicator* comm, const char* kind, int64_t size, int64_
   check_same_schedule(comm, kind);
   // No step graph may outlive the communicator it baked (nor run on it while it is replaced).
   if (decode_stream_ != nullptr) WF_CUDA_CHECK(cudaStreamSynchronize(decode_stream_));
-  drop_step_graphs(/*unshared_only=*/false);
+  drop_graphs(/*unshared_only=*/false);
   *slot = comm;
   ++buffer_generation_;
 }
@@ -437,7 +437,8 @@ int64_t GptModel::plan_prefill(const std::vector<int32_t>& lengths) {
     if (t - g.t0 >= target && b + 1 < batch) close(b + 1);
   }
   close(batch);
-  return most;
+  prompt_tokens_ = groups_.size() == 1 ? prompt_graph_tokens(total) : 0;
+  return std::max(most, prompt_tokens_);
 }
 
 void GptModel::check_same_schedule(Communicator* comm, const char* kind) {
@@ -472,8 +473,12 @@ void GptModel::prefill(const int32_t* ids, const std::vector<int32_t>& lengths, 
                        int64_t slot_stride,
                        const std::function<void(const PrefillGroup&)>& done) {
   const int64_t batch = static_cast<int64_t>(lengths.size());
-  const int64_t tokens = groups_.back().t1;
+  const int64_t real = groups_.back().t1;
   const int64_t n_groups = static_cast<int64_t>(groups_.size());
+  // A pass that runs as a prompt graph (plan_prefill) packs `tokens` tokens, the real ones then
+  // padding: token 0's id at position 0, its KV-cache write skipped (slot -1); the attention's
+  // sequences (cu) cover the real tokens only, and every other kernel treats rows on their own.
+  const int64_t tokens = std::max(real, prompt_tokens_);
   // Host-side index arrays, uploaded in one copy.
   const size_t o_gather = 0, o_slot = tokens, o_pos = 2 * tokens, o_ids = 3 * tokens;
   const size_t o_cu = 4 * tokens, o_iota = o_cu + batch + n_groups, o_last = o_iota + batch;
@@ -495,12 +500,19 @@ void GptModel::prefill(const int32_t* ids, const std::vector<int32_t>& lengths, 
     }
     cu[g.b1 - g.b0] = static_cast<int32_t>(t - g.t0);
   }
+  for (; t < tokens; ++t) {
+    host[o_gather + t] = 0;
+    host[o_slot + t] = -1;
+    host[o_pos + t] = 0;
+  }
   const int64_t ints = static_cast<int64_t>(host.size());
   if (ints > meta_ints_) {
+    // Grown by half at least: prompt graphs are keyed by the block they read (PromptKey::meta).
+    const int64_t n = grown(ints, meta_ints_, 2 * ints);
     meta_.reset();
     meta_ints_ = 0;
-    meta_ = DeviceBuffer(ctx_->allocator(), ints * sizeof(int32_t), ctx_->stream());
-    meta_ints_ = ints;
+    meta_ = DeviceBuffer(ctx_->allocator(), n * sizeof(int32_t), ctx_->stream());
+    meta_ints_ = n;
   }
   auto* base = meta_.as<int32_t>();
   WF_CUDA_CHECK(cudaMemcpyAsync(base, host.data(), ints * sizeof(int32_t), cudaMemcpyHostToDevice,
@@ -519,11 +531,6 @@ void GptModel::prefill(const int32_t* ids, const std::vector<int32_t>& lengths, 
   }
   for (int64_t gi = 0; gi < n_groups; ++gi) {
     const PrefillGroup& g = groups_[gi];
-    if (cfg_.first_stage()) {
-      embed(d_ids_ + g.t0, d_pos_ + g.t0, g.tokens(), seq);
-    } else {
-      stage_recv(g.tokens());
-    }
     layers::AttentionInputs ai{};
     ai.num_slots = static_cast<int>(kv_slots_);
     ai.max_seq = static_cast<int>(kv_seq_);
@@ -535,13 +542,31 @@ void GptModel::prefill(const int32_t* ids, const std::vector<int32_t>& lengths, 
     ai.seq_slot = d_iota_ + g.b0;
     ai.batch = static_cast<int>(g.b1 - g.b0);
     ai.max_seqlen = g.max_len;
-    run_layers(g.tokens(), ai);
+    if (prompt_tokens_ > 0) {
+      // One group on one GPU: the attention grid for the longest sequence rounded up to 64
+      // queries (the tiles past a sequence's end return at once), so that prompts of other
+      // lengths share the graph.
+      ai.max_seqlen = (g.max_len + 63) / 64 * 64;
+      run_prompt(tokens, seq, ai);
+    } else {
+      if (cfg_.first_stage()) {
+        embed(d_ids_ + g.t0, d_pos_ + g.t0, g.tokens(), seq);
+      } else {
+        stage_recv(g.tokens());
+      }
+      run_layers(g.tokens(), ai);
+    }
     if (cfg_.last_stage()) {
       done(g);
     } else {
       stage_send(g.tokens());
     }
   }
+}
+
+void GptModel::prompt_body(int64_t tokens, int64_t seq, const layers::AttentionInputs& ai) {
+  embed(d_ids_, d_pos_, tokens, seq);
+  run_layers(tokens, ai);
 }
 
 void GptModel::stage_recv(int64_t tokens) {
@@ -606,7 +631,7 @@ void GptModel::forward(const int32_t* ids, const std::vector<int32_t>& lengths, 
 }
 
 GptModel::~GptModel() {
-  drop_step_graphs(/*unshared_only=*/false);
+  drop_graphs(/*unshared_only=*/false);
   if (decode_stream_ != nullptr) {
     cudaStreamSynchronize(decode_stream_);
     cudaStreamDestroy(decode_stream_);

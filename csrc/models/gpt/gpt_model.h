@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "csrc/core/communicator.h"
@@ -154,6 +155,10 @@ class GptModel {
   // Ends a session after an error, leaving the instance usable (outputs are unspecified).
   void decode_abort();
   bool decode_active() const { return session_.active; }
+  // (prompt graphs held, prompt passes replayed from one so far): for tests and benchmarks.
+  std::pair<int64_t, int64_t> prompt_graph_stats() const {
+    return {static_cast<int64_t>(prompt_graphs_.size()), prompt_replays_};
+  }
   int64_t decode_tokens_done() const { return session_.steps_done; }
   // Greedy generation in one call (decode_start with greedy options + steps + finish).
   void generate_greedy(const int32_t* ids, const std::vector<int32_t>& lengths, int64_t seq,
@@ -189,8 +194,9 @@ class GptModel {
     int64_t tokens() const { return t1 - t0; }
   };
   // Splits the batch into as few prefill groups as prefill_group_tokens() allows, of about equal
-  // size (none over it unless one sequence is); returns the largest group's token count, which
-  // is what the activation buffer must hold.
+  // size (none over it unless one sequence is), and decides whether the pass runs as a captured
+  // prompt graph (prompt_tokens_); returns the token count the activation buffer must hold (the
+  // largest group's, or the graph's padded count).
   int64_t plan_prefill(const std::vector<int32_t>& lengths);
   // The group size: WARPFORMER_PREFILL_TOKENS, else as prefill_group_tokens() says.
   int64_t prefill_group_size() const;
@@ -209,6 +215,8 @@ class GptModel {
   void prefill(const int32_t* ids, const std::vector<int32_t>& lengths, int64_t seq,
                int64_t slot_stride, const std::function<void(const PrefillGroup&)>& done);
   void embed(const int32_t* token_ids, const int32_t* positions, int64_t tokens, int64_t seq_len);
+  // One group's embedding and layers over `tokens` packed tokens (prefill).
+  void prompt_body(int64_t tokens, int64_t seq, const layers::AttentionInputs& ai);
   void run_layers(int64_t tokens, const layers::AttentionInputs& base);
   void stage_recv(int64_t tokens);  // hidden states [tokens, h] from the previous stage into x
   void stage_send(int64_t tokens);  // x to the next stage
@@ -360,9 +368,49 @@ class GptModel {
   bool shares_step_graph(const DecodeOptions& opt) const;  // Session::shared for a new session
   StepKey step_key() const;
   StepGraph& step_graph(const StepKey& key);  // found or added (stale keys dropped)
-  void drop_step_graphs(bool unshared_only);
+  // Drops the unshared step graphs, or (unshared_only false) every step and prompt graph.
+  void drop_graphs(bool unshared_only);
   void run_step();                    // one step: replayed, captured, or eager (decode_step)
-  cudaGraphExec_t capture_step();     // decode_step_body as a graph (null: could not)
+  // `body`'s launches on the model's stream captured as a graph (null: could not; `what` names
+  // the work in the warning).
+  cudaGraphExec_t capture(const std::function<void()>& body, const char* what);
+
+  // Captured prompt passes (gpt_step_graphs.cpp). A one-group prompt pass on one GPU runs over
+  // its token count padded up (prompt_graph_tokens: to a multiple of 16 up to 128 tokens, of 64
+  // beyond), the padded tokens' KV-cache writes skipped (slot -1) and their rows left unread,
+  // and its attention grid sized for the longest sequence rounded up to 64; so prompts of other
+  // lengths and contents share a graph of the embedding and every layer, replayed with one launch
+  // instead of ~8 kernel and cuBLASLt launches a layer. The key holds everything those launches
+  // bake: the padded count, the sequences, the attention grid, the index arrays' block and the
+  // buffers' generation. A key's first pass runs eagerly (it plans the products and may grow
+  // their workspace, which a capture cannot); its second is captured.
+  struct PromptKey {
+    int64_t tokens = 0, batch = 0, max_seqlen = 0;
+    const void* meta = nullptr;
+    size_t generation = 0;
+    bool operator==(const PromptKey& o) const {
+      return tokens == o.tokens && batch == o.batch && max_seqlen == o.max_seqlen &&
+             meta == o.meta && generation == o.generation;
+    }
+  };
+  struct PromptGraph {
+    PromptKey key;
+    cudaGraphExec_t exec = nullptr;
+    int64_t eager_runs = 0;
+    bool failed = false;
+    uint64_t used = 0;
+  };
+  // LAMBADA-shaped batches of 8 (300-1,100 tokens, the longest 60-250) make about 40 keys.
+  static constexpr size_t kMaxPromptGraphs = 48;
+  std::vector<PromptGraph> prompt_graphs_;
+  uint64_t prompt_clock_ = 0;
+  int64_t prompt_tokens_ = 0;     // set by plan_prefill: the padded count, or 0 (no graph)
+  int64_t prompt_replays_ = 0;    // prompt passes replayed from a graph (prompt_graph_stats)
+  // The padded token count of a one-group pass of `tokens` tokens that may run as a graph, or 0.
+  int64_t prompt_graph_tokens(int64_t tokens) const;
+  // A one-group pass: replayed, captured or eager (prefill).
+  void run_prompt(int64_t tokens, int64_t seq, const layers::AttentionInputs& ai);
+
   Session session_;
   size_t buffer_generation_ = 0;    // bumped whenever a buffer a graph may bake is reallocated
   // Changes whenever a buffer a graph may bake was reallocated, the GEMM workspace included.

@@ -13,6 +13,7 @@
 
 #include "csrc/core/check.h"
 #include "csrc/models/gpt/gpt_model.h"
+#include "kernels/gemv.h"
 
 namespace warpformer {
 namespace gpt {
@@ -39,6 +40,10 @@ bool graphs_enabled() { return !env_off("WARPFORMER_CUDA_GRAPHS"); }
 // sampling ones do (for A/B measurements).
 bool shared_graphs_enabled() { return !env_off("WARPFORMER_SHARED_GRAPHS"); }
 
+// WARPFORMER_PROMPT_GRAPHS=0 (read per call): prompt passes run eagerly over their exact token
+// count, as before prompt graphs (for A/B measurements).
+bool prompt_graphs_enabled() { return !env_off("WARPFORMER_PROMPT_GRAPHS"); }
+
 // Destroys and removes the graphs `which` selects. (Destroying an executable graph still in
 // flight frees it when it completes.)
 template <typename Graphs, typename Which>
@@ -51,6 +56,33 @@ void drop_graphs_if(Graphs* graphs, Which which) {
       ++it;
     }
   }
+}
+
+// The graph of `key` in `graphs` (StepGraph or PromptGraph entries), added if missing; graphs of
+// another generation are dropped first (they bake buffers that are gone and can never run
+// again), and the least recently used one when `limit` are held.
+template <typename Graph, typename Key>
+Graph& find_or_add(std::vector<Graph>* graphs, const Key& key, uint64_t* clock, size_t limit) {
+  ++*clock;
+  drop_graphs_if(graphs, [&](const Graph& g) { return g.key.generation != key.generation; });
+  for (Graph& g : *graphs) {
+    if (g.key == key) {
+      g.used = *clock;
+      return g;
+    }
+  }
+  if (graphs->size() >= limit) {
+    const uint64_t oldest =
+        std::min_element(graphs->begin(), graphs->end(),
+                         [](const Graph& a, const Graph& b) { return a.used < b.used; })
+            ->used;
+    drop_graphs_if(graphs, [&](const Graph& g) { return g.used == oldest; });
+  }
+  Graph g;
+  g.key = key;
+  g.used = *clock;
+  graphs->push_back(g);
+  return graphs->back();
 }
 
 }  // namespace
@@ -76,33 +108,13 @@ GptModel::StepKey GptModel::step_key() const {
 }
 
 GptModel::StepGraph& GptModel::step_graph(const StepKey& key) {
-  ++step_clock_;
-  // A graph of an older generation bakes buffers that are gone: it can never run again.
-  drop_graphs_if(&step_graphs_,
-                 [&](const StepGraph& g) { return g.key.generation != key.generation; });
-  for (StepGraph& g : step_graphs_) {
-    if (g.key == key) {
-      g.used = step_clock_;
-      return g;
-    }
-  }
-  if (step_graphs_.size() >= kMaxStepGraphs) {
-    const uint64_t oldest =
-        std::min_element(step_graphs_.begin(), step_graphs_.end(),
-                         [](const StepGraph& a, const StepGraph& b) { return a.used < b.used; })
-            ->used;
-    drop_graphs_if(&step_graphs_, [&](const StepGraph& g) { return g.used == oldest; });
-  }
-  StepGraph g;
-  g.key = key;
-  g.used = step_clock_;
-  step_graphs_.push_back(g);
-  return step_graphs_.back();
+  return find_or_add(&step_graphs_, key, &step_clock_, kMaxStepGraphs);
 }
 
-void GptModel::drop_step_graphs(bool unshared_only) {
+void GptModel::drop_graphs(bool unshared_only) {
   drop_graphs_if(&step_graphs_,
                  [&](const StepGraph& g) { return !unshared_only || g.key.serial != 0; });
+  if (!unshared_only) drop_graphs_if(&prompt_graphs_, [](const PromptGraph&) { return true; });
 }
 
 // One decode step after the first token. Tensor parallelism is captured too (NCCL collectives are
@@ -132,7 +144,7 @@ void GptModel::run_step() {
       ++g.eager_steps;
       return;
     }
-    g.exec = capture_step();
+    g.exec = capture([this] { decode_step_body(); }, "decode step");
     if (g.exec == nullptr) {
       g.failed = true;  // not retried by later sessions under this key
       decode_step_body();
@@ -152,25 +164,25 @@ void GptModel::sync_out() {
                                 cudaMemcpyDeviceToDevice, stream));
 }
 
-// Null when the step could not be captured; run_step then marks its key failed, so neither this
-// session nor a later one under the key tries again.
-cudaGraphExec_t GptModel::capture_step() {
+// Null when the work could not be captured; the caller then marks its key failed, so neither
+// this call nor a later one under the key tries again.
+cudaGraphExec_t GptModel::capture(const std::function<void()>& body, const char* what) {
   cudaStream_t stream = ctx_->stream();
   cudaGraph_t graph = nullptr;
   const cudaError_t begin = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
   if (begin != cudaSuccess) {
     (void)cudaGetLastError();
-    TORCH_WARN_ONCE("warpformer: cannot capture the decode step in a CUDA graph (",
+    TORCH_WARN_ONCE("warpformer: cannot capture the ", what, " in a CUDA graph (",
                     cudaGetErrorString(begin), "); running it without graphs");
     return nullptr;
   }
   try {
-    decode_step_body();
+    body();
   } catch (...) {
     cudaStreamEndCapture(stream, &graph);
     if (graph != nullptr) cudaGraphDestroy(graph);
     (void)cudaGetLastError();
-    TORCH_WARN_ONCE("warpformer: a decode step could not be captured in a CUDA graph; "
+    TORCH_WARN_ONCE("warpformer: the ", what, " could not be captured in a CUDA graph; "
                     "running it without graphs");
     return nullptr;
   }
@@ -180,11 +192,55 @@ cudaGraphExec_t GptModel::capture_step() {
       cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) {
     (void)cudaGetLastError();
     exec = nullptr;
-    TORCH_WARN_ONCE("warpformer: CUDA graph capture of the decode step failed (",
+    TORCH_WARN_ONCE("warpformer: CUDA graph capture of the ", what, " failed (",
                     cudaGetErrorString(end), "); running it without graphs");
   }
   if (graph != nullptr) cudaGraphDestroy(graph);
   return exec;
+}
+
+int64_t GptModel::prompt_graph_tokens(int64_t tokens) const {
+  // One GPU only: tensor-parallel ranks would have to capture and replay their collectives
+  // together, and pipeline stages exchange each group with send/recv ordered by the host. Up to
+  // kGemvMaxRows tokens the products run on the GEMV path, which padding would change.
+  if (!graphs_enabled() || !prompt_graphs_enabled() || cfg_.tensor_para_size != 1 ||
+      cfg_.pipeline_para_size != 1 || tokens <= kernels::kGemvMaxRows) {
+    return 0;
+  }
+  const int64_t step = tokens <= 128 ? 16 : 64;
+  return (tokens + step - 1) / step * step;
+}
+
+// The eager pass of a key comes first for the reason decode steps' does (gpt_decode.cpp): it
+// plans the products of the padded row count; a capture could not grow their workspace.
+void GptModel::run_prompt(int64_t tokens, int64_t seq, const layers::AttentionInputs& ai) {
+  auto body = [&] { prompt_body(tokens, seq, ai); };
+  PromptKey key;
+  key.tokens = tokens;
+  key.batch = ai.batch;
+  key.max_seqlen = ai.max_seqlen;
+  key.meta = meta_.data();
+  key.generation = graph_generation();
+  PromptGraph& g = find_or_add(&prompt_graphs_, key, &prompt_clock_, kMaxPromptGraphs);
+  if (g.failed) {
+    body();
+    return;
+  }
+  if (g.exec == nullptr) {
+    if (g.eager_runs == 0) {
+      body();
+      ++g.eager_runs;
+      return;
+    }
+    g.exec = capture(body, "prompt pass");
+    if (g.exec == nullptr) {
+      g.failed = true;
+      body();
+      return;
+    }
+  }
+  WF_CUDA_CHECK(cudaGraphLaunch(g.exec, ctx_->stream()));
+  ++prompt_replays_;
 }
 
 }  // namespace gpt
