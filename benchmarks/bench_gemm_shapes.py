@@ -38,7 +38,7 @@ from warpformer.gemm_tune import (  # noqa: E402
     ModelDims,
     layer_shapes,
     logits_shapes,
-    prefill_groups,
+    prompt_pass_rows,
 )
 
 # The engine runs a transposed ([n, k]) lm_head of at most this many rows on its GEMV, not on
@@ -86,11 +86,12 @@ def parse_cases(text: str) -> list[Case]:
 
 def prompt_products(shape: common.ModelShape, case: Case,
                     group_tokens: int) -> tuple[list[int], list[tuple[GemmShape, int]]]:
-    """The groups' token counts and every cuBLASLt product of one prompt pass with its count:
+    """The groups' row counts (a one-group pass's padded count when it runs as a prompt graph)
+    and every cuBLASLt product of one prompt pass with its count:
     ``layers`` per group for the layer products, once for the logits of the last tokens (but not
     a transposed lm_head of at most ``GEMV_LM_HEAD_ROWS`` rows: the engine's GEMV runs it)."""
     dims = model_dims(shape)
-    groups = prefill_groups([case.length] * case.batch, group_tokens)
+    groups = prompt_pass_rows([case.length] * case.batch, group_tokens, dims)
     products: list[tuple[GemmShape, int]] = []
     for tokens in groups:
         products += [(s, shape.layers) for s in layer_shapes(dims, tokens, "context")]

@@ -74,8 +74,9 @@ from common import (
 # preparation and norms as kernels of their own), only the attention fusion, and every fusion
 # but the parallel-residual decode step's (MLP-in product beside the attention, one launch for
 # the two output products), every fusion but the paired QKV and MLP-in products of that step,
-# every fusion but the tanh-GELU in cuBLASLt's epilogue, and prefill-N: prompt groups of at most
-# N tokens. Each environment variable is read when the engine is built.
+# every fusion but the tanh-GELU in cuBLASLt's epilogue, prompt passes without CUDA graphs
+# (exact token counts, every kernel launched), and prefill-N: prompt groups of at most N tokens.
+# The environment stays set while the variant's engine is built and timed.
 VARIANT_ENV = {
     "gemv-off": ("WARPFORMER_GEMV", "0"),
     "unfused": ("WARPFORMER_FUSE", "0"),
@@ -83,6 +84,7 @@ VARIANT_ENV = {
     "parallel-off": ("WARPFORMER_FUSE", "attention,norms,activation"),
     "pair-off": ("WARPFORMER_FUSE", "attention,norms,parallel,activation"),
     "activation-off": ("WARPFORMER_FUSE", "attention,norms,parallel,pair"),
+    "prompt-graphs-off": ("WARPFORMER_PROMPT_GRAPHS", "0"),
 }
 VARIANTS = (*VARIANT_ENV, "tuned", "tuned-warm", "prefill-N")
 ENGINES = ("warpformer", *(f"warpformer-{v}" for v in VARIANTS), "hf-eager", "hf-compiled")
@@ -205,7 +207,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "layer's QKV and MLP-in products as two launches, the MLP-in beside "
                          "the attention), "
                          "activation-off (WARPFORMER_FUSE=attention,norms,parallel,pair: tanh-GELU "
-                         "as a kernel after cuBLASLt's product), prefill-N "
+                         "as a kernel after cuBLASLt's product), prompt-graphs-off "
+                         "(WARPFORMER_PROMPT_GRAPHS=0: prompt passes launched kernel by kernel "
+                         "over their exact token count), prefill-N "
                          "(WARPFORMER_PREFILL_TOKENS=N: prompt groups of at most N tokens)")
     ap.add_argument("--hf-compile", choices=("none", "target", "all"), default="target",
                     help="HF static cache + compiled forward on: none, the target configuration "
@@ -338,10 +342,17 @@ def run_warpformer(weights, config, shape: ModelShape, row: Row,
     if variant in ("tuned", "tuned-warm"):
         gemm_config, changed = tuning_file(config, row.config, out_dir, variant == "tuned-warm")
         row.note = f"{variant}: {changed} shapes off the heuristic's first choice"
-    env = variant_env(variant)
-    with mock.patch.dict(os.environ, env):  # restored (or removed) when the engine is built
-        engine = build_gpt_model(config, weights, dtype=torch.float16, max_batch=B,
-                                 max_seq_len=n_in + n_out, gemm_config=gemm_config)
+    # Restored (or removed) on return; WARPFORMER_PROMPT_GRAPHS is read per call.
+    with mock.patch.dict(os.environ, variant_env(variant)):
+        return _time_warpformer(build_gpt_model(config, weights, dtype=torch.float16,
+                                                max_batch=B, max_seq_len=n_in + n_out,
+                                                gemm_config=gemm_config),
+                                shape, row, prompts, reps)
+
+
+def _time_warpformer(engine, shape: ModelShape, row: Row, prompts: torch.Tensor,
+                     reps: int) -> torch.Tensor:
+    B, n_in, n_out = row.config
     ids = prompts.to("cuda")
     lens = torch.full((B,), n_in, dtype=torch.int32, device="cuda")
     end_id = shape.vocab - 1  # its logit is pinned low: never generated

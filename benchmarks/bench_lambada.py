@@ -181,7 +181,8 @@ def run_warpformer(model_dir: Path, samples: list[Sample], batches: list[list[in
     passes of the class's ``generate`` on the same instance, alternating without and with that
     environment variable set (read by the engine per call): ``warpformer-again-K`` and
     ``warpformer-NAME=VALUE-K`` for K = 1, 2, an A/B in which both sides meet the same cached
-    GEMM plans."""
+    GEMM plans; and each in-flight row again with the variable set
+    (``warpformer-in-flight-N-NAME=VALUE``, right after the row without it)."""
     from warpformer.gpt import GPT
     from warpformer.models.gpt import build_gpt_model
     from warpformer.weights import load_weights, read_config
@@ -233,13 +234,18 @@ def run_warpformer(model_dir: Path, samples: list[Sample], batches: list[list[in
                 with mock.patch.dict(os.environ, env):
                     seconds, peak, outs = _timed_loop(step, batches, warmup)
                 results[f"warpformer-{label}-{k}"] = (seconds, peak, class_tokens(outs))
+    sides = [("", {})]
+    if ab_env is not None:
+        sides.append((f"-{ab_env[0]}={ab_env[1]}", dict([ab_env])))
     for n in in_flight:
-        seconds, peak, outs = _timed_batches(gpt, lists, out_lens, end_id, n)
-        tokens = [[] for _ in samples]
-        for out, b in zip(outs, batches, strict=True):
-            for row, i in enumerate(b):
-                tokens[i] = out[row][: samples[i].target_len]
-        results[f"warpformer-in-flight-{n}"] = (seconds, peak, tokens)
+        for suffix, env in sides:
+            with mock.patch.dict(os.environ, env):
+                seconds, peak, outs = _timed_batches(gpt, lists, out_lens, end_id, n)
+            tokens = [[] for _ in samples]
+            for out, b in zip(outs, batches, strict=True):
+                for row, i in enumerate(b):
+                    tokens[i] = out[row][: samples[i].target_len]
+            results[f"warpformer-in-flight-{n}{suffix}"] = (seconds, peak, tokens)
     return results
 
 
@@ -301,7 +307,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--dry-run", action="store_true", help="print the workload; no GPU")
     ap.add_argument("--ab-env", type=_name_value, default=None, metavar="NAME=VALUE",
                     help="A/B: four more passes of the class's generate on the same engine, "
-                         "alternating without and with this environment variable")
+                         "alternating without and with this environment variable, and each "
+                         "--in-flight row again with it")
     ap.add_argument("--in-flight", type=_counts, default=(1, 2, 3), metavar="N[,N...]|none",
                     help="also time GPT.generate_batches on token lists with N batches in "
                          "flight (N engine instances over the same weights, a CUDA stream "

@@ -167,8 +167,9 @@ def test_generate_args_rejected(argv):
 
 
 def test_variants_parsed_and_their_environment(monkeypatch):
-    """Each --wf-variants entry names the environment its engine is built under, set only while
-    the engine is built (the next engine gets the caller's environment back)."""
+    """Each --wf-variants entry names the environment its engine is built and timed under, set
+    only while that engine is built and timed (the next engine gets the caller's environment
+    back)."""
     a = bench_generate.parse_args(["--wf-variants",
                                    "attention-only,unfused,gemv-off,tuned,parallel-off"])
     assert a.wf_variants == ["attention-only", "unfused", "gemv-off", "tuned", "parallel-off"]
@@ -198,6 +199,22 @@ def test_variants_parsed_and_their_environment(monkeypatch):
                     {"WARPFORMER_FUSE": "1", "WARPFORMER_GEMV": "0"},
                     {"WARPFORMER_FUSE": "1", "WARPFORMER_GEMV": None}]
     assert os.environ["WARPFORMER_FUSE"] == "1" and "WARPFORMER_GEMV" not in os.environ
+    # WARPFORMER_PROMPT_GRAPHS is read per call: it must still be set while the engine is timed.
+    timed = []
+
+    def fake_time(engine, *args):
+        timed.append((engine, os.environ.get("WARPFORMER_PROMPT_GRAPHS")))
+        raise Built
+
+    monkeypatch.setattr(gpt_models, "build_gpt_model", lambda *a, **k: "engine")
+    monkeypatch.setattr(bench_generate, "_time_warpformer", fake_time)
+    monkeypatch.delenv("WARPFORMER_PROMPT_GRAPHS", raising=False)
+    for variant in ("prompt-graphs-off", ""):
+        with pytest.raises(Built):
+            bench_generate.run_warpformer(None, None, SHAPES["gpt2-medium"], row, None, 1,
+                                          variant)
+    assert timed == [("engine", "0"), ("engine", None)]
+    assert "WARPFORMER_PROMPT_GRAPHS" not in os.environ
 
 
 def test_configs_and_compiled_selection():

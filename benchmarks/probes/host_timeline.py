@@ -130,6 +130,10 @@ def main(argv: list[str] | None = None) -> int:
           "the GPU busy | wait after it ms |\n|---|---:|---:|---:|")
     for label, one, env in (("new tokens as in the workload", False, {}),
                             ("one new token (prompt pass)", True, {}),
+                            ("new tokens, WARPFORMER_PROMPT_GRAPHS=0", False,
+                             {"WARPFORMER_PROMPT_GRAPHS": "0"}),
+                            ("one new token, WARPFORMER_PROMPT_GRAPHS=0", True,
+                             {"WARPFORMER_PROMPT_GRAPHS": "0"}),
                             ("new tokens, WARPFORMER_CUDA_GRAPHS=0", False,
                              {"WARPFORMER_CUDA_GRAPHS": "0"}),
                             ("new tokens, WARPFORMER_SHARED_GRAPHS=0", False,
