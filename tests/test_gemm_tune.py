@@ -134,9 +134,19 @@ def test_prompt_pass_rows_mirror_the_engine(monkeypatch) -> None:
     assert prompt_pass_rows([1000] * 4, 2048, one) == [2000, 2000]
     ms = {s.m for s in gemm_shapes(one, 8, 1, 81) if s.what == "context qkv"}
     assert ms == {704}  # 648 tokens
+    # --prompt-rows covers the padded counts too: a 150-token pass runs at 192 rows, a 50-token
+    # one at 64, outside the exact counts' buckets.
+    for (lo, hi), padded in (((129, 176), 192), ((1, 50), 64)):
+        ms = {s.m for s in gemm_shapes(one, 1, 1, 16, prompt_rows=(lo, hi))
+              if s.what == "context ffn out"}
+        assert padded in ms and padded not in row_buckets(lo, hi)
+        assert set(row_buckets(lo, hi)) <= ms
     for var in ("WARPFORMER_CUDA_GRAPHS", "WARPFORMER_PROMPT_GRAPHS"):
         monkeypatch.setenv(var, "0")
         assert prompt_pass_rows([1000] * 4, 4096, one) == [4000]
+        ms = {s.m for s in gemm_shapes(one, 1, 1, 16, prompt_rows=(129, 176))
+              if s.what == "context ffn out"}
+        assert ms == {16} | set(row_buckets(129, 176))
         monkeypatch.delenv(var)
 
 

@@ -260,7 +260,9 @@ def gemm_shapes(dims: ModelDims, batch: int, beam: int, max_input_len: int,
     decode.
     ``dtype_bytes`` is the element size (it decides the MLP-in epilogue). ``prompt_rows``
     ``(lo, hi)`` adds the layers' products at every rounded row count of that range
-    (``row_buckets``), whose entries serve every prompt group of ``lo`` to ``hi`` tokens."""
+    (``row_buckets``) and at the rounded padded count of a one-group pass of each length in it
+    (``prompt_graph_tokens``), whose entries serve every prompt group of ``lo`` to ``hi``
+    tokens."""
     if group_tokens is not None and group_tokens < 1:
         raise ValueError(f"group_tokens must be >= 1 (or None for the engine's default), got "
                          f"{group_tokens}")
@@ -269,7 +271,12 @@ def gemm_shapes(dims: ModelDims, batch: int, beam: int, max_input_len: int,
     for tokens in sorted(set(prompt_pass_rows([max_input_len] * batch, size, dims))):
         shapes += layer_shapes(dims, tokens, "context", dtype_bytes)
     if prompt_rows is not None:
-        for rows in row_buckets(*prompt_rows):
+        lo, hi = prompt_rows
+        counts = set(row_buckets(lo, hi))
+        # A one-group pass of m tokens runs its products at its padded count (a prompt graph).
+        counts |= {heuristic_rows(p) for m in range(lo, hi + 1)
+                   if (p := prompt_graph_tokens(m, dims))}
+        for rows in sorted(counts):
             shapes += layer_shapes(dims, rows, "context", dtype_bytes)
     shapes += logits_shapes(dims, batch, "context")
     shapes += layer_shapes(dims, batch * beam, "decode", dtype_bytes)
@@ -390,8 +397,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-dir", help="converted <tp>-gpu dir: take dims and switches from it")
     p.add_argument("--prompt-rows", metavar="LO:HI",
                    help="also tune the prompt's products for every rounded row count between LO "
-                        "and HI tokens a prefill group (prompts of varying length, e.g. 256:2048); "
-                        "products of other counts borrow these choices")
+                        "and HI tokens a prefill group (prompts of varying length, e.g. 256:2048), "
+                        "and for the padded count a one-group pass of each such length runs at "
+                        "(prompt graphs); products of other counts borrow these choices")
     p.add_argument("--output", default="gemm_config.tsv", help="tuning file to write")
     p.add_argument("--max-algos", type=int, default=16, help="candidates timed per shape")
     p.add_argument("--reps", type=int, default=20,
