@@ -4,6 +4,8 @@
 // share one: their token outputs live in the model's state and are copied to the caller's after
 // each decode_step call (sync_out), so a workload of many short generations (LAMBADA: 1-3 tokens
 // a batch) replays one graph instead of launching every step eagerly.
+// And its captured prompt passes (PromptKey, gpt_model.h): a one-group pass on one GPU over its
+// padded token count, shared by prompts of other lengths and contents.
 #include <c10/util/Exception.h>
 
 #include <algorithm>
