@@ -392,6 +392,20 @@ def test_prompt_graph_replay_equals_eager(name, dtype, workdir, monkeypatch):
         replays += 1
         assert model.prompt_graph_stats() == [2, replays], (name, k, call)
 
+    def peak(fn) -> int:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        fn()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base
+
+    # forward's logits buffer holds real rows only: no more memory than the exact-length pass.
+    replayed = peak(lambda: model.forward(*x["c"]))
+    monkeypatch.setenv("WARPFORMER_PROMPT_GRAPHS", "0")
+    exact = peak(lambda: model.forward(*x["c"]))
+    assert replayed == exact, (replayed, exact)
+
 
 # Prompts run through the layers in groups of whole sequences (GptModel's prefill groups; the
 # tests set the group size to 1,024 tokens with WARPFORMER_PREFILL_TOKENS, the default being

@@ -610,7 +610,10 @@ void GptModel::forward(const int32_t* ids, const std::vector<int32_t>& lengths, 
   const size_t row_bytes = v * es;
   // The logits of at most kPrefillGroupTokens rows at a time, [rows, vp], scattered to their
   // places without the vocab padding: a larger group (or one long sequence) costs no more memory.
-  const int64_t chunk = std::min(group_tokens, kPrefillGroupTokens);
+  // Only real tokens get logits: a prompt graph's padded rows are not counted.
+  int64_t real_most = 0;
+  for (const PrefillGroup& g : groups_) real_most = std::max(real_most, g.tokens());
+  const int64_t chunk = std::min(real_most, kPrefillGroupTokens);
   DeviceBuffer packed;
   if (cfg_.last_stage()) {
     packed = DeviceBuffer(ctx_->allocator(), chunk * vp * es, ctx_->stream());
