@@ -4,7 +4,8 @@
 measures, per batch of bench_lambada.py's workload (bloom-560m dimensions, batch 8, CPU inputs
 as ``GPT.generate`` passes them): the host time inside the engine's call, whether the GPU was
 still busy when the call returned (``torch.cuda.Stream.query``), and the wait that followed; with
-the real new-token counts and with one token (the prompt pass alone), and without CUDA graphs.
+the real new-token counts and with one token (the prompt pass alone), each also without prompt
+graphs (``WARPFORMER_PROMPT_GRAPHS=0``), and without any CUDA graphs or shared step graphs.
 Then ``GPT.generate_batches`` at 1-6 in flight, its host time split into the argument checks,
 the engine's call, the wait for the GPU before each batch's outputs are read, and the output
 conversion: where that host time nearly fills the wall, the host is the bound. (Run 0129 of

@@ -68,11 +68,12 @@ def run(gpt: GPT, items: Iterator, counts: int | tuple[int, ...], in_flight: int
     reference backend on its one engine as submitted. ``counts``: every batch's
     ``max_new_tokens``, or one per batch (checked); ``opts``: :meth:`GPT.generate`'s options.
 
-    One host thread drives every instance. The host is the bound from about 3 in flight on
-    (bloom-560m's LAMBADA batches: ~1.3 ms of launches a batch, mostly the prompt pass's), and
-    worker threads per instance were measured slower: the launches contend in the CUDA driver
-    (``benchmarks/HISTORY.md``, "Measured and dropped: batches in flight from worker
-    threads")."""
+    One host thread drives every instance. With the prompt pass replayed from a CUDA graph a
+    bloom-560m LAMBADA batch costs ~0.2 ms of host time, and the GPU is the bound from 2 in
+    flight on (before prompt graphs the host was, at ~1.3 ms of launches a batch). Worker threads
+    per instance were measured slower: the launches contend in the CUDA driver
+    (``benchmarks/HISTORY.md``, "Measured and dropped: batches in flight from worker threads",
+    "Prompt passes replayed from CUDA graphs")."""
     cuda = gpt.backend == "cuda"
     dev = torch.device("cuda", int(gpt.engine.device())) if cuda else None
     engines = [gpt.engine]
