@@ -69,8 +69,9 @@ def run(gpt: GPT, items: Iterator, counts: int | tuple[int, ...], in_flight: int
     ``max_new_tokens``, or one per batch (checked); ``opts``: :meth:`GPT.generate`'s options.
 
     One host thread drives every instance. With the prompt pass replayed from a CUDA graph a
-    bloom-560m LAMBADA batch costs ~0.2 ms of host time, and the GPU is the bound from 2 in
-    flight on (before prompt graphs the host was, at ~1.3 ms of launches a batch). Worker threads
+    bloom-560m LAMBADA batch costs ~0.2 ms of host time, so the host is no longer the bound, and
+    at 4 in flight the wall nears the GPU's ~2.0 ms a batch (before prompt graphs the host was
+    the bound from 3 in flight, at ~1.3 ms of launches a batch). Worker threads
     per instance were measured slower: the launches contend in the CUDA driver
     (``benchmarks/HISTORY.md``, "Measured and dropped: batches in flight from worker threads",
     "Prompt passes replayed from CUDA graphs")."""

@@ -400,7 +400,8 @@ class GptModel {
     bool failed = false;
     uint64_t used = 0;
   };
-  // LAMBADA-shaped batches of 8 (300-1,100 tokens, the longest 60-250) make about 40 keys.
+  // bench_lambada.py's 645 batches make 19 keys (batch 8 or its last 1; 48-980 tokens, the
+  // longest 64-256 once rounded), more when a buffer moves.
   static constexpr size_t kMaxPromptGraphs = 48;
   std::vector<PromptGraph> prompt_graphs_;
   uint64_t prompt_clock_ = 0;
