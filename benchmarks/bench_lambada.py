@@ -220,12 +220,16 @@ def run_warpformer(model_dir: Path, samples: list[Sample], batches: list[list[in
         out = gpt.generate(lists[i], out_lens[i], end_id=end_id)
         return [t[0] for t in out.tokens]
 
+    def list_tokens(outs: list[list[list[int]]]) -> list[list[int]]:
+        """Each sample's generated target tokens from per-batch token lists."""
+        toks: list[list[int]] = [[] for _ in samples]
+        for out, b in zip(outs, batches, strict=True):
+            for row, i in enumerate(b):
+                toks[i] = out[row][: samples[i].target_len]
+        return toks
+
     seconds, peak, outs = _timed_loop(api_step, batches, warmup)
-    tokens = [[] for _ in samples]
-    for out, b in zip(outs, batches, strict=True):
-        for row, i in enumerate(b):
-            tokens[i] = out[row][: samples[i].target_len]
-    results["warpformer-api"] = (seconds, peak, tokens)
+    results["warpformer-api"] = (seconds, peak, list_tokens(outs))
 
     if ab_env is not None:
         name, value = ab_env
@@ -241,11 +245,7 @@ def run_warpformer(model_dir: Path, samples: list[Sample], batches: list[list[in
         for suffix, env in sides:
             with mock.patch.dict(os.environ, env):
                 seconds, peak, outs = _timed_batches(gpt, lists, out_lens, end_id, n)
-            tokens = [[] for _ in samples]
-            for out, b in zip(outs, batches, strict=True):
-                for row, i in enumerate(b):
-                    tokens[i] = out[row][: samples[i].target_len]
-            results[f"warpformer-in-flight-{n}{suffix}"] = (seconds, peak, tokens)
+            results[f"warpformer-in-flight-{n}{suffix}"] = (seconds, peak, list_tokens(outs))
     return results
 
 
