@@ -549,12 +549,7 @@ void GptModel::prefill(const int32_t* ids, const std::vector<int32_t>& lengths, 
       ai.max_seqlen = (g.max_len + 63) / 64 * 64;
       run_prompt(tokens, seq, ai);
     } else {
-      if (cfg_.first_stage()) {
-        embed(d_ids_ + g.t0, d_pos_ + g.t0, g.tokens(), seq);
-      } else {
-        stage_recv(g.tokens());
-      }
-      run_layers(g.tokens(), ai);
+      prompt_body(g.t0, g.tokens(), seq, ai);
     }
     if (cfg_.last_stage()) {
       done(g);
@@ -564,8 +559,13 @@ void GptModel::prefill(const int32_t* ids, const std::vector<int32_t>& lengths, 
   }
 }
 
-void GptModel::prompt_body(int64_t tokens, int64_t seq, const layers::AttentionInputs& ai) {
-  embed(d_ids_, d_pos_, tokens, seq);
+void GptModel::prompt_body(int64_t t0, int64_t tokens, int64_t seq,
+                           const layers::AttentionInputs& ai) {
+  if (cfg_.first_stage()) {
+    embed(d_ids_ + t0, d_pos_ + t0, tokens, seq);
+  } else {
+    stage_recv(tokens);
+  }
   run_layers(tokens, ai);
 }
 

@@ -215,8 +215,9 @@ class GptModel {
   void prefill(const int32_t* ids, const std::vector<int32_t>& lengths, int64_t seq,
                int64_t slot_stride, const std::function<void(const PrefillGroup&)>& done);
   void embed(const int32_t* token_ids, const int32_t* positions, int64_t tokens, int64_t seq_len);
-  // One group's embedding and layers over `tokens` packed tokens (prefill).
-  void prompt_body(int64_t tokens, int64_t seq, const layers::AttentionInputs& ai);
+  // One group's embedding (or, past the first pipeline stage, its hidden states received from
+  // the previous stage) and this stage's layers over the `tokens` packed tokens from t0.
+  void prompt_body(int64_t t0, int64_t tokens, int64_t seq, const layers::AttentionInputs& ai);
   void run_layers(int64_t tokens, const layers::AttentionInputs& base);
   void stage_recv(int64_t tokens);  // hidden states [tokens, h] from the previous stage into x
   void stage_send(int64_t tokens);  // x to the next stage

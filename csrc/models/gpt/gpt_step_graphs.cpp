@@ -216,7 +216,7 @@ int64_t GptModel::prompt_graph_tokens(int64_t tokens) const {
 // The eager pass of a key comes first for the reason decode steps' does (gpt_decode.cpp): it
 // plans the products of the padded row count; a capture could not grow their workspace.
 void GptModel::run_prompt(int64_t tokens, int64_t seq, const layers::AttentionInputs& ai) {
-  auto body = [&] { prompt_body(tokens, seq, ai); };
+  auto body = [&] { prompt_body(0, tokens, seq, ai); };
   PromptKey key;
   key.tokens = tokens;
   key.batch = ai.batch;
