@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
 from warpformer.cli import main
+from warpformer.config import GptConfig
 from warpformer.gemm_tune import (
     MAX_WEIGHT_COPIES,
     GemmShape,
     ModelDims,
     activation_bytes_per_token,
+    dims_from_args,
     ffn_in_epilogue,
     gemm_shapes,
     heuristic_rows,
@@ -116,6 +120,21 @@ def test_cli_requires_dimensions(capsys) -> None:
         main(["gemm-tune", "--batch-size", "2"])
     with pytest.raises(SystemExit, match="--batch-size must be >= 1"):
         main(["gemm-tune", "--batch-size", "0", "--head-num", "2"])
+    with pytest.raises(SystemExit, match="--pipeline-para-size must be >= 1"):
+        main(["gemm-tune", "--pipeline-para-size", "0", "--head-num", "2"])
+
+
+def test_pipeline_size_reaches_the_dims() -> None:
+    """--pipeline-para-size (FT's gpt_gemm has none; the stage count is a runtime choice) reaches
+    ModelDims from the size arguments and from a checkpoint's config alike."""
+    args = argparse.Namespace(model_dir=None, head_num=16, size_per_head=64, inter_size=4096,
+                              vocab_size=50257, tensor_para_size=None, activation_type="gelu_tanh",
+                              pipeline_para_size=2)
+    assert dims_from_args(args) == ModelDims(1024, 4096, 50257, pipeline_para_size=2)
+    cfg = GptConfig(head_num=16, size_per_head=64, inter_size=4096, vocab_size=50257,
+                    num_layer=2, max_pos_seq_len=1024)
+    assert ModelDims.from_config(cfg, None, 2).pipeline_para_size == 2
+    assert ModelDims.from_config(cfg).pipeline_para_size == 1
 
 
 def test_prompt_pass_rows_mirror_the_engine(monkeypatch) -> None:
@@ -126,11 +145,15 @@ def test_prompt_pass_rows_mirror_the_engine(monkeypatch) -> None:
     monkeypatch.delenv("WARPFORMER_PROMPT_GRAPHS", raising=False)
     one = ModelDims(hidden=1024, inter=4096, vocab=50257)
     tp2 = ModelDims(hidden=1024, inter=4096, vocab=50257, tensor_para_size=2)
+    pp2 = ModelDims(hidden=1024, inter=4096, vocab=50257, pipeline_para_size=2)
     assert [prompt_graph_tokens(t, one) for t in (1, 8, 9, 16, 17, 128, 129, 640, 641, 4000)] \
         == [0, 0, 16, 16, 32, 128, 192, 640, 704, 4032]
     assert prompt_graph_tokens(100, tp2) == 0
+    assert prompt_graph_tokens(100, pp2) == 0
     assert prompt_pass_rows([1000] * 4, 4096, one) == [4032]
     assert prompt_pass_rows([1000] * 4, 4096, tp2) == [4000]
+    assert prompt_pass_rows([1000] * 4, 4096, pp2) == [4000]
+    assert {s.m for s in gemm_shapes(pp2, 8, 1, 81) if s.what == "context qkv"} == {648}
     assert prompt_pass_rows([1000] * 4, 2048, one) == [2000, 2000]
     ms = {s.m for s in gemm_shapes(one, 8, 1, 81) if s.what == "context qkv"}
     assert ms == {704}  # 648 tokens

@@ -68,15 +68,20 @@ class ModelDims:
     activation: str = "gelu_tanh"  # the MLP's: gelu_tanh, gelu_erf, relu or silu
     lm_head_bias: bool = False
     pre_layernorm: bool = True  # False: OPT-350m's post-norm layers
+    # Pipeline stages the layers are run on (a runtime choice, not the checkpoint's): it changes
+    # no product's shape, but only a one-stage model runs its prompts as padded graphs.
+    pipeline_para_size: int = 1
 
     @classmethod
-    def from_config(cls, c: GptConfig, tensor_para_size: int | None = None) -> ModelDims:
+    def from_config(cls, c: GptConfig, tensor_para_size: int | None = None,
+                    pipeline_para_size: int = 1) -> ModelDims:
         """The dimensions and switches of a converted checkpoint's ``GptConfig``, at the
-        checkpoint's tensor-parallel size unless ``tensor_para_size`` says otherwise."""
+        checkpoint's tensor-parallel size unless ``tensor_para_size`` says otherwise, run on
+        ``pipeline_para_size`` stages."""
         tp = c.tensor_para_size if tensor_para_size is None else tensor_para_size
         return cls(c.hidden_size, c.inter_size, c.vocab_size, tp,
                    c.word_embed_proj_dim, c.parallel_residual, c.activation_type,
-                   c.has_lm_head_bias, c.layernorm_type == "pre_layernorm")
+                   c.has_lm_head_bias, c.layernorm_type == "pre_layernorm", pipeline_para_size)
 
 
 # Gemm::kExactRows (csrc/core/gemm.h): products of more rows borrow the algorithm chosen for
@@ -190,13 +195,14 @@ GEMV_MAX_ROWS = 8
 
 def prompt_graph_tokens(tokens: int, dims: ModelDims) -> int:
     """The padded token count a one-group prompt pass of ``tokens`` tokens runs at as a CUDA
-    graph, or 0 when it runs unpadded (mirrors ``GptModel::prompt_graph_tokens`` for pipeline size
-    1): padded to a multiple of 16 up to 128 tokens, of 64 beyond, on one GPU
-    (``tensor_para_size`` 1) past ``GEMV_MAX_ROWS`` tokens, unless ``WARPFORMER_CUDA_GRAPHS`` or
+    graph, or 0 when it runs unpadded (mirrors ``GptModel::prompt_graph_tokens``): padded to a
+    multiple of 16 up to 128 tokens, of 64 beyond, on one GPU (``tensor_para_size`` and
+    ``pipeline_para_size`` 1) past ``GEMV_MAX_ROWS`` tokens, unless ``WARPFORMER_CUDA_GRAPHS`` or
     ``WARPFORMER_PROMPT_GRAPHS`` is ``0``."""
     off = any(os.environ.get(v) == "0"
               for v in ("WARPFORMER_CUDA_GRAPHS", "WARPFORMER_PROMPT_GRAPHS"))
-    if off or dims.tensor_para_size != 1 or tokens <= GEMV_MAX_ROWS:
+    if (off or dims.tensor_para_size != 1 or dims.pipeline_para_size != 1
+            or tokens <= GEMV_MAX_ROWS):
         return 0
     step = 16 if tokens <= 128 else 64
     return -(-tokens // step) * step
@@ -368,14 +374,16 @@ def dims_from_args(args: argparse.Namespace) -> ModelDims:
     if args.model_dir:
         from warpformer.weights import read_config
 
-        return ModelDims.from_config(read_config(args.model_dir), args.tensor_para_size)
+        return ModelDims.from_config(read_config(args.model_dir), args.tensor_para_size,
+                                     args.pipeline_para_size)
     missing = [n for n in ("head_num", "size_per_head", "inter_size", "vocab_size")
                if getattr(args, n) is None]
     if missing:
         raise SystemExit("gemm-tune: give --model-dir, or all of "
                          + ", ".join("--" + m.replace("_", "-") for m in missing))
     return ModelDims(args.head_num * args.size_per_head, args.inter_size, args.vocab_size,
-                     args.tensor_para_size or 1, activation=args.activation_type)
+                     args.tensor_para_size or 1, activation=args.activation_type,
+                     pipeline_para_size=args.pipeline_para_size)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -394,6 +402,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "the checkpoint with --model-dir")
     p.add_argument("--tensor-para-size", type=int, default=None,
                    help="tensor-parallel size (default: the checkpoint's with --model-dir, else 1)")
+    p.add_argument("--pipeline-para-size", type=int, default=1,
+                   help="pipeline stages the model will run on (default 1): with more, prompts "
+                        "run at their exact token counts rather than padded for prompt graphs")
     p.add_argument("--model-dir", help="converted <tp>-gpu dir: take dims and switches from it")
     p.add_argument("--prompt-rows", metavar="LO:HI",
                    help="also tune the prompt's products for every rounded row count between LO "
@@ -424,7 +435,8 @@ def parse_prompt_rows(text: str | None) -> tuple[int, int] | None:
 
 def run(args: argparse.Namespace) -> int:
     """Tune and write the file; print per-shape gains."""
-    for name in ("batch_size", "beam_width", "max_input_len", "tensor_para_size", "max_algos"):
+    for name in ("batch_size", "beam_width", "max_input_len", "tensor_para_size",
+                 "pipeline_para_size", "max_algos"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise SystemExit(f"gemm-tune: --{name.replace('_', '-')} must be >= 1")
     prompt_rows = parse_prompt_rows(args.prompt_rows)
