@@ -112,6 +112,9 @@ GEMV_SHAPES = [
     ("gpt-j-6b fc2", 4096, 16384, False),
     ("gpt-j-6b qkv+fc1", 28672, 4096, False),
 ]
+# --gemv-transposed: the 1,024-wide layer products again with their weights stored [n, k], to
+# compare the [n, k] kernel (tensor cores from 3 rows) with the [k, n] one and cuBLASLt.
+GEMV_SHAPES_NK = [(f"{label} [n, k]", n, k, True) for label, n, k, transposed in GEMV_SHAPES[:4]]
 
 
 def time_graph(fns: list[Callable[[], object]], reps: int = 20) -> float | None:
@@ -146,12 +149,15 @@ def _gemm_calls(x: torch.Tensor, weights: list[torch.Tensor], transposed: bool,
 
 
 def gemv_rows(dtype: torch.dtype, quick: bool, copy_gbps: float,
-              rows_list: tuple[int, ...] = (1, 8)) -> list[GemvRow]:
+              rows_list: tuple[int, ...] = (1, 8), transposed_too: bool = False) -> list[GemvRow]:
     """Times out = in[m, k] @ W for each m in `rows_list`: GEMV backend, cuBLASLt backend and
-    torch.matmul, each as a CUDA graph of one call per weight copy (GPU time per call)."""
+    torch.matmul, each as a CUDA graph of one call per weight copy (GPU time per call).
+    `transposed_too` adds the 1,024-wide layer products with [n, k] weights."""
     es = torch.tensor([], dtype=dtype).element_size()
     out = []
     shapes = GEMV_SHAPES[:5] + GEMV_SHAPES[7:8] if quick else GEMV_SHAPES
+    if transposed_too:
+        shapes = shapes + GEMV_SHAPES_NK
     for label, n, k, transposed in shapes:
         wbytes = n * k * es
         sets = []
@@ -247,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gemv-only", action="store_true", help="only the GEMV table")
     ap.add_argument("--gemv-rows", default="1,8",
                     help="comma-separated row counts for the GEMV table (default 1,8)")
+    ap.add_argument("--gemv-transposed", action="store_true",
+                    help="also time the 1,024-wide layer products with [n, k] weights")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_kernels: no CUDA device visible; nothing to measure", file=sys.stderr)
@@ -268,7 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     gemv: list[GemvRow] = []
     for dtype in (torch.float16, torch.bfloat16):
         gemv += gemv_rows(dtype, args.quick, copy_gbps,
-                          tuple(int(t) for t in args.gemv_rows.split(",")))
+                          tuple(int(t) for t in args.gemv_rows.split(",")),
+                          args.gemv_transposed)
     print(f"\n## Decode-sized GEMV on {gpu} (GPU time per call, from a CUDA graph of one call "
           "per weight copy; weights from DRAM; bytes = weight + input + output)\n")
     print("| matrix | dtype | m | MB | GEMV us | GB/s | % of copy | cuBLASLt us | torch us | "

@@ -13,7 +13,8 @@
 # lambada, short, gemm-shapes
 # (default kernels,generate); GPU_CHECK_GENERATE_ARGS replaces bench_generate's default arguments,
 # GPU_CHECK_PARALLEL_MODELS / GPU_CHECK_PARALLEL_ARGS bench_parallel's, GPU_CHECK_GEMV_ROWS the
-# GEMV table's row counts, GPU_CHECK_ALLREDUCE_RANKS bench_allreduce's group sizes,
+# GEMV table's row counts, GPU_CHECK_GEMV_ARGS extra bench_kernels arguments (e.g.
+# --gemv-transposed), GPU_CHECK_ALLREDUCE_RANKS bench_allreduce's group sizes,
 # GPU_CHECK_SHORT_ARGS bench_short's arguments, GPU_CHECK_GEMM_SHAPES_ARGS bench_gemm_shapes',
 # GPU_CHECK_LAMBADA_ARGS extra bench_lambada arguments (e.g. --ab-env WARPFORMER_SHARED_GRAPHS=0).
 set -uo pipefail
@@ -111,7 +112,8 @@ if [ $status -eq 0 ]; then
   fi
   if [[ $benches == *,gemv,* ]]; then
     bench "GEMV rows" bench_gemv.md $PY benchmarks/bench_kernels.py --gemv-only \
-        --gemv-rows "${GPU_CHECK_GEMV_ROWS:-1,2,3,4,8}" --json "$OUT/bench_gemv.json"
+        --gemv-rows "${GPU_CHECK_GEMV_ROWS:-1,2,3,4,8}" ${GPU_CHECK_GEMV_ARGS:-} \
+        --json "$OUT/bench_gemv.json"
   fi
   if [[ $benches == *,allreduce,* ]]; then
     bench "bench_allreduce" bench_allreduce.md $PY benchmarks/bench_allreduce.py \
