@@ -13,6 +13,7 @@ from warpformer.gemm_tune import (
     GemmShape,
     ModelDims,
     activation_bytes_per_token,
+    decode_rows,
     dims_from_args,
     ffn_in_epilogue,
     gemm_shapes,
@@ -122,6 +123,27 @@ def test_cli_requires_dimensions(capsys) -> None:
         main(["gemm-tune", "--batch-size", "0", "--head-num", "2"])
     with pytest.raises(SystemExit, match="--pipeline-para-size must be >= 1"):
         main(["gemm-tune", "--pipeline-para-size", "0", "--head-num", "2"])
+
+
+def test_decode_rows_mirror_the_pipeline_split(monkeypatch) -> None:
+    """GptModel::decode_micro_batches / decode_steps_split: with P stages, no beam and at least P
+    rows, runs of decode steps go as P micro-batches of rows [m * rows // P, (m+1) * rows // P);
+    the first step and short runs keep all rows. gemm_shapes lists both, the lm_head's too."""
+    monkeypatch.delenv("WARPFORMER_PP_DECODE_SPLIT", raising=False)
+    one = ModelDims(hidden=1024, inter=4096, vocab=50257)
+    pp2 = ModelDims(hidden=1024, inter=4096, vocab=50257, pipeline_para_size=2)
+    pp4 = ModelDims(hidden=1024, inter=4096, vocab=50257, pipeline_para_size=4)
+    assert decode_rows(8, 1, one) == [8]
+    assert decode_rows(8, 1, pp2) == [4, 8]
+    assert decode_rows(5, 1, pp2) == [2, 3, 5]
+    assert decode_rows(6, 1, pp4) == [1, 2, 6]
+    assert decode_rows(3, 1, pp4) == [3]  # fewer rows than stages: no split
+    assert decode_rows(8, 2, pp2) == [8]  # beam search steps whole
+    ms = {s.m for s in gemm_shapes(pp2, 5, 1, 16) if s.what == "decode qkv"}
+    assert ms == {2, 3, 5}
+    assert {s.m for s in gemm_shapes(pp2, 5, 1, 16) if s.transposed} >= {2, 3, 5}
+    monkeypatch.setenv("WARPFORMER_PP_DECODE_SPLIT", "0")
+    assert decode_rows(8, 1, pp2) == [8]
 
 
 def test_pipeline_size_reaches_the_dims() -> None:

@@ -28,7 +28,7 @@ from warpformer.config import local_vocab as config_local_vocab
 
 __all__ = ["EXACT_ROWS", "MAX_PREFILL_GROUP_TOKENS", "MAX_WEIGHT_COPIES",
            "PREFILL_ACTIVATION_BYTES", "PREFILL_GROUP_TOKENS", "GemmShape", "ModelDims",
-           "activation_bytes_per_token", "activation_epilogue_on", "add_arguments",
+           "activation_bytes_per_token", "activation_epilogue_on", "add_arguments", "decode_rows",
            "default_cold_bytes", "ffn_in_epilogue", "gemm_shapes", "heuristic_rows",
            "layer_shapes", "local_vocab", "logits_shapes", "parse_prompt_rows",
            "prefill_group_tokens", "prefill_groups", "prompt_graph_tokens", "prompt_pass_rows",
@@ -68,8 +68,9 @@ class ModelDims:
     activation: str = "gelu_tanh"  # the MLP's: gelu_tanh, gelu_erf, relu or silu
     lm_head_bias: bool = False
     pre_layernorm: bool = True  # False: OPT-350m's post-norm layers
-    # Pipeline stages the layers are run on (a runtime choice, not the checkpoint's): it changes
-    # no product's shape, but only a one-stage model runs its prompts as padded graphs.
+    # Pipeline stages the layers are run on (a runtime choice, not the checkpoint's): with more
+    # than one, prompts run at their exact token counts (no prompt graphs) and greedy or sampled
+    # decode steps also at micro-batch row counts (decode_rows).
     pipeline_para_size: int = 1
 
     @classmethod
@@ -208,6 +209,19 @@ def prompt_graph_tokens(tokens: int, dims: ModelDims) -> int:
     return -(-tokens // step) * step
 
 
+def decode_rows(rows: int, beam: int, dims: ModelDims) -> list[int]:
+    """The row counts a decode step's products run at for ``rows`` rows (``batch * beam``),
+    ascending (mirrors ``GptModel::decode_micro_batches`` and ``decode_steps_split``): ``rows``,
+    and with P > 1 pipeline stages, no beam search, at least P rows and
+    ``WARPFORMER_PP_DECODE_SPLIT`` not ``0``, the sizes of the P micro-batches that runs of
+    steps are split into (micro-batch m holds rows ``[m * rows // P, (m + 1) * rows // P)``)."""
+    p = dims.pipeline_para_size
+    counts = {rows}
+    if p > 1 and beam == 1 and rows >= p and os.environ.get("WARPFORMER_PP_DECODE_SPLIT") != "0":
+        counts |= {(m + 1) * rows // p - m * rows // p for m in range(p)}
+    return sorted(counts)
+
+
 def prompt_pass_rows(lengths: list[int], size: int, dims: ModelDims) -> list[int]:
     """The row counts of a prompt pass's layer products, one per group: ``prefill_groups``'
     token counts, or the padded count of a single group that runs as a prompt graph
@@ -261,9 +275,9 @@ def gemm_shapes(dims: ModelDims, batch: int, beam: int, max_input_len: int,
     (``layer_shapes``) in the context phase at each prefill group's row count (``batch``
     prompts of ``max_input_len`` tokens, rows as ``prompt_pass_rows`` with groups of
     ``group_tokens``, default ``prefill_group_tokens(dims, dtype_bytes)``; a single group that
-    runs as a prompt graph at its padded count) and in decode at ``batch * beam`` rows;
-    the logits' (``logits_shapes``) at ``batch`` rows after the prompt and at ``batch * beam`` in
-    decode.
+    runs as a prompt graph at its padded count) and in decode at ``batch * beam`` rows (and
+    pipeline micro-batches', ``decode_rows``); the logits' (``logits_shapes``) at ``batch`` rows
+    after the prompt and at the decode row counts.
     ``dtype_bytes`` is the element size (it decides the MLP-in epilogue). ``prompt_rows``
     ``(lo, hi)`` adds the layers' products at every rounded row count of that range
     (``row_buckets``) and at the rounded padded count of a one-group pass of each length in it
@@ -285,8 +299,9 @@ def gemm_shapes(dims: ModelDims, batch: int, beam: int, max_input_len: int,
         for rows in sorted(counts):
             shapes += layer_shapes(dims, rows, "context", dtype_bytes)
     shapes += logits_shapes(dims, batch, "context")
-    shapes += layer_shapes(dims, batch * beam, "decode", dtype_bytes)
-    shapes += logits_shapes(dims, batch * beam, "decode")
+    for rows in decode_rows(batch * beam, beam, dims):
+        shapes += layer_shapes(dims, rows, "decode", dtype_bytes)
+        shapes += logits_shapes(dims, rows, "decode")
     seen: dict[tuple, GemmShape] = {}
     for s in shapes:
         seen.setdefault(s.key(), s)
@@ -404,7 +419,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="tensor-parallel size (default: the checkpoint's with --model-dir, else 1)")
     p.add_argument("--pipeline-para-size", type=int, default=1,
                    help="pipeline stages the model will run on (default 1): with more, prompts "
-                        "run at their exact token counts rather than padded for prompt graphs")
+                        "run at their exact token counts rather than padded for prompt graphs, "
+                        "and decode steps also at the stages' micro-batch row counts")
     p.add_argument("--model-dir", help="converted <tp>-gpu dir: take dims and switches from it")
     p.add_argument("--prompt-rows", metavar="LO:HI",
                    help="also tune the prompt's products for every rounded row count between LO "
