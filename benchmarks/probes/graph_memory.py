@@ -75,6 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     samples = bl.make_samples(bl.LAMBADA_SAMPLES, shape.vocab, 0)
     batches = bl.make_batches(len(samples), 8)[: args.batches]
     prep = common.prepare_model(shape, args.cache_dir, 0, need_hf=False)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()  # a first run converts the checkpoint on the GPU: not the engine's
+    torch.cuda.reset_peak_memory_stats()
     max_len = max(len(s.context) for s in samples) + max(bl.TARGET_LENS)
     start = outside_allocator_mb()
     model = load_gpt_model(prep.model_dir, dtype=torch.float16, max_batch=8, max_seq_len=max_len)
