@@ -271,10 +271,22 @@ def run_hf(hf, samples: list[Sample], batches: list[list[int]],
 
 
 # --------------------------------------------------------------------------- driver
+# The variables the engine reads on every call (csrc/models/gpt/gpt_step_graphs.cpp): the only
+# ones --ab-env can toggle between passes on one engine. The others are read when an engine is
+# built or once per process, so on one engine both sides would run alike (bench_generate.py's
+# --wf-variants builds an engine per variant).
+PER_CALL_ENV = ("WARPFORMER_CUDA_GRAPHS", "WARPFORMER_SHARED_GRAPHS", "WARPFORMER_PROMPT_GRAPHS")
+
+
 def _name_value(text: str) -> tuple[str, str]:
     name, sep, value = text.partition("=")
     if not sep or not name.strip():
         raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    if name.strip() not in PER_CALL_ENV:
+        raise argparse.ArgumentTypeError(
+            f"{name.strip()} is not read by the engine per call, so an A/B on one engine would "
+            f"run both sides alike; --ab-env takes one of {', '.join(PER_CALL_ENV)} (for other "
+            "variables use bench_generate.py --wf-variants, which builds an engine per variant)")
     return name.strip(), value
 
 
@@ -308,7 +320,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--ab-env", type=_name_value, default=None, metavar="NAME=VALUE",
                     help="A/B: four more passes of the class's generate on the same engine, "
                          "alternating without and with this environment variable, and each "
-                         "--in-flight row again with it")
+                         "--in-flight row again with it; NAME must be one the engine reads per "
+                         f"call: {', '.join(PER_CALL_ENV)}")
     ap.add_argument("--in-flight", type=_counts, default=(1, 2, 3), metavar="N[,N...]|none",
                     help="also time GPT.generate_batches on token lists with N batches in "
                          "flight (N engine instances over the same weights, a CUDA stream "

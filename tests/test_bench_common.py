@@ -348,6 +348,13 @@ def test_lambada_args_and_dry_run(capsys):
     for bad in ("WARPFORMER_SHARED_GRAPHS", "=0"):
         with pytest.raises(SystemExit):
             bench_lambada.parse_args(["--ab-env", bad])
+    # A variable read when the engine is built would give both sides the same engine: refused,
+    # naming the variable and the rule.
+    with pytest.raises(SystemExit):
+        bench_lambada.parse_args(["--ab-env", "WARPFORMER_GEMV=0"])
+    err = capsys.readouterr().err
+    assert "WARPFORMER_GEMV is not read by the engine per call" in err
+    assert "WARPFORMER_PROMPT_GRAPHS" in err
 
 
 def test_run_ranks_reads_rank0_json_and_reports_failures(tmp_path):
