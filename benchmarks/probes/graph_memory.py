@@ -29,6 +29,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -48,19 +49,11 @@ def outside_allocator_mb() -> float:
 
 
 def run_all(model, packed, out_lens, end: int, env: dict[str, str]) -> None:
-    """One pass of the workload with `env` set (the engine reads it per call)."""
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
+    """One pass of the workload with `env` set (the engine reads it per call; restored after)."""
+    with mock.patch.dict(os.environ, env):
         for (ids, lens), n in zip(packed, out_lens, strict=True):
             model.generate(ids, lens, n, end)
         torch.cuda.synchronize()
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                del os.environ[k]
-            else:
-                os.environ[k] = v
 
 
 def main(argv: list[str] | None = None) -> int:
