@@ -279,12 +279,20 @@ def main() -> int:
         result = run(args.scenario, args.tp, args.pp, args.timeout, args.bad_rank, args.hang_s,
                      args.init_method, args.mock_gpu)
     except Exception as exc:
-        print("ERROR " + json.dumps({"rank": found[1] if found else 0,
-                                     "type": type(exc).__name__, "message": str(exc),
-                                     "elapsed": time.monotonic() - start}), flush=True)
+        emit("ERROR", {"rank": found[1] if found else 0, "type": type(exc).__name__,
+                       "message": str(exc), "elapsed": time.monotonic() - start})
         raise  # uncaught, as in a user's script: exit code 1 (MPI_Abort under mpirun)
-    print("RESULT " + json.dumps(result), flush=True)
+    emit("RESULT", result)
     return 0
+
+
+def emit(tag: str, payload: dict) -> None:
+    """Writes the line "TAG {json}" to stdout in one write call. The ranks share the launcher's
+    stdout pipe, and print() may issue the text and its newline as two writes, between which
+    another rank's line can land (seen in CI: "RESULT {...}RESULT {...}"); a single write of at
+    most PIPE_BUF bytes to a pipe is never interleaved."""
+    sys.stdout.flush()
+    os.write(sys.stdout.fileno(), f"{tag} {json.dumps(payload)}\n".encode())
 
 
 if __name__ == "__main__":
