@@ -69,7 +69,8 @@ from common import (
     write_results,
 )
 
-# Extra warpformer rows (--wf-variants): GEMV off (cuBLASLt for every product), a gemm-tune file
+# Extra warpformer rows (--wf-variants): GEMV off (cuBLASLt for every product), the [k, n]
+# products of 3-8 rows on cuBLASLt instead of the tensor-core GEMV (gemv-tc-off), a gemm-tune file
 # made for the configuration (tuned-warm: made with --warm-weights), no kernel fusion (QKV
 # preparation and norms as kernels of their own), only the attention fusion, and every fusion
 # but the parallel-residual decode step's (MLP-in product beside the attention, one launch for
@@ -79,6 +80,7 @@ from common import (
 # The environment stays set while the variant's engine is built and timed.
 VARIANT_ENV = {
     "gemv-off": ("WARPFORMER_GEMV", "0"),
+    "gemv-tc-off": ("WARPFORMER_GEMV_TC", "0"),
     "unfused": ("WARPFORMER_FUSE", "0"),
     "attention-only": ("WARPFORMER_FUSE", "attention,activation"),
     "parallel-off": ("WARPFORMER_FUSE", "attention,norms,activation"),
@@ -196,7 +198,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--skip-hf", action="store_true", help="warpformer only")
     ap.add_argument("--wf-variants", type=_variants, default=[],
                     help="extra warpformer rows: gemv-off (WARPFORMER_GEMV=0, cuBLASLt for "
-                         "every GEMM), tuned (a gemm-tune file made for the configuration), "
+                         "every GEMM), gemv-tc-off (WARPFORMER_GEMV_TC=0: [k, n] products of "
+                         "3-8 rows on cuBLASLt, not the tensor-core GEMV), tuned (a gemm-tune "
+                         "file made for the configuration), "
                          "tuned-warm (the same, timed on one weight copy, warm in L2), "
                          "unfused (WARPFORMER_FUSE=0: QKV preparation and norms as kernels of "
                          "their own), attention-only (WARPFORMER_FUSE=attention,activation: "

@@ -17,16 +17,18 @@
 // products (launch_gemv_normed_pair) appends the second product's column tiles to the first's:
 // each block picks its weight, output, epilogue and norm weights by its tile.
 //
-// [n, k] weights (the lm_head) have kernels of their own, in gemv_nk.cuh.
+// [k, n] weights of 3-8 rows of 16-bit values run on tensor cores instead where the shape allows
+// (gemv_kn_mma.cuh), [n, k] weights (the lm_head) on kernels of their own (gemv_nk.cuh).
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 
 #include "kernels/cluster.cuh"
 #include "kernels/common.cuh"
 #include "kernels/gemv.h"
 #include "kernels/gemv_common.cuh"
+#include "kernels/gemv_kn_mma.cuh"
 #include "kernels/gemv_nk.cuh"
-#include "kernels/norm_math.cuh"
 
 namespace warpformer {
 namespace kernels {
@@ -47,79 +49,6 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
 
 __device__ __forceinline__ void prefetch_l1(const void* p) {
   asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
-}
-
-// The normalising prologue's arguments (launch_gemv_normed): the norm as launch_norm would run
-// it, and that launch's threads per row (norm_shape), whose partial sums the block reproduces.
-template <typename T>
-struct GemvNorm {
-  NormParams<T> norm;
-  int norm_threads;
-};
-
-// The block's share of the normalised input: rows m < M, columns [kbeg, kend) of
-// norm(input (+ input_bias) (+ residual)), rounded to T into xs [M][kchunk] (shared memory) exactly
-// as launch_norm would write them. The statistics of each row are the norms kernel's: threads
-// t < norm_threads form the same per-thread sums over the same vectors, the others add zeros,
-// and block_sum2 adds the warp sums alike (the extra warps' zeros change no bits). Blocks of the
-// first column tile also write the k-range's x to residual_out and its normalised values to out
-// when those are given; they must not alias the inputs, which the other blocks are still reading.
-// gamma / beta: the norm weights of the block's product (g.norm's, or a second product's).
-template <typename T, int M>
-__device__ __forceinline__ void normalize_input(const GemvNorm<T>& g, const T* gamma,
-                                                const T* beta, int k, int kbeg, int kend,
-                                                int kchunk, T* xs) {
-  constexpr int V = 16 / sizeof(T);
-  __shared__ float2 scratch[32];
-  const NormParams<T>& nm = g.norm;
-  const int nvec = k / V;
-  const bool layer_norm = nm.kind == NormKind::kLayerNorm;
-  const float inv_n = 1.f / static_cast<float>(k);
-  const bool writer = blockIdx.x == 0;
-#pragma unroll 1
-  for (int m = 0; m < M; ++m) {
-    const int64_t row_off = static_cast<int64_t>(m) * k;
-    // The shift is the mean of the row's first vector (norms.cu): thread 0's, shared through
-    // shared memory (no round trip of its own).
-    __shared__ float shift_s;
-    const bool loads = threadIdx.x < g.norm_threads && static_cast<int>(threadIdx.x) < nvec;
-    float x[V];
-    if (loads) norm::load_x<T, V>(nm, row_off, threadIdx.x * V, x);
-    const float shift =
-        layer_norm ? norm::from_thread0([&] { return norm::vector_mean<V>(x); }, &shift_s) : 0.f;
-    float sum = 0.f, sq = 0.f;
-    if (loads) {
-#pragma unroll
-      for (int j = 0; j < V; ++j) norm::accumulate(sum, sq, x[j], shift);
-      for (int v = threadIdx.x + g.norm_threads; v < nvec; v += g.norm_threads) {
-        norm::load_x<T, V>(nm, row_off, v * V, x);
-#pragma unroll
-        for (int j = 0; j < V; ++j) norm::accumulate(sum, sq, x[j], shift);
-      }
-    }
-    norm::RowStats st = norm::row_stats(layer_norm, shift, sum, sq, inv_n, nm.eps, scratch);
-    if (__builtin_expect(st.refine, 0)) {
-      float sum2 = 0.f, sq2 = 0.f;
-      if (threadIdx.x < g.norm_threads) {
-        for (int v = threadIdx.x; v < nvec; v += g.norm_threads) {
-          norm::load_x<T, V>(nm, row_off, v * V, x);
-#pragma unroll
-          for (int j = 0; j < V; ++j) norm::accumulate(sum2, sq2, x[j], st.mean);
-        }
-      }
-      norm::refine_stats(st, sum2, sq2, inv_n, nm.eps, scratch);
-    }
-    const float mean = st.mean, rstd = st.rstd;
-    for (int c = kbeg + threadIdx.x * V; c < kend; c += kThreads * V) {
-      float x[V], y[V];
-      norm::load_x<T, V>(nm, row_off, c, x);
-      norm::normalize<T, V>(nm.kind, gamma, beta, c, x, mean, rstd, y);
-      store_vec<T, V>(xs + m * kchunk + (c - kbeg), y);
-      if (writer && nm.residual_out != nullptr) store_vec<T, V>(nm.residual_out + row_off + c, x);
-      if (writer && nm.out != nullptr) store_vec<T, V>(nm.out + row_off + c, y);
-    }
-  }
-  __syncthreads();
 }
 
 // NORM: the input is normalised by the block itself (normalize_input above; `g` describes the
@@ -417,6 +346,54 @@ size_t kn_static_smem(int m) {
          32 * sizeof(float2) + sizeof(float) + sizeof(uint64_t);
 }
 
+// Whether a product runs on the [k, n] tensor-core kernel (gemv_kn_mma.cuh): 3-8 rows of a
+// 16-bit type, a static split within the portable cluster size, 64-column tiles and k chunks of
+// at least 256 rows that divide the shape, a weight of at most kKnMmaMaxWeightBytes, sm_90 code
+// and hardware, and not beside the kernel ahead.
+template <typename T>
+bool kn_mma_eligible(const GemvParams<T>& p, const DeviceInfo& d) {
+  if constexpr (sizeof(T) != 2) {
+    return false;
+  } else {
+    if (p.transposed || p.beside || p.m < kMmaMinRows || p.m > kGemvMaxRows || !d.clusters ||
+        !d.mma || p.n <= 0 || p.k <= 0 || p.n % kKnMmaCols != 0 || p.k % kKnMmaMinChunk != 0 ||
+        static_cast<size_t>(p.k) * p.n * sizeof(T) > kKnMmaMaxWeightBytes) {
+      return false;
+    }
+    return kn_mma_split(p.n, p.k).ksplit <= kKnMmaMaxSplit && aligned_to(p.in, 16) &&
+           aligned_to(p.weight, 16);
+  }
+}
+
+// The most dynamic shared memory a tensor-core launch asks for (1,024-row chunks, a split of 8).
+constexpr size_t kKnMmaMaxSmem = size_t(kKnMmaMaxChunk) * kKnMmaRowBytes +
+                                 size_t(kGemvMaxRows) * (kKnMmaMaxChunk + 8) * 2 +
+                                 size_t(kKnMmaMaxSplit) * kKnMmaOut * sizeof(float);
+
+template <typename T, int M, bool NORM>
+cudaError_t launch_kn_mma(const GemvParams<T>& p, const GemvNorm<T>& g, cudaStream_t stream) {
+  // Opt in to more than 48 KiB of shared memory once per device (a bit per device ordinal).
+  static std::atomic<uint64_t> opted{0};
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  const uint64_t bit = device < 64 ? uint64_t(1) << device : 0;
+  if (bit == 0 || (opted.load(std::memory_order_acquire) & bit) == 0) {
+    err = cudaFuncSetAttribute(gemv_kn_mma_kernel<T, M, NORM>,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(kKnMmaMaxSmem));
+    if (err != cudaSuccess) return err;
+    opted.fetch_or(bit, std::memory_order_acq_rel);
+  }
+  const KnMmaSplit s = kn_mma_split(p.n, p.k);
+  LaunchShape shape;
+  shape.block = dim3(kThreads);
+  shape.grid = dim3(static_cast<unsigned>(s.tiles), static_cast<unsigned>(s.ksplit), 1);
+  shape.cluster_y = static_cast<unsigned>(s.ksplit);
+  shape.smem = kn_mma_smem(s);
+  return launch_kernel(shape, stream, gemv_kn_mma_kernel<T, M, NORM>, p, s.ksplit, s.kchunk, g);
+}
+
 template <typename T, int M, bool NORM>
 cudaError_t launch_rows(const GemvParams<T>& p, const GemvNorm<T>& g, const GemvDepth<T>& dp,
                         const GemvSecond<T>& s2, const DeviceInfo& d, cudaStream_t stream) {
@@ -433,6 +410,11 @@ cudaError_t launch_rows(const GemvParams<T>& p, const GemvNorm<T>& g, const Gemv
     }
     shape.grid = dim3(static_cast<unsigned>(ceil_div(p.n, kWarps * kRowsPerWarp)));
     return launch_kernel(shape, stream, gemv_nk_kernel<T, M>, p);
+  }
+  if constexpr (sizeof(T) == 2 && (M >= kMmaMinRows || !NORM)) {
+    if (dp.k == 0 && s2.n == 0 && kn_mma_eligible(p, d)) {
+      return launch_kn_mma<T, NORM ? M : kGemvMaxRows, NORM>(p, g, stream);
+    }
   }
   const KnSplit s = kn_split(p, dp, d, s2.n);
   shape.grid = dim3(static_cast<unsigned>(s.tiles), static_cast<unsigned>(s.ksplit), 1);
@@ -483,6 +465,11 @@ bool gemv_supported(const GemvParams<T>& p) {
   return p.m >= 1 && p.m <= kGemvMaxRows && p.n > 0 && p.k > 0 && p.k % V == 0 &&
          (p.transposed || p.n % V == 0) && aligned_to(p.in, 16) && aligned_to(p.weight, 16) &&
          p.out != nullptr && !(p.transposed && p.beside);
+}
+
+template <typename T>
+bool gemv_kn_tensor_cores(const GemvParams<T>& p, int device) {
+  return gemv_supported(p) && kn_mma_eligible(p, device_info(device));
 }
 
 template <typename T>
@@ -542,7 +529,9 @@ bool normed_supported(const GemvParams<T>& p, const NormParams<T>& norm,
       if (r != w && overlap(written[w], all[r])) no_alias = false;
     }
   }
-  const KnSplit split = kn_split(p, GemvDepth<T>{}, device_info(device), s2.n);
+  const DeviceInfo info = device_info(device);
+  if (second == nullptr && kn_mma_eligible(p, info)) return aligned && no_alias;
+  const KnSplit split = kn_split(p, GemvDepth<T>{}, info, s2.n);
   const size_t smem = kn_dynamic_smem(p, split, true) + kn_static_smem<T>(p.m);
   return aligned && no_alias && smem <= kMaxBlockSmem;
 }
@@ -608,6 +597,7 @@ cudaError_t launch_gemv_sum(const GemvParams<T>& p, const T* in2, const T* weigh
 
 #define WF_GEMV_INSTANTIATE(T)                                                               \
   template bool gemv_supported<T>(const GemvParams<T>&);                                     \
+  template bool gemv_kn_tensor_cores<T>(const GemvParams<T>&, int);                          \
   template cudaError_t launch_gemv<T>(const GemvParams<T>&, int, cudaStream_t);              \
   template bool gemv_normed_supported<T>(const GemvParams<T>&, const NormParams<T>&, int);   \
   template cudaError_t launch_gemv_normed<T>(const GemvParams<T>&, const NormParams<T>&, int,  \

@@ -5,9 +5,11 @@
 //
 // with W stored [k, n] (the engine's [in, out] layout) or [n, k] ("transposed": the lm_head
 // [vocab, hidden]). Every weight byte is read once, 16 bytes per load, with fp32 accumulation
-// in a fixed order (results are deterministic run to run). [n, k] products of 3-8 rows of
-// 16-bit values run on tensor cores (mma.sync, sm_80+), the others on CUDA cores. Bias, activation and the residual
-// accumulate are applied once per output element, so a fused call replaces GEMM + bias/act.
+// in a fixed order (results are deterministic run to run). Products of 3-8 rows of 16-bit
+// values run on tensor cores (mma.sync): [n, k] ones always (sm_80+), [k, n] ones where
+// gemv_kn_tensor_cores says (sm_90: weight tiles staged in shared memory, a cluster k-split); the
+// others on CUDA cores. Bias, activation and the residual accumulate are applied once per
+// output element, so a fused call replaces GEMM + bias/act.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -23,8 +25,10 @@ namespace kernels {
 constexpr int kGemvMaxRows = 8;
 // Where the GEMV measured faster than cuBLASLt on H200 (benchmarks/bench_kernels.py, fp16 and
 // bf16, gpt2-medium and gpt-j-6b shapes): [k, n] weights up to 2 rows (at 3-4 rows its CUDA-core
-// FMAs, not the weight stream, set the pace; a tensor-core variant was no faster than cuBLASLt
-// there either, benchmarks/HISTORY.md); [n, k] weights (lm_head) up to 8 rows.
+// FMAs, not the weight stream, set the pace, benchmarks/HISTORY.md), and up to 8 rows where the
+// tensor-core kernel runs the shape (gemv_kn_tensor_cores: 16-bit weights of at most 16 MiB,
+// which it streams ahead of the kernel before it; benchmarks/probes/gemv8_staged.cu); [n, k]
+// weights (lm_head) up to 8 rows.
 constexpr int kGemvPreferredRowsKN = 2;
 constexpr int kGemvPreferredRowsNK = 8;
 
@@ -60,6 +64,13 @@ bool gemv_supported(const GemvParams<T>& p);
 // blocks. Returns cudaErrorInvalidValue for parameters gemv_supported rejects.
 template <typename T>
 cudaError_t launch_gemv(const GemvParams<T>& p, int device, cudaStream_t stream);
+
+// True when launch_gemv (and launch_gemv_normed, for the same p) runs p on the [k, n]
+// tensor-core kernel: gemv_supported(p), 3 <= m <= 8, a 16-bit type, not transposed nor beside,
+// n a multiple of 64, k of 256 with k / (its 256-1,024-row chunk) <= 8, k * n at most 16 MiB,
+// and sm_90 code on sm_90+ hardware. launch_gemv_sum and launch_gemv_normed_pair never use it.
+template <typename T>
+bool gemv_kn_tensor_cores(const GemvParams<T>& p, int device);
 
 // A [k, n] product of a normalised input, the norm done inside the GEMV (one kernel instead of
 // launch_norm + launch_gemv):

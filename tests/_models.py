@@ -246,3 +246,16 @@ def make_hf(cfg: transformers.PretrainedConfig, seed: int,
         if peak != 1.0:
             model.get_output_embeddings().weight.mul_(peak)
     return model.eval()
+
+
+def hf_greedy(hf, ids: torch.Tensor, n: int, steps: int) -> list[int]:
+    """HF greedy continuation of ids[:n] (fp32, KV cache), `steps` tokens."""
+    tokens = []
+    with torch.no_grad():
+        out = hf(input_ids=ids[None, :n].long(), use_cache=True)
+        for _ in range(steps):
+            nxt = out.logits[0, -1].float().argmax()
+            tokens.append(int(nxt))
+            out = hf(input_ids=nxt.view(1, 1), past_key_values=out.past_key_values,
+                     use_cache=True)
+    return tokens

@@ -82,8 +82,9 @@ if [ $status -eq 0 ]; then
      command -v compute-sanitizer >/dev/null; then
     step "compute-sanitizer memcheck"
     compute-sanitizer --tool memcheck --error-exitcode 9 \
-        $PY -m pytest tests/gpu/test_elementwise.py tests/gpu/test_gpt_engine.py -q -p no:cacheprovider \
-        -k "test_embedding_bad_ids or memcheck_small" \
+        $PY -m pytest tests/gpu/test_elementwise.py tests/gpu/test_gpt_engine.py \
+        tests/gpu/test_gemv_tensor_cores.py -q -p no:cacheprovider \
+        -k "test_embedding_bad_ids or memcheck_small or memcheck_tensor_core" \
         >"$OUT/memcheck.log" 2>&1
     rc=$?
     summary+=("memcheck|$([ $rc -eq 0 ] && echo clean || echo FAILED)|$(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1)")

@@ -53,6 +53,8 @@ Gemm::Plan::~Plan() {
 Gemm::Gemm(CudaContext* ctx) : ctx_(ctx) {
   const char* env = std::getenv("WARPFORMER_GEMV");
   if (env != nullptr && std::strcmp(env, "0") == 0) gemv_policy_ = GemvPolicy::kNever;
+  const char* tc = std::getenv("WARPFORMER_GEMV_TC");
+  if (tc != nullptr && std::strcmp(tc, "0") == 0) gemv_tensor_cores_ = false;
 }
 
 Gemm::~Gemm() = default;
@@ -447,7 +449,12 @@ int Gemm::gemv_max_rows(bool transposed) const {
 bool Gemm::try_gemv(DType dtype, const void* in, const void* weight, const void* bias, void* out,
                     int64_t m, int64_t n, int64_t k, bool transposed, kernels::Activation act,
                     float beta, const GemmNormedInput* norm, bool launch, bool beside) {
-  if (m > gemv_max_rows(transposed) || n > INT_MAX || k > INT_MAX) return false;
+  // Past the preferred rows, [k, n] products of up to kGemvMaxRows rows still take the GEMV
+  // where it runs them on tensor cores (kernels::gemv_kn_tensor_cores), unless switched off.
+  const bool within = m <= gemv_max_rows(transposed);
+  const bool tensor_cores = !within && !transposed && gemv_tensor_cores_ &&
+                            gemv_policy_ == GemvPolicy::kPreferred && m <= kernels::kGemvMaxRows;
+  if ((!within && !tensor_cores) || n > INT_MAX || k > INT_MAX) return false;
   return WF_DISPATCH_FLOATING(dtype, "Gemm (GEMV path)", [&] {
     kernels::GemvParams<scalar_t> p =
         gemv_params<scalar_t>(in, weight, bias, out, m, n, k, static_weights_);
@@ -455,6 +462,8 @@ bool Gemm::try_gemv(DType dtype, const void* in, const void* weight, const void*
     p.act = act;
     p.beta = beta;
     p.beside = beside;
+    if (tensor_cores && !kernels::gemv_kn_tensor_cores(p, ctx_->device())) return false;
+    if (norm != nullptr && tensor_cores && m > kTensorCoreNormRows) return false;
     if (norm != nullptr) {
       kernels::NormParams<scalar_t> np = norm_params<scalar_t>(*norm, m, k);
       if (!norm->keep_out) np.out = nullptr;

@@ -4,9 +4,11 @@
 //
 // Decode-sized products run on warpformer's weight-streaming GEMV (kernels/gemv.h), which reads
 // each weight byte once in a single kernel, where it measured faster than cuBLASLt: up to
-// kernels::kGemvPreferredRowsKN rows for [k, n] weights, kGemvPreferredRowsNK for the [n, k]
-// lm_head (and when the shape allows 16-byte access); everything else goes to cuBLASLt.
-// WARPFORMER_GEMV=0 sends all shapes to cuBLASLt (for comparisons).
+// kernels::kGemvPreferredRowsKN rows for [k, n] weights, and up to kGemvMaxRows where the GEMV
+// runs them on tensor cores (kernels::gemv_kn_tensor_cores: 16-bit weights of at most 16 MiB),
+// kGemvPreferredRowsNK for the [n, k] lm_head (and when the shape allows 16-byte access);
+// everything else goes to cuBLASLt. WARPFORMER_GEMV=0 sends all shapes to cuBLASLt,
+// WARPFORMER_GEMV_TC=0 the [k, n] products past kGemvPreferredRowsKN rows (for comparisons).
 //
 // Weights are stored [in, out] (the on-disk layout), so no transposes are needed: in cuBLASLt's
 // column-major view this is out^T[n, m] = weight^T[n, k] @ in^T[k, m]. Matmul descriptors and the
@@ -266,6 +268,18 @@ class Gemm {
 
   CudaContext* ctx_;
   GemvPolicy gemv_policy_ = GemvPolicy::kPreferred;
+  // kPreferred also sends [k, n] products of 3-8 rows to the GEMV where it runs them on tensor
+  // cores (kernels::gemv_kn_tensor_cores); WARPFORMER_GEMV_TC=0 keeps them on cuBLASLt.
+  bool gemv_tensor_cores_ = true;
+  // Up to this many rows the engine's policy also lets the tensor-core GEMV normalise its own
+  // input (the norm then costs no kernel of its own); past it the norms kernel runs first and
+  // the product reads its output. Every block of the GEMV forms the statistics of every row, one
+  // row after another, which at 5-8 rows costs more than the kernel it saves. Measured on H200
+  // (bench_generate.py, 128 in / 128 out, decode ms/step against cuBLASLt with its norms
+  // kernels): fused at 3 / 4 rows 0.701 / 0.755 for gpt2-medium (unfused 0.767 / 0.796, cuBLASLt
+  // 0.825 / 0.828); at 8 rows fused 0.964, unfused 0.794, cuBLASLt 0.846
+  // (benchmarks/HISTORY.md, "The [k, n] GEMV of 3-8 rows on tensor cores").
+  static constexpr int64_t kTensorCoreNormRows = 4;
   bool static_weights_ = false;
   bool norm_fusion_ = true;
   bool activation_epilogue_ = true;

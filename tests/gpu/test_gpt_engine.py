@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from _models import make_hf
+from _models import hf_greedy, make_hf
 
 import warpformer  # noqa: F401
 from warpformer.converters import convert
@@ -167,19 +167,6 @@ def test_real_shapes_logits(name, workdir):
         f"{name}: fp16 err {err16:.3e} vs HF fp16 {err_hf:.3e}")
     del model, model16
     torch.cuda.empty_cache()
-
-
-def hf_greedy(hf, ids: torch.Tensor, n: int, steps: int) -> list[int]:
-    """HF greedy continuation of ids[:n] (fp32, KV cache), `steps` tokens."""
-    tokens = []
-    with torch.no_grad():
-        out = hf(input_ids=ids[None, :n].long(), use_cache=True)
-        for _ in range(steps):
-            nxt = out.logits[0, -1].float().argmax()
-            tokens.append(int(nxt))
-            out = hf(input_ids=nxt.view(1, 1), past_key_values=out.past_key_values,
-                     use_cache=True)
-    return tokens
 
 
 def first_end(tokens: list[int], end_id: int) -> list[int]:
