@@ -43,14 +43,6 @@ constexpr int kMaxSplit = 8;                   // portable cluster size
 static_assert(kEarlyStartRows == kGemvPreferredRowsKN,
               "the kernels ahead of a GEMV start it early exactly when it runs");
 
-__device__ __forceinline__ void prefetch_l2(const void* p) {
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-}
-
-__device__ __forceinline__ void prefetch_l1(const void* p) {
-  asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
-}
-
 // NORM: the input is normalised by the block itself (normalize_input above; `g` describes the
 // norm and p.in is unused). The plain instantiation ignores `g`, a separate argument so that the
 // main parameters are addressed alike in both (see decode_attention.cu).
@@ -293,6 +285,7 @@ __global__ void __launch_bounds__(kThreads, M <= 2 ? 4 : 1)
 
 
 struct DeviceInfo {
+  int device = 0;  // the ordinal asked about
   int sms = 0;
   bool clusters = false;  // sm_90 hardware and sm_90 code loaded for the kernels
   bool mma = false;       // sm_80+ hardware and code: the [n, k] tensor-core kernel may run
@@ -302,7 +295,8 @@ DeviceInfo device_info(int device) {
   // The architecture the loaded kernel code was compiled for, asked once (common.cuh).
   static const int arch = code_arch(reinterpret_cast<const void*>(gemv_kn_kernel<float, 1, false>));
   const DeviceCaps caps = device_caps(device);
-  return DeviceInfo{caps.sms, arch >= 90 && caps.major >= 9, arch >= 80 && caps.major >= 8};
+  return DeviceInfo{device, caps.sms, arch >= 90 && caps.major >= 9,
+                    arch >= 80 && caps.major >= 8};
 }
 
 // How a [k, n] product is split: column tiles x k-splits of kchunk (a multiple of V) each.
@@ -366,22 +360,18 @@ bool kn_mma_eligible(const GemvParams<T>& p, const DeviceInfo& d) {
 }
 
 // The most dynamic shared memory a tensor-core launch asks for (1,024-row chunks, a split of 8).
-constexpr size_t kKnMmaMaxSmem = size_t(kKnMmaMaxChunk) * kKnMmaRowBytes +
-                                 size_t(kGemvMaxRows) * (kKnMmaMaxChunk + 8) * 2 +
-                                 size_t(kKnMmaMaxSplit) * kKnMmaOut * sizeof(float);
+constexpr size_t kKnMmaMaxSmem = kn_mma_smem(KnMmaSplit{0, kKnMmaMaxSplit, kKnMmaMaxChunk});
 
 template <typename T, int M, bool NORM>
-cudaError_t launch_kn_mma(const GemvParams<T>& p, const GemvNorm<T>& g, cudaStream_t stream) {
+cudaError_t launch_kn_mma(const GemvParams<T>& p, const GemvNorm<T>& g, const DeviceInfo& d,
+                          cudaStream_t stream) {
   // Opt in to more than 48 KiB of shared memory once per device (a bit per device ordinal).
   static std::atomic<uint64_t> opted{0};
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
-  const uint64_t bit = device < 64 ? uint64_t(1) << device : 0;
+  const uint64_t bit = d.device >= 0 && d.device < 64 ? uint64_t(1) << d.device : 0;
   if (bit == 0 || (opted.load(std::memory_order_acquire) & bit) == 0) {
-    err = cudaFuncSetAttribute(gemv_kn_mma_kernel<T, M, NORM>,
-                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(kKnMmaMaxSmem));
+    const cudaError_t err = cudaFuncSetAttribute(gemv_kn_mma_kernel<T, M, NORM>,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 static_cast<int>(kKnMmaMaxSmem));
     if (err != cudaSuccess) return err;
     opted.fetch_or(bit, std::memory_order_acq_rel);
   }
@@ -413,7 +403,7 @@ cudaError_t launch_rows(const GemvParams<T>& p, const GemvNorm<T>& g, const Gemv
   }
   if constexpr (sizeof(T) == 2 && (M >= kMmaMinRows || !NORM)) {
     if (dp.k == 0 && s2.n == 0 && kn_mma_eligible(p, d)) {
-      return launch_kn_mma<T, NORM ? M : kGemvMaxRows, NORM>(p, g, stream);
+      return launch_kn_mma<T, NORM ? M : kGemvMaxRows, NORM>(p, g, d, stream);
     }
   }
   const KnSplit s = kn_split(p, dp, d, s2.n);

@@ -19,6 +19,14 @@ namespace gemv_impl {
 constexpr int kThreads = 256;  // a block of the CUDA-core kernels
 constexpr int kWarps = kThreads / 32;
 
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
+__device__ __forceinline__ void prefetch_l1(const void* p) {
+  asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
+}
+
 // Weights are read exactly once per call: stream them past L1 (evict-first) so they do not push
 // the activations and the KV cache out.
 __device__ __forceinline__ int4 load_stream(const void* p) {

@@ -67,7 +67,7 @@ inline KnMmaSplit kn_mma_split(int n, int k) {
 
 // Dynamic shared memory: the weight tile, the input rows [8][kchunk + 8] (padded like the tile),
 // the second half's sums and, on rank 0, the other ranks' sums.
-inline size_t kn_mma_smem(const KnMmaSplit& s) {
+constexpr size_t kn_mma_smem(const KnMmaSplit& s) {
   return static_cast<size_t>(s.kchunk) * kKnMmaRowBytes +
          static_cast<size_t>(kGemvMaxRows) * (s.kchunk + 8) * 2 +
          static_cast<size_t>(s.ksplit) * kKnMmaOut * sizeof(float);
@@ -123,8 +123,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   if constexpr (NORM) {
     if (p.prefetch_weight) {  // the norm weights are static too: ask L1 for them now
       for (int kk = kbeg + tid * V; kk < kbeg + kchunk; kk += kThreads * V) {
-        asm volatile("prefetch.global.L1 [%0];" ::"l"(g.norm.gamma + kk));
-        if (g.norm.beta != nullptr) asm volatile("prefetch.global.L1 [%0];" ::"l"(g.norm.beta + kk));
+        prefetch_l1(g.norm.gamma + kk);
+        if (g.norm.beta != nullptr) prefetch_l1(g.norm.beta + kk);
       }
     }
   }
