@@ -6,6 +6,9 @@ import warnings
 
 import pytest
 import torch
+from _gemm_cases import gemv_case as _gemv_case
+from _gemm_cases import norm_case as _norm_case
+from _gemm_cases import rel_err as _rel_err
 
 import warpformer  # noqa: F401
 from warpformer.gemm_tune import ModelDims, gemm_shapes, tune, write_tuning_file
@@ -65,20 +68,6 @@ ACTS = {
     "bias_gelu_erf": torch.nn.functional.gelu,
     "bias_silu": torch.nn.functional.silu,
 }
-
-
-def _gemv_case(dtype, m, n, k, transposed, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    a = torch.randn(m, k, generator=g).cuda().to(dtype)
-    w = (torch.randn(n, k, generator=g) if transposed else torch.randn(k, n, generator=g))
-    w = (w / k ** 0.5).cuda().to(dtype)
-    b = torch.randn(n, generator=g).cuda().to(dtype)
-    ref = a.double() @ (w.double().t() if transposed else w.double()) + b.double()
-    return a, w, b, ref
-
-
-def _rel_err(out, ref):
-    return float((out.double() - ref).abs().max() / ref.abs().max())
 
 
 def _tol(dtype, k):
@@ -464,22 +453,6 @@ def test_prefill_groups_follow_the_activation_budget(dtype, tmp_path, monkeypatc
 
 
 # ---- the GEMV that normalises its own input (norm_gemm) -----------------------------------------
-def _norm_case(dtype, m, n, k, residual, input_bias, norm_bias, seed=0):
-    g = torch.Generator().manual_seed(seed)
-
-    def t(*shape, scale=1.0, offset=0.0):
-        return (torch.randn(*shape, generator=g) * scale + offset).cuda().to(dtype)
-
-    x = t(m, k, offset=3.0)  # a common offset, as a residual stream has
-    res = t(m, k, scale=2.0) if residual else None
-    ib = t(k, scale=0.5) if input_bias else None
-    gamma = t(k, scale=0.3, offset=1.0)
-    beta = t(k, scale=0.2) if norm_bias else None
-    w = t(k, n, scale=k ** -0.5)
-    b = t(n, scale=0.5)
-    return x, res, ib, gamma, beta, w, b
-
-
 def _norm_reference(x, res, ib, gamma, beta, norm, eps, w, b, act, dtype):
     """float64 reference; the normed rows are rounded to dtype before the product, as the
     engine stores them."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
+from _gemm_cases import gemv_case, norm_case, rel_err
 from _models import hf_greedy, make_hf
 
 import warpformer  # noqa: F401
@@ -25,18 +26,6 @@ KERNEL = "gemv_kn_mma_kernel"
 # in pairs (1024 x 1024: 16 tiles), four 1,024-row chunks (1024 x 4096), 256-row chunks split 8
 # ways (64 x 2048: one tile), three 256-row chunks (192 x 768: k not a multiple of 512).
 SHAPES = [(3072, 1024), (1024, 1024), (1024, 4096), (64, 2048), (192, 768)]
-
-
-def _case(dtype, m, n, k, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    a = torch.randn(m, k, generator=g).cuda().to(dtype)
-    w = (torch.randn(k, n, generator=g) / k ** 0.5).cuda().to(dtype)
-    b = torch.randn(n, generator=g).cuda().to(dtype)
-    return a, w, b, a.double() @ w.double() + b.double()
-
-
-def _rel_err(out, ref):
-    return float((out.double() - ref).abs().max() / ref.abs().max())
 
 
 def _kernels_run(fn) -> set[str]:
@@ -57,9 +46,9 @@ def _ran_tensor_cores(fn) -> bool:
 @pytest.mark.parametrize("m", [3, 4, 5, 8])
 @pytest.mark.parametrize("n,k", SHAPES)
 def test_matches_matmul_and_is_deterministic(dtype, m, n, k):
-    a, w, b, ref = _case(dtype, m, n, k)
+    a, w, b, ref = gemv_case(dtype, m, n, k, False)
     out = ops.gemm(a, w, b, False, "bias", "gemv")
-    err = _rel_err(out, ref)
+    err = rel_err(out, ref)
     assert err <= HALF[dtype], f"relative error {err:.2e}"
     assert torch.equal(out, ops.gemm(a, w, b, False, "bias", "gemv")), "must be deterministic"
     # The engine's call stages the weight before its wait for the kernel ahead: the same bits.
@@ -71,26 +60,16 @@ def test_matches_matmul_and_is_deterministic(dtype, m, n, k):
 @pytest.mark.parametrize("epilogue", ["bias_gelu_tanh", "bias_relu", "bias_silu", "bias_gelu_erf"])
 def test_epilogues_and_accumulate(dtype, epilogue):
     m, n, k = 6, 4096, 1024
-    a, w, b, ref = _case(dtype, m, n, k, seed=1)
+    a, w, b, ref = gemv_case(dtype, m, n, k, False, seed=1)
     act = {"bias_gelu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
            "bias_relu": lambda x: x.clamp_min(0), "bias_silu": torch.nn.functional.silu,
            "bias_gelu_erf": torch.nn.functional.gelu}[epilogue]
     want = act(ref)
     out = ops.gemm(a, w, b, False, epilogue, "gemv")
-    assert _rel_err(out, want) <= 2 * HALF[dtype]
+    assert rel_err(out, want) <= 2 * HALF[dtype]
     res = torch.randn(m, n, device="cuda").to(dtype)
     out = ops.gemm(a, w, b, False, epilogue, "gemv", res)
-    assert _rel_err(out, want + res.double()) <= 2 * HALF[dtype]
-
-
-def _norm_case(dtype, m, n, k, seed=0):
-    g = torch.Generator().manual_seed(seed)
-
-    def t(*shape, scale=1.0, offset=0.0):
-        return (torch.randn(*shape, generator=g) * scale + offset).cuda().to(dtype)
-
-    return (t(m, k, offset=3.0), t(m, k, scale=2.0), t(k, scale=0.5), t(k, scale=0.3, offset=1.0),
-            t(k, scale=0.2), t(k, n, scale=k ** -0.5), t(n, scale=0.5))
+    assert rel_err(out, want + res.double()) <= 2 * HALF[dtype]
 
 
 @pytest.mark.parametrize("dtype", list(HALF))
@@ -100,7 +79,7 @@ def _norm_case(dtype, m, n, k, seed=0):
 def test_normalising_launch_matches_norm_then_product(dtype, m, n, k, norm):
     """launch_gemv_normed on the tensor-core kernel against the norms kernel followed by the
     plain tensor-core launch: out, x and norm(x) bit for bit; out against float64."""
-    x, res, ib, gamma, beta, w, b = _norm_case(dtype, m, n, k)
+    x, res, ib, gamma, beta, w, b = norm_case(dtype, m, n, k, True, True, True)
     if norm == "rms_norm":
         beta = None
     fused = ops.norm_gemm(x, res, ib, gamma, beta, norm, 1e-5, w, b, "gelu_tanh", "fused")
@@ -116,7 +95,7 @@ def test_normalising_launch_matches_norm_then_product(dtype, m, n, k, norm):
     y = y * gamma.double() + (beta.double() if beta is not None else 0.0)
     ref = torch.nn.functional.gelu(y.to(dtype).double() @ w.double() + b.double(),
                                    approximate="tanh")
-    assert _rel_err(fused[0], ref) <= 2 * HALF[dtype]
+    assert rel_err(fused[0], ref) <= 2 * HALF[dtype]
     assert _ran_tensor_cores(
         lambda: ops.norm_gemm(x, res, ib, gamma, beta, norm, 1e-5, w, b, "gelu_tanh", "fused"))
 
@@ -125,15 +104,15 @@ def test_auto_policy_takes_tensor_cores_where_they_run():
     """backend 'auto' (the engine's policy): the tensor-core GEMV's bits at 3-8 rows of an
     eligible shape; cuBLASLt's past 8 rows, for fp32, and for a weight over 16 MiB."""
     for m in (3, 8):
-        a, w, b, _ = _case(torch.float16, m, 3072, 1024)
+        a, w, b, _ = gemv_case(torch.float16, m, 3072, 1024, False)
         auto = ops.gemm(a, w, b, False, "bias")
         assert torch.equal(auto, ops.gemm(a, w, b, False, "bias", "gemv"))
         assert _ran_tensor_cores(lambda: ops.gemm(a, w, b, False, "bias"))  # noqa: B023
-    a, w, b, _ = _case(torch.float16, 9, 3072, 1024)
+    a, w, b, _ = gemv_case(torch.float16, 9, 3072, 1024, False)
     assert not _ran_tensor_cores(lambda: ops.gemm(a, w, b, False, "bias"))
-    a, w, b, _ = _case(torch.float32, 8, 3072, 1024)
+    a, w, b, _ = gemv_case(torch.float32, 8, 3072, 1024, False)
     assert not _ran_tensor_cores(lambda: ops.gemm(a, w, b, False, "bias"))
-    a, w, b, _ = _case(torch.float16, 8, 4096, 4096)  # 32 MiB
+    a, w, b, _ = gemv_case(torch.float16, 8, 4096, 4096, False)  # 32 MiB
     assert not _ran_tensor_cores(lambda: ops.gemm(a, w, b, False, "bias"))
     auto = ops.gemm(a, w, b, False, "bias")
     assert torch.equal(auto, ops.gemm(a, w, b, False, "bias", "cublaslt"))
@@ -147,10 +126,10 @@ def test_memcheck_tensor_core_launches():
     for dtype in HALF:
         for m in (3, 5, 8):
             for n, k in SHAPES:
-                a, w, b, ref = _case(dtype, m, n, k, seed=m)
+                a, w, b, ref = gemv_case(dtype, m, n, k, False, seed=m)
                 for backend in ("gemv", "gemv_static"):
-                    assert _rel_err(ops.gemm(a, w, b, False, "bias", backend), ref) <= HALF[dtype]
-                x, res, ib, gamma, beta, _, _ = _norm_case(dtype, m, n, k, seed=m)
+                    assert rel_err(ops.gemm(a, w, b, False, "bias", backend), ref) <= HALF[dtype]
+                x, res, ib, gamma, beta, _, _ = norm_case(dtype, m, n, k, True, True, True, seed=m)
                 args = (x, res, ib, gamma, beta, "layer_norm", 1e-5, w, b, "relu")
                 fused = ops.norm_gemm(*args, "fused")
                 unfused = ops.norm_gemm(*args, "unfused")
