@@ -96,27 +96,27 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
   return warp_sum(v);
 }
 
-// Two block sums for the price of one: the same tree as block_sum for each component (so either
-// sum has block_sum's bits), with one pair of barriers. `scratch` holds 32 float2.
-__device__ __forceinline__ float2 block_sum2(float2 v, float2* scratch) {
-  const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
-  const int nwarps = (blockDim.x + 31) >> 5;
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) {
-    v.x += __shfl_xor_sync(0xffffffffu, v.x, off);
-    v.y += __shfl_xor_sync(0xffffffffu, v.y, off);
-  }
-  __syncthreads();
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  v = (lane < nwarps) ? scratch[lane] : make_float2(0.f, 0.f);
+// Both components of v summed over the warp, by the same xor tree as warp_sum.
+__device__ __forceinline__ float2 warp_sum2(float2 v) {
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) {
     v.x += __shfl_xor_sync(0xffffffffu, v.x, off);
     v.y += __shfl_xor_sync(0xffffffffu, v.y, off);
   }
   return v;
+}
+
+// Two block sums for the price of one: the same tree as block_sum for each component (so either
+// sum has block_sum's bits), with one pair of barriers. `scratch` holds 32 float2.
+__device__ __forceinline__ float2 block_sum2(float2 v, float2* scratch) {
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int nwarps = (blockDim.x + 31) >> 5;
+  v = warp_sum2(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  return warp_sum2((lane < nwarps) ? scratch[lane] : make_float2(0.f, 0.f));
 }
 
 __host__ __device__ constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }

@@ -331,13 +331,13 @@ size_t kn_dynamic_smem(const GemvParams<T>& p, const KnSplit& s, bool norm) {
   return xs + static_cast<size_t>(s.ksplit - 1) * outs * sizeof(float);
 }
 
-// The [k, n] kernel's static shared memory for m rows: red, the norm's scratch and shift
-// (normalize_input) and the k-split's barrier.
+// The [k, n] kernel's static shared memory for m rows: red, normalize_input's arrays and the
+// k-split's barrier.
 template <typename T>
 size_t kn_static_smem(int m) {
   constexpr int V = 16 / sizeof(T);
   return static_cast<size_t>(kWarps) * m * kColVecs * V * sizeof(float) +
-         32 * sizeof(float2) + sizeof(float) + sizeof(uint64_t);
+         norm_prologue_smem(m) + sizeof(uint64_t);
 }
 
 // Whether a product runs on the [k, n] tensor-core kernel (gemv_kn_mma.cuh): 3-8 rows of a

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/activation_math.cuh"
 #include "kernels/common.cuh"
@@ -62,67 +63,171 @@ struct GemvNorm {
   int norm_threads;
 };
 
+// normalize_input's shared memory: per-row warp sums, shifts, statistics and second-pass flags.
+constexpr size_t norm_prologue_smem(int m) {
+  return static_cast<size_t>(m) * (kWarps * sizeof(float2) + sizeof(float) + sizeof(float2) +
+                                   sizeof(int));
+}
+
 // The block's share of the normalised input: rows m < M, columns [kbeg, kend) of
 // norm(input (+ input_bias) (+ residual)), rounded to T into xs [M][kchunk] (shared memory) exactly
-// as launch_norm would write them. The statistics of each row are the norms kernel's: threads
-// t < norm_threads form the same per-thread sums over the same vectors, the others add zeros,
-// and block_sum2 adds the warp sums alike (the extra warps' zeros change no bits). Blocks of the
-// first column tile also write the k-range's x to residual_out and its normalised values to out
-// when those are given; they must not alias the inputs, which the other blocks are still reading.
-// gamma / beta: the norm weights of the block's product (g.norm's, or a second product's).
+// as launch_norm would write them.
+//
+// The statistics are the norms kernel's bit for bit, for all M rows at once. The block splits
+// into row groups of norm_threads threads (as many as fit, up to M); thread t of a group forms,
+// for each of its rows, the sums launch_norm's thread t forms over the same vectors, and each
+// warp sums its threads by the same xor tree. Warp m then adds row m's warp sums as block_sum2's
+// second level does (lanes past the group's warps add zeros, as the norms kernel's lanes past its
+// warps do). So every row has one round trip for its loads and the block two barriers for all
+// rows, where reducing row after row cost M of each. The rows whose statistics ask for the second
+// pass (row_stats' refine) take it together the same way, about their first-pass means.
+//
+// Blocks of the first column tile also write the k-range's x to residual_out and its normalised
+// values to out when those are given; they must not alias the inputs, which the other blocks are
+// still reading. gamma / beta: the norm weights of the block's product (g.norm's, or a second
+// product's).
 template <typename T, int M>
 __device__ __forceinline__ void normalize_input(const GemvNorm<T>& g, const T* gamma,
                                                 const T* beta, int k, int kbeg, int kend,
                                                 int kchunk, T* xs) {
   constexpr int V = 16 / sizeof(T);
-  __shared__ float2 scratch[32];
+  __shared__ float2 part[M * kWarps];  // [row][warp of its group]
+  __shared__ float shift_s[M];
+  __shared__ float2 stats_s[M];  // (mean, rstd)
+  __shared__ int refine_s[M];
   const NormParams<T>& nm = g.norm;
   const int nvec = k / V;
   const bool layer_norm = nm.kind == NormKind::kLayerNorm;
   const float inv_n = 1.f / static_cast<float>(k);
-  const bool writer = blockIdx.x == 0;
-#pragma unroll 1
-  for (int m = 0; m < M; ++m) {
-    const int64_t row_off = static_cast<int64_t>(m) * k;
-    // The shift is the mean of the row's first vector (norms.cu): thread 0's, shared through
-    // shared memory (no round trip of its own).
-    __shared__ float shift_s;
-    const bool loads = threadIdx.x < g.norm_threads && static_cast<int>(threadIdx.x) < nvec;
-    float x[V];
-    if (loads) norm::load_x<T, V>(nm, row_off, threadIdx.x * V, x);
-    const float shift =
-        layer_norm ? norm::from_thread0([&] { return norm::vector_mean<V>(x); }, &shift_s) : 0.f;
-    float sum = 0.f, sq = 0.f;
-    if (loads) {
+  const int nt = g.norm_threads;  // a multiple of 32, at most kThreads (normed_supported)
+  const int group_warps = nt / 32;
+  const int tid = static_cast<int>(threadIdx.x);
+  // (One row: one group, threads past it idle; no divisions.)
+  const int groups = M == 1 ? 1 : (kThreads / nt < M ? kThreads / nt : M);
+  const int group = M == 1 ? (tid < nt ? 0 : 1) : tid / nt;
+  const int t = M == 1 ? tid : tid % nt;
+  const int warp = tid / 32, lane = tid % 32;
+  const bool in_group = group < groups;
+  const bool loads = in_group && t < nvec;
+  auto row_of = [&](int i) { return group + i * groups; };  // the group's i-th row
+
+  // 1. Each thread's first vector of each of its rows, all loads in flight together; LayerNorm's
+  // shift of a row is the mean of its first vector, which the group's thread 0 holds.
+  float x[M][V];
 #pragma unroll
-      for (int j = 0; j < V; ++j) norm::accumulate(sum, sq, x[j], shift);
-      for (int v = threadIdx.x + g.norm_threads; v < nvec; v += g.norm_threads) {
-        norm::load_x<T, V>(nm, row_off, v * V, x);
+  for (int i = 0; i < M; ++i) {
+    if (loads && row_of(i) < M) {
+      norm::load_x<T, V>(nm, static_cast<int64_t>(row_of(i)) * k, t * V, x[i]);
+    }
+  }
+  if (layer_norm) {
+    if (in_group && t == 0) {
 #pragma unroll
-        for (int j = 0; j < V; ++j) norm::accumulate(sum, sq, x[j], shift);
+      for (int i = 0; i < M; ++i) {
+        if (row_of(i) < M) shift_s[row_of(i)] = norm::vector_mean<V>(x[i]);
       }
     }
-    norm::RowStats st = norm::row_stats(layer_norm, shift, sum, sq, inv_n, nm.eps, scratch);
-    if (__builtin_expect(st.refine, 0)) {
-      float sum2 = 0.f, sq2 = 0.f;
-      if (threadIdx.x < g.norm_threads) {
-        for (int v = threadIdx.x; v < nvec; v += g.norm_threads) {
-          norm::load_x<T, V>(nm, row_off, v * V, x);
+    __syncthreads();
+  }
+
+  // 2. A pass over every row at once: each thread's sums of x - shift(m) over its vectors of
+  // each of its rows (the first from registers when from_regs, else read again), each warp's
+  // sums by warp_sum2, then warp m adds row m's warp sums as block_sum2's second level does and
+  // hands the totals to finish(m, totals). Rows for which take(m) is false are skipped.
+  constexpr bool kHeld = M >= 3;  // the first vectors stay in registers to the end (step 5)
+  auto pass = [&](auto from_regs, auto shift_of, auto take, auto finish) {
 #pragma unroll
-          for (int j = 0; j < V; ++j) norm::accumulate(sum2, sq2, x[j], st.mean);
+    for (int i = 0; i < M; ++i) {
+      const int m = row_of(i);
+      // Uniform over the warp (groups are whole warps), as warp_sum2 needs.
+      if (!in_group || m >= M || !take(m)) continue;
+      const float shift = shift_of(m);
+      const int64_t row_off = static_cast<int64_t>(m) * k;
+      float sum = 0.f, sq = 0.f;
+      if (loads) {
+        float y[V];
+        if constexpr (decltype(from_regs)::value) {
+#pragma unroll
+          for (int j = 0; j < V; ++j) y[j] = x[i][j];
+        } else {
+          norm::load_x<T, V>(nm, row_off, t * V, y);
+        }
+#pragma unroll
+        for (int j = 0; j < V; ++j) norm::accumulate(sum, sq, y[j], shift);
+        for (int v = t + nt; v < nvec; v += nt) {
+          norm::load_x<T, V>(nm, row_off, v * V, y);
+#pragma unroll
+          for (int j = 0; j < V; ++j) norm::accumulate(sum, sq, y[j], shift);
         }
       }
-      norm::refine_stats(st, sum2, sq2, inv_n, nm.eps, scratch);
+      const float2 w = warp_sum2(make_float2(sum, sq));
+      if (lane == 0) part[m * kWarps + (t / 32)] = w;
     }
-    const float mean = st.mean, rstd = st.rstd;
-    for (int c = kbeg + threadIdx.x * V; c < kend; c += kThreads * V) {
-      float x[V], y[V];
-      norm::load_x<T, V>(nm, row_off, c, x);
-      norm::normalize<T, V>(nm.kind, gamma, beta, c, x, mean, rstd, y);
-      store_vec<T, V>(xs + m * kchunk + (c - kbeg), y);
-      if (writer && nm.residual_out != nullptr) store_vec<T, V>(nm.residual_out + row_off + c, x);
-      if (writer && nm.out != nullptr) store_vec<T, V>(nm.out + row_off + c, y);
+    __syncthreads();
+    if (warp < M && take(warp)) {
+      const float2 tot = warp_sum2(lane < group_warps ? part[warp * kWarps + lane]
+                                                      : make_float2(0.f, 0.f));
+      if (lane == 0) finish(warp, tot);
     }
+    __syncthreads();
+  };
+
+  // 3. The statistics of every row (row_stats' arithmetic on the totals).
+  pass(std::true_type{}, [&](int m) { return layer_norm ? shift_s[m] : 0.f; },
+       [](int) { return true; },
+       [&](int m, float2 tot) {
+         const float shift = layer_norm ? shift_s[m] : 0.f;
+         const norm::RowStats st = norm::stats_of_totals(layer_norm, shift, tot, inv_n, nm.eps);
+         stats_s[m] = make_float2(st.mean, st.rstd);
+         refine_s[m] = st.refine ? 1 : 0;
+       });
+
+  // 4. The rare second pass (refine_stats) of the rows that ask for it, all at once, about their
+  // first-pass means.
+  bool any_refine = false;
+#pragma unroll
+  for (int m = 0; m < M; ++m) any_refine |= refine_s[m] != 0;
+  if (__builtin_expect(any_refine, 0)) {
+    pass(std::bool_constant<kHeld>{}, [&](int m) { return stats_s[m].x; },
+         [&](int m) { return refine_s[m] != 0; },
+         [&](int m, float2 tot) {
+           norm::RowStats st{stats_s[m].x, stats_s[m].y, true};
+           norm::refine_of_totals(st, tot, inv_n, nm.eps);
+           stats_s[m] = make_float2(st.mean, st.rstd);
+         });
+  }
+
+  // 5. The block's columns of every row, normalised. From 3 rows (the tensor-core kernel) each
+  // row's first norm_threads vectors are still in the registers of the threads that summed them
+  // (step 1), so only the vectors past them (rows longer than norm_threads vectors) are read
+  // again, spread over the block. At 1-2 rows (the CUDA-core kernel, whose registers hold its
+  // first weight loads here) holding them costs spills that outweigh the read: every vector of
+  // the block's columns is read again (H200, run 0807: batch-2 decode 0.669 ms/step held against
+  // 0.651 read again for gpt2-medium).
+  const bool writer = blockIdx.x == 0;
+  auto emit = [&](int m, int c, const float (&xv)[V]) {
+    const int64_t row_off = static_cast<int64_t>(m) * k;
+    const float2 st = stats_s[m];
+    float y[V];
+    norm::normalize<T, V>(nm.kind, gamma, beta, c, xv, st.x, st.y, y);
+    store_vec<T, V>(xs + m * kchunk + (c - kbeg), y);
+    if (writer && nm.residual_out != nullptr) store_vec<T, V>(nm.residual_out + row_off + c, xv);
+    if (writer && nm.out != nullptr) store_vec<T, V>(nm.out + row_off + c, y);
+  };
+  if (kHeld && loads && t * V >= kbeg && t * V < kend) {
+#pragma unroll
+    for (int i = 0; i < M; ++i) {
+      if (row_of(i) < M) emit(row_of(i), t * V, x[i]);
+    }
+  }
+  const int held = kHeld ? nt : 0;                       // vectors per row held in registers
+  const int vbeg = kbeg / V > held ? kbeg / V : held;  // the first vector not held
+  const int cvec = kend / V - vbeg;
+  for (int e = tid; e < M * cvec; e += kThreads) {
+    const int m = e / cvec, c = (vbeg + e - m * cvec) * V;
+    float xv[V];
+    norm::load_x<T, V>(nm, static_cast<int64_t>(m) * k, c, xv);
+    emit(m, c, xv);
   }
   __syncthreads();
 }

@@ -109,23 +109,33 @@ __device__ __forceinline__ float rstd_of(float var, float eps) {
 // mean lies over a standard deviation out, |z| > sqrt(VEC): 1 row in 200 for 16-bit types
 // (VEC 8), 1 in 22 for fp32 (VEC 4) and 1 in 3 on the unaligned element-wise path (VEC 1).
 // RMSNorm: Q with shift 0, mean 0, never refined.
-__device__ __forceinline__ RowStats row_stats(bool layer_norm, float shift, float sum, float sq,
-                                              float inv_n, float eps, float2* scratch) {
-  const float2 t = block_sum2(make_float2(sum, sq), scratch);
+// row_stats' arithmetic once the row's totals t = (S, Q) are known (gemv's normalising prologue
+// reduces several rows at once and calls this on each row's totals).
+__device__ __forceinline__ RowStats stats_of_totals(bool layer_norm, float shift, float2 t,
+                                                    float inv_n, float eps) {
   if (!layer_norm) return {0.f, rsqrtf(__fmaf_rn(t.y, inv_n, eps)), false};
   const Moments mo = moments(t, inv_n);
   const bool refine = mo.q > __fmul_rn(2.f, mo.var);
   return {__fmaf_rn(t.x, inv_n, shift), rstd_of(mo.var, eps), refine};
 }
 
+__device__ __forceinline__ RowStats row_stats(bool layer_norm, float shift, float sum, float sq,
+                                              float inv_n, float eps, float2* scratch) {
+  return stats_of_totals(layer_norm, shift, block_sum2(make_float2(sum, sq), scratch), inv_n, eps);
+}
+
 // The second pass of a row marked `refine`: every thread's sums (accumulate) with the first
 // pass's mean as the shift, which now lies close to the true mean, so that mean and variance
 // come out as accurate as an exact two-pass computation (the corrected two-pass formula).
-__device__ __forceinline__ void refine_stats(RowStats& st, float sum, float sq, float inv_n,
-                                             float eps, float2* scratch) {
-  const Moments mo = moments(block_sum2(make_float2(sum, sq), scratch), inv_n);
+__device__ __forceinline__ void refine_of_totals(RowStats& st, float2 t, float inv_n, float eps) {
+  const Moments mo = moments(t, inv_n);
   st.mean = __fadd_rn(st.mean, mo.d);
   st.rstd = rstd_of(mo.var, eps);
+}
+
+__device__ __forceinline__ void refine_stats(RowStats& st, float sum, float sq, float inv_n,
+                                             float eps, float2* scratch) {
+  refine_of_totals(st, block_sum2(make_float2(sum, sq), scratch), inv_n, eps);
 }
 
 // VEC normalised elements (x - mean) * rstd * gamma (+ beta for LayerNorm) of columns col...

@@ -273,13 +273,14 @@ class Gemm {
   bool gemv_tensor_cores_ = true;
   // Up to this many rows the engine's policy also lets the tensor-core GEMV normalise its own
   // input (the norm then costs no kernel of its own); past it the norms kernel runs first and
-  // the product reads its output. Every block of the GEMV forms the statistics of every row, one
-  // row after another, which at 5-8 rows costs more than the kernel it saves. Measured on H200
-  // (bench_generate.py, 128 in / 128 out, decode ms/step against cuBLASLt with its norms
-  // kernels): fused at 3 / 4 rows 0.701 / 0.755 for gpt2-medium (unfused 0.767 / 0.796, cuBLASLt
-  // 0.825 / 0.828); at 8 rows fused 0.964, unfused 0.794, cuBLASLt 0.846
-  // (benchmarks/HISTORY.md, "The [k, n] GEMV of 3-8 rows on tensor cores").
-  static constexpr int64_t kTensorCoreNormRows = 4;
+  // the product reads its output. Every block of the GEMV forms the statistics of every row
+  // (all rows at once) and normalises its k-range of them, work that grows with the rows and,
+  // at one block per SM, is latency-bound: past 6 rows it costs more than the kernel it saves.
+  // Measured on H200 (bench_generate.py, 128 in / 128 out, decode ms/step, fused / norms kernel
+  // first, same process; benchmarks/HISTORY.md, "The normalising prologue forms every row's
+  // statistics at once"): gpt2-medium 0.685 / 0.701 at 4 rows, 0.762 / 0.818 at 5, 0.824 /
+  // 0.833 at 6, 0.836 / 0.821 at 7, 0.857 / 0.795 at 8; bloom-560m alike.
+  static constexpr int64_t kTensorCoreNormRows = 6;
   bool static_weights_ = false;
   bool norm_fusion_ = true;
   bool activation_epilogue_ = true;

@@ -503,7 +503,7 @@ def test_norm_gemm_fused_is_bit_identical_and_accurate(dtype, m, n, k, norm):
 
 
 @pytest.mark.parametrize("dtype", list(TOL))
-@pytest.mark.parametrize("m", [1, 2, 3])
+@pytest.mark.parametrize("m", [1, 2, 3, 6])
 @pytest.mark.parametrize("n,k", [(3072, 1024), (16384, 4096)])
 def test_norm_gemm_outlier_rows_take_the_exact_pass(dtype, m, n, k):
     """Rows with a feature thousands of standard deviations out among their first columns (the
@@ -515,6 +515,8 @@ def test_norm_gemm_outlier_rows_take_the_exact_pass(dtype, m, n, k):
     x[0, 2] = 5000.0
     if m > 2:
         x[2, 0] = -5000.0
+    if m > 5:  # several rows at once in the normalising prologue: one in another row group
+        x[5, 1] = 3000.0
     try:
         fused = ops.norm_gemm(x, res, ib, gamma, beta, "layer_norm", 1e-5, w, b, "identity",
                               "fused")

@@ -21,6 +21,7 @@ ops = torch.ops.warpformer
 
 HALF = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 KERNEL = "gemv_kn_mma_kernel"
+TC_NORM_ROWS = 6  # Gemm::kTensorCoreNormRows: the policy's most rows for the normalising launch
 
 # (n, k) and the split they get: 1,024-row chunks without a split (3072 x 1024), 512-row chunks
 # in pairs (1024 x 1024: 16 tiles), four 1,024-row chunks (1024 x 4096), 256-row chunks split 8
@@ -100,6 +101,30 @@ def test_normalising_launch_matches_norm_then_product(dtype, m, n, k, norm):
         lambda: ops.norm_gemm(x, res, ib, gamma, beta, norm, 1e-5, w, b, "gelu_tanh", "fused"))
 
 
+@pytest.mark.parametrize("dtype", list(HALF))
+@pytest.mark.parametrize("m", [5, 8])
+@pytest.mark.parametrize("n,k", [(3072, 1024), (192, 768)])
+def test_normalising_launch_outlier_rows(dtype, m, n, k):
+    """Rows whose statistics need the second pass (a feature thousands of standard deviations
+    out among the first columns) beside ordinary rows, in both row groups of the prologue (rows
+    0 and 2 in the first, m - 2 in the second): fused against unfused bit for bit, and norm(x)
+    accurate."""
+    x, res, ib, gamma, beta, w, b = norm_case(dtype, m, n, k, True, False, True)
+    x[0, 2] = 5000.0
+    x[2, 0] = -5000.0
+    x[m - 2, 1] = 3000.0
+    fused = ops.norm_gemm(x, res, ib, gamma, beta, "layer_norm", 1e-5, w, b, "identity", "fused")
+    unfused = ops.norm_gemm(x, res, ib, gamma, beta, "layer_norm", 1e-5, w, b, "identity",
+                            "unfused")
+    for name, f, u in zip(("out", "x", "norm(x)"), fused, unfused, strict=True):
+        assert torch.equal(f, u), f"{name}: fused differs from unfused"
+    s = x.double() + res.double()
+    y = (s - s.mean(-1, keepdim=True)) / torch.sqrt(s.var(-1, unbiased=False, keepdim=True)
+                                                     + 1e-5)
+    y = y * gamma.double() + beta.double()
+    assert rel_err(fused[2], y) <= 2 * HALF[dtype]
+
+
 def test_auto_policy_takes_tensor_cores_where_they_run():
     """backend 'auto' (the engine's policy): the tensor-core GEMV's bits at 3-8 rows of an
     eligible shape; cuBLASLt's past 8 rows, for fp32, and for a weight over 16 MiB."""
@@ -148,10 +173,11 @@ def gpt2_256(tmp_path_factory):
     return hf, root / "wf" / "1-gpu"
 
 
-@pytest.mark.parametrize("batch", [3, 8])
+@pytest.mark.parametrize("batch", [3, 6, 8])
 def test_decode_steps_run_on_tensor_cores_and_follow_hf(gpt2_256, batch, monkeypatch):
-    """A batch of 3 or 8 in fp16: every decode step's layer products run on the tensor-core
-    GEMV (none of them on cuBLASLt) and each row's greedy tokens follow HF's fp32 greedy loop
+    """A batch of 3, 6 or 8 in fp16: every decode step's layer products run on the tensor-core
+    GEMV (none of them on cuBLASLt), normalising their own input up to TC_NORM_ROWS rows and
+    after the norms kernel past them, and each row's greedy tokens follow HF's fp32 greedy loop
     for at least the first 8 (the fp16 agreement test's bar), as with WARPFORMER_GEMV_TC=0."""
     hf, path = gpt2_256
     monkeypatch.delenv("WARPFORMER_GEMV", raising=False)
@@ -165,6 +191,8 @@ def test_decode_steps_run_on_tensor_cores_and_follow_hf(gpt2_256, batch, monkeyp
     out, _ = model.generate(ids.cuda(), lens.cuda(), 24, end_id=999 if end_id != 999 else 998)
     names = _kernels_run(lambda: model.generate(ids.cuda(), lens.cuda(), 4))
     assert any(KERNEL in n for n in names), sorted(names)
+    normalising = any(f"{KERNEL}<__half, {batch}, true>" in n for n in names)
+    assert normalising == (batch <= TC_NORM_ROWS), sorted(names)
     # Only the prompt's products (more than 8 rows) remain on cuBLASLt: its plans list no
     # decode-sized row count.
     decode_rows = {int(line.split()[1]) for line in model.gemm_plan_shapes()}
