@@ -63,13 +63,15 @@ struct GemvNorm {
   int norm_threads;
 };
 
-// normalize_input's shared memory: per-row warp sums, shifts, statistics and second-pass flags.
+// normalize_input's shared memory: one row, block_sum2's scratch and the shift; more, per-row
+// warp sums, shifts, statistics and second-pass flags.
 constexpr size_t norm_prologue_smem(int m) {
-  return static_cast<size_t>(m) * (kWarps * sizeof(float2) + sizeof(float) + sizeof(float2) +
-                                   sizeof(int));
+  return m == 1 ? 32 * sizeof(float2) + sizeof(float)
+                : static_cast<size_t>(m) * (kWarps * sizeof(float2) + sizeof(float) +
+                                            sizeof(float2) + sizeof(int));
 }
 
-// The block's share of the normalised input: rows m < M, columns [kbeg, kend) of
+// The block's share of the normalised input: rows m < M (2 or more), columns [kbeg, kend) of
 // norm(input (+ input_bias) (+ residual)), rounded to T into xs [M][kchunk] (shared memory) exactly
 // as launch_norm would write them.
 //
@@ -87,9 +89,10 @@ constexpr size_t norm_prologue_smem(int m) {
 // still reading. gamma / beta: the norm weights of the block's product (g.norm's, or a second
 // product's).
 template <typename T, int M>
-__device__ __forceinline__ void normalize_input(const GemvNorm<T>& g, const T* gamma,
-                                                const T* beta, int k, int kbeg, int kend,
-                                                int kchunk, T* xs) {
+__device__ __forceinline__ void normalize_rows(const GemvNorm<T>& g, const T* gamma,
+                                               const T* beta, int k, int kbeg, int kend,
+                                               int kchunk, T* xs) {
+  static_assert(M >= 2, "one row: normalize_each_row");
   constexpr int V = 16 / sizeof(T);
   __shared__ float2 part[M * kWarps];  // [row][warp of its group]
   __shared__ float shift_s[M];
@@ -102,10 +105,8 @@ __device__ __forceinline__ void normalize_input(const GemvNorm<T>& g, const T* g
   const int nt = g.norm_threads;  // a multiple of 32, at most kThreads (normed_supported)
   const int group_warps = nt / 32;
   const int tid = static_cast<int>(threadIdx.x);
-  // (One row: one group, threads past it idle; no divisions.)
-  const int groups = M == 1 ? 1 : (kThreads / nt < M ? kThreads / nt : M);
-  const int group = M == 1 ? (tid < nt ? 0 : 1) : tid / nt;
-  const int t = M == 1 ? tid : tid % nt;
+  const int groups = kThreads / nt < M ? kThreads / nt : M;
+  const int group = tid / nt, t = tid % nt;
   const int warp = tid / 32, lane = tid % 32;
   const bool in_group = group < groups;
   const bool loads = in_group && t < nvec;
@@ -200,7 +201,7 @@ __device__ __forceinline__ void normalize_input(const GemvNorm<T>& g, const T* g
   // 5. The block's columns of every row, normalised. From 3 rows (the tensor-core kernel) each
   // row's first norm_threads vectors are still in the registers of the threads that summed them
   // (step 1), so only the vectors past them (rows longer than norm_threads vectors) are read
-  // again, spread over the block. At 1-2 rows (the CUDA-core kernel, whose registers hold its
+  // again, spread over the block. At 2 rows (the CUDA-core kernel, whose registers hold its
   // first weight loads here) holding them costs spills that outweigh the read: every vector of
   // the block's columns is read again (H200, run 0807: batch-2 decode 0.669 ms/step held against
   // 0.651 read again for gpt2-medium).
@@ -230,6 +231,83 @@ __device__ __forceinline__ void normalize_input(const GemvNorm<T>& g, const T* g
     emit(m, c, xv);
   }
   __syncthreads();
+}
+
+// normalize_rows' contract, one row after another: each row's statistics are the norms kernel's
+// own structure, one block reduction (block_sum2; the threads past norm_threads add zeros, which
+// change no bits) and a second pass when they ask for it. normalize_input runs it for one row
+// (the CUDA-core kernel's batch-1 decode), where there are no row groups to form. In this form
+// (the row loop kept rolled) the CUDA-core kernel compiles without spills at its 64 registers; a
+// flat one-row version spilled 32 bytes of the first weight loads, whose stores then waited on
+// those loads ahead of the programmatic-launch wait (batch-1 decode steps ~3% slower, runs
+// 0811-0836).
+template <typename T, int M>
+__device__ __forceinline__ void normalize_each_row(const GemvNorm<T>& g, const T* gamma,
+                                                   const T* beta, int k, int kbeg, int kend,
+                                                   int kchunk, T* xs) {
+  constexpr int V = 16 / sizeof(T);
+  __shared__ float2 scratch[32];
+  const NormParams<T>& nm = g.norm;
+  const int nvec = k / V;
+  const bool layer_norm = nm.kind == NormKind::kLayerNorm;
+  const float inv_n = 1.f / static_cast<float>(k);
+  const bool writer = blockIdx.x == 0;
+#pragma unroll 1
+  for (int m = 0; m < M; ++m) {
+    const int64_t row_off = static_cast<int64_t>(m) * k;
+    // The shift is the mean of the row's first vector (norms.cu): thread 0's, shared through
+    // shared memory (no round trip of its own).
+    __shared__ float shift_s;
+    const bool loads = threadIdx.x < g.norm_threads && static_cast<int>(threadIdx.x) < nvec;
+    float x[V];
+    if (loads) norm::load_x<T, V>(nm, row_off, threadIdx.x * V, x);
+    const float shift =
+        layer_norm ? norm::from_thread0([&] { return norm::vector_mean<V>(x); }, &shift_s) : 0.f;
+    float sum = 0.f, sq = 0.f;
+    if (loads) {
+#pragma unroll
+      for (int j = 0; j < V; ++j) norm::accumulate(sum, sq, x[j], shift);
+      for (int v = threadIdx.x + g.norm_threads; v < nvec; v += g.norm_threads) {
+        norm::load_x<T, V>(nm, row_off, v * V, x);
+#pragma unroll
+        for (int j = 0; j < V; ++j) norm::accumulate(sum, sq, x[j], shift);
+      }
+    }
+    norm::RowStats st = norm::row_stats(layer_norm, shift, sum, sq, inv_n, nm.eps, scratch);
+    if (__builtin_expect(st.refine, 0)) {
+      float sum2 = 0.f, sq2 = 0.f;
+      if (threadIdx.x < g.norm_threads) {
+        for (int v = threadIdx.x; v < nvec; v += g.norm_threads) {
+          norm::load_x<T, V>(nm, row_off, v * V, x);
+#pragma unroll
+          for (int j = 0; j < V; ++j) norm::accumulate(sum2, sq2, x[j], st.mean);
+        }
+      }
+      norm::refine_stats(st, sum2, sq2, inv_n, nm.eps, scratch);
+    }
+    const float mean = st.mean, rstd = st.rstd;
+    for (int c = kbeg + threadIdx.x * V; c < kend; c += kThreads * V) {
+      float x[V], y[V];
+      norm::load_x<T, V>(nm, row_off, c, x);
+      norm::normalize<T, V>(nm.kind, gamma, beta, c, x, mean, rstd, y);
+      store_vec<T, V>(xs + m * kchunk + (c - kbeg), y);
+      if (writer && nm.residual_out != nullptr) store_vec<T, V>(nm.residual_out + row_off + c, x);
+      if (writer && nm.out != nullptr) store_vec<T, V>(nm.out + row_off + c, y);
+    }
+  }
+  __syncthreads();
+}
+
+// The block's share of the normalised input (normalize_rows; one row: normalize_each_row).
+template <typename T, int M>
+__device__ __forceinline__ void normalize_input(const GemvNorm<T>& g, const T* gamma,
+                                                const T* beta, int k, int kbeg, int kend,
+                                                int kchunk, T* xs) {
+  if constexpr (M == 1) {
+    normalize_each_row<T, 1>(g, gamma, beta, k, kbeg, kend, kchunk, xs);
+  } else {
+    normalize_rows<T, M>(g, gamma, beta, k, kbeg, kend, kchunk, xs);
+  }
 }
 
 }  // namespace gemv_impl
