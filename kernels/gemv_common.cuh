@@ -93,6 +93,7 @@ __device__ __forceinline__ void normalize_rows(const GemvNorm<T>& g, const T* ga
                                                const T* beta, int k, int kbeg, int kend,
                                                int kchunk, T* xs) {
   static_assert(M >= 2, "one row: normalize_each_row");
+  static_assert(M <= kWarps, "warp m finishes row m");
   constexpr int V = 16 / sizeof(T);
   __shared__ float2 part[M * kWarps];  // [row][warp of its group]
   __shared__ float shift_s[M];
