@@ -65,10 +65,12 @@ struct GemvNorm {
 
 // normalize_input's shared memory: one row, block_sum2's scratch and the shift; more, per-row
 // warp sums, shifts, statistics and second-pass flags.
+// Each array is counted with 16 bytes of alignment padding (ptxas places them on aligned
+// boundaries; kn_static_smem must not come out under what the kernel declares).
 constexpr size_t norm_prologue_smem(int m) {
-  return m == 1 ? 32 * sizeof(float2) + sizeof(float)
+  return m == 1 ? 32 * sizeof(float2) + sizeof(float) + 2 * 16
                 : static_cast<size_t>(m) * (kWarps * sizeof(float2) + sizeof(float) +
-                                            sizeof(float2) + sizeof(int));
+                                            sizeof(float2) + sizeof(int)) + 4 * 16;
 }
 
 // The block's share of the normalised input: rows m < M (2 or more), columns [kbeg, kend) of
@@ -80,8 +82,9 @@ constexpr size_t norm_prologue_smem(int m) {
 // for each of its rows, the sums launch_norm's thread t forms over the same vectors, and each
 // warp sums its threads by the same xor tree. Warp m then adds row m's warp sums as block_sum2's
 // second level does (lanes past the group's warps add zeros, as the norms kernel's lanes past its
-// warps do). So every row has one round trip for its loads and the block two barriers for all
-// rows, where reducing row after row cost M of each. The rows whose statistics ask for the second
+// warps do). So the block pays two barriers for all rows, where reducing row after row cost M
+// pairs, and one load round trip for each row's first norm_threads vectors (rows longer than
+// that read the rest row after row, as the norms kernel's threads read theirs). The rows whose statistics ask for the second
 // pass (row_stats' refine) take it together the same way, about their first-pass means.
 //
 // Blocks of the first column tile also write the k-range's x to residual_out and its normalised
@@ -199,7 +202,8 @@ __device__ __forceinline__ void normalize_rows(const GemvNorm<T>& g, const T* ga
          });
   }
 
-  // 5. The block's columns of every row, normalised. From 3 rows (the tensor-core kernel) each
+  // 5. The block's columns of every row, normalised. From 3 rows (the tensor-core kernel, and
+  // the CUDA-core kernel's fp32 and large-weight launches, which have the registers) each
   // row's first norm_threads vectors are still in the registers of the threads that summed them
   // (step 1), so only the vectors past them (rows longer than norm_threads vectors) are read
   // again, spread over the block. At 2 rows (the CUDA-core kernel, whose registers hold its

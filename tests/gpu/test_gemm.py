@@ -513,9 +513,12 @@ def test_norm_gemm_outlier_rows_take_the_exact_pass(dtype, m, n, k):
     two kernels must agree on it.)"""
     x, res, ib, gamma, beta, w, b = _norm_case(dtype, m, n, k, True, False, True)
     x[0, 2] = 5000.0
+    if m > 1:  # from 2 rows the prologue's row groups: odd rows in the second
+        x[1, 1] = 4000.0
     if m > 2:
         x[2, 0] = -5000.0
-    if m > 5:  # several rows at once in the normalising prologue: one in another row group
+    if m > 5:  # several rows of each group (row 4 stays ordinary)
+        x[3, 3] = -3000.0
         x[5, 1] = 3000.0
     try:
         fused = ops.norm_gemm(x, res, ib, gamma, beta, "layer_norm", 1e-5, w, b, "identity",
