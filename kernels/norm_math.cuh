@@ -108,9 +108,9 @@ __device__ __forceinline__ float rstd_of(float var, float eps) {
 // (refine_stats). With the shift of vector_mean, Gaussian rows take it when the first vector's
 // mean lies over a standard deviation out, |z| > sqrt(VEC): 1 row in 200 for 16-bit types
 // (VEC 8), 1 in 22 for fp32 (VEC 4) and 1 in 3 on the unaligned element-wise path (VEC 1).
-// RMSNorm: Q with shift 0, mean 0, never refined.
-// row_stats' arithmetic once the row's totals t = (S, Q) are known (gemv's normalising prologue
-// reduces several rows at once and calls this on each row's totals).
+// RMSNorm: Q with shift 0, mean 0, never refined. stats_of_totals is that arithmetic on the
+// block's totals t = (S, Q) (the GEMV's normalising prologue reduces several rows at once and
+// calls it on each row's totals); row_stats reduces the block first.
 __device__ __forceinline__ RowStats stats_of_totals(bool layer_norm, float shift, float2 t,
                                                     float inv_n, float eps) {
   if (!layer_norm) return {0.f, rsqrtf(__fmaf_rn(t.y, inv_n, eps)), false};
@@ -127,6 +127,7 @@ __device__ __forceinline__ RowStats row_stats(bool layer_norm, float shift, floa
 // The second pass of a row marked `refine`: every thread's sums (accumulate) with the first
 // pass's mean as the shift, which now lies close to the true mean, so that mean and variance
 // come out as accurate as an exact two-pass computation (the corrected two-pass formula).
+// refine_of_totals on the block's totals; refine_stats reduces the block first.
 __device__ __forceinline__ void refine_of_totals(RowStats& st, float2 t, float inv_n, float eps) {
   const Moments mo = moments(t, inv_n);
   st.mean = __fadd_rn(st.mean, mo.d);
