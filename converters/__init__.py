@@ -13,6 +13,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from .checks import check_sources
 from .errors import ConversionError
 from .mapping import Plan, read_hf_config
 from .writer import Summary, write_plan
@@ -67,15 +68,19 @@ def detect(input_dir: str | os.PathLike[str]) -> tuple[str, dict[str, Any] | Non
 
 def build_plan(input_dir: str | os.PathLike[str], tensor_para_size: int,
                data_type: str = "fp32", allow_unsafe_pickle: bool = False) -> Plan:
-    """The conversion plan (config, expected tensors, tasks) for ``input_dir``."""
+    """The conversion plan (config, expected tensors, tasks) for ``input_dir``, its source
+    tensors checked (:func:`~.checks.check_sources`) so that a bad one fails before any writing."""
     arch, hf = detect(input_dir)
     module = REGISTRY[arch]
     if tensor_para_size < 1:
         raise ConversionError(f"--tensor-para-size must be >= 1, got {tensor_para_size}")
     if hf is None:
-        return module.build_plan(Path(input_dir), tensor_para_size, data_type,
+        plan = module.build_plan(Path(input_dir), tensor_para_size, data_type,
                                  allow_unsafe_pickle=allow_unsafe_pickle)
-    return module.build_plan(Path(input_dir), hf, tensor_para_size, data_type)
+    else:
+        plan = module.build_plan(Path(input_dir), hf, tensor_para_size, data_type)
+    check_sources(plan)
+    return plan
 
 
 def convert(input_dir: str | os.PathLike[str], output_dir: str | os.PathLike[str],

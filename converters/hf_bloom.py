@@ -55,12 +55,14 @@ def make_config(hf: dict[str, Any], tp: int, data_type: str) -> GptConfig:
     if hf.get("apply_residual_connection_post_layernorm"):
         raise ConversionError("BLOOM with apply_residual_connection_post_layernorm = true is not "
                               "supported")
-    h = hf.get("hidden_size") or hf["n_embed"]
-    n = hf.get("n_head") or hf["num_attention_heads"]
+    # Aliases first (they win in BloomConfig too), so a missing key is reported by the name
+    # config.json uses.
+    h = hf.get("n_embed") or hf["hidden_size"]
+    n = hf.get("num_attention_heads") or hf["n_head"]
     return GptConfig(
         model_name=hf.get("_name_or_path") or "bloom", model_variant="bloom",
         head_num=n, size_per_head=h // n, inter_size=4 * h,
-        num_layer=hf.get("n_layer") or hf["num_hidden_layers"], vocab_size=hf["vocab_size"],
+        num_layer=hf.get("num_hidden_layers") or hf["n_layer"], vocab_size=hf["vocab_size"],
         start_id=token_id(hf, "bos_token_id", 1), end_id=token_id(hf, "eos_token_id", 2),
         weight_data_type=data_type, tensor_para_size=tp,
         layernorm_eps=hf.get("layer_norm_epsilon", 1e-5), activation_type="gelu_tanh",

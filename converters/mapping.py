@@ -11,6 +11,7 @@ writer casts, splits and writes it. Transforms keep the dtype they are given (th
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +25,8 @@ from warpformer.weights import WeightSpec
 from .errors import ConversionError
 
 __all__ = [
-    "Rule", "Task", "Plan", "expand", "find_prefix", "hf_activation", "read_hf_config",
+    "ConfigDict", "Rule", "Task", "Plan", "expand", "find_prefix", "hf_activation",
+    "read_hf_config",
     "copy", "linear", "qkv_from_separate", "qkv_bias_from_separate", "qkv_from_fused",
     "qkv_bias_from_fused", "qkv_from_head_interleaved", "qkv_bias_from_head_interleaved",
 ]
@@ -91,13 +93,29 @@ def find_prefix(keys: Sequence[str], anchor: str, candidates: Sequence[str]) -> 
     )
 
 
-def read_hf_config(root: Path) -> dict[str, Any]:
-    """The parsed ``config.json`` of a HF checkpoint folder."""
+class ConfigDict(dict):
+    """A source's configuration (HF ``config.json``, Megatron ``args``) whose ``[key]`` lookup of a
+    missing key raises :class:`ConversionError` naming the key and ``where`` it should be, so a
+    required key (``hf["n_head"]``) needs no check of its own; ``get`` keeps its default."""
+
+    def __init__(self, values: dict[str, Any], where: str) -> None:
+        super().__init__(values)
+        self.where = where
+
+    def __missing__(self, key: str) -> Any:
+        raise ConversionError(f"{self.where}: required key {key!r} is missing")
+
+
+def read_hf_config(root: Path) -> ConfigDict:
+    """The parsed ``config.json`` of a HF checkpoint folder (a :class:`ConfigDict`)."""
     path = root / "config.json"
     try:
-        return json.loads(path.read_text())
+        values = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise ConversionError(f"{path}: cannot read config.json ({exc})") from None
+    if not isinstance(values, dict):
+        raise ConversionError(f"{path}: not a JSON object")
+    return ConfigDict(values, str(path))
 
 
 def hf_activation(name: str, where: str) -> str:
@@ -164,11 +182,27 @@ def qkv_bias_from_head_interleaved(cfg: GptConfig, b: torch.Tensor) -> torch.Ten
 
 
 def token_id(hf: dict[str, Any], key: str, default: int = 0) -> int:
-    """A special-token id from a HF config (first one if it is a list; ``default`` if unset)."""
+    """A special-token id from a HF config: the first one in ``[0, vocab_size)`` if it is a list,
+    ``default`` if unset.
+
+    HF accepts ids outside the vocabulary with a warning (tiny test models keep GPT-2's 50256 with
+    a small vocabulary). Its generate can never emit such an id, so a HF row never ends on it; the
+    engine needs an in-range id, so we take ``vocab_size - 1`` and warn (``docs/FORMAT.md``).
+    """
     value = hf.get(key)
-    if isinstance(value, list):
-        value = value[0] if value else None
-    return default if value is None else int(value)
+    values = [v for v in (value if isinstance(value, list) else [value]) if v is not None]
+    if not values:
+        return default
+    vocab = int(hf["vocab_size"])
+    for v in values:
+        if 0 <= int(v) < vocab:
+            return int(v)
+    hint = "; pass end_id= to generate to stop on another id" if key.startswith("eos") else ""
+    warnings.warn(f"{getattr(hf, 'where', 'config')}: {key} = {value} is outside the vocabulary "
+                  f"[0, {vocab}) (HF only warns, and its generate never emits such an id); "
+                  f"converting with {vocab - 1} (vocab_size - 1) instead{hint}", UserWarning,
+                  stacklevel=2)
+    return vocab - 1
 
 
 def drop_rows(count: int) -> Transform:

@@ -28,7 +28,7 @@ from warpformer.config import GptConfig
 from warpformer.weights import weight_specs
 
 from .errors import ConversionError
-from .mapping import Plan, Rule, copy, expand, linear, qkv_bias_from_fused
+from .mapping import ConfigDict, Plan, Rule, copy, expand, linear, qkv_bias_from_fused
 
 ARCHITECTURES = ("Megatron-LM GPT",)
 _RANK_DIR = re.compile(r"mp_rank_(\d{2})(?:_(\d{3}))?")
@@ -208,18 +208,26 @@ class MegatronReader:
             return t.reshape(nl, d, 3, *rest).movedim(2, 0)
         return t.reshape(nl, 3, d, *rest).transpose(0, 1)
 
+    def _locate(self, name: str) -> tuple[int, str, str]:
+        """``(pipeline stage, name within the stage's files, name without the layer prefix)``."""
+        m = re.fullmatch(r"layers\.(\d+)\.(.+)", name)
+        if m:
+            g, leaf = int(m.group(1)), m.group(2)
+            pp, local = divmod(g, self.src.layers_per_stage)
+            return pp, f"layers.{local}.{leaf}", leaf
+        last = name.startswith(("final_layernorm", "output_layer"))
+        return (self.src.trained_pp - 1 if last else 0), name, name
+
+    def where(self, name: str) -> str:
+        """The rank files the shards of ``name`` come from (for messages)."""
+        pp = self._locate(name)[0]
+        return ", ".join(str(self.src.files[(t, pp)]) for t in range(self.src.trained_tp))
+
     def get(self, name: str) -> torch.Tensor:
         """Full tensor ``name`` (Megatron ``[out, in]`` orientation, global layer index) on CPU in
         the checkpoint's dtype, merged from the trained TP shards."""
         src = self.src
-        m = re.fullmatch(r"layers\.(\d+)\.(.+)", name)
-        if m:
-            g, leaf = int(m.group(1)), m.group(2)
-            pp, local = divmod(g, src.layers_per_stage)
-            key = f"layers.{local}.{leaf}"
-        else:
-            leaf, key = name, name
-            pp = src.trained_pp - 1 if name.startswith(("final_layernorm", "output_layer")) else 0
+        pp, key, leaf = self._locate(name)
         shards = [self._shard(t, pp, key) for t in range(src.trained_tp)]
         if leaf.startswith("attention.query_key_value"):
             merged = torch.cat([self._qkv(s) for s in shards], dim=1)
@@ -241,7 +249,7 @@ def build_plan(root: Path, tp: int, data_type: str, allow_unsafe_pickle: bool = 
     args = sd0.get("args")
     if args is None:
         raise ConversionError(f"{files[(0, 0)]}: no 'args' entry; cannot infer the model shape")
-    a = vars(args)
+    a = ConfigDict(vars(args), f"{files[(0, 0)]} (its 'args')")
     version = float(sd0.get("checkpoint_version", 0) or 0)
     cfg = make_config(a, tp, data_type)
     wte = _normalise(sd0, files[(0, 0)])["embedding.word_embeddings.weight"]

@@ -84,7 +84,8 @@ def read_safetensors_header(path: Path) -> dict[str, Any]:
 class HfCheckpoint:
     """A HuggingFace checkpoint folder; picklable so worker processes can reopen it.
 
-    ``files`` maps each tensor name to the file holding it; built by :meth:`open`.
+    ``files`` maps each tensor name to the file holding it; ``entries`` its safetensors header
+    entry (for ``.bin``: only ``{"shape"}``); built by :meth:`open`.
     """
 
     root: Path
@@ -130,17 +131,27 @@ class HfCheckpoint:
             if tensor not in files:
                 raise ConversionError(f"{root / shard}: tensor {tensor!r} listed in {index.name} "
                                       "is not in the shard (truncated or wrong file?)")
-        return cls(root, files, fmt, entries if fmt == "safetensors" else {})
+        return cls(root, files, fmt, entries)
 
     @staticmethod
     def _scan(path: Path, fmt: str) -> dict[str, dict[str, Any]]:
         if fmt == "safetensors":
             return read_safetensors_header(path)
-        return dict.fromkeys(_load_bin(path), {})
+        # The mmap'd tensors know their shapes without reading data; keep only those.
+        return {k: {"shape": list(getattr(t, "shape", ()))} for k, t in _load_bin(path).items()}
 
     def keys(self) -> list[str]:
         """Every tensor name in the checkpoint."""
         return list(self.files)
+
+    def shape(self, name: str) -> tuple[int, ...] | None:
+        """Stored shape of tensor ``name`` (from the header; no data read), ``None`` if absent."""
+        info = self.entries.get(name)
+        return None if info is None else tuple(int(d) for d in info["shape"])
+
+    def where(self, name: str) -> str:
+        """The file holding tensor ``name`` (for messages)."""
+        return str(self.root / self.files[name]) if name in self.files else str(self.root)
 
     def reader(self) -> TensorReader:
         """A reader that opens files lazily (one per process)."""
@@ -172,6 +183,10 @@ class TensorReader:
 
     def __contains__(self, name: str) -> bool:
         return name in self.ckpt.files
+
+    def where(self, name: str) -> str:
+        """The file holding tensor ``name`` (for messages)."""
+        return self.ckpt.where(name)
 
     def get(self, name: str) -> torch.Tensor:
         """The tensor ``name`` on CPU with its stored shape and dtype (for ``.bin``, a view of the

@@ -258,9 +258,9 @@ def test_safetensors_header_does_not_parse(checkpoint, tmp_path, garbage):
     _no_leftovers(tmp_path / "out")
 
 
-def test_failure_mid_write_leaves_nothing(hf_model, tmp_path):
-    """A tensor of the wrong shape is only found while writing, after other tensors were
-    written: the temporary dir must be removed and no '<tp>-gpu' appear."""
+def test_wrong_shape_is_refused_before_writing(hf_model, tmp_path):
+    """A tensor of the wrong shape is found against HF's own shapes before anything is written
+    (the mid-write cleanup is tested in test_convert_errors.py): no '<tp>-gpu' appears."""
     from safetensors.torch import load_file, save_file
 
     src = save_safetensors(hf_model("gptj"), tmp_path / "in")
@@ -269,8 +269,9 @@ def test_failure_mid_write_leaves_nothing(hf_model, tmp_path):
     save_file(sd, src / "model.safetensors", metadata={"format": "pt"})
     out = tmp_path / "out"
     out.mkdir()
-    with pytest.raises(ConversionError, match=r"layers\.1\.mlp\.dense_4h_to_h\.weight: built "
-                                              r"shape \[7, 5\]"):
+    with pytest.raises(ConversionError, match=r"tensor 'transformer\.h\.1\.mlp\.fc_out\.weight' "
+                                              r"has shape \[5, 7\], GPTJForCausalLM with this "
+                                              r"config\.json expects \[32, 128\]"):
         convert(src, out, 2, processes=1)
     assert list(out.iterdir()) == []
 
