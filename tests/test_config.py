@@ -94,15 +94,18 @@ def test_ft_legacy_gptj_section(tmp_path):
     assert not cfg.has_attention_bias and cfg.has_lm_head_bias and cfg.model_variant == "gptj"
 
 
-def test_ft_legacy_gptneox_tp2_refused(tmp_path):
+def test_ft_legacy_gptneox_tp2_marks_divided_biases(tmp_path):
     d = tmp_path / "2-gpu"
     d.mkdir()
     (d / "config.ini").write_text(
         "[gptneox]\nhead_num = 4\nsize_per_head = 8\ninter_size = 128\nnum_layer = 2\n"
         "rotary_embedding = 4\nvocab_size = 96\nstart_id = 1\nend_id = 2\nuse_gptj_residual = 1\n"
         "weight_data_type = fp16\n")
-    with pytest.raises(ConfigError, match="row-parallel biases divided by the TP size"):
-        GptConfig.from_ini(d / "config.ini")
+    cfg = GptConfig.from_ini(d / "config.ini")  # the loader multiplies the biases back
+    assert cfg.row_parallel_bias_divided and cfg.tensor_para_size == 2
+    (d / "config.ini").write_text((d / "config.ini").read_text().replace("2-gpu", "")
+                                  + "tensor_para_size = 1\n")
+    assert not GptConfig.from_ini(d / "config.ini").row_parallel_bias_divided
 
 
 @pytest.mark.parametrize("kw, message", [

@@ -139,6 +139,64 @@ def test_ft_converted_opt_loads(converted, hf_reference, token_ids, tmp_path):
     assert rel_err(logits, hf_reference("opt-125m")) < 1e-5
 
 
+@pytest.mark.parametrize("tp", [2, 4])
+def test_ft_converted_gptneox_with_divided_biases_loads(converted, hf_reference, token_ids,
+                                                        tmp_path, tp):
+    """FT's GPT-NeoX converter writes a [gptneox] section, no tensor_para_size, and the
+    row-parallel biases (attention.dense, mlp.dense_4h_to_h) divided by tp: the loader multiplies
+    them back, so the model computes HF's logits."""
+    ours = converted("gptneox-parallel", tp)
+    out = _copy(ours, tmp_path / f"{tp}-gpu")
+    cfg = read_config(ours)
+    (out / "config.ini").write_text(
+        f"[gptneox]\nmodel_name = neox\nhead_num = {cfg.head_num}\n"
+        f"size_per_head = {cfg.size_per_head}\ninter_size = {cfg.inter_size}\n"
+        f"num_layer = {cfg.num_layer}\nrotary_embedding = {cfg.rotary_embedding_dim}\n"
+        f"vocab_size = {cfg.vocab_size}\nstart_id = 0\nend_id = 2\nuse_gptj_residual = 1\n"
+        f"weight_data_type = fp32\nrotary_base = {cfg.rotary_base}\n")  # FT: always 1e4
+    divided = []
+    for f in sorted(out.glob("model.layers.*.bias.bin")):
+        if ".attention.dense." in f.name or ".mlp.dense_4h_to_h." in f.name:
+            (np.fromfile(f, dtype="<f4") / tp).astype("<f4").tofile(f)
+            divided.append(f.name)
+    assert len(divided) == 2 * cfg.num_layer
+    got = load_weights(out, tp_rank=tp - 1)
+    want = load_weights(ours, tp_rank=tp - 1)
+    assert got.keys() == want.keys()
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-6, atol=0, msg=name)
+    logits = GptReference.from_dir(out)(token_ids)
+    assert rel_err(logits, hf_reference("gptneox-parallel")) < 1e-5
+
+
+def test_non_finite_weights_are_named(converted, tmp_path):
+    out = _copy(converted("gpt2", 2), tmp_path / "2-gpu")
+    path = out / "model.layers.1.mlp.dense_h_to_4h.weight.1.bin"
+    values = np.fromfile(path, dtype="<f4")
+    values[[3, 7]] = [np.nan, np.inf]
+    values.tofile(path)
+    with pytest.raises(WeightFileError, match=rf"weight file {path} \(tensor "
+                       r"layers\.1\.mlp\.dense_h_to_4h\.weight\) holds 2 non-finite value"):
+        load_weights(out, tp_rank=1)
+    assert load_weights(out, tp_rank=0)  # the other rank's files are fine
+    # An overflow made by the cast is reported too (fp32 70000 is inf in fp16).
+    path = out / "model.wpe.bin"
+    values = np.fromfile(path, dtype="<f4")
+    values[0] = 7e4
+    values.tofile(path)
+    with pytest.raises(WeightFileError, match=r"tensor wpe\) holds 1 non-finite value.*float16"):
+        load_weights(out, tp_rank=0, dtype=torch.float16)
+
+
+def test_layer_files_past_num_layer_are_refused(converted, tmp_path):
+    out = _copy(converted("gpt2", 1), tmp_path / "1-gpu")
+    ini = out / "config.ini"
+    ini.write_text(ini.read_text().replace("num_layer = 2", "num_layer = 1"))
+    with pytest.raises(WeightFileError, match=r"holds weight files of layer\(s\) 1, but "
+                                              r"config.ini says num_layer = 1"):
+        load_weights(out)
+
+
 def test_expected_shapes_table():
     cfg = GptConfig(head_num=8, size_per_head=16, inter_size=512, num_layer=3, vocab_size=1000,
                     max_pos_seq_len=64, tensor_para_size=4, word_embed_proj_dim=64,

@@ -152,6 +152,7 @@ class GptConfig:
     has_attention_bias: bool = True
     has_lm_head_bias: bool = False
     word_embed_proj_dim: int = 0
+    row_parallel_bias_divided: bool = False
     extra: dict[str, str] = field(default_factory=dict)
     """Keys of config.ini that warpformer does not use (FT's ``int8`` ...); kept on rewrite."""
 
@@ -338,8 +339,8 @@ def _from_legacy_section(section: str, values: dict[str, Any]) -> dict[str, Any]
 
     FT's GPT-J files match our layout with ``has_attention_bias = 0``, a shared parallel
     layernorm and an ``lm_head`` bias. FT's GPT-NeoX converter divides the row-parallel biases by
-    the tensor-parallel size when it is above 1, which our engine does not undo: such directories
-    are refused unless they are single-rank.
+    the tensor-parallel size when it is above 1 (FT adds them on every rank before the
+    all-reduce); ``row_parallel_bias_divided`` tells the loader to multiply them back.
     """
     out = dict(values)
     rotary = _parse_int("rotary_embedding", out.pop("rotary_embedding", "0"))
@@ -361,8 +362,5 @@ def _from_legacy_section(section: str, values: dict[str, Any]) -> dict[str, Any]
         out.setdefault("parallel_shared_layernorm", "0")
         out.setdefault("activation_type", "gelu_erf")
         if _parse_int("tensor_para_size", out.get("tensor_para_size", "1")) > 1:
-            raise ConfigError(
-                "FasterTransformer [gptneox] directories with tensor_para_size > 1 store "
-                "row-parallel biases divided by the TP size; reconvert with warpformer"
-            )
+            out.setdefault("row_parallel_bias_divided", "1")
     return out

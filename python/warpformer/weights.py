@@ -227,16 +227,62 @@ def load_weights(
                 f"(shape {list(shape)} {config.weight_data_type} per config.ini)"
             )
 
+    _check_no_extra_layers(root, config)
     out: dict[str, torch.Tensor] = {}
     for name, path, shape in plan:
         tensor = _read_raw(path, file_dtype, shape)
+        if config.row_parallel_bias_divided and _is_row_parallel_bias(name, specs):
+            tensor = (tensor.float() * tp).to(file_dtype)  # FT stored bias / tp: undo it
         to = dtype if dtype is not None else file_dtype
         # One GPU's head multiplies local_vocab rows; tensor-parallel ranks copy their padded
         # slice of it whatever they are given.
         rows = local_vocab(config.vocab_size) if tp == 1 and name in _VOCAB_ROW_TENSORS else 0
         out[name] = (_in_padded_rows(tensor, rows, to, device) if rows > shape[0]
                      else tensor.to(dtype=to, device=device))
+    _check_finite(out, {name: path for name, path, _ in plan},
+                  "" if dtype in (None, file_dtype) else f" after the cast to {dtype}")
     return out
+
+
+def _is_row_parallel_bias(name: str, specs: dict[str, WeightSpec]) -> bool:
+    """Whether ``name`` is the bias of a row-parallel product (its weight split on axis 0)."""
+    if not name.endswith(".bias"):
+        return False
+    weight = specs.get(name[: -len("bias")] + "weight")
+    return weight is not None and weight.split_axis == 0
+
+
+_LAYER_FILE = re.compile(r"model\.layers\.(\d+)\.")
+
+
+def _check_no_extra_layers(root: Path, config: GptConfig) -> None:
+    """Files of layers past ``num_layer`` mean a config.ini that does not describe the folder
+    (a truncated or edited ``num_layer``): refuse rather than run fewer layers silently."""
+    extra = sorted({int(m.group(1)) for p in root.iterdir()
+                    if (m := _LAYER_FILE.match(p.name)) and int(m.group(1)) >= config.num_layer})
+    if extra:
+        shown = ", ".join(map(str, extra[:5])) + (", ..." if len(extra) > 5 else "")
+        raise WeightFileError(f"{root} holds weight files of layer(s) {shown}, but config.ini "
+                              f"says num_layer = {config.num_layer}; fix num_layer or remove "
+                              "those files")
+
+
+def _check_finite(tensors: dict[str, torch.Tensor], paths: dict[str, Path], cast: str) -> None:
+    """Raise naming the first file whose tensor holds NaN or inf. Each tensor's min and max are
+    reduced where it lives (NaN propagates into both, inf shows in one; no tensor-sized
+    temporary) and read back with a single host sync: milliseconds for a 6B model on a GPU."""
+    names = [n for n, t in tensors.items() if t.numel()]
+    if not names:
+        return
+    ends = torch.stack([torch.stack(torch.aminmax(tensors[n])).float() for n in names])
+    flags = torch.isfinite(ends).all(dim=1).cpu()
+    bad = [n for n, ok in zip(names, flags.tolist(), strict=True) if not ok]
+    if bad:
+        t = tensors[bad[0]]
+        count = int((~torch.isfinite(t)).sum())
+        raise WeightFileError(f"weight file {paths[bad[0]]} (tensor {bad[0]}) holds {count} "
+                              f"non-finite value(s) (NaN or inf){cast}"
+                              + (f"; {len(bad) - 1} more file(s) too" if len(bad) > 1 else ""))
 
 
 # The tensors with one row per vocabulary entry, which load_weights pads (_in_padded_rows).
