@@ -81,7 +81,7 @@ def qkv_args(**over):
 
 @pytest.mark.parametrize("over,msg", [
     (dict(qkv=torch.zeros(5, 3, 4, 72, dtype=torch.float16)),
-     r"head_dim must be one of 64, 80, 96, 128, 256, got 72"),
+     r"head_dim must be one of 32, 48, 64, 80, 96, 112, 128, 144, 160, 192, 224, 256, got 72"),
     (dict(qkv=torch.zeros(5, 3, 4, 64, dtype=torch.float64)), r"qkv must be float32, float16"),
     (dict(qkv=torch.zeros(5, 2, 4, 64, dtype=torch.float16)), r"qkv.shape\[1\] must be 3"),
     (dict(bias=torch.zeros(3, 4, 32, dtype=torch.float16)), r"bias must have shape \[3, 4, 64\]"),
@@ -119,7 +119,7 @@ def ctx_args(**over):
 
 
 @pytest.mark.parametrize("over,msg", [
-    (dict(q=torch.zeros(5, 4, 100, dtype=torch.float16)), r"head_dim must be one of 64, 80, 96"),
+    (dict(q=torch.zeros(5, 4, 100, dtype=torch.float16)), r"head_dim must be one of 32, 48, 64"),
     (dict(q=torch.zeros(5, 64, dtype=torch.float16)), r"q must be 3-dimensional"),
     (dict(v_cache=cache(dtype=torch.bfloat16)), r"v_cache must have dtype Half"),
     (dict(cu_seqlens=torch.tensor([0, 2, 5])), r"cu_seqlens must have dtype Int"),
@@ -143,7 +143,7 @@ def dec_args(**over):
 
 
 @pytest.mark.parametrize("over,msg", [
-    (dict(q=torch.zeros(2, 4, 48, dtype=torch.float16)), r"head_dim must be one of 64, 80, 96"),
+    (dict(q=torch.zeros(2, 4, 40, dtype=torch.float16)), r"head_dim must be one of 32, 48, 64"),
     (dict(k_cache=cache(hd=128), v_cache=cache(hd=128)), r"k_cache.shape\[3\] must be 64"),
     (dict(row_slot=torch.tensor([0], dtype=I32)), r"row_slot.shape\[0\] must be 2"),
     (dict(lengths=torch.tensor([3.0, 4.0])), r"lengths must have dtype Int"),
@@ -169,7 +169,7 @@ def fused_args(**over):
 @pytest.mark.parametrize("over,msg", [
     (dict(qkv=torch.zeros(2, 4, 64, dtype=torch.float16)), r"qkv must be 4-dimensional"),
     (dict(qkv=torch.zeros(2, 2, 4, 64, dtype=torch.float16)), r"qkv.shape\[1\] must be 3"),
-    (dict(qkv=torch.zeros(2, 3, 4, 48, dtype=torch.float16)), r"head_dim must be one of 64"),
+    (dict(qkv=torch.zeros(2, 3, 4, 40, dtype=torch.float16)), r"head_dim must be one of 32, 48"),
     (dict(bias=torch.zeros(3, 4, 64)), r"bias must have dtype Half"),
     (dict(bias=torch.zeros(3, 2, 64, dtype=torch.float16)), r"bias must have shape \[3, 4, 64\]"),
     (dict(rotary_style="neox"), r"rotary_style must be one of 'none', 'interleaved'"),

@@ -80,8 +80,9 @@ def test_tensor_parallel_shapes_expected_per_rank() -> None:
         ("{", r"invalid JSON at offset 1"),
         ('{"head_num": [1]}', r"value of key 'head_num' must be a number, string or boolean"),
         ('{"head_num": 2}', r"required key 'size_per_head' is missing"),
-        (config(size_per_head=64).to_json().replace('"size_per_head": 64', '"size_per_head": 32'),
-         r"size_per_head must be one of 64, 80, 96, 128, 256"),
+        (config(size_per_head=64).to_json().replace('"size_per_head": 64', '"size_per_head": 40'),
+         r"size_per_head must be one of 32, 48, 64, 80, 96, 112, 128, 144, 160, 192, 224, 256 "
+         r"\(the attention kernels' head sizes\), got 40"),
         (config().to_json().replace('"num_layer": 2', '"num_layer": 3'),
          r"num_layer \(3\) must be divisible by pipeline_para_size \(2\)"),
     ],

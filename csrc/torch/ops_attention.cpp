@@ -25,7 +25,8 @@ namespace {
 void check_head_dim(int64_t head_dim, const char* op) {
   TORCH_CHECK(head_dim <= INT32_MAX &&
                   kernels::attention_head_dim_supported(static_cast<int>(head_dim)),
-              op, ": head_dim must be one of 64, 80, 96, 128, 256, got ", head_dim);
+              op, ": head_dim must be one of ", kernels::kAttentionHeadDimsText, ", got ",
+              head_dim);
 }
 
 // k_cache / v_cache: dtype of `ref`, [slots, heads, max_seq, head_dim], contiguous, same shape.

@@ -8,7 +8,8 @@
 //   k_cache, v_cache [slots, heads, max_seq, head_dim], contiguous; a slot is one sequence's row
 //   q / out  [tokens or rows, heads, head_dim]
 // Element types: float, __half, __nv_bfloat16; all arithmetic in fp32.
-// Head sizes: 64, 80, 96, 128, 256 (anything else returns cudaErrorInvalidValue).
+// Head sizes: kAttentionHeadDims, FasterTransformer's set (anything else returns
+// cudaErrorInvalidValue).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -20,9 +21,17 @@
 namespace warpformer {
 namespace kernels {
 
-// True for the head sizes the attention kernels are instantiated for.
+// The head sizes the attention kernels are instantiated for (WF_HEAD_DIM_SWITCH lists the same):
+// every multiple of 16 up to 256 that FasterTransformer served, 32 for the small Pythia models.
+constexpr int kAttentionHeadDims[] = {32, 48, 64, 80, 96, 112, 128, 144, 160, 192, 224, 256};
+constexpr const char* kAttentionHeadDimsText =
+    "32, 48, 64, 80, 96, 112, 128, 144, 160, 192, 224, 256";
+
 inline bool attention_head_dim_supported(int head_dim) {
-  return head_dim == 64 || head_dim == 80 || head_dim == 96 || head_dim == 128 || head_dim == 256;
+  for (int d : kAttentionHeadDims) {
+    if (d == head_dim) return true;
+  }
+  return false;
 }
 
 // Rotary position embedding on the first rotary_dim dims of each head of q and k.

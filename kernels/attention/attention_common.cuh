@@ -89,31 +89,28 @@ __device__ __forceinline__ float exp_shifted(float x, float m) {
 }  // namespace kernels
 }  // namespace warpformer
 
-// Run the body with HEAD_DIM bound to the runtime head size; unsupported sizes return
-// cudaErrorInvalidValue from the enclosing lambda.
-#define WF_HEAD_DIM_SWITCH(DIM, HEAD_DIM, ...)                      \
-  [&]() -> cudaError_t {                                            \
-    switch (DIM) {                                                  \
-      case 64: {                                                    \
-        constexpr int HEAD_DIM = 64;                                \
-        return __VA_ARGS__();                                       \
-      }                                                             \
-      case 80: {                                                    \
-        constexpr int HEAD_DIM = 80;                                \
-        return __VA_ARGS__();                                       \
-      }                                                             \
-      case 96: {                                                    \
-        constexpr int HEAD_DIM = 96;                                \
-        return __VA_ARGS__();                                       \
-      }                                                             \
-      case 128: {                                                   \
-        constexpr int HEAD_DIM = 128;                               \
-        return __VA_ARGS__();                                       \
-      }                                                             \
-      case 256: {                                                   \
-        constexpr int HEAD_DIM = 256;                               \
-        return __VA_ARGS__();                                       \
-      }                                                             \
-      default: return cudaErrorInvalidValue;                        \
-    }                                                               \
+// Run the body with HEAD_DIM bound to the runtime head size (kAttentionHeadDims); unsupported
+// sizes return cudaErrorInvalidValue from the enclosing lambda.
+#define WF_HEAD_DIM_CASE(D, HEAD_DIM, ...) \
+  case D: {                               \
+    constexpr int HEAD_DIM = D;           \
+    return __VA_ARGS__();                 \
+  }
+#define WF_HEAD_DIM_SWITCH(DIM, HEAD_DIM, ...)          \
+  [&]() -> cudaError_t {                                \
+    switch (DIM) {                                      \
+      WF_HEAD_DIM_CASE(32, HEAD_DIM, __VA_ARGS__)     \
+      WF_HEAD_DIM_CASE(48, HEAD_DIM, __VA_ARGS__)     \
+      WF_HEAD_DIM_CASE(64, HEAD_DIM, __VA_ARGS__)     \
+      WF_HEAD_DIM_CASE(80, HEAD_DIM, __VA_ARGS__)     \
+      WF_HEAD_DIM_CASE(96, HEAD_DIM, __VA_ARGS__)     \
+      WF_HEAD_DIM_CASE(112, HEAD_DIM, __VA_ARGS__)    \
+      WF_HEAD_DIM_CASE(128, HEAD_DIM, __VA_ARGS__)    \
+      WF_HEAD_DIM_CASE(144, HEAD_DIM, __VA_ARGS__)    \
+      WF_HEAD_DIM_CASE(160, HEAD_DIM, __VA_ARGS__)    \
+      WF_HEAD_DIM_CASE(192, HEAD_DIM, __VA_ARGS__)    \
+      WF_HEAD_DIM_CASE(224, HEAD_DIM, __VA_ARGS__)    \
+      WF_HEAD_DIM_CASE(256, HEAD_DIM, __VA_ARGS__)    \
+      default: return cudaErrorInvalidValue;            \
+    }                                                   \
   }()

@@ -3,8 +3,8 @@
 //
 // One block of 256 threads per (head, row, key chunk). Threads form groups of TPK lanes; a group
 // reads one cache row (key or value) at a time with 16-byte vectors, TPK = the number of vectors in
-// a head row rounded up to a power of two (at most 32; fp32 head_dim 256 takes two vectors per
-// lane). The chunk is walked in windows of NGROUPS x UNROLL keys (each group takes every
+// a head row rounded up to a power of two (at least 8, at most 32; heads of more than 32 vectors,
+// such as fp32 head_dim 256, take two vectors per lane). The chunk is walked in windows of NGROUPS x UNROLL keys (each group takes every
 // NGROUPS-th key, UNROLL keys in flight). One pass: a group loads a window's key and value rows
 // together, reduces q.k over its lanes with shuffles, and folds the window into its own running
 // max, exp-sum and p * v accumulator (online softmax, rescaling by exp(old max - new max)), so a
@@ -38,7 +38,9 @@ template <typename T, int D>
 struct DecodeShape {
   static constexpr int VEC = 16 / sizeof(T);               // elements per 16-byte vector
   static constexpr int NVEC = D / VEC;                      // vectors per head row
-  static constexpr int TPK = NVEC >= 32 ? 32 : next_pow2(NVEC);  // lanes per cache row
+  // Lanes per cache row; at least 8, so that the groups (kThreads / TPK) fit the lanes of one
+  // warp in the final merge (16-bit heads of 32 leave half of each group's lanes idle).
+  static constexpr int TPK = NVEC >= 32 ? 32 : (NVEC <= 8 ? 8 : next_pow2(NVEC));
   static constexpr int NV = (NVEC + TPK - 1) / TPK;         // vectors per lane
   static constexpr int NGROUPS = kThreads / TPK;
   static_assert(D % VEC == 0, "head_dim must be a multiple of the vector width");

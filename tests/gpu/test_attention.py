@@ -31,7 +31,7 @@ from tests.tolerances import DTYPES, assert_close
 pytestmark = pytest.mark.gpu
 ops = torch.ops.warpformer
 DEV = "cuda"
-HEAD_DIMS = [64, 80, 96, 128, 256]
+HEAD_DIMS = [32, 48, 64, 80, 96, 112, 128, 144, 160, 192, 224, 256]  # kAttentionHeadDims
 FLOOR = {torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}
 LENS = [1, 7, 97, 300, 1025]
 
@@ -331,7 +331,7 @@ def test_decode_attention(dtype, hd, alibi, seed) -> None:
 
 
 @pytest.mark.parametrize("alibi", [False, True])
-@pytest.mark.parametrize("hd", [64, 80, 128, 256])
+@pytest.mark.parametrize("hd", [32, 64, 80, 128, 160, 256])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_decode_attention_split_kv(dtype, hd, alibi, seed) -> None:
     # max_seq 4200 with 5 rows x 20 heads: split into chunks of 512 keys plus the combine kernel.

@@ -25,7 +25,7 @@ from warpformer.weights import load_weights, read_config
 
 pytestmark = pytest.mark.gpu
 
-# Tiny shapes (head sizes the kernels support: 64, 80, 96, 128, 256).
+# Tiny shapes (head sizes the kernels support: 32, 48, ..., 256 as FT's, a few of them here).
 TINY = {
     "gpt2": lambda: transformers.GPT2Config(vocab_size=1000, n_embd=128, n_head=2, n_layer=2,
                                             n_positions=512, bos_token_id=1, eos_token_id=2),
@@ -50,6 +50,14 @@ TINY = {
         vocab_size=1000, hidden_size=160, num_attention_heads=2, num_hidden_layers=2,
         intermediate_size=640, max_position_embeddings=512, rotary_pct=0.25,
         use_parallel_residual=False, bos_token_id=1, eos_token_id=2),
+    # Pythia-14m's widths: 32-wide heads with 8 rotary dims.
+    "pythia-head32": lambda: transformers.GPTNeoXConfig(
+        vocab_size=1000, hidden_size=128, num_attention_heads=4, num_hidden_layers=2,
+        intermediate_size=512, max_position_embeddings=512, rotary_pct=0.25,
+        use_parallel_residual=True, bos_token_id=1, eos_token_id=2),
+    "gpt2-head160": lambda: transformers.GPT2Config(vocab_size=1000, n_embd=320, n_head=2,
+                                                    n_layer=2, n_positions=512, bos_token_id=1,
+                                                    eos_token_id=2),
 }
 
 # Real widths (gpt2-medium, bloom-560m, opt-1.3b, gpt-j-6b, pythia-2.8b) with 2 layers, so the

@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 
 #include "csrc/core/flat_json.h"
+#include "kernels/attention/attention.h"
 
 namespace warpformer {
 namespace gpt {
@@ -88,9 +89,9 @@ GptConfig GptConfig::from_json(const std::string& json, int64_t tensor_para_rank
   TORCH_CHECK(c.num_layer % c.pipeline_para_size == 0, kWhat, ": num_layer (", c.num_layer,
               ") must be divisible by pipeline_para_size (", c.pipeline_para_size, ")");
   const int64_t hd = c.size_per_head;
-  TORCH_CHECK(hd == 64 || hd == 80 || hd == 96 || hd == 128 || hd == 256, kWhat,
-              ": size_per_head must be one of 64, 80, 96, 128, 256 (the attention kernels' head "
-              "sizes), got ", hd);
+  TORCH_CHECK(hd <= 256 && kernels::attention_head_dim_supported(static_cast<int>(hd)), kWhat,
+              ": size_per_head must be one of ", kernels::kAttentionHeadDimsText,
+              " (the attention kernels' head sizes), got ", hd);
   TORCH_CHECK(c.rotary_embedding_dim >= 0 && c.rotary_embedding_dim <= hd &&
                   c.rotary_embedding_dim % 2 == 0,
               kWhat, ": rotary_embedding_dim must be even and in [0, size_per_head], got ",
