@@ -55,6 +55,22 @@ def test_demo_errors(tmp_path, capsys):
     assert rc == 2 and "not found" in capsys.readouterr().err
 
 
+def test_demo_model_dir_without_tokenizer_is_refused_before_converting(tmp_path, monkeypatch,
+                                                                       capsys):
+    # A model saved without its tokenizer used to convert, then fail with transformers'
+    # traceback (or an empty prompt: "input_ids row 0 is empty").
+    monkeypatch.setenv("WARPFORMER_CACHE", str(tmp_path / "cache"))
+    hf_dir = build_random_gpt2(default_dataset(), tmp_path / "m", layers=1, hidden=64, heads=2,
+                               positions=128)
+    for f in hf_dir.iterdir():
+        if f.name not in ("config.json", "model.safetensors", "generation_config.json"):
+            f.unlink()
+    rc = cli_main(["demo", "--model-dir", str(hf_dir), "--backend", "reference"])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"--model-dir {hf_dir} holds no tokenizer files" in err
+    assert not (tmp_path / "cache").exists()  # refused before the conversion
+
+
 @pytest.mark.slow
 def test_demo_command_full_sample():
     """The README command's payload: ``python -m warpformer demo`` on all 200 samples."""

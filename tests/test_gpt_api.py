@@ -66,10 +66,32 @@ PROMPTS = [[5, 17, 42, 9, 33], [7, 3], [60, 61, 62, 11, 12, 13, 14]]
     (dict(bad_words=[[]]), r"bad_words contains an empty word"),
     (dict(bad_words=[[[1]], [[2]]]), r"bad_words has 2 per-row lists for a batch of 3"),
     (dict(return_cum_log_probs=3), r"return_cum_log_probs must be 0, 1 or 2"),
+    # NaN or inf would pass the range rules (or none exists) and turn every logit into NaN.
+    (dict(presence_penalty=float("nan")), r"presence_penalty must be finite, got nan"),
+    (dict(frequency_penalty=float("-inf")), r"frequency_penalty must be finite, got -inf"),
+    (dict(repetition_penalty=float("inf")), r"repetition_penalty must be finite, got inf"),
+    (dict(repetition_penalty=[1.0, float("nan"), 1.0]), r"repetition_penalty must be finite"),
+    (dict(temperature=float("nan")), r"temperature must be finite, got nan"),
+    (dict(temperature=float("inf"), do_sample=True), r"temperature must be finite, got inf"),
+    (dict(top_p=float("nan"), do_sample=True), r"top_p must be finite, got nan"),
+    (dict(num_beams=2, length_penalty=float("nan")), r"length_penalty must be a finite number"),
+    (dict(num_beams=2, diversity_rate=float("inf")), r"diversity_rate must be a finite number"),
+    (dict(length_penalty="1"), r"length_penalty must be a finite number, got '1'"),
 ])
 def test_option_errors_name_the_argument(gpt, kwargs, pattern):
     with pytest.raises(ValueError, match=pattern):
         gpt.generate(PROMPTS, 4, **kwargs)
+
+
+@pytest.mark.parametrize("n", ["5", None, 2.0, True, -1])
+def test_max_new_tokens_of_the_wrong_type_is_named(gpt, n):
+    for call in (lambda: gpt.generate(PROMPTS, n),
+                 lambda: gpt.generate(PROMPTS, n, do_sample=True, seed=1),
+                 lambda: next(gpt.generate_stream(PROMPTS, n)),
+                 lambda: next(iter(gpt.generate_batches([PROMPTS], n)))):
+        with pytest.raises(ValueError, match=r"max_new_tokens must be an integer >= 1"):
+            call()
+    assert gpt.generate(PROMPTS, 2).tokens  # still usable
 
 
 @pytest.mark.parametrize("ids, n, pattern", [

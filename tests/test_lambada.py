@@ -287,6 +287,39 @@ def test_cli_errors_are_reported(tiny_lm, tmp_path, capsys):
     assert rc == 2 and "--test-hf needs a HF checkpoint" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("count", ["-1", "0"])
+def test_cli_refuses_a_max_samples_below_one(tiny_lm, capsys, count):
+    # -1 used to read one sample and report it as the whole evaluation.
+    hf_dir, ckpt, data, _ = tiny_lm
+    rc = cli_main(["lambada", "--checkpoint-path", str(ckpt), "--tokenizer-path", str(hf_dir),
+                   "--dataset-path", str(data), "--max-samples", count, "--backend", "reference"])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"max_samples (--max-samples) must be an integer >= 1, got {count}" in err
+    with pytest.raises(ValueError, match="max_samples"):
+        lambada.read_dataset(data, int(count))
+
+
+def test_cli_names_a_missing_or_empty_tokenizer_folder(tiny_lm, tmp_path, capsys):
+    _, ckpt, data, _ = tiny_lm
+    args = ["lambada", "--checkpoint-path", str(ckpt), "--dataset-path", str(data),
+            "--backend", "reference", "--max-samples", "2", "--tokenizer-path"]
+    rc = cli_main(args + [str(tmp_path / "nowhere")])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"error: --tokenizer-path {tmp_path / 'nowhere'} does not exist" in err
+    assert "Traceback" not in err
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "config.json").write_text("{}")
+    rc = cli_main(args + [str(tmp_path / "empty")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--tokenizer-path" in err and "holds no tokenizer files" in err
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "tokenizer.json").write_text("not json")
+    rc = cli_main(args + [str(broken)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "transformers cannot load its tokenizer" in err
+
+
 def test_only_rank_zero_prints(tiny_lm, monkeypatch, capsys, tmp_path):
     hf_dir, ckpt, data, _ = tiny_lm
     monkeypatch.setenv("RANK", "1")

@@ -6,6 +6,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 #include <string>
 
@@ -158,11 +159,17 @@ void GptModelHolder::decode_start(const at::Tensor& input_ids, const at::Tensor&
   const at::Tensor top_p = per_row_cpu(options, "top_p", f32, 1.0, batch);
   check_range<float>(top_p, "top_p", [](float p) { return p > 0.f && p <= 1.f; }, "in (0, 1]");
   const at::Tensor temp = per_row_cpu(options, "temperature", f32, 1.0, batch);
-  check_range<float>(temp, "temperature", [](float t) { return t > 0.f; }, "> 0");
+  check_range<float>(temp, "temperature", [](float t) { return t > 0.f && std::isfinite(t); },
+                     "finite and > 0");
   const at::Tensor rep = per_row_cpu(options, "repetition_penalty", f32, 1.0, batch);
-  check_range<float>(rep, "repetition_penalty", [](float r) { return r > 0.f; }, "> 0");
+  check_range<float>(rep, "repetition_penalty",
+                     [](float r) { return r > 0.f && std::isfinite(r); }, "finite and > 0");
   const at::Tensor pres = per_row_cpu(options, "presence_penalty", f32, 0.0, batch);
   const at::Tensor freq = per_row_cpu(options, "frequency_penalty", f32, 0.0, batch);
+  // NaN penalties pass every comparison the sampler makes and turn all logits into NaN.
+  check_range<float>(pres, "presence_penalty", [](float p) { return std::isfinite(p); }, "finite");
+  check_range<float>(freq, "frequency_penalty", [](float f) { return std::isfinite(f); },
+                     "finite");
   const at::Tensor minl = per_row_cpu(options, "min_length", at::kInt, 0, batch);
   check_range<int32_t>(minl, "min_length", [](int32_t m) { return m >= 0; }, ">= 0");
   const at::Tensor seeds = per_row_cpu(options, "seed", at::kLong, 0, batch);
@@ -176,6 +183,10 @@ void GptModelHolder::decode_start(const at::Tensor& input_ids, const at::Tensor&
               ": option 'return_cum_log_probs' must be 0, 1 or 2, got ", s.cum_mode);
   const double length_penalty = scalar_option(options, "length_penalty", 1.0);
   const double diversity_rate = scalar_option(options, "diversity_rate", 0.0);
+  TORCH_CHECK(std::isfinite(length_penalty), kOp, ": option 'length_penalty' must be finite, got ",
+              length_penalty);
+  TORCH_CHECK(std::isfinite(diversity_rate), kOp, ": option 'diversity_rate' must be finite, got ",
+              diversity_rate);
 
   const bool all_greedy = !any_row<int32_t>(top_k, [](int32_t k) { return k != 1; });
   const bool penalties = any_row<float>(rep, [](float r) { return r != 1.f; }) ||

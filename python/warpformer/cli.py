@@ -2,12 +2,21 @@
 
 Subcommands live in :data:`SUBCOMMANDS` as ``name -> (help, add_args, run)``: ``add_args`` fills
 an ``argparse`` parser, ``run`` takes the parsed namespace and returns an exit code. Add one by
-adding an entry (``lambada``, ``gemm-tune`` plug in the same way).
+adding an entry (``lambada``, ``gemm-tune`` plug in the same way). Every option of every
+subcommand has a help string (``tests/test_cli_help.py`` checks).
+
+- ``convert``: a HF or Megatron checkpoint -> warpformer's sharded format.
+- ``generate``: prompts in, text (or token ids) out, from a HF or converted checkpoint
+  (:mod:`warpformer.generate_cli`).
+- ``gemm-tune``: a cuBLASLt tuning file for a model's GEMM shapes.
+- ``lambada``: LAMBADA accuracy with FT's method, optionally against HF.
+- ``demo``: the main job end to end on a fresh machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 
@@ -78,6 +87,18 @@ def _lambada_run(args: argparse.Namespace) -> int:
     return main_from_args(args)
 
 
+def _generate_args(p: argparse.ArgumentParser) -> None:
+    from warpformer.generate_cli import add_args
+
+    add_args(p)
+
+
+def _generate_run(args: argparse.Namespace) -> int:
+    from warpformer.generate_cli import run
+
+    return run(args)
+
+
 def _demo_args(p: argparse.ArgumentParser) -> None:
     from warpformer.demo import add_args
 
@@ -94,6 +115,8 @@ SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None],
                              Callable[[argparse.Namespace], int]]] = {
     "convert": ("convert a HF or Megatron checkpoint to warpformer's sharded format",
                 _convert_args, _convert_run),
+    "generate": ("prompts in, generated text (or token ids) out, from a HF or converted "
+                 "checkpoint", _generate_args, _user_errors(_generate_run)),
     "gemm-tune": ("time cuBLASLt algorithms for a model's GEMM shapes and write a tuning file",
                   _gemm_tune_args, _gemm_tune_run),
     "lambada": ("LAMBADA last-word accuracy with FT's method (optionally against HF)",
@@ -127,6 +150,14 @@ def main(argv: list[str] | None = None) -> int:
     except (ConversionError, ConfigError, WeightFileError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # The reader of our output left (`warpformer generate ... | head`): stop quietly as Unix
+        # tools do, and keep Python's exit-time flush of stdout from raising again.
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):  # stdout is no file (replaced in-process)
+            pass
+        return 1
 
 
 if __name__ == "__main__":

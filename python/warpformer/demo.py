@@ -11,7 +11,6 @@ plain-PyTorch reference backend runs on CPU, and the demo says so.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import tempfile
@@ -21,6 +20,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+
+from ._cache import cache_dir as _cache_dir
+from ._cache import convert_cached
 
 if TYPE_CHECKING:
     from .lambada import LambadaResult
@@ -67,27 +69,8 @@ def build_random_gpt2(dataset: Path, out: Path, *, layers: int = 4, hidden: int 
     return out
 
 
-def _cache_dir(model_dir: Path, data_type: str) -> Path:
-    root = Path(os.environ.get("WARPFORMER_CACHE",
-                               Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-                               / "warpformer"))
-    cfg = model_dir / "config.json"
-    stamp = f"{model_dir.resolve()}:{cfg.stat().st_mtime_ns if cfg.exists() else 0}:{data_type}"
-    key = hashlib.sha1(stamp.encode()).hexdigest()[:12]
-    return root / f"{model_dir.resolve().name}-{data_type}-{key}"
-
-
 def _convert(hf_dir: Path, out: Path, data_type: str) -> Path:
-    from warpformer.converters import convert
-
-    if (out / "1-gpu" / "config.ini").is_file():
-        _say(f"using the converted checkpoint cached in {out / '1-gpu'}")
-        return out / "1-gpu"
-    t0 = time.perf_counter()
-    convert(hf_dir, out, tensor_para_size=1, data_type=data_type)
-    _say(f"converted {hf_dir} -> {out / '1-gpu'} ({data_type}) in "
-         f"{time.perf_counter() - t0:.1f} s")
-    return out / "1-gpu"
+    return convert_cached(hf_dir, out, data_type, say=_say)
 
 
 def run_demo(model_dir: str | os.PathLike[str] | None = None, *,
@@ -103,10 +86,9 @@ def run_demo(model_dir: str | os.PathLike[str] | None = None, *,
     end; a given ``model_dir`` is converted into the cache, ``$WARPFORMER_CACHE`` or
     ``$XDG_CACHE_HOME/warpformer``, by default ``~/.cache/warpformer``).
     """
-    import transformers
-
     from . import lambada
     from .gpt import GPT
+    from .tokenizer import TOKENIZER_FILES, has_tokenizer_files, load_tokenizer
 
     data = Path(dataset) if dataset else default_dataset()
     if not data.is_file():
@@ -140,10 +122,15 @@ def run_demo(model_dir: str | os.PathLike[str] | None = None, *,
             hf_dir = Path(model_dir)
             if not (hf_dir / "config.json").is_file():
                 raise ValueError(f"--model-dir {hf_dir} is not a HF checkpoint (no config.json)")
+            # Checked before the conversion, which takes minutes for a real model.
+            if not has_tokenizer_files(hf_dir):
+                raise ValueError(f"--model-dir {hf_dir} holds no tokenizer files (one of "
+                                 f"{', '.join(TOKENIZER_FILES)}): the demo needs the model's "
+                                 "tokenizer beside it (tokenizer.save_pretrained(DIR))")
             _say(BANNER)
             _say(f"MODEL: your checkpoint {hf_dir}")
             converted = _convert(hf_dir, _cache_dir(hf_dir, data_type), data_type)
-        tokenizer = transformers.AutoTokenizer.from_pretrained(hf_dir)
+        tokenizer = load_tokenizer(hf_dir, "--model-dir")
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the CPU fallback was announced above
@@ -153,6 +140,9 @@ def run_demo(model_dir: str | os.PathLike[str] | None = None, *,
 
         _say(BANNER)
         ids = tokenizer.encode(prompt)
+        if not ids:
+            raise ValueError(f"--prompt {prompt!r} encodes to no tokens with the tokenizer of "
+                             f"{hf_dir}")
         t0 = time.perf_counter()
         greedy = gpt.generate([ids], max_new_tokens)
         dt = time.perf_counter() - t0
@@ -196,11 +186,16 @@ def add_args(p: argparse.ArgumentParser) -> None:
                                        "instead of the random demo model")
     p.add_argument("--dataset-path", help="LAMBADA-format JSONL (default: the bundled "
                                           "data/lambada_sample.jsonl)")
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--batch-size", type=int, default=8,
+                   help="prompts per engine call in the LAMBADA run (default 8)")
     p.add_argument("--max-samples", type=int, help="only the first N LAMBADA samples")
-    p.add_argument("--backend", choices=("auto", "cuda", "reference"), default="auto")
-    p.add_argument("--prompt", default=DEFAULT_PROMPT)
-    p.add_argument("--max-new-tokens", type=int, default=24)
+    p.add_argument("--backend", choices=("auto", "cuda", "reference"), default="auto",
+                   help="cuda: the C++/CUDA engine; reference: plain PyTorch on CPU (same "
+                        "results, slow); auto (default): cuda when a GPU is visible")
+    p.add_argument("--prompt", default=DEFAULT_PROMPT,
+                   help="text of the generation shown before LAMBADA (default: %(default)r)")
+    p.add_argument("--max-new-tokens", type=int, default=24,
+                   help="tokens generated from --prompt (default 24)")
     p.add_argument("--work-dir", help="keep the demo model and converted files here")
 
 

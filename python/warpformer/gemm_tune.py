@@ -403,14 +403,27 @@ def dims_from_args(args: argparse.Namespace) -> ModelDims:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """FT gpt_gemm-style arguments."""
-    p.add_argument("--batch-size", type=int, default=1)
-    p.add_argument("--beam-width", type=int, default=1)
-    p.add_argument("--max-input-len", type=int, default=128)
-    p.add_argument("--head-num", type=int)
-    p.add_argument("--size-per-head", type=int)
-    p.add_argument("--inter-size", type=int)
-    p.add_argument("--vocab-size", type=int)
-    p.add_argument("--data-type", choices=sorted(_TORCH_DTYPES), default="fp16")
+    p.add_argument("--batch-size", type=int, default=1,
+                   help="batch size the engine will run (default 1); the decode-step "
+                        "products have batch x beam rows")
+    p.add_argument("--beam-width", type=int, default=1, help="beams per row (default 1)")
+    p.add_argument("--max-input-len", type=int, default=128,
+                   help="prompt length of each row: the prompt pass's products run over "
+                        "batch x this many tokens, in prefill groups (default 128)")
+    p.add_argument("--head-num", type=int,
+                   help="attention heads (FT's head_num); taken from the checkpoint with "
+                        "--model-dir")
+    p.add_argument("--size-per-head", type=int,
+                   help="head dimension (FT's size_per_head); taken from the checkpoint with "
+                        "--model-dir")
+    p.add_argument("--inter-size", type=int,
+                   help="MLP inner width (FT's inter_size); taken from the checkpoint with "
+                        "--model-dir")
+    p.add_argument("--vocab-size", type=int,
+                   help="vocabulary size (the lm_head product); taken from the checkpoint "
+                        "with --model-dir")
+    p.add_argument("--data-type", choices=sorted(_TORCH_DTYPES), default="fp16",
+                   help="the products' data type (default fp16)")
     p.add_argument("--activation-type", choices=("gelu_tanh", "gelu_erf", "relu", "silu"),
                    default="gelu_tanh",
                    help="the MLP's activation (sets the MLP-in product's epilogue); taken from "

@@ -15,6 +15,7 @@ errors raise ``ValueError`` naming the argument before anything runs on the devi
 
 from __future__ import annotations
 
+import math
 import numbers
 import os
 import warnings
@@ -354,6 +355,9 @@ class GPT:
                     not dtype.is_floating_point and not isinstance(v, int)):
                 kind = "a number" if dtype.is_floating_point else "an int"
                 raise ValueError(f"{name} must be {kind} or a list of them, got {v!r}")
+            # NaN passes no comparison and inf most, and either one silently ruins the logits.
+            if isinstance(v, float) and not math.isfinite(v):
+                raise ValueError(f"{name} must be finite, got {v}")
             if not check(v):
                 raise ValueError(f"{name} must be {rule}, got {v}")
         t = torch.tensor(values, dtype=dtype)
@@ -408,8 +412,12 @@ class GPT:
             if words is not None:
                 opts[name] = words_to_ft(words, batch, name)
         opts["beam_width"] = torch.tensor(num_beams, dtype=torch.int32)
-        opts["length_penalty"] = torch.tensor(float(length_penalty), dtype=torch.float32)
-        opts["diversity_rate"] = torch.tensor(float(diversity_rate), dtype=torch.float32)
+        for name, value in (("length_penalty", length_penalty),
+                            ("diversity_rate", diversity_rate)):
+            if (isinstance(value, bool) or not isinstance(value, (int, float))
+                    or not math.isfinite(value)):
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
+            opts[name] = torch.tensor(float(value), dtype=torch.float32)
         opts["return_log_probs"] = torch.tensor(int(bool(return_log_probs)), dtype=torch.int32)
         if return_cum_log_probs not in (0, 1, 2):
             raise ValueError(f"return_cum_log_probs must be 0, 1 or 2, got {return_cum_log_probs}")
@@ -494,6 +502,7 @@ class GPT:
         :meth:`_output`, the result's tensors on the device, written in the order of the current
         CUDA stream; nothing waits for the GPU. ``stacklevel``: of the option warnings, counted
         from :meth:`_options` to the user's frame."""
+        _check_new_tokens(max_new_tokens)
         ids, lengths = self._inputs(input_ids, input_lengths, max_new_tokens)
         # Default options (as plain Python values: anything else takes the general path and its
         # checks): the engine's greedy loop, without the per-row option arrays decode() parses
@@ -508,7 +517,6 @@ class GPT:
                 and stop_words is None and bad_words is None and seed is None
                 and not return_log_probs and type(return_cum_log_probs) is int
                 and return_cum_log_probs == 0 and (end_id is None or type(end_id) is int)):
-            _check_new_tokens(max_new_tokens)
             end = -1 if end_id is None else int(self._per_row(
                 "end_id", end_id, ids.shape[0], torch.int32, lambda e: 0 <= e < self.vocab_size,
                 f"a token id in [0, {self.vocab_size})"))
@@ -628,6 +636,7 @@ class GPT:
         if not isinstance(chunk_size, int) or chunk_size < 1:
             raise ValueError(f"chunk_size must be an integer >= 1, got {chunk_size!r}")
         input_lengths = kwargs.pop("input_lengths", None)
+        _check_new_tokens(max_new_tokens)
         ids, lengths = self._inputs(input_ids, input_lengths, max_new_tokens)
         opts = self._options(ids.shape[0], max_new_tokens, **_option_kwargs(kwargs))
         return self._stream(ids, lengths, max_new_tokens, opts, chunk_size)
@@ -690,5 +699,6 @@ def _option_kwargs(kwargs: dict) -> dict:
 
 
 def _check_new_tokens(max_new_tokens: int) -> None:
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+    if (isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int)
+            or max_new_tokens < 1):
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")

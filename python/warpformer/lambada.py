@@ -82,7 +82,9 @@ def split_text(text: str) -> tuple[str, str]:
 
 
 def read_dataset(path: str | os.PathLike[str], max_samples: int | None = None) -> list[Sample]:
-    """Read a LAMBADA-format JSONL file (one ``{"text": ...}`` object per line)."""
+    """Read a LAMBADA-format JSONL file (one ``{"text": ...}`` object per line); only the first
+    ``max_samples`` (>= 1) when given."""
+    _check_count("max_samples (--max-samples)", max_samples)
     samples: list[Sample] = []
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
@@ -421,18 +423,30 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint-path", required=True, help="converted <tp>-gpu directory")
     p.add_argument("--tokenizer-path", required=True, help="HF tokenizer folder")
     p.add_argument("--dataset-path", required=True, help="LAMBADA-format JSONL file")
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--batch-size", type=int, default=8,
+                   help="samples per engine call (default 8)")
     p.add_argument("--test-hf", action="store_true",
                    help="also run HF transformers on the same samples and compare")
     p.add_argument("--hf-model-path", help="HF checkpoint for --test-hf (default: tokenizer path)")
     p.add_argument("--output-path", help="write per-sample results and the summary as JSON")
     p.add_argument("--show-progress", action="store_true", help="tqdm progress bars")
-    p.add_argument("--metric", choices=("generate", "logits", "both"), default="generate")
-    p.add_argument("--dtype", choices=tuple(DTYPES), default="fp16")
+    p.add_argument("--metric", choices=("generate", "logits", "both"), default="generate",
+                   help="generate: greedy-generate the target tokens (FT's method, default); "
+                        "logits: teacher-forced arg-max at each target position, plus "
+                        "perplexity; both")
+    p.add_argument("--dtype", choices=tuple(DTYPES), default="fp16",
+                   help="compute type of warpformer and HF on a GPU (default fp16; the CPU "
+                        "computes in fp32)")
     p.add_argument("--max-samples", type=int, help="evaluate only the first N samples")
-    p.add_argument("--backend", choices=("auto", "cuda", "reference"), default="auto")
-    p.add_argument("--tensor-para-size", type=int, default=1)
-    p.add_argument("--pipeline-para-size", type=int, default=1)
+    p.add_argument("--backend", choices=("auto", "cuda", "reference"), default="auto",
+                   help="cuda: the C++/CUDA engine; reference: plain PyTorch on CPU (same "
+                        "results, slow); auto (default): cuda when a GPU is visible")
+    p.add_argument("--tensor-para-size", type=int, default=1,
+                   help="tensor-parallel GPUs (default 1); > 1: one process per GPU under "
+                        "mpirun or torchrun")
+    p.add_argument("--pipeline-para-size", type=int, default=1,
+                   help="pipeline stages (default 1); > 1: one process per GPU under mpirun "
+                        "or torchrun")
     p.add_argument("--in-flight", type=int, default=1,
                    help="batches on the GPU at once (one GPU only): a batch's prompt pass runs "
                         "beside another's decode steps; each extra batch costs its KV cache")
@@ -464,15 +478,15 @@ def run(checkpoint_path: str | os.PathLike[str], tokenizer_path: str | os.PathLi
     GPU (HF and the reference backend compute in fp32 on the CPU); the other arguments are the
     CLI's (:func:`add_args`).
     """
-    import transformers
-
     from .gpt import GPT
     from .models.gpt import default_max_seq_len
+    from .tokenizer import load_tokenizer
     from .weights import read_config
 
     main_rank = world_rank() == 0
     say = print_fn if main_rank else (lambda _msg: None)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_path)
+    _check_count("max_samples (--max-samples)", max_samples)  # before the tokenizer loads
+    tokenizer = load_tokenizer(tokenizer_path, "--tokenizer-path")
     samples = tokenize_samples(read_dataset(dataset_path, max_samples), tokenizer)
     need = max(max(len(s.context_ids) for s in b) + max(len(s.target_ids) for s in b)
                for b in batches(samples, batch_size))
@@ -503,6 +517,12 @@ def run(checkpoint_path: str | os.PathLike[str], tokenizer_path: str | os.PathLi
             {"summary": res.summary(), "samples": res.records}, indent=1))
         say(f"per-sample results written to {output_path}")
     return res
+
+
+def _check_count(name: str, value: int | None) -> None:
+    """``value`` must be None or an integer >= 1 (a negative count would silently mean one)."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
 
 
 def _safe_decode(tokenizer, ids: list[int]) -> str:

@@ -218,6 +218,18 @@ def test_session_misuse_raises_and_recovers(tiny):
         model.decode(ids, lens, 4, opts(top_p=1.5))
     with pytest.raises(RuntimeError, match=r"top_k must be 1 .* when beam_width > 1"):
         model.decode(ids, lens, 4, opts(beam_width=2, top_k=5))
+    # TorchScript callers reach the engine without warpformer.GPT's checks: NaN or inf options
+    # are refused here too (a NaN presence penalty used to yield token 0 forever).
+    nan, inf = float("nan"), float("inf")
+    for key, value, rule in (("presence_penalty", nan, "finite"),
+                             ("frequency_penalty", -inf, "finite"),
+                             ("repetition_penalty", nan, "finite and > 0"),
+                             ("temperature", inf, "finite and > 0")):
+        with pytest.raises(RuntimeError, match=rf"option '{key}' must be {rule}, got"):
+            model.decode(ids, lens, 4, opts(**{key: value}))
+    for key in ("length_penalty", "diversity_rate"):
+        with pytest.raises(RuntimeError, match=rf"option '{key}' must be finite"):
+            model.decode(ids, lens, 4, opts(beam_width=2, **{key: nan}))
     with pytest.raises(RuntimeError, match=r"no generation session"):
         model.decode_step(1)
     model.decode_start(ids, lens, 4, {})
