@@ -147,8 +147,8 @@ __device__ __forceinline__ void wait_for_prior_kernels() {
 // the decode attention (and its split-KV combine) at 1-2 rows, and the GEMV itself (whatever
 // follows it).
 // Not meant for kernels ahead of cuBLASLt products: there an early start measured ~0.8 ms slower
-// per batch-1 prefill (H200). (With WARPFORMER_GEMV=0 the 1-2-row norms still start cuBLASLt
-// early; that costs speed, never correctness.)
+// per batch-1 prefill (H200). (Where the gemm ops' 'cublaslt' backend follows a 1-2-row norm,
+// the norm still starts it early; that costs speed, never correctness.)
 __device__ __forceinline__ void start_next_kernel() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -174,7 +174,7 @@ DeviceCaps device_caps(int device);
 int code_arch(const void* func);
 
 // True when launch_kernel() asks for programmatic dependent launch: the current device is sm_90
-// or newer and WARPFORMER_PDL is not "0" (kernels/launch.cu).
+// or newer (kernels/launch.cu); older GPUs launch plainly.
 bool pdl_enabled();
 
 struct LaunchShape {

@@ -14,7 +14,7 @@
 // normalising launch give the same bits for the same normalised rows.
 //
 // Measured against cuBLASLt at 8 rows on gpt2-medium / bloom-560m's four layer products
-// (benchmarks/probes/gemv8_staged.cu, H200): 3.6 / 2.9 / 3.8 / 4.4 us against 4.6 / 4.1 / 5.0 /
+// (the staged-tile probe, benchmarks/HISTORY.md, H200): 3.6 / 2.9 / 3.8 / 4.4 us against 4.6 / 4.1 / 5.0 /
 // 6.9 in a chain of calls, which is where the weight-before-wait pays: a whole tile is in flight
 // before the kernel ahead ends. Weights past kKnMmaMaxWeightBytes stay on cuBLASLt, where that
 // overlap matters less and its tiles stream well.

@@ -1,6 +1,4 @@
 // Host side of the launch helpers in common.cuh.
-#include <cstdlib>
-#include <cstring>
 #include <mutex>
 
 #include "kernels/common.cuh"
@@ -36,11 +34,6 @@ int code_arch(const void* func) {
 }
 
 bool pdl_enabled() {
-  static const bool allowed = [] {
-    const char* env = std::getenv("WARPFORMER_PDL");
-    return env == nullptr || std::strcmp(env, "0") != 0;
-  }();
-  if (!allowed) return false;
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) {
     cudaGetLastError();

@@ -25,7 +25,7 @@ import warpformer.distributed as dist
 
 class FakeComm:
     def __init__(self, unique_id: torch.Tensor, size: int, rank: int, device: int,
-                 timeout_s: float) -> None:
+                 timeout_s: float, peer_allreduce: bool = True) -> None:
         self.uid = bytes(unique_id.numpy().tobytes()).rstrip(b"\0").decode()
         self._size, self._rank, self.device = size, rank, device
         self.aborted = False
@@ -176,7 +176,7 @@ def check_all_reduce(comm) -> dict:
 
 def run(scenario: str = "ok", tp: int = 1, pp: int = 1, timeout: float = 30.0,
         bad_rank: int = -1, hang_s: float = 0.0, init_method: str | None = None,
-        mock: bool = True) -> dict | None:
+        mock: bool = True, no_peer_rank: int = -1) -> dict | None:
     """Play one rank of ``scenario``; returns what this rank saw (None for the hung rank) or
     raises what warpformer.distributed raised."""
     found = dist._from_env()
@@ -185,7 +185,8 @@ def run(scenario: str = "ok", tp: int = 1, pp: int = 1, timeout: float = 30.0,
         mock_gpu(rank, bad_rank if scenario == "no_gpu" else -1, scenario == "same_gpu")
     bad = rank == bad_rank
     if scenario in ("allreduce", "peer_dead"):
-        ctx = dist.init(tp, pp, timeout_s=timeout, init_method=init_method)
+        ctx = dist.init(tp, pp, timeout_s=timeout, init_method=init_method,
+                        peer_allreduce=rank != no_peer_rank)
         if scenario == "allreduce":
             result = {"rank": rank, **check_all_reduce(ctx.tp_comm)}
             ctx.shutdown()
@@ -272,12 +273,14 @@ def main() -> int:
     p.add_argument("--hang-s", type=float, default=0.0, help="how long the hung rank sleeps")
     p.add_argument("--init-method", default=None)
     p.add_argument("--mock-gpu", action="store_true")
+    p.add_argument("--no-peer-rank", type=int, default=-1,
+                   help="the rank that creates its groups with peer_allreduce=False")
     args = p.parse_args()
     found = dist._from_env()
     start = time.monotonic()
     try:
         result = run(args.scenario, args.tp, args.pp, args.timeout, args.bad_rank, args.hang_s,
-                     args.init_method, args.mock_gpu)
+                     args.init_method, args.mock_gpu, args.no_peer_rank)
     except Exception as exc:
         emit("ERROR", {"rank": found[1] if found else 0, "type": type(exc).__name__,
                        "message": str(exc), "elapsed": time.monotonic() - start})

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import os
-from unittest import mock
 
 import torch
 
@@ -14,14 +13,19 @@ import warpformer
 from warpformer import distributed
 
 
-def run(model_dir: str, tp: int, pp: int, dtype: torch.dtype, out: str, steps: int) -> None:
-    if os.environ.get("RANK1_ENV") and os.environ.get("RANK") == "1":
-        # Failure test: one rank with another setting ("NAME=value") must stop every rank.
-        name, value = os.environ["RANK1_ENV"].split("=", 1)
-        os.environ[name] = value
-    model = warpformer.GPT.from_pretrained(model_dir, dtype=dtype, tensor_para_size=tp,
-                                           pipeline_para_size=pp, max_batch=8, max_seq_len=320,
-                                           backend="cuda")
+def run(model_dir: str, tp: int, pp: int, dtype: torch.dtype, out: str, steps: int,
+        prefill_tokens: int | None, rank1_prefill_tokens: int | None) -> None:
+    if rank1_prefill_tokens is not None and os.environ.get("RANK") == "1":
+        # Failure test: one rank with another prefill group size must stop every rank.
+        prefill_tokens = rank1_prefill_tokens
+
+    def load(**options):
+        return warpformer.GPT.from_pretrained(model_dir, dtype=dtype, tensor_para_size=tp,
+                                              pipeline_para_size=pp, max_batch=8,
+                                              max_seq_len=320, backend="cuda",
+                                              prefill_tokens=prefill_tokens, **options)
+
+    model = load()
     prompts = torch.load(out + ".prompts")
     res = {}
     g = model.generate(prompts["ids"], steps, input_lengths=prompts["lengths"], end_id=999)
@@ -63,11 +67,12 @@ def run(model_dir: str, tp: int, pp: int, dtype: torch.dtype, out: str, steps: i
             res["in_flight_refused"] = str(exc)
     # Kernel launches of the first stage during a 12-step greedy run (1 prefill group, then a
     # run of 11 steps of one embedding per micro-batch): shows whether decode steps were split.
-    # WARPFORMER_CUDA_GRAPHS=0: every launch its own profiler record.
-    with mock.patch.dict(os.environ, {"WARPFORMER_CUDA_GRAPHS": "0"}), \
-            torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        model.generate(ids, 12, input_lengths=lengths, end_id=999)
+    # An instance without CUDA graphs: every launch its own profiler record.
+    eager = load(cuda_graphs=False)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        eager.generate(ids, 12, input_lengths=lengths, end_id=999)
         torch.cuda.synchronize()
+    del eager
     res["embedding_launches"] = sum(e.count for e in prof.key_averages()
                                     if "embedding_kernel" in e.key)
     # Teacher-forced logits (fp16 diagnostics) over given sequences, or over this run's greedy
@@ -98,9 +103,12 @@ def main() -> None:
     ap.add_argument("--dtype", default="fp32")
     ap.add_argument("--out", required=True)
     ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--prefill-tokens", type=int, default=None)
+    ap.add_argument("--rank1-prefill-tokens", type=int, default=None)
     a = ap.parse_args()
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[a.dtype]
-    run(a.model_dir, a.tp, a.pp, dtype, a.out, a.steps)
+    run(a.model_dir, a.tp, a.pp, dtype, a.out, a.steps, a.prefill_tokens,
+        a.rank1_prefill_tokens)
 
 
 if __name__ == "__main__":

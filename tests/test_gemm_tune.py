@@ -28,25 +28,22 @@ from warpformer.gemm_tune import (
 )
 
 
-def test_shapes_gpt2_like(monkeypatch) -> None:
-    monkeypatch.delenv("WARPFORMER_FUSE", raising=False)
+def test_shapes_gpt2_like() -> None:
     dims = ModelDims(hidden=1024, inter=4096, vocab=50257)
     shapes = gemm_shapes(dims, batch=8, beam=1, max_input_len=128)
     keys = {(s.m, s.n, s.k, s.transposed, s.epilogue, s.accumulate) for s in shapes}
     assert (1024, 3072, 1024, False, "none", False) in keys      # context QKV, 8 * 128 tokens
-    # FFN in: tanh-GELU on cuBLASLt's epilogue (16-bit types, the activation fusion on)
+    # FFN in: tanh-GELU on cuBLASLt's epilogue (16-bit types)
     assert (1024, 4096, 1024, False, "bias_gelu_tanh", False) in keys
     assert (8, 4096, 1024, False, "bias_gelu_tanh", False) in keys
     assert (8, 50264, 1024, True, "none", False) in keys         # lm_head, V padded to 8s
     assert len(keys) == len(shapes)                                # deduplicated
-    # fp32 keeps warpformer's GELU kernel, and so does WARPFORMER_FUSE without "activation"
+    # fp32 keeps warpformer's GELU kernel
     ffn_in = {s.epilogue for s in gemm_shapes(dims, 8, 1, 128, dtype_bytes=4)
               if s.what.endswith("ffn in")}
     assert ffn_in == {"none"}
-    for fuse, want in (("0", "none"), ("attention,norms", "none"),
-                       ("norms,activation", "bias_gelu_tanh"), ("1", "bias_gelu_tanh")):
-        monkeypatch.setenv("WARPFORMER_FUSE", fuse)
-        assert ffn_in_epilogue(dims) == want, fuse
+    assert ffn_in_epilogue(dims) == "bias_gelu_tanh"
+    assert ffn_in_epilogue(dims, dtype_bytes=4) == "none"
     erf = ModelDims(hidden=1024, inter=4096, vocab=50257, activation="gelu_erf")
     assert ffn_in_epilogue(erf) == "none"
 
@@ -74,14 +71,13 @@ def test_shapes_follow_switches_and_tp() -> None:
     assert t["context project_in"].m == 16
 
 
-def test_prefill_groups_mirror_the_engine(monkeypatch) -> None:
+def test_prefill_groups_mirror_the_engine() -> None:
     # Same batches as the GPU tests of GptModel::plan_prefill (tests/gpu/test_gpt_engine.py).
     assert prefill_groups([500, 3, 480, 500, 1, 500, 497, 250, 500], 1024) == [983, 1001, 747, 500]
     assert prefill_groups([1023, 2, 2500, 1, 900, 1200], 1024) == [1023, 2, 2500, 901, 1200]
     assert prefill_groups([300, 260, 300, 10, 300, 300, 280, 300], 1024) == [860, 890, 300]
     assert prefill_groups([128] * 64, 2048) == [2048] * 4
     assert prefill_groups([7], 2048) == [7]
-    monkeypatch.delenv("WARPFORMER_PREFILL_TOKENS", raising=False)
     gptj = ModelDims(hidden=4096, inter=16384, vocab=50400, parallel_residual=True)
     gpt2m = ModelDims(hidden=1024, inter=4096, vocab=50257)
     opt13 = ModelDims(hidden=2048, inter=8192, vocab=50272, activation="relu")
@@ -106,14 +102,14 @@ def test_prefill_groups_mirror_the_engine(monkeypatch) -> None:
         ctx = {s.m for s in gemm_shapes(dims, batch=64, beam=1, max_input_len=128)
                if s.what == "context qkv"}
         assert ctx == want
-    monkeypatch.setenv("WARPFORMER_PREFILL_TOKENS", "1000")
-    assert prefill_group_tokens(gpt2m) == prefill_group_tokens(gptj) == 1000
-    ctx = {s.m for s in gemm_shapes(gpt2m, batch=8, beam=1, max_input_len=300)
-           if s.what == "context qkv"}
+    # The prefill_tokens engine option replaces the engine's choice.
+    assert prefill_group_tokens(gpt2m, prefill_tokens=1000) == 1000
+    assert prefill_group_tokens(gptj, prefill_tokens=1000) == 1000
+    ctx = {s.m for s in gemm_shapes(gpt2m, batch=8, beam=1, max_input_len=300,
+                                    group_tokens=1000) if s.what == "context qkv"}
     assert ctx == {900, 600}  # 8 x 300 tokens as groups of 3, 3 and 2 sequences
-    monkeypatch.setenv("WARPFORMER_PREFILL_TOKENS", "-3")
-    with pytest.raises(ValueError, match="WARPFORMER_PREFILL_TOKENS must be a positive"):
-        prefill_group_tokens(gpt2m)
+    with pytest.raises(ValueError, match="prefill_tokens must be a positive"):
+        prefill_group_tokens(gpt2m, prefill_tokens=-3)
 
 
 def test_cli_requires_dimensions(capsys) -> None:
@@ -125,11 +121,10 @@ def test_cli_requires_dimensions(capsys) -> None:
         main(["gemm-tune", "--pipeline-para-size", "0", "--head-num", "2"])
 
 
-def test_decode_rows_mirror_the_pipeline_split(monkeypatch) -> None:
+def test_decode_rows_mirror_the_pipeline_split() -> None:
     """GptModel::decode_micro_batches / decode_steps_split: with P stages, no beam and at least P
     rows, runs of decode steps go as P micro-batches of rows [m * rows // P, (m+1) * rows // P);
     the first step and short runs keep all rows. gemm_shapes lists both, the lm_head's too."""
-    monkeypatch.delenv("WARPFORMER_PP_DECODE_SPLIT", raising=False)
     one = ModelDims(hidden=1024, inter=4096, vocab=50257)
     pp2 = ModelDims(hidden=1024, inter=4096, vocab=50257, pipeline_para_size=2)
     pp4 = ModelDims(hidden=1024, inter=4096, vocab=50257, pipeline_para_size=4)
@@ -142,8 +137,6 @@ def test_decode_rows_mirror_the_pipeline_split(monkeypatch) -> None:
     ms = {s.m for s in gemm_shapes(pp2, 5, 1, 16) if s.what == "decode qkv"}
     assert ms == {2, 3, 5}
     assert {s.m for s in gemm_shapes(pp2, 5, 1, 16) if s.transposed} >= {2, 3, 5}
-    monkeypatch.setenv("WARPFORMER_PP_DECODE_SPLIT", "0")
-    assert decode_rows(8, 1, pp2) == [8]
 
 
 def test_pipeline_size_reaches_the_dims() -> None:
@@ -159,12 +152,10 @@ def test_pipeline_size_reaches_the_dims() -> None:
     assert ModelDims.from_config(cfg).pipeline_para_size == 1
 
 
-def test_prompt_pass_rows_mirror_the_engine(monkeypatch) -> None:
+def test_prompt_pass_rows_mirror_the_engine() -> None:
     """GptModel::prompt_graph_tokens: a one-group pass on one GPU past 8 tokens runs padded to a
     multiple of 16 up to 128 tokens and of 64 beyond (the GPU tests see these m in the plans);
-    several groups, tensor parallelism and either graph variable set to 0 keep exact counts."""
-    monkeypatch.delenv("WARPFORMER_CUDA_GRAPHS", raising=False)
-    monkeypatch.delenv("WARPFORMER_PROMPT_GRAPHS", raising=False)
+    several groups, tensor parallelism and cuda_graphs=False keep exact counts."""
     one = ModelDims(hidden=1024, inter=4096, vocab=50257)
     tp2 = ModelDims(hidden=1024, inter=4096, vocab=50257, tensor_para_size=2)
     pp2 = ModelDims(hidden=1024, inter=4096, vocab=50257, pipeline_para_size=2)
@@ -186,13 +177,10 @@ def test_prompt_pass_rows_mirror_the_engine(monkeypatch) -> None:
               if s.what == "context ffn out"}
         assert padded in ms and padded not in row_buckets(lo, hi)
         assert set(row_buckets(lo, hi)) <= ms
-    for var in ("WARPFORMER_CUDA_GRAPHS", "WARPFORMER_PROMPT_GRAPHS"):
-        monkeypatch.setenv(var, "0")
-        assert prompt_pass_rows([1000] * 4, 4096, one) == [4000]
-        ms = {s.m for s in gemm_shapes(one, 1, 1, 16, prompt_rows=(129, 176))
-              if s.what == "context ffn out"}
-        assert ms == {16} | set(row_buckets(129, 176))
-        monkeypatch.delenv(var)
+    assert prompt_pass_rows([1000] * 4, 4096, one, cuda_graphs=False) == [4000]
+    ms = {s.m for s in gemm_shapes(one, 1, 1, 16, prompt_rows=(129, 176), cuda_graphs=False)
+          if s.what == "context ffn out"}
+    assert ms == {16} | set(row_buckets(129, 176))
 
 
 def test_group_tokens_override() -> None:

@@ -563,18 +563,28 @@ def test_generate_batches_in_flight_needs_one_gpu(tiny):
     # Checked before anything runs: a tensor-parallel model cannot keep batches in flight.
     import dataclasses
 
-    class Engine:  # what GPT reads of an engine at construction
+    class Engine:  # what GPT reads of an engine: limits at construction, its grid here
+        def __init__(self, tp, pp):
+            self.tp, self.pp = tp, pp
+
         def max_batch(self):
             return 8
 
         def max_seq_len(self):
             return 32
 
-    config = dataclasses.replace(gpt_config(tiny), tensor_para_size=2)
-    model = GPT(Engine(), config, "cuda", torch.float16, torch.device("cpu"))
-    with pytest.raises(ValueError, match=r"in_flight=2 needs a model on one GPU; this one has "
-                                         r"tensor_para_size 2 \(use in_flight=1\)"):
-        model.generate_batches(BATCHES, 3, in_flight=2)
+        def tensor_para_size(self):
+            return self.tp
+
+        def pipeline_para_size(self):
+            return self.pp
+
+    for tp, pp, name in ((2, 1, "tensor_para_size 2"), (1, 3, "pipeline_para_size 3")):
+        config = dataclasses.replace(gpt_config(tiny), tensor_para_size=tp)
+        model = GPT(Engine(tp, pp), config, "cuda", torch.float16, torch.device("cpu"))
+        with pytest.raises(ValueError, match=rf"in_flight=2 needs a model on one GPU; this one "
+                                             rf"has {name} \(use in_flight=1\)"):
+            model.generate_batches(BATCHES, 3, in_flight=2)
 
 
 def gpt_config(tiny):

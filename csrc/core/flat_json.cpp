@@ -5,6 +5,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
+#include <sstream>
 
 namespace warpformer {
 namespace {
@@ -167,6 +168,55 @@ std::string FlatJson::get_string(const std::string& key, const std::string& def)
 int64_t FlatJson::require_int(const std::string& key) const {
   TORCH_CHECK(has(key), what_, ": required key '", key, "' is missing");
   return get_int(key, 0);
+}
+
+void FlatJson::check_known(std::initializer_list<const char*> known) const {
+  for (const auto& kv : values_) {
+    bool found = false;
+    for (const char* k : known) found = found || kv.first == k;
+    if (found) continue;
+    std::string list;
+    for (const char* k : known) list += (list.empty() ? "" : ", ") + std::string(k);
+    TORCH_CHECK(false, what_, ": unknown key '", kv.first, "'; known keys: ", list);
+  }
+}
+
+std::string FlatJson::write(const std::map<std::string, JsonScalar>& values) {
+  auto quoted = [](const std::string& s) {
+    std::string out = "\"";
+    for (const char c : s) {
+      if (c == '"' || c == '\\') {
+        out += '\\';
+        out += c;
+      } else if (static_cast<unsigned char>(c) < 0x20) {
+        static const char* const kHex = "0123456789abcdef";
+        out += "\\u00";
+        out += kHex[(c >> 4) & 0xF];
+        out += kHex[c & 0xF];
+      } else {
+        out += c;
+      }
+    }
+    return out + "\"";
+  };
+  std::string out = "{";
+  for (const auto& [key, v] : values) {
+    if (out.size() > 1) out += ", ";
+    out += quoted(key) + ": ";
+    switch (v.kind) {
+      case JsonScalar::Kind::kNull: out += "null"; break;
+      case JsonScalar::Kind::kBool: out += v.boolean ? "true" : "false"; break;
+      case JsonScalar::Kind::kString: out += quoted(v.text); break;
+      case JsonScalar::Kind::kNumber: {
+        std::ostringstream os;
+        os.precision(17);
+        os << v.number;
+        out += os.str();
+        break;
+      }
+    }
+  }
+  return out + "}";
 }
 
 }  // namespace warpformer

@@ -3,6 +3,7 @@
 // rejected with a message naming the key.
 #pragma once
 
+#include <initializer_list>
 #include <map>
 #include <string>
 
@@ -28,7 +29,12 @@ class FlatJson {
   bool get_bool(const std::string& key, bool def) const;
   std::string get_string(const std::string& key, const std::string& def) const;
   int64_t require_int(const std::string& key) const;
+  // Throws naming `what`, the first key not in `known` and the known ones.
+  void check_known(std::initializer_list<const char*> known) const;
   const std::map<std::string, JsonScalar>& values() const { return values_; }
+
+  // The flat JSON text of `values` (keys sorted; strings escaped): what parse() reads back.
+  static std::string write(const std::map<std::string, JsonScalar>& values);
 
  private:
   std::string what_;

@@ -7,8 +7,6 @@
 
 #include <algorithm>
 #include <climits>
-#include <cstdlib>
-#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -50,12 +48,7 @@ Gemm::Plan::~Plan() {
   if (desc) cublasLtMatmulDescDestroy(desc);
 }
 
-Gemm::Gemm(CudaContext* ctx) : ctx_(ctx) {
-  const char* env = std::getenv("WARPFORMER_GEMV");
-  if (env != nullptr && std::strcmp(env, "0") == 0) gemv_policy_ = GemvPolicy::kNever;
-  const char* tc = std::getenv("WARPFORMER_GEMV_TC");
-  if (tc != nullptr && std::strcmp(tc, "0") == 0) gemv_tensor_cores_ = false;
-}
+Gemm::Gemm(CudaContext* ctx) : ctx_(ctx) {}
 
 Gemm::~Gemm() = default;
 
@@ -450,10 +443,10 @@ bool Gemm::try_gemv(DType dtype, const void* in, const void* weight, const void*
                     int64_t m, int64_t n, int64_t k, bool transposed, kernels::Activation act,
                     float beta, const GemmNormedInput* norm, bool launch, bool beside) {
   // Past the preferred rows, [k, n] products of up to kGemvMaxRows rows still take the GEMV
-  // where it runs them on tensor cores (kernels::gemv_kn_tensor_cores), unless switched off.
+  // where it runs them on tensor cores (kernels::gemv_kn_tensor_cores).
   const bool within = m <= gemv_max_rows(transposed);
-  const bool tensor_cores = !within && !transposed && gemv_tensor_cores_ &&
-                            gemv_policy_ == GemvPolicy::kPreferred && m <= kernels::kGemvMaxRows;
+  const bool tensor_cores = !within && !transposed && gemv_policy_ == GemvPolicy::kPreferred &&
+                            m <= kernels::kGemvMaxRows;
   if ((!within && !tensor_cores) || n > INT_MAX || k > INT_MAX) return false;
   return WF_DISPATCH_FLOATING(dtype, "Gemm (GEMV path)", [&] {
     kernels::GemvParams<scalar_t> p =
@@ -506,7 +499,7 @@ void Gemm::run_act(DType dtype, const void* in, const void* weight, const void* 
     return;
   }
   if (act == kernels::Activation::kGeluTanh && bias != nullptr && beta == 0.f &&
-      activation_epilogue_ && dtype != DType::kFloat32) {
+      dtype != DType::kFloat32) {
     launch(GemmKey{m, n, k, dtype, GemmEpilogue::kBiasGeluTanh, false, false}, in, weight, bias,
            out, 0.f);
     return;

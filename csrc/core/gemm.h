@@ -7,8 +7,7 @@
 // kernels::kGemvPreferredRowsKN rows for [k, n] weights, and up to kGemvMaxRows where the GEMV
 // runs them on tensor cores (kernels::gemv_kn_tensor_cores: 16-bit weights of at most 16 MiB),
 // kGemvPreferredRowsNK for the [n, k] lm_head (and when the shape allows 16-byte access);
-// everything else goes to cuBLASLt. WARPFORMER_GEMV=0 sends all shapes to cuBLASLt,
-// WARPFORMER_GEMV_TC=0 the [k, n] products past kGemvPreferredRowsKN rows (for comparisons).
+// everything else goes to cuBLASLt (set_gemv_policy changes that for the gemm ops' backends).
 //
 // Weights are stored [in, out] (the on-disk layout), so no transposes are needed: in cuBLASLt's
 // column-major view this is out^T[n, m] = weight^T[n, k] @ in^T[k, m]. Matmul descriptors and the
@@ -121,9 +120,8 @@ class Gemm {
 
   // out[m, n] = act(in[m, k] @ weight[k, n] + bias[n]) (+ beta * out). One fused kernel on the
   // GEMV path. On cuBLASLt, ReLU rides on its bias epilogue, and so does tanh-GELU for 16-bit
-  // types while the activation epilogue is on (set_activation_epilogue): cuBLASLt applies it to
-  // the fp32 accumulator and rounds once. Other activations, fp32 (which keeps warpformer's exact
-  // tanh), and tanh-GELU with the epilogue off run warpformer's bias/activation kernel after a
+  // types: cuBLASLt applies it to the fp32 accumulator and rounds once. Other activations and
+  // fp32 (which keeps warpformer's exact tanh) run warpformer's bias/activation kernel after a
   // plain GEMM. bias may be null.
   // beside: the caller promises that the kernel just before this product on the stream neither
   // writes what it reads nor reads or writes what it writes; where the GEMV runs the product it
@@ -160,13 +158,9 @@ class Gemm {
                const void* w2, int64_t k2, void* out, int64_t m, int64_t n,
                bool second_ready = false);
 
-  // Whether run_normed may fuse the norm into the GEMV (on by default; WARPFORMER_FUSE=0 makes
-  // the engine turn it off).
+  // Whether run_normed may fuse the norm into the GEMV (on by default; the norm_gemm op's
+  // 'unfused' backend turns it off, the reference the fused path is tested against).
   void set_norm_fusion(bool on) { norm_fusion_ = on; }
-
-  // Whether run_act may put tanh-GELU into cuBLASLt's bias epilogue (16-bit types; on by
-  // default; WARPFORMER_FUSE without `activation` makes the engine turn it off).
-  void set_activation_epilogue(bool on) { activation_epilogue_ = on; }
 
   // Whether run_normed with these arguments would run the fused kernel (launches nothing).
   bool fuses_norm(DType dtype, const GemmNormedInput& in, const void* weight, const void* bias,
@@ -182,9 +176,9 @@ class Gemm {
   void run_transposed(DType dtype, const void* in, const void* weight, const void* bias, void* out,
                       int64_t m, int64_t n, int64_t k);
 
-  // Which products go to the GEMV kernel: never (all cuBLASLt; the default when the environment
-  // sets WARPFORMER_GEMV=0), where it measured faster (the default), or whenever the kernel can
-  // run the shape (the `warpformer.gemm` op's backend='gemv').
+  // Which products go to the GEMV kernel: never (all cuBLASLt: the `warpformer.gemm` op's
+  // backend='cublaslt'), where it measured faster (the default), or whenever the kernel can run
+  // the shape (backend='gemv').
   enum class GemvPolicy { kNever, kPreferred, kAlways };
   void set_gemv_policy(GemvPolicy policy) { gemv_policy_ = policy; }
 
@@ -267,10 +261,9 @@ class Gemm {
   void reserve_workspace(size_t bytes, const GemmKey& key);
 
   CudaContext* ctx_;
-  GemvPolicy gemv_policy_ = GemvPolicy::kPreferred;
   // kPreferred also sends [k, n] products of 3-8 rows to the GEMV where it runs them on tensor
-  // cores (kernels::gemv_kn_tensor_cores); WARPFORMER_GEMV_TC=0 keeps them on cuBLASLt.
-  bool gemv_tensor_cores_ = true;
+  // cores (kernels::gemv_kn_tensor_cores).
+  GemvPolicy gemv_policy_ = GemvPolicy::kPreferred;
   // Up to this many rows the engine's policy also lets the tensor-core GEMV normalise its own
   // input (the norm then costs no kernel of its own); past it the norms kernel runs first and
   // the product reads its output. Every block of the GEMV forms the statistics of every row
@@ -283,7 +276,6 @@ class Gemm {
   static constexpr int64_t kTensorCoreNormRows = 6;
   bool static_weights_ = false;
   bool norm_fusion_ = true;
-  bool activation_epilogue_ = true;
   mutable std::mutex mu_;
   struct CachedPlan {
     std::shared_ptr<Plan> plan;

@@ -36,7 +36,8 @@ std::array<char, sizeof(ncclUniqueId)> NcclCommunicator::new_unique_id() {
 }
 
 NcclCommunicator::NcclCommunicator(const std::array<char, sizeof(ncclUniqueId)>& id,
-                                   int world_size, int rank, int device, double timeout_s)
+                                   int world_size, int rank, int device, double timeout_s,
+                                   bool peer_allreduce)
     : rank_(rank), size_(world_size), device_(device), timeout_s_(timeout_s) {
   TORCH_CHECK(world_size >= 1, "NcclComm: world_size must be >= 1, got ", world_size);
   TORCH_CHECK(rank >= 0 && rank < world_size, "NcclComm: rank must be in [0, ", world_size,
@@ -76,7 +77,7 @@ NcclCommunicator::NcclCommunicator(const std::array<char, sizeof(ncclUniqueId)>&
   }
   if (world_size > 1) {
     try {
-      peer_ = PeerAllReduce::create(*this, device, timeout_s, &peer_reason_);
+      peer_ = PeerAllReduce::create(*this, device, timeout_s, peer_allreduce, &peer_reason_);
     } catch (...) {
       abort();
       throw;

@@ -28,9 +28,11 @@ class NcclCommunicator final : public Communicator {
   static constexpr size_t kIdBytes = sizeof(ncclUniqueId);
   static std::array<char, sizeof(ncclUniqueId)> new_unique_id();
 
-  // Joins the group on `device` (this thread's current device is restored afterwards).
+  // Joins the group on `device` (this thread's current device is restored afterwards); with
+  // peer_allreduce the group sets up the one-shot NVLink all-reduce where every rank can
+  // (PeerAllReduce::create).
   NcclCommunicator(const std::array<char, sizeof(ncclUniqueId)>& id, int world_size, int rank,
-                   int device, double timeout_s);
+                   int device, double timeout_s, bool peer_allreduce = true);
   ~NcclCommunicator() override;
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;

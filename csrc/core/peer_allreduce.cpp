@@ -2,8 +2,6 @@
 
 #include <c10/util/Exception.h>
 
-#include <cstdlib>
-#include <cstring>
 
 #include "csrc/core/check.h"
 #include "csrc/core/cuda_context.h"
@@ -32,7 +30,8 @@ bool soft(cudaError_t e, const char* what, std::string* why) {
 }  // namespace
 
 std::unique_ptr<PeerAllReduce> PeerAllReduce::create(Communicator& comm, int device,
-                                                     double timeout_s, std::string* why) {
+                                                     double timeout_s, bool wanted,
+                                                     std::string* why) {
   why->clear();
   DeviceScope scope(device);
   std::unique_ptr<PeerAllReduce> self(new PeerAllReduce());
@@ -40,17 +39,11 @@ std::unique_ptr<PeerAllReduce> PeerAllReduce::create(Communicator& comm, int dev
   self->ranks_ = comm.size();
   self->device_ = device;
   self->timeout_ns_ = static_cast<uint64_t>(timeout_s * 1e9);
-  const char* early = std::getenv("WARPFORMER_PEER_EARLY_START");
-  self->early_start_ = early == nullptr || std::strcmp(early, "0") != 0;
   self->buffers_.assign(self->ranks_, nullptr);
 
   Record mine{};
-  bool willing = true;
-  const char* env = std::getenv("WARPFORMER_PEER_ALLREDUCE");
-  if (env != nullptr && std::strcmp(env, "0") == 0) {
-    willing = false;
-    *why = "WARPFORMER_PEER_ALLREDUCE=0";
-  }
+  bool willing = wanted;
+  if (!wanted) *why = "peer_allreduce=False";
   if (self->ranks_ < 2 || self->ranks_ > kernels::kPeerMaxRanks) {
     willing = false;
     if (why->empty()) {
@@ -162,8 +155,8 @@ kernels::PeerAllReduceParams<T> PeerAllReduce::params(void* data, int64_t count)
   p.rank = rank_;
   p.ranks = ranks_;
   p.timeout_ns = timeout_ns_;
-  p.start_next_early =
-      early_start_ && count * static_cast<int64_t>(sizeof(T)) <= kernels::kPeerEarlyStartBytes;
+  // Decode-sized calls let the next kernel start early (kernels::PeerAllReduceParams).
+  p.start_next_early = count * static_cast<int64_t>(sizeof(T)) <= kernels::kPeerEarlyStartBytes;
   return p;
 }
 

@@ -1,8 +1,8 @@
 // PeerAllReduce: the one-shot NVLink all-reduce of kernels/peer_allreduce.h, set up for one
 // communicator group. Each rank allocates an exchange buffer, exports it with CUDA IPC and maps
 // every peer's; the group keeps the path only when every rank could map every peer (same host,
-// peer access between the GPUs, WARPFORMER_PEER_ALLREDUCE not "0" anywhere) — a decision all
-// ranks take together, so they never disagree about which collective runs.
+// peer access between the GPUs, wanted by every rank) — a decision all ranks take together, so
+// they never disagree about which collective runs.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -21,9 +21,9 @@ class PeerAllReduce {
  public:
   // Collective over `comm` (every rank of the group calls it at the same point; `comm` must not
   // route all_reduce_sum through a PeerAllReduce yet). Returns null on every rank alike when the
-  // path is not available, with the reason in *why.
+  // path is not available (not `wanted` by some rank included), with the reason in *why.
   static std::unique_ptr<PeerAllReduce> create(Communicator& comm, int device, double timeout_s,
-                                               std::string* why);
+                                               bool wanted, std::string* why);
   ~PeerAllReduce();
   PeerAllReduce(const PeerAllReduce&) = delete;
   PeerAllReduce& operator=(const PeerAllReduce&) = delete;
@@ -41,9 +41,6 @@ class PeerAllReduce {
 
   int rank_ = 0, ranks_ = 0, device_ = 0;
   uint64_t timeout_ns_ = 0;
-  // Decode-sized calls start the next kernel early (kernels::PeerAllReduceParams::
-  // start_next_early) unless WARPFORMER_PEER_EARLY_START=0 (for A/B runs).
-  bool early_start_ = true;
   char* own_ = nullptr;             // this rank's exchange buffer
   uint32_t* sequence_ = nullptr;    // per-block call counters
   std::vector<char*> buffers_;      // every rank's buffer as mapped here (own_ at rank_)

@@ -6,10 +6,10 @@
 //   pre-norm, parallel (GPT-J with one shared norm, NeoX with two):
 //     x += pending;  n = ln1(x);  p = attn(n) @ Wo + mlp(n or ln2(x)) @ W2 [one all-reduce];
 //     pending = p, bo + b2
-//     At decode sizes (LayerContext::parallel_products) [attn | f] @ [Wo; W2] is one GEMV
-//     launch, and either the MLP-in product runs beside the attention kernel, or (paired_products)
-//     the QKV and MLP-in products are one launch before the attention and the output product's
-//     MLP part runs beside the attention.
+//     At decode sizes (up to kGemvMaxRows rows, with bufs.fj) [attn | f] @ [Wo; W2] is one GEMV
+//     launch, and the QKV and MLP-in products are one launch before the attention, the output
+//     product's MLP part running beside the attention (where the GEMV cannot pair them, the
+//     MLP-in product runs beside the attention kernel instead).
 //   post-norm (OPT-350m):
 //     y = ln1(x + attn(x) @ Wo + bo);  x = ln2(y + mlp(y) + b2)
 //
@@ -228,7 +228,7 @@ void finish_stream(const LayerContext& lc, const LayerBuffers& b, int64_t tokens
 }
 
 // The QKV and MLP-in products of a parallel-residual layer's decode step as one GEMV launch
-// (LayerContext::paired_products): [qkv | fj] = [ln1(x) @ Wqkv | act(ln(x) @ W1 + b1)], ln being
+// (Gemm::run_normed_pair): [qkv | fj] = [ln1(x) @ Wqkv | act(ln(x) @ W1 + b1)], ln being
 // ln1 (shared) or ln2, the stream's pending adds applied on the way. False (nothing launched)
 // where the GEMV cannot pair the two products.
 bool paired_products(const LayerContext& lc, const LayerWeights& w, const LayerBuffers& b,
@@ -288,13 +288,13 @@ void layer_forward(const LayerContext& lc, const LayerWeights& w, const LayerBuf
   }
   const int64_t h = c.hidden(), lh = c.local_hidden(), li = c.local_inter();
   using kernels::Activation;
-  const bool decode_sized = c.parallel_residual && lc.parallel_products && b.fj != nullptr &&
-                            tokens <= kernels::kGemvMaxRows;
+  const bool decode_sized =
+      c.parallel_residual && b.fj != nullptr && tokens <= kernels::kGemvMaxRows;
 
   // Attention block: qkv = ln1(x) @ Wqkv, the pending adds applied on the way; with paired
   // products the MLP-in product runs in the same launch. The parallel form with one shared norm
   // otherwise keeps n = ln1(x) for its MLP.
-  const bool paired = decode_sized && lc.paired_products && paired_products(lc, w, b, tokens, s);
+  const bool paired = decode_sized && paired_products(lc, w, b, tokens, s);
   const bool shared_norm = c.parallel_residual && c.parallel_shared_layernorm;
   if (!paired) {
     normed_product(lc, s, b, w.ln1_w, w.ln1_b, b.n, shared_norm, w.qkv_w, nullptr, b.qkv,
@@ -303,7 +303,7 @@ void layer_forward(const LayerContext& lc, const LayerWeights& w, const LayerBuf
   attention<T>(lc, w, b, tokens, ai);
 
   if (c.parallel_residual) {  // p = attn @ Wo + mlp(.) @ W2 [one all-reduce]; x += p + bo + b2
-    // Decode-sized (lc.parallel_products): the MLP-in product has run with the QKV product
+    // Decode-sized: the MLP-in product has run with the QKV product
     // (paired), or runs beside the attention (it reads neither qkv nor a, and writes bufs.fj,
     // apart from both); then attention-out and MLP-out are one product, which when paired
     // streams W2 beside the attention (second_ready). Otherwise: attention-out, MLP-in, MLP-out

@@ -116,14 +116,6 @@ struct LayerContext {
   Communicator* comm;            // tensor-parallel group or null
   const gpt::GptConfig* cfg;
   DType dtype;
-  // Parallel-residual layers at up to kernels::kGemvMaxRows rows (with bufs.fj): the MLP-in
-  // product beside the attention (kernels::GemvParams::beside), attention-out and MLP-out as one
-  // product (Gemm::run_sum).
-  bool parallel_products = false;
-  // With parallel_products, where the GEMV runs them (Gemm::run_normed_pair): the QKV and MLP-in
-  // products as one launch instead, and the joined output product starting on the MLP part
-  // beside the attention (Gemm::run_sum's second_ready).
-  bool paired_products = false;
 };
 
 // Runs one layer over `tokens` rows. `stream` is the residual stream on entry and is updated.

@@ -5,7 +5,6 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <sstream>
 #include <vector>
 
@@ -85,18 +84,14 @@ std::vector<Spec> rank_specs(const gpt::GptConfig& c) {
 }  // namespace
 
 GptModelHolder::GptModelHolder(const std::string& config, c10::Dict<std::string, at::Tensor> weights,
-                               int64_t max_batch, int64_t max_seq_len, const std::string& dtype,
-                               int64_t tensor_para_rank, int64_t pipeline_para_size,
-                               int64_t pipeline_para_rank, const std::string& gemm_config)
+                               const std::string& options)
     : config_json_(config),
       given_(weights),
-      dtype_arg_(dtype),
-      gemm_config_(gemm_config),
-      tp_rank_(tensor_para_rank),
-      pp_size_(pipeline_para_size),
-      pp_rank_(pipeline_para_rank) {
-  gpt::GptConfig cfg =
-      gpt::GptConfig::from_json(config, tensor_para_rank, pipeline_para_size, pipeline_para_rank);
+      options_(ModelOptions::from_json(options, "GptModel options")) {
+  const std::string& dtype = options_.dtype;
+  gpt::GptConfig cfg = gpt::GptConfig::from_json(config, options_.tensor_para_rank,
+                                                  options_.pipeline_para_size,
+                                                  options_.pipeline_para_rank);
   const std::vector<Spec> specs = rank_specs(cfg);
   const bool need_wte =
       cfg.first_stage() || (cfg.last_stage() && !weights.contains("lm_head.weight"));
@@ -225,13 +220,10 @@ GptModelHolder::GptModelHolder(const std::string& config, c10::Dict<std::string,
       static_cast<int>(device_), c10::cuda::getCurrentCUDAStream(device_).stream(),
       torch_cuda_allocator());
   model_ = std::make_unique<gpt::GptModel>(std::move(cfg), std::move(w), dt, std::move(ctx),
-                                           max_batch, max_seq_len, nullptr);
+                                           options_.max_batch, options_.max_seq_len,
+                                           options_.engine);
   // GEMM algorithms: the tuning file given, else $WARPFORMER_GEMM_CONFIG, else heuristics.
-  std::string tuning = gemm_config;
-  if (tuning.empty()) {
-    const char* env = std::getenv("WARPFORMER_GEMM_CONFIG");
-    if (env != nullptr) tuning = env;
-  }
+  const std::string tuning = options_.tuning_file();
   if (!tuning.empty()) {
     // The Python loader turns a note about an unused file into a warning (gemm_tuning_note()).
     if (!model_->gemm().load_tuning(tuning, &gemm_note_)) TORCH_WARN(gemm_note_);
@@ -380,9 +372,7 @@ void GptModelHolder::attach_tensor_parallel(const c10::intrusive_ptr<NcclCommHol
 }
 
 GptModelHolder::State GptModelHolder::get_state() const {
-  return State{config_json_, given_,  model_->max_batch(), model_->max_seq_len(),
-               dtype_arg_,   tp_rank_, pp_size_,            pp_rank_,
-               gemm_config_};
+  return State{config_json_, given_, options_.to_json()};
 }
 
 }  // namespace warpformer

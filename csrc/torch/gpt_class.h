@@ -16,19 +16,20 @@
 #include <vector>
 
 #include "csrc/models/gpt/gpt_model.h"
+#include "csrc/torch/model_options.h"
 #include "csrc/torch/nccl_class.h"
 
 namespace warpformer {
 
 class GptModelHolder : public torch::CustomClassHolder {
  public:
-  // config: GptConfig JSON (warpformer.config.GptConfig.to_json()); dtype: "fp32", "fp16", "bf16"
-  // or "" for the dtype of `wte` (other floating weights are converted); limits max_batch and
-  // max_seq_len bound every call (input length + output length <= max_seq_len).
+  // config: GptConfig JSON (warpformer.config.GptConfig.to_json()); options: ModelOptions JSON
+  // (warpformer.options.EngineOptions.to_json(): the limits max_batch and max_seq_len that bound
+  // every call, input length + output length <= max_seq_len; dtype, "" for the dtype of `wte`,
+  // other floating weights being converted; this rank's place; the tuning file; cuda_graphs,
+  // prefill_tokens).
   GptModelHolder(const std::string& config, c10::Dict<std::string, at::Tensor> weights,
-                 int64_t max_batch, int64_t max_seq_len, const std::string& dtype,
-                 int64_t tensor_para_rank, int64_t pipeline_para_size, int64_t pipeline_para_rank,
-                 const std::string& gemm_config);
+                 const std::string& options);
 
   // input_ids int32 [B, S] (right-padded; on the model's GPU or on the CPU, which saves the
   // device->host copy of the checks), input_lengths int32 [B] (any device) -> logits [B, S, V] of
@@ -62,6 +63,11 @@ class GptModelHolder : public torch::CustomClassHolder {
   void attach_pipeline_parallel(const c10::intrusive_ptr<NcclCommHolder>& comm);
 
   std::string config() const { return config_json_; }
+  // The options as given (every key written out): with config() and the weights, what builds
+  // another instance of this model (GPT.generate_batches' replicas) or restores a pickled one.
+  std::string options() const { return options_.to_json(); }
+  int64_t tensor_para_size() const { return model_->config().tensor_para_size; }
+  int64_t pipeline_para_size() const { return options_.pipeline_para_size; }
   std::string dtype() const { return dtype_name(model_->dtype()); }
   int64_t max_batch() const { return model_->max_batch(); }
   int64_t max_seq_len() const { return model_->max_seq_len(); }
@@ -113,8 +119,7 @@ class GptModelHolder : public torch::CustomClassHolder {
     return static_cast<int64_t>(model_->gemm_workspace_bytes());
   }
 
-  using State = std::tuple<std::string, c10::Dict<std::string, at::Tensor>, int64_t, int64_t,
-                           std::string, int64_t, int64_t, int64_t, std::string>;
+  using State = std::tuple<std::string, c10::Dict<std::string, at::Tensor>, std::string>;
   State get_state() const;
 
  private:
@@ -138,10 +143,8 @@ class GptModelHolder : public torch::CustomClassHolder {
 
   std::string config_json_;
   c10::Dict<std::string, at::Tensor> given_;  // as passed in, for pickling
-  std::string dtype_arg_;
-  std::string gemm_config_;
+  ModelOptions options_;
   std::string gemm_note_;
-  int64_t tp_rank_, pp_size_, pp_rank_;
   int64_t device_;
   std::unordered_map<std::string, at::Tensor> owned_;  // converted weights + derived tensors
 

@@ -15,7 +15,7 @@
 namespace warpformer {
 
 NcclCommHolder::NcclCommHolder(const at::Tensor& unique_id, int64_t world_size, int64_t rank,
-                               int64_t device, double timeout_s) {
+                               int64_t device, double timeout_s, bool peer_allreduce) {
   const char* op = "NcclComm";
   check_dtype(unique_id, at::kByte, op, "unique_id");
   TORCH_CHECK(unique_id.numel() == static_cast<int64_t>(NcclCommunicator::kIdBytes), op,
@@ -28,7 +28,7 @@ NcclCommHolder::NcclCommHolder(const at::Tensor& unique_id, int64_t world_size, 
   std::memcpy(bytes.data(), id.data_ptr(), bytes.size());
   comm_ = std::make_shared<NcclCommunicator>(bytes, static_cast<int>(world_size),
                                              static_cast<int>(rank), static_cast<int>(device),
-                                             timeout_s);
+                                             timeout_s, peer_allreduce);
 }
 
 namespace {

@@ -15,9 +15,11 @@ namespace warpformer {
 
 class NcclCommHolder : public torch::CustomClassHolder {
  public:
-  // unique_id: uint8 [128] from nccl_unique_id() on the group's first rank.
+  // unique_id: uint8 [128] from nccl_unique_id() on the group's first rank. peer_allreduce:
+  // whether this rank offers the one-shot NVLink all-reduce (the group uses it only if every
+  // rank does; warpformer.GPT.from_pretrained's peer_allreduce).
   NcclCommHolder(const at::Tensor& unique_id, int64_t world_size, int64_t rank, int64_t device,
-                 double timeout_s);
+                 double timeout_s, bool peer_allreduce = true);
   int64_t rank() const { return comm_->rank(); }
   int64_t size() const { return comm_->size(); }
   int64_t device() const { return comm_->device(); }

@@ -183,9 +183,10 @@ TORCH_LIBRARY(warpformer, m) {
   // ---- classes ----
   // One member of an NCCL group (tensor- or pipeline-parallel); joins with a timeout.
   m.class_<warpformer::NcclCommHolder>("NcclComm")
-      .def(torch::init<at::Tensor, int64_t, int64_t, int64_t, double>(), "",
+      .def(torch::init<at::Tensor, int64_t, int64_t, int64_t, double, bool>(), "",
            {torch::arg("unique_id"), torch::arg("world_size"), torch::arg("rank"),
-            torch::arg("device"), torch::arg("timeout_s") = 300.0})
+            torch::arg("device"), torch::arg("timeout_s") = 300.0,
+            torch::arg("peer_allreduce") = true})
       .def("rank", &warpformer::NcclCommHolder::rank)
       .def("size", &warpformer::NcclCommHolder::size)
       .def("device", &warpformer::NcclCommHolder::device)
@@ -199,14 +200,11 @@ TORCH_LIBRARY(warpformer, m) {
       .def("abort", &warpformer::NcclCommHolder::abort);
 
   // A GPT-family model instance on one GPU (one TP/PP rank): weights by name, KV cache, greedy
-  // generation on the device. Pickles as (config, weights, limits, dtype, ranks, gemm_config).
+  // generation on the device. Pickles as (config, weights, options), the JSON texts it was
+  // built from (ModelOptions).
   m.class_<GptModelHolder>("GptModel")
-      .def(torch::init<std::string, c10::Dict<std::string, at::Tensor>, int64_t, int64_t,
-                       std::string, int64_t, int64_t, int64_t, std::string>(),
-           "", {torch::arg("config"), torch::arg("weights"), torch::arg("max_batch") = 8,
-                torch::arg("max_seq_len") = 1024, torch::arg("dtype") = std::string(),
-                torch::arg("tensor_para_rank") = 0, torch::arg("pipeline_para_size") = 1,
-                torch::arg("pipeline_para_rank") = 0, torch::arg("gemm_config") = std::string()})
+      .def(torch::init<std::string, c10::Dict<std::string, at::Tensor>, std::string>(), "",
+           {torch::arg("config"), torch::arg("weights"), torch::arg("options") = std::string("{}")})
       .def("forward", &GptModelHolder::forward, "",
            {torch::arg("input_ids"), torch::arg("input_lengths")})
       .def("generate", &GptModelHolder::generate, "",
@@ -223,6 +221,9 @@ TORCH_LIBRARY(warpformer, m) {
       .def("attach_tensor_parallel", &GptModelHolder::attach_tensor_parallel)
       .def("attach_pipeline_parallel", &GptModelHolder::attach_pipeline_parallel)
       .def("config", &GptModelHolder::config)
+      .def("options", &GptModelHolder::options)
+      .def("tensor_para_size", &GptModelHolder::tensor_para_size)
+      .def("pipeline_para_size", &GptModelHolder::pipeline_para_size)
       .def("dtype", &GptModelHolder::dtype)
       .def("max_batch", &GptModelHolder::max_batch)
       .def("max_seq_len", &GptModelHolder::max_seq_len)
@@ -240,9 +241,8 @@ TORCH_LIBRARY(warpformer, m) {
       .def_pickle(
           [](const c10::intrusive_ptr<GptModelHolder>& self) { return self->get_state(); },
           [](GptModelHolder::State s) {
-            return c10::make_intrusive<GptModelHolder>(
-                std::get<0>(s), std::get<1>(s), std::get<2>(s), std::get<3>(s), std::get<4>(s),
-                std::get<5>(s), std::get<6>(s), std::get<7>(s), std::get<8>(s));
+            return c10::make_intrusive<GptModelHolder>(std::get<0>(s), std::get<1>(s),
+                                                       std::get<2>(s));
           });
 }
 

@@ -78,9 +78,8 @@ cudaError_t launch_qkv_prep(const QkvPrepParams<T>& p, cudaStream_t stream);
 //   out[t, h] = softmax_k( scale * q[t, h] . K[k] + alibi[h] * (k - i) ; k <= i ) . V
 // max_seqlen must be >= every len_b (it sizes the grid); lengths are clamped to max_seq, rows of a
 // sequence beyond max_seq are not written, and a seq_slot outside [0, num_slots) leaves its rows
-// unwritten. fp16/bf16 heads run on tensor cores (sm_80+, out 4-byte aligned;
-// WARPFORMER_ATTENTION_MMA=0, read once per process, keeps them on the CUDA-core kernel), with
-// the probabilities rounded to T before they weight V; everything else on CUDA cores in fp32.
+// unwritten. fp16/bf16 heads run on tensor cores (sm_80+, out 4-byte aligned), with the
+// probabilities rounded to T before they weight V; everything else on CUDA cores in fp32.
 template <typename T>
 struct ContextAttentionParams {
   T* out;                    // [tokens, heads, head_dim]

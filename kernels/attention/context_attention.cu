@@ -12,15 +12,12 @@
 // and the probabilities written to shared memory are read back by the same half-warp.
 // The query-tile index is reversed so that the longest (last) tiles of a sequence start first.
 //
-// fp16 / bf16 run on tensor cores instead (context_attention_mma_kernel, sm_80+;
-// WARPFORMER_ATTENTION_MMA=0 keeps the CUDA-core kernel, for comparisons): 4 warps own 16
+// fp16 / bf16 run on tensor cores instead (context_attention_mma_kernel, sm_80+): 4 warps own 16
 // queries each; K and V tiles of 64 keys (32 for heads over 128) are staged in shared memory as
 // stored (16-bit) and read with ldmatrix; S = Q K^T and O += P V are mma.sync m16n8k16 products with fp32
 // accumulation, the probabilities rounded to the input type for the second product (as flash
 // attention does). The softmax runs in base 2 on log2(e)-scaled scores, the same function.
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 
 #include "kernels/attention/attention_common.cuh"
 #include "kernels/mma.cuh"
@@ -417,16 +414,12 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   }
 }
 
-// Whether the tensor-core kernel runs: sm_80+ device and code, not switched off.
+// Whether the tensor-core kernel runs: sm_80+ device and code.
 bool use_mma() {
-  static const bool on = [] {
-    const char* env = std::getenv("WARPFORMER_ATTENTION_MMA");
-    if (env != nullptr && std::strcmp(env, "0") == 0) return false;
-    return code_arch(reinterpret_cast<const void*>(context_attention_mma_kernel<__half, 64>)) >=
-           80;
-  }();
+  static const bool built = code_arch(reinterpret_cast<const void*>(
+                                context_attention_mma_kernel<__half, 64>)) >= 80;
   int device = 0;
-  if (!on || cudaGetDevice(&device) != cudaSuccess) return false;
+  if (!built || cudaGetDevice(&device) != cudaSuccess) return false;
   return device_caps(device).major >= 8;
 }
 

@@ -18,14 +18,12 @@ if TYPE_CHECKING:
     from .gpt import GPT, GenerationOutput, IdsLike
 
 
-def engine_args(engine: torch.ScriptObject) -> tuple:
-    """The constructor arguments of a ``torch.classes.warpformer.GptModel`` (config JSON,
-    weights by name, max_batch, max_seq_len, dtype, tensor_para_rank, pipeline_para_size,
-    pipeline_para_rank, gemm_config): its pickled state, the weights being the very tensors it
-    was given (not copies), so a class built from them is a second instance of the same model
-    and limits. (Python's ``ScriptObject.__getstate__`` returns ``(state, class name)``.)"""
+def engine_weights(engine: torch.ScriptObject) -> dict[str, torch.Tensor]:
+    """The weights a ``torch.classes.warpformer.GptModel`` was given, by name: the very tensors
+    (not copies), from its pickled state ``(config, weights, options)``. (Python's
+    ``ScriptObject.__getstate__`` returns ``(state, class name)``.)"""
     state, _ = engine.__getstate__()
-    return tuple(state)
+    return state[1]
 
 
 def batch_item(item: Any) -> tuple[IdsLike, Any]:
@@ -45,12 +43,12 @@ def replica(gpt: GPT, index: int) -> torch.ScriptObject:
     cache and workspace, i.e. when it converted weights of its own."""
     if index < len(gpt._replicas):
         return gpt._replicas[index]
-    args = engine_args(gpt.engine)
+    weights = engine_weights(gpt.engine)
     dev = torch.device("cuda", int(gpt.engine.device()))
     before = torch.cuda.memory_allocated(dev)
-    made = torch.classes.warpformer.GptModel(*args)
+    made = torch.classes.warpformer.GptModel(gpt.engine.config(), weights, gpt.engine.options())
     copied = torch.cuda.memory_allocated(dev) - before - int(made.memory_bytes())
-    weights = sum(t.nbytes for t in args[1].values())
+    weights = sum(t.nbytes for t in weights.values())
     if copied > 0.01 * weights:
         warnings.warn(
             f"warpformer: a generate_batches replica converted {copied / 2**20:.0f} MiB of "

@@ -91,6 +91,7 @@ from ._launch import RankInfo, _from_env, _locate, _with_device
 from ._launch import _check_grid as _check_grid
 from ._launch import _env_int as _env_int
 from ._rendezvous import Rendezvous
+from .options import EngineOptions
 
 __all__ = [
     "RankInfo",
@@ -306,8 +307,9 @@ def _nccl_unique_id() -> torch.Tensor:
 
 
 def _new_comm(unique_id: torch.Tensor, size: int, rank: int, device: int,
-              timeout_s: float) -> Any:
-    return torch.classes.warpformer.NcclComm(unique_id, size, rank, device, timeout_s)
+              timeout_s: float, peer_allreduce: bool = True) -> Any:
+    return torch.classes.warpformer.NcclComm(unique_id, size, rank, device, timeout_s,
+                                             peer_allreduce)
 
 
 @dataclass
@@ -322,6 +324,7 @@ class DistContext:
     tp_comm: Any = None
     pp_comm: Any = None
     connected: bool = False
+    peer_allreduce: bool = True
 
     @property
     def is_output_rank(self) -> bool:
@@ -340,9 +343,14 @@ class DistContext:
         checkpoint_barrier(self.info, True, "", self.timeout_s if timeout_s is None else timeout_s,
                            rendezvous=self.rendezvous, what="waiting at a barrier")
 
-    def connect(self) -> DistContext:
-        """Exchange NCCL unique ids (TP group, then PP group) and create the communicators."""
+    def connect(self, peer_allreduce: bool = True) -> DistContext:
+        """Exchange NCCL unique ids (TP group, then PP group) and create the communicators;
+        ``peer_allreduce``: offer the one-shot NVLink all-reduce (EngineOptions). The groups of a
+        process are made once: a later call asking for the other choice is refused."""
         if self.connected:
+            if peer_allreduce != self.peer_allreduce:
+                raise ValueError(f"peer_allreduce={peer_allreduce}, but this process's NCCL "
+                                 f"groups were made with peer_allreduce={self.peer_allreduce}")
             return self
         info, comms = self.info, {}
         try:
@@ -354,12 +362,13 @@ class DistContext:
                                   rendezvous=self.rendezvous, timeout_s=self.timeout_s)
                 tensor = torch.frombuffer(bytearray(uid), dtype=torch.uint8).clone()
                 comms[name] = _new_comm(tensor, len(ranks), group_rank, info.device,
-                                        self.timeout_s)
+                                        self.timeout_s, peer_allreduce)
         except BaseException:
             for comm in comms.values():
                 comm.abort()
             raise
         self.tp_comm, self.pp_comm = comms.get("tp"), comms.get("pp")
+        self.peer_allreduce = peer_allreduce
         self.connected = True
         return self
 
@@ -421,14 +430,14 @@ def setup(tensor_para_size: int = 1, pipeline_para_size: int = 1, *, timeout_s: 
 
 def init(tensor_para_size: int = 1, pipeline_para_size: int = 1, *, timeout_s: float = 300.0,
          rank: int | None = None, world_size: int | None = None, local_rank: int | None = None,
-         init_method: str | None = None) -> DistContext:
+         init_method: str | None = None, peer_allreduce: bool = True) -> DistContext:
     """:func:`setup` then :meth:`DistContext.connect`: the rank's context with its NCCL
     communicators ready (``tp_comm`` among ranks with the same ``pp_rank``, ``pp_comm`` among
-    ranks with the same ``tp_rank``)."""
+    ranks with the same ``tp_rank``; ``peer_allreduce``: the EngineOptions keyword)."""
     ctx = setup(tensor_para_size, pipeline_para_size, timeout_s=timeout_s, rank=rank,
                 world_size=world_size, local_rank=local_rank, init_method=init_method)
     try:
-        return ctx.connect()
+        return ctx.connect(peer_allreduce)
     except BaseException:
         ctx.shutdown()
         raise
@@ -448,7 +457,7 @@ def print0(*args: Any, **kwargs: Any) -> None:
 
 def load_gpt_model(model_dir: str | os.PathLike[str], *, dtype: torch.dtype = torch.float16,
                    tensor_para_size: int = 1, pipeline_para_size: int = 1, max_batch: int = 8,
-                   max_seq_len: int | None = None, gemm_config: str = "",
+                   max_seq_len: int | None = None, options: EngineOptions | None = None,
                    timeout_s: float = 300.0, init_method: str | None = None) -> Any:
     """Load this rank's shards of a converted directory into ``GptModel`` with NCCL attached.
 
@@ -478,12 +487,12 @@ def load_gpt_model(model_dir: str | os.PathLike[str], *, dtype: torch.dtype = to
             engine = build_gpt_model(config, weights, dtype=dtype, max_batch=max_batch,
                                      max_seq_len=max_seq_len, tensor_para_rank=info.tp_rank,
                                      pipeline_para_size=pipeline_para_size,
-                                     pipeline_para_rank=info.pp_rank, gemm_config=gemm_config)
+                                     pipeline_para_rank=info.pp_rank, options=options)
             del weights
     except Exception as exc:  # noqa: BLE001 - reported to every rank by the barrier
         ok, message = False, f"{type(exc).__name__}: {exc}"
     ctx.check(ok, message, checkpoint=summary)
-    ctx.connect()
+    ctx.connect(peer_allreduce=(options or EngineOptions()).peer_allreduce)
     if ctx.tp_comm is not None:
         engine.attach_tensor_parallel(ctx.tp_comm)
     if ctx.pp_comm is not None:

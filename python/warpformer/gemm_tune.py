@@ -4,7 +4,7 @@ and write the fastest choice per shape to a tuning file.
 Arguments follow FasterTransformer's ``gpt_gemm`` (batch, beam, max input length, heads, head
 size, inter size, vocab, data type, tensor-parallel size); ``--model-dir`` takes the dimensions and
 architecture switches from a converted checkpoint instead. The engine reads the file from the
-``gemm_config`` argument of ``GptModel`` (``load_gpt_model(..., gemm_config=PATH)``) or from
+``gemm_config`` engine option (``GPT.from_pretrained(..., gemm_config=PATH)``) or from
 ``$WARPFORMER_GEMM_CONFIG``; shapes absent from it, or a file made on another GPU or cuBLASLt
 version, fall back to cuBLASLt's heuristic with a one-line warning. Each candidate is timed with
 its weight read from DRAM (copies spanning twice the L2 cache, taken in turn), as a model's pass
@@ -28,7 +28,7 @@ from warpformer.config import local_vocab as config_local_vocab
 
 __all__ = ["EXACT_ROWS", "MAX_PREFILL_GROUP_TOKENS", "MAX_WEIGHT_COPIES",
            "PREFILL_ACTIVATION_BYTES", "PREFILL_GROUP_TOKENS", "GemmShape", "ModelDims",
-           "activation_bytes_per_token", "activation_epilogue_on", "add_arguments", "decode_rows",
+           "activation_bytes_per_token", "add_arguments", "decode_rows",
            "default_cold_bytes", "ffn_in_epilogue", "gemm_shapes", "heuristic_rows",
            "layer_shapes", "local_vocab", "logits_shapes", "parse_prompt_rows",
            "prefill_group_tokens", "prefill_groups", "prompt_graph_tokens", "prompt_pass_rows",
@@ -115,7 +115,7 @@ def row_buckets(lo: int, hi: int) -> list[int]:
 
 # GptModel's prefill groups (csrc/models/gpt/gpt_model.h): whole sequences of at most
 # PREFILL_GROUP_TOKENS tokens together, doubled up to MAX_PREFILL_GROUP_TOKENS while the group's
-# activations fit PREFILL_ACTIVATION_BYTES; WARPFORMER_PREFILL_TOKENS overrides.
+# activations fit PREFILL_ACTIVATION_BYTES; the prefill_tokens engine option overrides.
 PREFILL_GROUP_TOKENS = 2048
 MAX_PREFILL_GROUP_TOKENS = 4096
 PREFILL_ACTIVATION_BYTES = 64 << 20
@@ -131,17 +131,18 @@ def activation_bytes_per_token(dims: ModelDims, dtype_bytes: int = 2) -> int:
     return words * dtype_bytes
 
 
-def prefill_group_tokens(dims: ModelDims, dtype_bytes: int = 2) -> int:
+def prefill_group_tokens(dims: ModelDims, dtype_bytes: int = 2,
+                         prefill_tokens: int | None = None) -> int:
     """The engine's prefill group size in tokens for this model and element size (mirrors
-    ``GptModel::prefill_group_size``): ``WARPFORMER_PREFILL_TOKENS``, else
+    ``GptModel::prefill_group_size``): ``prefill_tokens`` (the engine option) when given, else
     ``PREFILL_GROUP_TOKENS`` doubled while twice as many tokens' activations fit
     ``PREFILL_ACTIVATION_BYTES``, up to ``MAX_PREFILL_GROUP_TOKENS``."""
-    env = os.environ.get("WARPFORMER_PREFILL_TOKENS", "")
-    if env:
-        if not env.isdigit() or int(env) < 1:
-            raise ValueError(f"WARPFORMER_PREFILL_TOKENS must be a positive number of tokens, "
-                             f"got {env!r}")
-        return int(env)
+    if prefill_tokens is not None:
+        if isinstance(prefill_tokens, bool) or not isinstance(prefill_tokens, int) \
+                or prefill_tokens < 1:
+            raise ValueError(f"prefill_tokens must be a positive number of tokens, got "
+                             f"{prefill_tokens!r}")
+        return prefill_tokens
     tokens = PREFILL_GROUP_TOKENS
     per_token = activation_bytes_per_token(dims, dtype_bytes)
     while tokens < MAX_PREFILL_GROUP_TOKENS and 2 * tokens * per_token <= PREFILL_ACTIVATION_BYTES:
@@ -149,22 +150,13 @@ def prefill_group_tokens(dims: ModelDims, dtype_bytes: int = 2) -> int:
     return tokens
 
 
-def activation_epilogue_on() -> bool:
-    """Whether the engine puts tanh-GELU into cuBLASLt's epilogue (``WARPFORMER_FUSE`` unset,
-    ``1``, or a list naming ``activation``; mirrors ``fusions_from_env`` in gpt_model.cpp)."""
-    env = os.environ.get("WARPFORMER_FUSE")
-    if env is None or env == "1":
-        return True
-    return "activation" in env.split(",")
-
-
 def ffn_in_epilogue(dims: ModelDims, dtype_bytes: int = 2) -> str:
     """The cuBLASLt epilogue of the engine's MLP-in product at prompt sizes (``Gemm::run_act``):
-    ReLU always rides on it, tanh-GELU for 16-bit types while the activation fusion is on, other
-    activations run as a kernel after a plain product."""
+    ReLU always rides on it, tanh-GELU for 16-bit types, other activations run as a kernel after
+    a plain product."""
     if dims.activation == "relu":
         return "bias_relu"
-    if dims.activation == "gelu_tanh" and dtype_bytes == 2 and activation_epilogue_on():
+    if dims.activation == "gelu_tanh" and dtype_bytes == 2:
         return "bias_gelu_tanh"
     return "none"
 
@@ -194,15 +186,13 @@ def prefill_groups(lengths: list[int], size: int) -> list[int]:
 GEMV_MAX_ROWS = 8
 
 
-def prompt_graph_tokens(tokens: int, dims: ModelDims) -> int:
+def prompt_graph_tokens(tokens: int, dims: ModelDims, cuda_graphs: bool = True) -> int:
     """The padded token count a one-group prompt pass of ``tokens`` tokens runs at as a CUDA
     graph, or 0 when it runs unpadded (mirrors ``GptModel::prompt_graph_tokens``): padded to a
     multiple of 16 up to 128 tokens, of 64 beyond, on one GPU (``tensor_para_size`` and
-    ``pipeline_para_size`` 1) past ``GEMV_MAX_ROWS`` tokens, unless ``WARPFORMER_CUDA_GRAPHS`` or
-    ``WARPFORMER_PROMPT_GRAPHS`` is ``0``."""
-    off = any(os.environ.get(v) == "0"
-              for v in ("WARPFORMER_CUDA_GRAPHS", "WARPFORMER_PROMPT_GRAPHS"))
-    if (off or dims.tensor_para_size != 1 or dims.pipeline_para_size != 1
+    ``pipeline_para_size`` 1) past ``GEMV_MAX_ROWS`` tokens, unless the engine runs without
+    ``cuda_graphs``."""
+    if (not cuda_graphs or dims.tensor_para_size != 1 or dims.pipeline_para_size != 1
             or tokens <= GEMV_MAX_ROWS):
         return 0
     step = 16 if tokens <= 128 else 64
@@ -212,22 +202,23 @@ def prompt_graph_tokens(tokens: int, dims: ModelDims) -> int:
 def decode_rows(rows: int, beam: int, dims: ModelDims) -> list[int]:
     """The row counts a decode step's products run at for ``rows`` rows (``batch * beam``),
     ascending (mirrors ``GptModel::decode_micro_batches`` and ``decode_steps_split``): ``rows``,
-    and with P > 1 pipeline stages, no beam search, at least P rows and
-    ``WARPFORMER_PP_DECODE_SPLIT`` not ``0``, the sizes of the P micro-batches that runs of
-    steps are split into (micro-batch m holds rows ``[m * rows // P, (m + 1) * rows // P)``)."""
+    and with P > 1 pipeline stages, no beam search and at least P rows, the sizes of the P
+    micro-batches that runs of steps are split into (micro-batch m holds rows
+    ``[m * rows // P, (m + 1) * rows // P)``)."""
     p = dims.pipeline_para_size
     counts = {rows}
-    if p > 1 and beam == 1 and rows >= p and os.environ.get("WARPFORMER_PP_DECODE_SPLIT") != "0":
+    if p > 1 and beam == 1 and rows >= p:
         counts |= {(m + 1) * rows // p - m * rows // p for m in range(p)}
     return sorted(counts)
 
 
-def prompt_pass_rows(lengths: list[int], size: int, dims: ModelDims) -> list[int]:
+def prompt_pass_rows(lengths: list[int], size: int, dims: ModelDims,
+                     cuda_graphs: bool = True) -> list[int]:
     """The row counts of a prompt pass's layer products, one per group: ``prefill_groups``'
     token counts, or the padded count of a single group that runs as a prompt graph
     (``prompt_graph_tokens``)."""
     groups = prefill_groups(lengths, size)
-    padded = prompt_graph_tokens(groups[0], dims) if len(groups) == 1 else 0
+    padded = prompt_graph_tokens(groups[0], dims, cuda_graphs) if len(groups) == 1 else 0
     return [padded] if padded else groups
 
 
@@ -270,7 +261,8 @@ def logits_shapes(dims: ModelDims, m: int, phase: str) -> list[GemmShape]:
 
 def gemm_shapes(dims: ModelDims, batch: int, beam: int, max_input_len: int,
                 dtype_bytes: int = 2, group_tokens: int | None = None,
-                prompt_rows: tuple[int, int] | None = None) -> list[GemmShape]:
+                prompt_rows: tuple[int, int] | None = None,
+                cuda_graphs: bool = True) -> list[GemmShape]:
     """Every distinct GEMM the engine runs for this workload: the layers' products
     (``layer_shapes``) in the context phase at each prefill group's row count (``batch``
     prompts of ``max_input_len`` tokens, rows as ``prompt_pass_rows`` with groups of
@@ -282,20 +274,22 @@ def gemm_shapes(dims: ModelDims, batch: int, beam: int, max_input_len: int,
     ``(lo, hi)`` adds the layers' products at every rounded row count of that range
     (``row_buckets``) and at the rounded padded count of a one-group pass of each length in it
     (``prompt_graph_tokens``), whose entries serve every prompt group of ``lo`` to ``hi``
-    tokens."""
+    tokens. ``group_tokens`` and ``cuda_graphs`` are the engine options ``prefill_tokens`` and
+    ``cuda_graphs`` the tuned model will run with."""
     if group_tokens is not None and group_tokens < 1:
         raise ValueError(f"group_tokens must be >= 1 (or None for the engine's default), got "
                          f"{group_tokens}")
     size = prefill_group_tokens(dims, dtype_bytes) if group_tokens is None else group_tokens
     shapes: list[GemmShape] = []
-    for tokens in sorted(set(prompt_pass_rows([max_input_len] * batch, size, dims))):
+    for tokens in sorted(set(prompt_pass_rows([max_input_len] * batch, size, dims,
+                                              cuda_graphs))):
         shapes += layer_shapes(dims, tokens, "context", dtype_bytes)
     if prompt_rows is not None:
         lo, hi = prompt_rows
         counts = set(row_buckets(lo, hi))
         # A one-group pass of m tokens runs its products at its padded count (a prompt graph).
         counts |= {heuristic_rows(p) for m in range(lo, hi + 1)
-                   if (p := prompt_graph_tokens(m, dims))}
+                   if (p := prompt_graph_tokens(m, dims, cuda_graphs))}
         for rows in sorted(counts):
             shapes += layer_shapes(dims, rows, "context", dtype_bytes)
     shapes += logits_shapes(dims, batch, "context")
@@ -440,6 +434,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "and HI tokens a prefill group (prompts of varying length, e.g. 256:2048), "
                         "and for the padded count a one-group pass of each such length runs at "
                         "(prompt graphs); products of other counts borrow these choices")
+    p.add_argument("--prefill-tokens", type=int, default=None, metavar="N",
+                   help="the prefill_tokens engine option the model will run with (default: "
+                        "the engine's own group size)")
+    p.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
+                   help="the model will run with cuda_graphs=False (prompts then run at their "
+                        "exact token counts, not padded for prompt graphs)")
     p.add_argument("--output", default="gemm_config.tsv", help="tuning file to write")
     p.add_argument("--max-algos", type=int, default=16, help="candidates timed per shape")
     p.add_argument("--reps", type=int, default=20,
@@ -465,7 +465,7 @@ def parse_prompt_rows(text: str | None) -> tuple[int, int] | None:
 def run(args: argparse.Namespace) -> int:
     """Tune and write the file; print per-shape gains."""
     for name in ("batch_size", "beam_width", "max_input_len", "tensor_para_size",
-                 "pipeline_para_size", "max_algos"):
+                 "pipeline_para_size", "max_algos", "prefill_tokens"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise SystemExit(f"gemm-tune: --{name.replace('_', '-')} must be >= 1")
     prompt_rows = parse_prompt_rows(args.prompt_rows)
@@ -477,7 +477,8 @@ def run(args: argparse.Namespace) -> int:
     dtype = _TORCH_DTYPES[args.data_type]
     shapes = gemm_shapes(dims, args.batch_size, args.beam_width, args.max_input_len,
                          dtype_bytes=torch.empty(0, dtype=dtype).element_size(),
-                         prompt_rows=prompt_rows)
+                         group_tokens=args.prefill_tokens, prompt_rows=prompt_rows,
+                         cuda_graphs=args.cuda_graphs)
     results = tune(shapes, _TORCH_DTYPES[args.data_type], args.max_algos, args.reps,
                    cold_bytes=0 if args.warm_weights else None)
     write_tuning_file(args.output, args.data_type, results)

@@ -27,6 +27,7 @@ import torch
 
 from . import _in_flight
 from .config import GptConfig
+from .options import EngineOptions
 from .weights import read_config, resolve_model_dir
 
 if TYPE_CHECKING:
@@ -155,7 +156,9 @@ class GPT:
                         dtype: torch.dtype = torch.float16, tensor_para_size: int = 1,
                         pipeline_para_size: int = 1, max_batch: int = 8,
                         max_seq_len: int | None = None, device: str | torch.device | None = None,
-                        backend: str = "auto") -> GPT:
+                        backend: str = "auto", *, cuda_graphs: bool = True,
+                        prefill_tokens: int | None = None, peer_allreduce: bool = True,
+                        gemm_config: str | os.PathLike[str] | None = None) -> GPT:
         """Load a directory written by ``warpformer convert`` (``OUT`` or ``OUT/<tp>-gpu``).
 
         Args:
@@ -172,10 +175,14 @@ class GPT:
                 reference).
             backend: ``"cuda"``, ``"reference"`` or ``"auto"`` (cuda when a GPU is visible, else
                 the reference with a warning).
+            cuda_graphs, prefill_tokens, peer_allreduce, gemm_config: the engine options
+                (:mod:`warpformer.options` documents them; the reference backend has none).
         """
         from .models.gpt import default_max_seq_len, dtype_name
 
         dtype_name(dtype)  # ValueError for unsupported dtypes
+        options = EngineOptions(cuda_graphs=cuda_graphs, prefill_tokens=prefill_tokens,
+                                peer_allreduce=peer_allreduce, gemm_config=gemm_config)
         if backend not in ("auto", "cuda", "reference"):
             raise ValueError(f"backend must be 'auto', 'cuda' or 'reference', got {backend!r}")
         for arg, value in (("tensor_para_size", tensor_para_size),
@@ -213,12 +220,12 @@ class GPT:
         device = torch.device(device if device is not None else "cuda")
         if parallel:
             engine = cls._load_distributed(path, dtype, tensor_para_size, pipeline_para_size,
-                                           max_batch, limit)
+                                           max_batch, limit, options)
         else:
             from .models.gpt import load_gpt_model
 
             engine = load_gpt_model(path, dtype=dtype, device=device, max_batch=max_batch,
-                                    max_seq_len=limit)
+                                    max_seq_len=limit, options=options)
         return cls(engine, config, "cuda", dtype, device)
 
     @classmethod
@@ -232,7 +239,7 @@ class GPT:
         return cls(ReferenceEngine(model, max_batch, limit), config, "reference", compute, device)
 
     @staticmethod
-    def _load_distributed(path, dtype, tp, pp, max_batch, limit):
+    def _load_distributed(path, dtype, tp, pp, max_batch, limit, options):
         try:
             from . import distributed
         except ImportError as exc:
@@ -242,7 +249,7 @@ class GPT:
                 "pipeline_para_size=1") from exc
         return distributed.load_gpt_model(path, dtype=dtype, tensor_para_size=tp,
                                           pipeline_para_size=pp, max_batch=max_batch,
-                                          max_seq_len=limit)
+                                          max_seq_len=limit, options=options)
 
     @property
     def max_batch(self) -> int:
@@ -555,11 +562,10 @@ class GPT:
         workspace, and shares the engine's weights when the engine was given contiguous tensors
         of its dtype whose lm_head storage holds the padded vocabulary (what
         :meth:`from_pretrained` and :func:`warpformer.weights.load_weights` give); otherwise a
-        replica converts its own copy, with a warning. A replica reads the build-time
-        environment (``WARPFORMER_GEMM_CONFIG``, ``WARPFORMER_PREFILL_TOKENS``, ...) when it is
-        built. The tokens are those of :meth:`generate` batch by batch. The reference backend
-        runs each batch as it is submitted (one at a time, on its one engine) and yields the
-        outputs in the same order, ``in_flight`` batches behind.
+        replica converts its own copy, with a warning. A replica takes the engine's options
+        (``engine.options()``). The tokens are those of :meth:`generate` batch by batch. The
+        reference backend runs each batch as it is submitted (one at a time, on its one engine)
+        and yields the outputs in the same order, ``in_flight`` batches behind.
 
         Args:
             batches: an iterable of batches, each what :meth:`generate` takes as ``input_ids``
@@ -583,8 +589,8 @@ class GPT:
         if isinstance(in_flight, bool) or not isinstance(in_flight, int) or in_flight < 1:
             raise ValueError(f"in_flight must be an integer >= 1, got {in_flight!r}")
         if in_flight > 1 and self.backend == "cuda":
-            tp = self.config.tensor_para_size
-            pp = 1 if tp > 1 else int(_in_flight.engine_args(self.engine)[6])
+            tp = int(self.engine.tensor_para_size())
+            pp = int(self.engine.pipeline_para_size())
             for name, size in (("tensor_para_size", tp), ("pipeline_para_size", pp)):
                 if size > 1:
                     raise ValueError(f"in_flight={in_flight} needs a model on one GPU; this one "

@@ -11,6 +11,7 @@ import transformers
 import warpformer  # noqa: F401
 from warpformer.converters import convert
 from warpformer.models.gpt import load_gpt_model
+from warpformer.options import EngineOptions
 
 pytestmark = pytest.mark.gpu
 
@@ -42,85 +43,72 @@ def opts(**kw):
     return {k: torch.tensor(v) for k, v in kw.items()}
 
 
-def test_graph_replay_equals_eager(tiny, monkeypatch):
+EAGER = EngineOptions(cuda_graphs=False)
+
+
+def test_graph_replay_equals_eager(tiny):
     _, path = tiny
-    monkeypatch.delenv("WARPFORMER_CUDA_GRAPHS", raising=False)
     model = load_gpt_model(path, dtype=torch.float16, max_batch=4, max_seq_len=128)
+    eager_model = load_gpt_model(path, dtype=torch.float16, max_batch=4, max_seq_len=128,
+                                 options=EAGER)
     ids, lens = batch([5, 9, 1, 17])
     # The model's first session: its eager steps plan the decode products (cuBLASLt at 4 rows)
     # and may grow the GEMM workspace; the graph is captured after them and replayed from then.
-    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-    with torch.profiler.profile(activities=acts) as prof:
-        with_graphs = model.decode(ids, lens, 40, opts(end_id=999))
-        torch.cuda.synchronize()
-    replays = sum("cudaGraphLaunch" in e.name for e in prof.events())
+    with_graphs, (_, replays) = _with_graph_calls(
+        lambda: model.decode(ids, lens, 40, opts(end_id=999)))
     assert replays >= 30, f"{replays} graph launches in 40 steps"
-    monkeypatch.setenv("WARPFORMER_CUDA_GRAPHS", "0")
-    eager = model.decode(ids, lens, 40, opts(end_id=999))
-    monkeypatch.delenv("WARPFORMER_CUDA_GRAPHS")
+    eager, calls = _with_graph_calls(lambda: eager_model.decode(ids, lens, 40, opts(end_id=999)))
+    assert calls == (0, 0)  # cuda_graphs=False: every kernel launched eagerly
     assert torch.equal(with_graphs["output_ids"], eager["output_ids"])
     greedy, _ = model.generate(ids, lens, 40, 999)
     assert torch.equal(greedy, with_graphs["output_ids"])
 
 
-def _graph_calls(fn) -> tuple[int, int]:
-    """(cudaGraphInstantiate calls, cudaGraphLaunch calls) made by fn()."""
+def _with_graph_calls(fn):
+    """(fn(), (cudaGraphInstantiate calls, cudaGraphLaunch calls) made by it)."""
     acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=acts) as prof:
-        fn()
+        out = fn()
         torch.cuda.synchronize()
     names = [e.name for e in prof.events()]
-    return (sum("cudaGraphInstantiate" in n for n in names),
-            sum("cudaGraphLaunch" in n for n in names))
+    return out, (sum("cudaGraphInstantiate" in n for n in names),
+                 sum("cudaGraphLaunch" in n for n in names))
 
 
-def test_short_sessions_share_a_graph(tiny, monkeypatch):
+def test_short_sessions_share_a_graph(tiny):
     """Greedy sessions of one batch size share one step graph (their tokens are staged in the
     model's state): short sessions run eagerly until together they have run 6 eager steps
     (kMinGraphSteps), the next captures once, and every later session of that size replays it
     from its first step, whatever its prompts and lengths. A long session of a new batch size
     captures at its third token (its first step plans the products). A sampling session's graph
-    dies with it. Tokens and lengths equal eager decoding every time."""
+    dies with it. Tokens and lengths equal an engine without CUDA graphs every time."""
     _, path = tiny
-    monkeypatch.delenv("WARPFORMER_CUDA_GRAPHS", raising=False)
-    monkeypatch.delenv("WARPFORMER_SHARED_GRAPHS", raising=False)
-    # Step graphs only: the prompt passes' graphs (test_gpt_engine.py) would add to the counts.
-    monkeypatch.setenv("WARPFORMER_PROMPT_GRAPHS", "0")
     model = load_gpt_model(path, dtype=torch.float16, max_batch=4, max_seq_len=128)
-    a = batch([5, 9, 1, 17], seed=5)
-    b = batch([12, 3, 30, 8], seed=6)  # same batch size, other prompts and lengths
-    c = batch([7, 2, 11], seed=7)      # another batch size: a key of its own
+    eager_model = load_gpt_model(path, dtype=torch.float16, max_batch=4, max_seq_len=128,
+                                 options=EAGER)
+    # Prompts of at most 8 tokens in all: their prompt passes run on the GEMV path, never as
+    # prompt graphs (test_gpt_engine.py), which would add to the counts.
+    a = batch([1, 2, 1, 4], seed=5)
+    b = batch([2, 1, 3, 1], seed=6)  # same batch size, other prompts and lengths
+    c = batch([2, 1, 3], seed=7)     # another batch size: a key of its own
+
+    def run(m, prompt, n, o):
+        if o:
+            e = m.decode(*prompt, n, opts(**o))
+            return e["output_ids"], e["sequence_lengths"]
+        return m.generate(*prompt, n, 999)
 
     def check(prompt, n, want, **o):
-        out = {}
-        if o:
-            calls = _graph_calls(lambda: out.update(model.decode(*prompt, n, opts(**o))))
-            got = (out["output_ids"], out["sequence_lengths"])
-        else:
-            calls = _graph_calls(lambda: out.update(r=model.generate(*prompt, n, 999)))
-            got = out["r"]
+        got, calls = _with_graph_calls(lambda: run(model, prompt, n, o))
         assert calls == want, f"output_len {n}: (instantiations, launches) {calls}, want {want}"
-        monkeypatch.setenv("WARPFORMER_CUDA_GRAPHS", "0")
-        if o:
-            e = model.decode(*prompt, n, opts(**o))
-            eager = (e["output_ids"], e["sequence_lengths"])
-        else:
-            eager = model.generate(*prompt, n, 999)
-            # ... and unstaged: the steps write the caller's tensors directly.
-            monkeypatch.setenv("WARPFORMER_SHARED_GRAPHS", "0")
-            direct = model.generate(*prompt, n, 999)
-            monkeypatch.delenv("WARPFORMER_SHARED_GRAPHS")
-            assert torch.equal(direct[0], eager[0]) and torch.equal(direct[1], eager[1])
-        monkeypatch.delenv("WARPFORMER_CUDA_GRAPHS")
+        eager = run(eager_model, prompt, n, o)
         assert torch.equal(got[0], eager[0]) and torch.equal(got[1], eager[1])
 
-    # Without graphs (nothing counted), so that no buffer or GEMM workspace grows (and gives
-    # the graphs' buffers a new generation) in the counted sessions below.
-    monkeypatch.setenv("WARPFORMER_CUDA_GRAPHS", "0")
+    # Sampling sessions first (their graphs die with them, so nothing shared is counted), so
+    # that no buffer or GEMM workspace grows (and gives the graphs' buffers a new generation) in
+    # the counted sessions below: a sampling session's state is the larger.
     for prompt in (a, b, c):
-        model.generate(*prompt, 8, 999)
         model.decode(*prompt, 8, opts(top_k=20, top_p=0.9, seed=3, end_id=999))
-    monkeypatch.delenv("WARPFORMER_CUDA_GRAPHS")
     # Three sessions of 3 new tokens (the first from the prompt, 2 steps each): 6 eager steps.
     for prompt in (a, a, b):
         check(prompt, 3, (0, 0))

@@ -12,8 +12,10 @@ from _gemm_cases import rel_err as _rel_err
 
 import warpformer  # noqa: F401
 from warpformer.gemm_tune import ModelDims, gemm_shapes, tune, write_tuning_file
+from warpformer.options import EngineOptions
 
 pytestmark = pytest.mark.gpu
+EAGER = EngineOptions(cuda_graphs=False)  # prompts at their exact token counts
 ops = torch.ops.warpformer
 
 # fp32 uses true fp32 (no TF32); the rest round the output once.
@@ -182,12 +184,13 @@ def test_tuning_file_round_trip(tmp_path):
     cfg = transformers.GPT2Config(vocab_size=50257, n_embd=1024, n_head=16, n_layer=1,
                                   n_positions=64)
     ckpt = _checkpoint(tmp_path, cfg, "fp16")
-    tuned = load_gpt_model(ckpt, max_batch=4, max_seq_len=64, gemm_config=str(path))
+    tuned = load_gpt_model(ckpt, max_batch=4, max_seq_len=64,
+                           options=EngineOptions(gemm_config=str(path)))
     assert tuned.gemm_tuned_shapes() == len(results)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         plain = load_gpt_model(ckpt, max_batch=4, max_seq_len=64,
-                               gemm_config=str(tmp_path / "missing.tsv"))
+                               options=EngineOptions(gemm_config=str(tmp_path / "missing.tsv")))
     assert plain.gemm_tuned_shapes() == 0
     assert any("not found; using cuBLASLt heuristics" in str(w.message) for w in caught)
     # A line with an epilogue the engine does not know names its line and the rule.
@@ -195,7 +198,8 @@ def test_tuning_file_round_trip(tmp_path):
     bad.write_text(lines[0] + "\nfp16 4 3072 1024 0 bias_gelu 0 0\n")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        odd = load_gpt_model(ckpt, max_batch=4, max_seq_len=64, gemm_config=str(bad))
+        odd = load_gpt_model(ckpt, max_batch=4, max_seq_len=64,
+                             options=EngineOptions(gemm_config=str(bad)))
     assert odd.gemm_tuned_shapes() == 0
     assert any("line 2 has unknown epilogue 'bias_gelu' (must be one of none, bias, "
                "bias_gelu_tanh, bias_relu); using cuBLASLt heuristics" in str(w.message)
@@ -248,17 +252,16 @@ def test_benchmark_takes_stacked_weight_copies(monkeypatch):
     assert copies > 1  # every GPU this runs on has more than 1 MiB of L2
 
 
-def test_plan_cache_keeps_the_most_recent_shapes(tmp_path, monkeypatch):
+def test_plan_cache_keeps_the_most_recent_shapes(tmp_path):
     """A server meets a new GEMM m with every prompt length: the model's cuBLASLt plan cache stops
     at Gemm::kMaxPlans (1024) shapes, dropping the least recently used, and a dropped shape is
     planned again with the same result. (Exact prompt lengths: a prompt graph's padded count
     would give few m.)"""
     from warpformer.models.gpt import load_gpt_model
 
-    monkeypatch.setenv("WARPFORMER_PROMPT_GRAPHS", "0")
-
     cfg = _tiny_gpt2(n_embd=64, n_head=1, n_layer=1, n_positions=512)
-    model = load_gpt_model(_checkpoint(tmp_path, cfg, "fp16"), max_batch=1, max_seq_len=512)
+    model = load_gpt_model(_checkpoint(tmp_path, cfg, "fp16"), max_batch=1, max_seq_len=512,
+                           options=EAGER)
     ids = torch.randint(0, 1000, (1, 500), dtype=torch.int32, device="cuda")
 
     def logits(n: int) -> torch.Tensor:  # prefill of n tokens: GEMMs with m = n
@@ -274,7 +277,7 @@ def test_plan_cache_keeps_the_most_recent_shapes(tmp_path, monkeypatch):
     assert torch.equal(logits(20), first)  # dropped long ago, planned again
 
 
-def test_new_row_counts_reuse_the_rounded_heuristic(tmp_path, monkeypatch):
+def test_new_row_counts_reuse_the_rounded_heuristic(tmp_path):
     """Each new prompt token count is a new GEMM m. Above 64 rows the engine asks cuBLASLt's
     heuristic once per m rounded up (to a multiple of 64 between 513 and 1024) and reuses that
     algorithm for every m it rounds to, after cuBLASLt has checked it for the exact shape: the
@@ -284,7 +287,6 @@ def test_new_row_counts_reuse_the_rounded_heuristic(tmp_path, monkeypatch):
 
     from warpformer.models.gpt import load_gpt_model
 
-    monkeypatch.setenv("WARPFORMER_PROMPT_GRAPHS", "0")  # m = the exact prompt length
     cfg = _tiny_gpt2(n_embd=128, n_head=2, n_layer=2, n_positions=1024)
     cfg._attn_implementation = "eager"
     torch.manual_seed(0)
@@ -297,7 +299,7 @@ def test_new_row_counts_reuse_the_rounded_heuristic(tmp_path, monkeypatch):
         ref_fp16 = hf.half()(ids[:, :540].long()).logits[0].float()
     span = float(ref.max() - ref.min())
     for dtype in (torch.float32, torch.float16):
-        model = load_gpt_model(ckpt, dtype=dtype, max_batch=1, max_seq_len=600)
+        model = load_gpt_model(ckpt, dtype=dtype, max_batch=1, max_seq_len=600, options=EAGER)
 
         def logits(n: int, model=model) -> torch.Tensor:  # a prefill of n tokens: m = n
             return model.forward(ids[:, :n].contiguous(),
@@ -320,14 +322,12 @@ def test_new_row_counts_reuse_the_rounded_heuristic(tmp_path, monkeypatch):
                 f"fp16: ours {err:.3e} vs HF fp16 {err_hf:.3e}")
 
 
-def test_tuned_rounded_row_counts_serve_every_prompt_length(tmp_path, monkeypatch):
+def test_tuned_rounded_row_counts_serve_every_prompt_length(tmp_path):
     """gemm-tune --prompt-rows tunes the rounded row counts of a range; a prompt of any length in
     it takes its products' algorithms from the file (through the count it rounds to), one plan
     per new length, and computes what the untuned model computes (fp16: within rounding)."""
     from warpformer.gemm_tune import row_buckets
     from warpformer.models.gpt import load_gpt_model
-
-    monkeypatch.setenv("WARPFORMER_PROMPT_GRAPHS", "0")  # m = the exact prompt length
 
     ckpt = _checkpoint(tmp_path, _tiny_gpt2(n_embd=128, n_head=2, n_layer=2, n_positions=1024),
                        "fp16")
@@ -337,8 +337,10 @@ def test_tuned_rounded_row_counts_serve_every_prompt_length(tmp_path, monkeypatc
     assert {s.m for s in shapes if s.what == "context qkv"} == {16, 576, 640}
     path = tmp_path / "gemm.tsv"
     write_tuning_file(str(path), "fp16", tune(shapes, torch.float16, max_algos=4, reps=3))
-    tuned = load_gpt_model(ckpt, max_batch=1, max_seq_len=700, gemm_config=str(path))
-    plain = load_gpt_model(ckpt, max_batch=1, max_seq_len=700)
+    # Exact prompt lengths (no CUDA graphs): each new length is a new m.
+    tuned = load_gpt_model(ckpt, max_batch=1, max_seq_len=700,
+                           options=EngineOptions(cuda_graphs=False, gemm_config=str(path)))
+    plain = load_gpt_model(ckpt, max_batch=1, max_seq_len=700, options=EAGER)
     ids = torch.randint(0, 1000, (1, 700), dtype=torch.int32, device="cuda")
 
     def logits(model, n: int) -> torch.Tensor:  # a prefill of n tokens: m = n
@@ -369,29 +371,21 @@ _PLAN_FAMILIES = {  # tiny models of the three residual forms the shape list dis
 
 
 @pytest.mark.parametrize("family", list(_PLAN_FAMILIES))
-@pytest.mark.parametrize("fuse", ["1", "0"])
-def test_gemm_tune_lists_every_shape_the_engine_plans(family, fuse, tmp_path, monkeypatch):
-    """Every cuBLASLt shape a generate call plans (batch 4: the prompt's 64 tokens and the
-    4-row decode steps past the GEMV) is in gemm-tune's list for that workload, with its
-    epilogue and accumulation, so a tuning file covers the engine's products: sequential
+def test_gemm_tune_lists_every_shape_the_engine_plans(family, tmp_path):
+    """Every cuBLASLt shape a generate call plans (batch 9: the prompt's 144 tokens and the
+    9-row decode steps, past the GEMV's 8 rows) is in gemm-tune's list for that workload, with
+    its epilogue and accumulation, so a tuning file covers the engine's products: sequential
     pre-norm (GPT-2), post-norm (OPT-350m, with project_in/out) and parallel-residual (GPT-J, whose
-    MLP-out product accumulates onto the attention-out one) layers, with every fusion (the
-    tanh-GELU in the MLP-in product's epilogue) and none."""
+    MLP-out product accumulates onto the attention-out one) layers, tanh-GELU in the MLP-in
+    product's epilogue. (Without CUDA graphs the prompt runs at its exact token count.)"""
     import transformers
 
     from warpformer.models.gpt import load_gpt_model
     from warpformer.weights import read_config
 
-    monkeypatch.setenv("WARPFORMER_FUSE", fuse)
-    monkeypatch.delenv("WARPFORMER_GEMV", raising=False)
-    monkeypatch.delenv("WARPFORMER_PREFILL_TOKENS", raising=False)
-    # The 4-row decode products of these widths would run on the tensor-core GEMV
-    # (test_gemv_tensor_cores.py); held on cuBLASLt, every product of a step is planned, and the
-    # list must cover them all (it lists the decode shapes whichever path runs them).
-    monkeypatch.setenv("WARPFORMER_GEMV_TC", "0")
     ckpt = _checkpoint(tmp_path, _PLAN_FAMILIES[family](transformers), "fp16")
-    model = load_gpt_model(ckpt, max_batch=4, max_seq_len=64)
-    batch, n_in = 4, 16
+    model = load_gpt_model(ckpt, max_batch=9, max_seq_len=64, options=EAGER)
+    batch, n_in = 9, 16
     ids = torch.randint(3, 1000, (batch, n_in), dtype=torch.int32, device="cuda")
     model.generate(ids, torch.full((batch,), n_in, dtype=torch.int32, device="cuda"), 3)
     planned = set()
@@ -400,25 +394,25 @@ def test_gemm_tune_lists_every_shape_the_engine_plans(family, fuse, tmp_path, mo
         assert dtype == "float16", line
         planned.add((int(m), int(n), int(k), transposed == "1", epilogue, accumulate == "1"))
     dims = ModelDims.from_config(read_config(ckpt.parent))
-    listed = {s.key(): s for s in gemm_shapes(dims, batch, 1, n_in)}
+    listed = {s.key(): s for s in gemm_shapes(dims, batch, 1, n_in, cuda_graphs=False)}
     assert planned and planned <= set(listed), sorted(planned - set(listed))
     h = dims.hidden
-    # the attention-out and MLP-out products of the prompt (64 rows) and of a decode step (4)
+    # the attention-out and MLP-out products of the prompt (144 rows) and of a decode step (9)
     outputs = {key for key in planned if key[1] == h and key[2] in (h, dims.inter)
                and not key[3]}
     assert {key[0] for key in outputs} == {batch * n_in, batch}, sorted(outputs)
     accumulating = {(key[0], key[2]): key[4] for key in outputs if key[5]}
     if family == "gptj":  # the parallel form's MLP-out accumulates onto the attention-out
-        assert accumulating == {(64, dims.inter): "none", (4, dims.inter): "none"}
+        assert accumulating == {(144, dims.inter): "none", (9, dims.inter): "none"}
     else:
         assert accumulating == {}
     ffn_in = {key[4] for key in planned if key[1] == dims.inter and key[2] == h}
-    want = "bias_relu" if family == "opt350" else ("bias_gelu_tanh" if fuse == "1" else "none")
+    want = "bias_relu" if family == "opt350" else "bias_gelu_tanh"
     assert ffn_in == {want}, ffn_in
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
-def test_prefill_groups_follow_the_activation_budget(dtype, tmp_path, monkeypatch):
+def test_prefill_groups_follow_the_activation_budget(dtype, tmp_path):
     """A 1,024-wide model's prompt of 4 x 1,000 tokens runs as one group of 4,000 tokens in fp16
     (16 KiB of activations a token: 4,096-token groups fit GptModel::kPrefillActivationBytes),
     replayed as a prompt graph at 4,032 rows, and as two of 2,000 in fp32 (32 KiB a token:
@@ -428,7 +422,6 @@ def test_prefill_groups_follow_the_activation_budget(dtype, tmp_path, monkeypatc
     from warpformer.models.gpt import load_gpt_model
     from warpformer.weights import read_config
 
-    monkeypatch.delenv("WARPFORMER_PREFILL_TOKENS", raising=False)
     ckpt = _checkpoint(tmp_path, _tiny_gpt2(n_embd=1024, n_head=16, n_layer=1, n_positions=1024),
                        "fp32")
     model = load_gpt_model(ckpt, dtype=dtype, max_batch=4, max_seq_len=1004)

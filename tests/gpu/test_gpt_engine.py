@@ -11,6 +11,7 @@ warpformer.converters, loaded onto the GPU and compared.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from _models import hf_greedy, make_hf
 import warpformer  # noqa: F401
 from warpformer.converters import convert
 from warpformer.models.gpt import build_gpt_model, load_gpt_model
+from warpformer.options import EngineOptions
 from warpformer.weights import load_weights, read_config
 
 pytestmark = pytest.mark.gpu
@@ -345,25 +347,25 @@ def test_ragged_batch_equals_single_rows(name, workdir):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 @pytest.mark.parametrize("name", list(TINY))
-def test_prompt_graph_replay_equals_eager(name, dtype, workdir, monkeypatch):
+def test_prompt_graph_replay_equals_eager(name, dtype, workdir):
     """A one-group prompt pass runs over its token count padded up with its attention grid for
     the longest sequence rounded up to 64, so batches of other lengths and contents share one
     captured pass: a and b (100 and 111 tokens, padded to 112 in steps of 16, longest 61 and 50)
     share a key, c (203 tokens, padded to 256 in steps of 64, longest 150: three rows) has its
     own. A key's first pass is eager, a later one captured, then replayed. Tokens equal, and
-    logits match, the exact-length eager passes of WARPFORMER_PROMPT_GRAPHS=0 for every
+    logits match, the exact-length eager passes of an engine without CUDA graphs for every
     architecture (learned, rotary and ALiBi positions; pre- and post-norm; OPT-350m's
     projections), in fp32 and in fp16 (the tensor-core context attention)."""
     hf, path = converted(name, TINY, workdir, peak=4.0)
     model = load_gpt_model(path, dtype=dtype, max_batch=4, max_seq_len=512)
+    eager = load_gpt_model(path, dtype=dtype, max_batch=4, max_seq_len=512,
+                           options=EngineOptions(cuda_graphs=False))
     vocab = hf.config.vocab_size
     x = {"a": random_batch(vocab, [30, 7, 61, 2], seed=21),
          "b": random_batch(vocab, [12, 50, 40, 9], seed=22),
          "c": random_batch(vocab, [150, 20, 33], seed=23)}
-    monkeypatch.setenv("WARPFORMER_PROMPT_GRAPHS", "0")
-    want = {k: (model.generate(*v, 16), model.forward(*v)) for k, v in x.items()}
-    monkeypatch.delenv("WARPFORMER_PROMPT_GRAPHS")
-    monkeypatch.delenv("WARPFORMER_CUDA_GRAPHS", raising=False)
+    want = {k: (eager.generate(*v, 16), eager.forward(*v)) for k, v in x.items()}
+    assert eager.prompt_graph_stats() == [0, 0]
     assert model.prompt_graph_stats() == [0, 0]
     model.generate(*x["a"], 16)
     assert model.prompt_graph_stats() == [1, 0]  # the key's first pass: eager
@@ -397,13 +399,12 @@ def test_prompt_graph_replay_equals_eager(name, dtype, workdir, monkeypatch):
 
     # forward's logits buffer holds real rows only: no more memory than the exact-length pass.
     replayed = peak(lambda: model.forward(*x["c"]))
-    monkeypatch.setenv("WARPFORMER_PROMPT_GRAPHS", "0")
-    exact = peak(lambda: model.forward(*x["c"]))
+    exact = peak(lambda: eager.forward(*x["c"]))
     assert replayed == exact, (replayed, exact)
 
 
 # Prompts run through the layers in groups of whole sequences (GptModel's prefill groups; the
-# tests set the group size to 1,024 tokens with WARPFORMER_PREFILL_TOKENS, the default being
+# tests set the group size to 1,024 tokens with the prefill_tokens option, the default being
 # 2,048). Lengths chosen so that groups end before and after sequences of every size;
 # bloom (no position table) also gets sequences longer than a group.
 GROUP_LENGTHS = {
@@ -413,12 +414,12 @@ GROUP_LENGTHS = {
 
 
 @pytest.mark.parametrize("name", ["gpt2", "bloom", "gptj", "opt-350m-style"])
-def test_prefill_in_groups_matches_hf_and_single_rows(name, workdir, monkeypatch):
-    monkeypatch.setenv("WARPFORMER_PREFILL_TOKENS", "1024")
+def test_prefill_in_groups_matches_hf_and_single_rows(name, workdir):
     hf, path = converted(name, TINY, workdir, peak=4.0)
     lengths = GROUP_LENGTHS["long" if name == "bloom" else "short"]
     model = load_gpt_model(path, dtype=torch.float32, max_batch=len(lengths),
-                           max_seq_len=max(lengths) + 8)
+                           max_seq_len=max(lengths) + 8,
+                           options=EngineOptions(prefill_tokens=1024))
     ids, lens = random_batch(hf.config.vocab_size, lengths, seed=21)
     ref = hf_logits_padded(hf, ids, lens)
     ours = model.forward(ids, lens)
@@ -434,7 +435,7 @@ def test_prefill_in_groups_matches_hf_and_single_rows(name, workdir, monkeypatch
         assert int(seq[b, 0]) == int(one_len[0, 0])
 
 
-def test_prefill_activations_sized_for_one_group(workdir, monkeypatch):
+def test_prefill_activations_sized_for_one_group(workdir):
     """64 x 128 prompt tokens: the workspace holds one group's activations (4,096 tokens for
     this model in fp16: GptModel::prefill_group_size, mirrored by gemm_tune), not all 8,192,
     and a group's are what GptModel::activation_bytes_per_token says (x, n, p and the qkv / q /
@@ -442,7 +443,6 @@ def test_prefill_activations_sized_for_one_group(workdir, monkeypatch):
     from warpformer.gemm_tune import ModelDims, activation_bytes_per_token, prefill_group_tokens
     from warpformer.weights import read_config
 
-    monkeypatch.delenv("WARPFORMER_PREFILL_TOKENS", raising=False)
     hf, path = converted("gpt2", TINY, workdir)
     cfg = hf.config
     model = load_gpt_model(path, dtype=torch.float16, max_batch=64, max_seq_len=136)
@@ -464,12 +464,26 @@ def test_prefill_activations_sized_for_one_group(workdir, monkeypatch):
     assert group <= workspace < group + (2 << 20)
 
 
-def test_prefill_group_size_variable_checked(workdir, monkeypatch):
+def test_engine_options_checked_by_the_class(workdir):
+    """The class checks its options JSON itself (TorchScript callers skip EngineOptions)."""
     hf, path = converted("gpt2", TINY, workdir)
-    for bad in ("0", "-5", "12x"):
-        monkeypatch.setenv("WARPFORMER_PREFILL_TOKENS", bad)
-        with pytest.raises(RuntimeError, match="WARPFORMER_PREFILL_TOKENS must be a positive"):
-            load_gpt_model(path, dtype=torch.float16, max_batch=1, max_seq_len=64)
+    cfg = read_config(path)
+    weights = load_weights(path, dtype=torch.float16, device="cuda")
+    for text, rule in (('{"prefill_tokens": -5}', "prefill_tokens must be a positive"),
+                       ('{"prefill_token": 5}', "unknown key 'prefill_token'; known keys:"),
+                       ('{"cuda_graphs": "yes"}', "'cuda_graphs' must be a boolean"),
+                       ('{"max_batch": 0}', "max_batch must be positive")):
+        with pytest.raises(RuntimeError, match=f"GptModel options: .*{rule}"):
+            torch.classes.warpformer.GptModel(cfg.to_json(), weights, text)
+    model = torch.classes.warpformer.GptModel(
+        cfg.to_json(), weights, '{"max_batch": 2, "max_seq_len": 64, "prefill_tokens": 512}')
+    # options() writes every key out: what a replica or a pickled copy is built from.
+    opts = json.loads(model.options())
+    assert opts["max_batch"] == 2 and opts["prefill_tokens"] == 512 and opts["cuda_graphs"]
+    assert model.pipeline_para_size() == 1 and model.tensor_para_size() == 1
+    twin = torch.classes.warpformer.GptModel(model.config(), weights, model.options())
+    ids, lens = random_batch(1000, [5, 9])
+    assert torch.equal(model.generate(ids, lens, 4)[0], twin.generate(ids, lens, 4)[0])
 
 
 def test_memory_flat_over_1000_calls(workdir):
@@ -572,24 +586,26 @@ def test_bad_weights_and_limits(workdir):
     cfg = read_config(path)
     w = load_weights(path, dtype=torch.float16, device="cuda")
     make = torch.classes.warpformer.GptModel
+    fp16 = json.dumps(dict(max_batch=2, max_seq_len=64, dtype="fp16"))
     missing = dict(w)
     del missing["layers.1.mlp.dense_4h_to_h.weight"]
     with pytest.raises(RuntimeError, match=r"missing weight 'layers.1.mlp.dense_4h_to_h.weight'"):
-        make(cfg.to_json(), missing, 2, 64, "fp16", 0, 1, 0)
+        make(cfg.to_json(), missing, fp16)
     wrong = dict(w)
     wrong["layers.0.attention.query_key_value.weight"] = torch.zeros(128, 3, 64, device="cuda",
                                                                      dtype=torch.float16)
     with pytest.raises(RuntimeError, match=r"'layers.0.attention.query_key_value.weight' must "
                                            r"have shape \[128, 3, 128\]"):
-        make(cfg.to_json(), wrong, 2, 64, "fp16", 0, 1, 0)
+        make(cfg.to_json(), wrong, fp16)
     cpu = dict(w)
     cpu["wpe"] = cpu["wpe"].cpu()
     with pytest.raises(RuntimeError, match=r"weight 'wpe' is on cpu"):
-        make(cfg.to_json(), cpu, 2, 64, "fp16", 0, 1, 0)
+        make(cfg.to_json(), cpu, fp16)
     with pytest.raises(RuntimeError, match=r"max_seq_len \(513\) exceeds the position table"):
-        make(cfg.to_json(), w, 2, 513, "fp16", 0, 1, 0)
+        make(cfg.to_json(), w, json.dumps(dict(max_batch=2, max_seq_len=513, dtype="fp16")))
     # fp32 files converted to bf16 at load.
-    m = make(cfg.to_json(), load_weights(path, device="cuda"), 2, 64, "bf16", 0, 1, 0)
+    m = make(cfg.to_json(), load_weights(path, device="cuda"),
+             json.dumps(dict(max_batch=2, max_seq_len=64, dtype="bf16")))
     assert m.dtype() == "bfloat16"
 
 

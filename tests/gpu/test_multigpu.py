@@ -177,13 +177,13 @@ def test_peer_all_reduce_matches_rank_order_sum(tp):
 
 def test_peer_all_reduce_off_on_one_rank_is_off_everywhere():
     # The ranks decide together: one rank opting out gives NCCL on all, with correct sums.
-    out, _ = _by_hand(2, ["--scenario", "allreduce", "--tp", "2", "--timeout", "60"],
-                      per_rank_env={1: {"WARPFORMER_PEER_ALLREDUCE": "0"}}, wait_s=180)
+    out, _ = _by_hand(2, ["--scenario", "allreduce", "--tp", "2", "--timeout", "60",
+                          "--no-peer-rank", "1"], wait_s=180)
     for rank, (code, text) in out.items():
         assert code == 0, f"rank {rank}: {text[-4000:]}"
         (res,) = _lines(text, "RESULT")
         assert not res["peer"] and not res["bad"], res
-        assert "WARPFORMER_PEER_ALLREDUCE=0" in res["reason"] or "rank 1" in res["reason"], res
+        assert "peer_allreduce=False" in res["reason"] or "rank 1" in res["reason"], res
 
 
 def test_peer_all_reduce_with_dead_peer_ends_in_bounded_time():

@@ -134,16 +134,15 @@ def fp16_report(ref32: dict, ref16: dict, par16: dict) -> tuple[float, float, st
 def launch(model_dir: Path, tp: int, pp: int, dtype: str, out: Path, launcher: str = "torchrun"):
     n = tp * pp
     args = [str(WORKER), "--model-dir", str(model_dir / f"{tp}-gpu"), "--tp", str(tp), "--pp",
-            str(pp), "--dtype", dtype, "--out", str(out)]
+            str(pp), "--dtype", dtype, "--out", str(out), "--prefill-tokens", PREFILL_TOKENS]
     env = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
-               NVSHMEM_DISABLE_NVLS="1", WARPFORMER_PREFILL_TOKENS=PREFILL_TOKENS)
+               NVSHMEM_DISABLE_NVLS="1")
     if launcher == "torchrun":
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                f"--nproc-per-node={n}", *args]
     else:
         cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", str(n),
                "-x", "NCCL_NVLS_ENABLE", "-x", "TORCH_SYMM_MEM_DISABLE_MULTICAST",
-               "-x", "WARPFORMER_PREFILL_TOKENS",
                sys.executable, *args]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
@@ -154,8 +153,8 @@ def single(model_dir: Path, dtype: str, out: Path, teacher: dict | None = None,
            tf_self: bool = False):
     prompts_file(out, teacher, tf_self)
     subprocess.run([sys.executable, str(WORKER), "--model-dir", str(model_dir / "1-gpu"),
-                    "--dtype", dtype, "--out", str(out)], check=True, timeout=300,
-                   env=dict(os.environ, WARPFORMER_PREFILL_TOKENS=PREFILL_TOKENS))
+                    "--dtype", dtype, "--out", str(out), "--prefill-tokens", PREFILL_TOKENS],
+                   check=True, timeout=300)
     return torch.load(out)
 
 
@@ -221,35 +220,21 @@ def test_mpirun_tensor_parallel(checkpoints, tmp_path):
     assert torch.equal(par["greedy"], ref["greedy"])
 
 
-@pytest.mark.parametrize("tp,pp,rank1_env,message", [
-    (2, 1, "WARPFORMER_PREFILL_TOKENS=4096", "disagree on the prefill group size"),
-    (1, 2, "WARPFORMER_PP_DECODE_SPLIT=0", "disagree on WARPFORMER_PP_DECODE_SPLIT"),
-])
-def test_ranks_with_different_schedules_stop(tp, pp, rank1_env, message, checkpoints, tmp_path):
+@pytest.mark.parametrize("tp,pp", [(2, 1), (1, 2)])
+def test_ranks_with_different_prefill_sizes_stop(tp, pp, checkpoints, tmp_path):
     prompts_file(tmp_path / "mismatch.pt")
     env = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
-               NVSHMEM_DISABLE_NVLS="1", WARPFORMER_PREFILL_TOKENS="1024", RANK1_ENV=rank1_env)
+               NVSHMEM_DISABLE_NVLS="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
            str(WORKER), "--model-dir", str(checkpoints["gpt2"] / f"{tp}-gpu"), "--tp", str(tp),
-           "--pp", str(pp), "--out", str(tmp_path / "mismatch.pt")]
+           "--pp", str(pp), "--out", str(tmp_path / "mismatch.pt"), "--prefill-tokens", "1024",
+           "--rank1-prefill-tokens", "4096"]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     text = res.stdout + res.stderr
     assert res.returncode != 0, text[-3000:]
-    assert message in text, text[-3000:]
+    assert "disagree on the prefill group size" in text, text[-3000:]
     assert f"ranks of the {'tensor' if tp > 1 else 'pipeline'}-parallel group" in text
-    assert rank1_env.split("=")[0] in text
-
-
-def test_unsplit_pipeline_decode_equals_single_gpu(checkpoints, tmp_path, monkeypatch):
-    """WARPFORMER_PP_DECODE_SPLIT=0 (the comparison baseline of bench_parallel) runs whole
-    steps through the stages and gives the same tokens."""
-    ref = single(checkpoints["gptj"], "fp32", tmp_path / "ref.pt")
-    monkeypatch.setenv("WARPFORMER_PP_DECODE_SPLIT", "0")
-    prompts_file(tmp_path / "whole.pt")
-    par = launch(checkpoints["gptj"], 1, 2, "fp32", tmp_path / "whole.pt")
-    assert par["embedding_launches"] == 1 + 11
-    for key in ("greedy", "sample", "sample3", "early_end", "stream"):
-        assert torch.equal(par[key], ref[key]), key
+    assert "pass the same prefill_tokens on every rank" in text
 
 
 def test_module_exports_gpt():

@@ -430,8 +430,7 @@ layers::AttentionInputs GptModel::decode_attention(int64_t r0, int64_t n) {
   // wave (two per SM): then it saves a kernel. With more blocks every one repeats the rotary
   // table and the separate kernel is cheaper (H200, gpt-j-6b batch 64: 5.72 fused vs 5.54 ms per
   // step; batch 1: 3.66 vs 3.86).
-  ai.fused_prep = fusions_.attention &&
-                  n * cfg_.local_heads() <= 2 * int64_t{ctx_->props().multiProcessorCount};
+  ai.fused_prep = n * cfg_.local_heads() <= 2 * int64_t{ctx_->props().multiProcessorCount};
   ai.rotary_inv_freq = rotary_inv_freq_.as<float>();
   ai.workspace = s.split;
   ai.workspace_bytes = s.split_bytes;
@@ -461,8 +460,7 @@ void GptModel::decode_step_body() {
 int64_t GptModel::decode_micro_batches() const {
   const Session& s = session_;
   const int64_t stages = cfg_.pipeline_para_size;
-  const bool split = pp_comm_ != nullptr && stages > 1 && pp_decode_split_ && s.beam == 1 &&
-                     s.rows >= stages;
+  const bool split = pp_comm_ != nullptr && stages > 1 && s.beam == 1 && s.rows >= stages;
   return split ? stages : 1;
 }
 

@@ -5,11 +5,8 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <array>
-#include <cerrno>
 #include <climits>
-#include <cstdlib>
-#include <cstring>
+#include <vector>
 #include <string>
 
 #include "csrc/core/check.h"
@@ -41,59 +38,6 @@ class Carver {
   size_t off_ = 0;
 };
 
-// WARPFORMER_FUSE: which kernel fusions the engine uses: unset or "1" all, "0" none, or a comma
-// list of "attention" (the decode step's QKV preparation inside the attention kernel), "norms"
-// (pre-norm layers' residual adds and norms inside the GEMVs that read them) and "parallel"
-// (a parallel-residual layer's decode step: its MLP-in product runs beside the attention kernel
-// and its attention-out and MLP-out products are one GEMV launch) and "activation" (a 16-bit
-// model's tanh-GELU in cuBLASLt's epilogue of the MLP-in product at prompt sizes) and "pair"
-// (with parallel and norms: that decode step's QKV and MLP-in products as one GEMV launch before
-// the attention, and the joined output product starting on its MLP part beside the attention).
-// Off, each runs as its own kernel (for comparisons): attention and norms give bit-identical
-// results, parallel, pair and activation the same up to rounding (parallel: the two output
-// products accumulate in fp32 together instead of adding two rounded products; pair: the wider
-// launch may split k differently, and NeoX's ln2 normalises the fp32 stream instead of its
-// rounded copy; activation: the GELU reads the fp32 accumulator instead of the rounded product).
-GptModel::Fusions fusions_from_env() {
-  const char* env = std::getenv("WARPFORMER_FUSE");
-  if (env == nullptr || std::strcmp(env, "1") == 0) return {true, true, true, true, true};
-  GptModel::Fusions f{false, false, false, false, false};
-  if (std::strcmp(env, "0") == 0) return f;
-  const std::string list = env;
-  size_t start = 0;
-  while (true) {
-    const size_t end = std::min(list.find(',', start), list.size());
-    const std::string item = list.substr(start, end - start);
-    if (item == "attention") {
-      f.attention = true;
-    } else if (item == "norms") {
-      f.norms = true;
-    } else if (item == "parallel") {
-      f.parallel = true;
-    } else if (item == "activation") {
-      f.activation = true;
-    } else if (item == "pair") {
-      f.pair = true;
-    } else {  // includes an empty item (a stray comma)
-      TORCH_CHECK(false, "WARPFORMER_FUSE must be 1, 0 or a comma list of attention, norms, "
-                  "parallel, activation, pair; got '", env, "'");
-    }
-    if (end == list.size()) break;
-    start = end + 1;
-  }
-  return f;
-}
-
-// WARPFORMER_PP_DECODE_SPLIT: "1" (or unset) splits pipeline-parallel decode steps into
-// micro-batches, "0" runs each step whole (for comparisons; the tokens are the same).
-bool pp_decode_split_from_env() {
-  const char* env = std::getenv("WARPFORMER_PP_DECODE_SPLIT");
-  if (env == nullptr || std::strcmp(env, "1") == 0) return true;
-  TORCH_CHECK(std::strcmp(env, "0") == 0, "WARPFORMER_PP_DECODE_SPLIT must be 1 or 0; got '", env,
-              "'");
-  return false;
-}
-
 // Grow policy: at least what is needed, at least 1.5x the previous size (fewer regrowths when
 // calls creep upwards), at most the limit.
 int64_t grown(int64_t need, int64_t have, int64_t limit) {
@@ -105,8 +49,9 @@ int64_t grown(int64_t need, int64_t have, int64_t limit) {
 
 GptModel::GptModel(GptConfig cfg, GptWeights weights, DType dtype,
                    std::shared_ptr<CudaContext> ctx, int64_t max_batch, int64_t max_seq_len,
-                   Communicator* tp_comm)
+                   const EngineOptions& options, Communicator* tp_comm)
     : cfg_(std::move(cfg)),
+      options_(options),
       w_(std::move(weights)),
       dtype_(dtype),
       ctx_(std::move(ctx)),
@@ -115,11 +60,10 @@ GptModel::GptModel(GptConfig cfg, GptWeights weights, DType dtype,
       max_batch_(max_batch),
       max_seq_len_(max_seq_len) {
   TORCH_CHECK(max_batch_ > 0, "GptModel: max_batch must be positive, got ", max_batch_);
+  TORCH_CHECK(options_.prefill_tokens >= 0 && options_.prefill_tokens <= INT32_MAX,
+              "GptModel: prefill_tokens must be a positive number of tokens (at most 2^31 - 1) "
+              "or 0 for the default, got ", options_.prefill_tokens);
   prefill_group_tokens_ = prefill_group_size();
-  fusions_ = fusions_from_env();
-  pp_decode_split_ = pp_decode_split_from_env();
-  gemm_->set_norm_fusion(fusions_.norms);
-  gemm_->set_activation_epilogue(fusions_.activation);
   // The weights are written only before the model is built; every forward starts with the
   // embedding (or a pipeline receive), never with a product, so no product's weight is written
   // by the kernel just before it.
@@ -239,9 +183,7 @@ GptModel::Scratch GptModel::scratch() const {
 }
 
 layers::LayerContext GptModel::layer_context() {
-  layers::LayerContext lc{ctx_.get(), gemm_.get(), comm_, &cfg_, dtype_, fusions_.parallel};
-  lc.paired_products = fusions_.parallel && fusions_.pair;
-  return lc;
+  return layers::LayerContext{ctx_.get(), gemm_.get(), comm_, &cfg_, dtype_};
 }
 
 void GptModel::embed(const int32_t* token_ids, const int32_t* positions, int64_t tokens,
@@ -386,16 +328,7 @@ void GptModel::attach(Communicator* comm, const char* kind, int64_t size, int64_
 }
 
 int64_t GptModel::prefill_group_size() const {
-  const char* env = std::getenv("WARPFORMER_PREFILL_TOKENS");
-  if (env != nullptr && *env != '\0') {
-    char* end = nullptr;
-    errno = 0;
-    const long long v = std::strtoll(env, &end, 10);
-    TORCH_CHECK(*end == '\0' && errno == 0 && v > 0 && v <= INT32_MAX,
-                "GptModel: WARPFORMER_PREFILL_TOKENS must be a positive number of tokens "
-                "(at most 2^31 - 1), got '", env, "'");
-    return v;
-  }
+  if (options_.prefill_tokens > 0) return options_.prefill_tokens;
   int64_t tokens = kPrefillGroupTokens;
   while (tokens < kMaxPrefillGroupTokens &&
          2 * tokens * activation_bytes_per_token() <= kPrefillActivationBytes) {
@@ -443,29 +376,21 @@ int64_t GptModel::plan_prefill(const std::vector<int32_t>& lengths) {
 
 void GptModel::check_same_schedule(Communicator* comm, const char* kind) {
   if (comm == nullptr || comm->size() == 1) return;
-  // Every rank must cut the prompt into the same groups (their sizes are collective counts) and
-  // split decode steps alike (the stages' sends and receives must pair).
+  // Every rank must cut the prompt into the same groups: their sizes are collective counts.
   const int size = comm->size();
-  const std::array<int32_t, 2> mine{static_cast<int32_t>(prefill_group_tokens_),
-                                    pp_decode_split_ ? 1 : 0};
-  DeviceBuffer buf(ctx_->allocator(), 2 * (1 + size) * sizeof(int32_t), ctx_->stream());
+  const int32_t mine = static_cast<int32_t>(prefill_group_tokens_);
+  DeviceBuffer buf(ctx_->allocator(), (1 + size) * sizeof(int32_t), ctx_->stream());
   auto* d = buf.as<int32_t>();
-  WF_CUDA_CHECK(cudaMemcpyAsync(d, mine.data(), sizeof(mine), cudaMemcpyHostToDevice,
-                                ctx_->stream()));
-  comm->all_gather(d, d + 2, 2, DType::kFloat32, ctx_->stream());  // 4-byte words, bit for bit
-  std::vector<int32_t> all(2 * size);
-  WF_CUDA_CHECK(cudaMemcpyAsync(all.data(), d + 2, all.size() * sizeof(int32_t),
+  WF_CUDA_CHECK(cudaMemcpyAsync(d, &mine, sizeof(mine), cudaMemcpyHostToDevice, ctx_->stream()));
+  comm->all_gather(d, d + 1, 1, DType::kFloat32, ctx_->stream());  // 4-byte words, bit for bit
+  std::vector<int32_t> all(size);
+  WF_CUDA_CHECK(cudaMemcpyAsync(all.data(), d + 1, all.size() * sizeof(int32_t),
                                 cudaMemcpyDeviceToHost, ctx_->stream()));
   WF_CUDA_CHECK(cudaStreamSynchronize(ctx_->stream()));
   for (int r = 0; r < size; ++r) {
-    TORCH_CHECK(all[2 * r] == mine[0], "GptModel: the ranks of the ", kind, "-parallel group "
-                "disagree on the prefill group size (", mine[0], " tokens on rank ",
-                comm->rank(), ", ", all[2 * r], " on rank ", r, "); set "
-                "WARPFORMER_PREFILL_TOKENS the same on every rank, or on none");
-    TORCH_CHECK(all[2 * r + 1] == mine[1], "GptModel: the ranks of the ", kind, "-parallel "
-                "group disagree on WARPFORMER_PP_DECODE_SPLIT (", mine[1], " on rank ",
-                comm->rank(), ", ", all[2 * r + 1], " on rank ", r, "); set it the same on "
-                "every rank, or on none");
+    TORCH_CHECK(all[r] == mine, "GptModel: the ranks of the ", kind, "-parallel group "
+                "disagree on the prefill group size (", mine, " tokens on rank ", comm->rank(),
+                ", ", all[r], " on rank ", r, "); pass the same prefill_tokens on every rank");
   }
 }
 

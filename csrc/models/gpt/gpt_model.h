@@ -16,6 +16,7 @@
 
 #include "csrc/core/communicator.h"
 #include "csrc/core/cuda_context.h"
+#include "csrc/core/engine_options.h"
 #include "csrc/core/gemm.h"
 #include "csrc/layers/decoder_layer.h"
 #include "csrc/models/gpt/gpt_config.h"
@@ -76,22 +77,15 @@ struct DecodeOutputs {
 
 class GptModel {
  public:
-  // The kernel fusions in use (WARPFORMER_FUSE, read by the constructor; gpt_model.cpp).
-  struct Fusions {
-    bool attention = true;  // the decode step's QKV preparation inside the attention kernel
-    bool norms = true;      // pre-norm residual adds and norms inside the GEMVs (Gemm::run_normed)
-    bool parallel = true;   // parallel-residual decode: MLP-in beside attention, one out product
-    bool activation = true;  // tanh-GELU in cuBLASLt's epilogue (16-bit, Gemm::run_act)
-    bool pair = true;  // with parallel and norms: QKV + MLP-in one launch (run_normed_pair)
-  };
-
   GptModel(GptConfig cfg, GptWeights weights, DType dtype, std::shared_ptr<CudaContext> ctx,
-           int64_t max_batch, int64_t max_seq_len, Communicator* tp_comm = nullptr);
+           int64_t max_batch, int64_t max_seq_len, const EngineOptions& options = {},
+           Communicator* tp_comm = nullptr);
   ~GptModel();
   GptModel(const GptModel&) = delete;
   GptModel& operator=(const GptModel&) = delete;
 
   const GptConfig& config() const { return cfg_; }
+  const EngineOptions& options() const { return options_; }
   DType dtype() const { return dtype_; }
   CudaContext& context() { return *ctx_; }
   // Attach the tensor-parallel group (size tensor_para_size, rank tensor_para_rank); required
@@ -123,8 +117,7 @@ class GptModel {
   // activations (activation_bytes_per_token) stay within kPrefillActivationBytes: gpt2-medium and
   // bloom-560m run 4,096-token groups in fp16 (batch-64 prompts 9-12% faster than with 2,048,
   // peak memory under HF's), wider models 2,048 (groups of about 2,700 were slower than both;
-  // benchmarks/HISTORY.md). The environment variable WARPFORMER_PREFILL_TOKENS, read when the
-  // model is built, sets another size.
+  // benchmarks/HISTORY.md). EngineOptions::prefill_tokens sets another size.
   static constexpr int64_t kPrefillGroupTokens = 2048;
   static constexpr int64_t kMaxPrefillGroupTokens = 4096;
   static constexpr int64_t kPrefillActivationBytes = int64_t{64} << 20;
@@ -198,7 +191,7 @@ class GptModel {
   // prompt graph (prompt_tokens_); returns the token count the activation buffer must hold (the
   // largest group's, or the graph's padded count).
   int64_t plan_prefill(const std::vector<int32_t>& lengths);
-  // The group size: WARPFORMER_PREFILL_TOKENS, else as prefill_group_tokens() says.
+  // The group size: EngineOptions::prefill_tokens, else as prefill_group_tokens() says.
   int64_t prefill_group_size() const;
   // Refuses a communicator whose ranks would cut the prompt, or split decode steps, differently
   // (`kind`: "tensor" or "pipeline", naming the group).
@@ -226,6 +219,7 @@ class GptModel {
   void logits(const void* hidden, int64_t rows, void* out);
 
   GptConfig cfg_;
+  EngineOptions options_;
   GptWeights w_;
   DType dtype_;
   std::shared_ptr<CudaContext> ctx_;
@@ -247,9 +241,6 @@ class GptModel {
   size_t state_need_ = 0;
 
   int64_t prefill_group_tokens_ = 0;
-  // WARPFORMER_PP_DECODE_SPLIT (default 1): pipeline stages split decode steps into micro-batches.
-  bool pp_decode_split_ = true;
-  Fusions fusions_;
   std::vector<PrefillGroup> groups_;  // set by plan_prefill
   // views into meta_ filled by prefill()
   int32_t* d_gather_ = nullptr;   // [T]  packed token -> b * seq + i
@@ -332,8 +323,7 @@ class GptModel {
   void select_tokens(int64_t r0, int64_t n);
   layers::AttentionInputs decode_attention(int64_t r0, int64_t n);  // rows [r0, r0 + n)
   // Pipeline parallelism: how many micro-batches a decode step is split into (one per stage when
-  // the session is not beam search, has at least as many rows as stages and the split is on;
-  // else 1), and `steps` steps run that way (gpt_decode.cpp explains the schedule; runs shorter
+  // the session is not beam search and has at least as many rows as stages; else 1), and `steps` steps run that way (gpt_decode.cpp explains the schedule; runs shorter
   // than kMinSplitSteps take whole steps).
   int64_t decode_micro_batches() const;
   void decode_steps_split(int64_t steps);

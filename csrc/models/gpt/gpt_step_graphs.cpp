@@ -9,8 +9,6 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <vector>
 
 #include "csrc/core/check.h"
@@ -30,21 +28,6 @@ namespace {
 // at the third token: 3 new tokens +0.41 ms, 4 +0.32, 8 -0.07, 10 -0.24, 16 -0.77: break-even at
 // about 5 remaining steps.
 constexpr int64_t kMinGraphSteps = 6;
-
-bool env_off(const char* name) {
-  const char* env = std::getenv(name);
-  return env != nullptr && std::strcmp(env, "0") == 0;
-}
-
-bool graphs_enabled() { return !env_off("WARPFORMER_CUDA_GRAPHS"); }
-
-// WARPFORMER_SHARED_GRAPHS=0 (read per session): greedy sessions keep a graph of their own, as
-// sampling ones do (for A/B measurements).
-bool shared_graphs_enabled() { return !env_off("WARPFORMER_SHARED_GRAPHS"); }
-
-// WARPFORMER_PROMPT_GRAPHS=0 (read per call): prompt passes run eagerly over their exact token
-// count, as before prompt graphs (for A/B measurements).
-bool prompt_graphs_enabled() { return !env_off("WARPFORMER_PROMPT_GRAPHS"); }
 
 // Destroys and removes the graphs `which` selects. (Destroying an executable graph still in
 // flight frees it when it completes.)
@@ -95,7 +78,7 @@ Graph& find_or_add(std::vector<Graph>* graphs, const Key& key, uint64_t* clock, 
 // schedule), and a graph must not outlive the communicator it baked.
 bool GptModel::shares_step_graph(const DecodeOptions& opt) const {
   return opt.greedy && !opt.needs_counts && opt.beam_width == 1 && pp_comm_ == nullptr &&
-         (comm_ == nullptr || comm_->size() == 1) && shared_graphs_enabled();
+         (comm_ == nullptr || comm_->size() == 1);
 }
 
 GptModel::StepKey GptModel::step_key() const {
@@ -128,7 +111,7 @@ void GptModel::drop_graphs(bool unshared_only) {
 // the eager steps that sessions sharing the key ran before).
 void GptModel::run_step() {
   Session& s = session_;
-  if (!graphs_enabled() || pp_comm_ != nullptr) {
+  if (!options_.cuda_graphs || pp_comm_ != nullptr) {
     decode_step_body();
     return;
   }
@@ -205,7 +188,7 @@ int64_t GptModel::prompt_graph_tokens(int64_t tokens) const {
   // One GPU only: tensor-parallel ranks would have to capture and replay their collectives
   // together, and pipeline stages exchange each group with send/recv ordered by the host. Up to
   // kGemvMaxRows tokens the products run on the GEMV path, which padding would change.
-  if (!graphs_enabled() || !prompt_graphs_enabled() || cfg_.tensor_para_size != 1 ||
+  if (!options_.cuda_graphs || cfg_.tensor_para_size != 1 ||
       cfg_.pipeline_para_size != 1 || tokens <= kernels::kGemvMaxRows) {
     return 0;
   }

@@ -14,6 +14,7 @@ import warnings
 import torch
 
 from warpformer.config import GptConfig
+from warpformer.options import EngineOptions, model_options_json
 from warpformer.weights import load_weights, read_config
 
 _DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -36,7 +37,7 @@ def build_gpt_model(config: GptConfig, weights: dict[str, torch.Tensor], *,
                     dtype: torch.dtype = torch.float16, max_batch: int = 8,
                     max_seq_len: int | None = None, tensor_para_rank: int = 0,
                     pipeline_para_size: int = 1, pipeline_para_rank: int = 0,
-                    gemm_config: str = "") -> torch.ScriptObject:
+                    options: EngineOptions | None = None) -> torch.ScriptObject:
     """Create ``torch.classes.warpformer.GptModel`` from a config and this rank's weights.
 
     Args:
@@ -49,13 +50,15 @@ def build_gpt_model(config: GptConfig, weights: dict[str, torch.Tensor], *,
         max_seq_len: the largest input + output length (default: :func:`default_max_seq_len`).
         tensor_para_rank, pipeline_para_size, pipeline_para_rank: this rank's place in the
             parallel grid (``weights`` must be that rank's shards).
-        gemm_config: tuning file from ``warpformer gemm-tune`` ("" = $WARPFORMER_GEMM_CONFIG or
-            cuBLASLt's heuristics).
+        options: :class:`~warpformer.options.EngineOptions` (CUDA graphs, prefill group size,
+            GEMM tuning file; default: all defaults).
     """
-    model = torch.classes.warpformer.GptModel(
-        config.to_json(), weights, max_batch,
-        max_seq_len if max_seq_len is not None else default_max_seq_len(config),
-        dtype_name(dtype), tensor_para_rank, pipeline_para_size, pipeline_para_rank, gemm_config)
+    limit = max_seq_len if max_seq_len is not None else default_max_seq_len(config)
+    text = model_options_json(options or EngineOptions(), max_batch=max_batch, max_seq_len=limit,
+                              dtype=dtype_name(dtype), tensor_para_rank=tensor_para_rank,
+                              pipeline_para_size=pipeline_para_size,
+                              pipeline_para_rank=pipeline_para_rank)
+    model = torch.classes.warpformer.GptModel(config.to_json(), weights, text)
     note = model.gemm_tuning_note()
     if note and model.gemm_tuned_shapes() == 0:
         warnings.warn(note, stacklevel=2)
@@ -66,7 +69,7 @@ def load_gpt_model(model_dir: str | os.PathLike[str], *, dtype: torch.dtype = to
                    device: str | torch.device = "cuda", max_batch: int = 8,
                    max_seq_len: int | None = None, tensor_para_rank: int = 0,
                    pipeline_para_size: int = 1, pipeline_para_rank: int = 0,
-                   gemm_config: str = "") -> torch.ScriptObject:
+                   options: EngineOptions | None = None) -> torch.ScriptObject:
     """Load a converted directory into ``torch.classes.warpformer.GptModel`` on ``device``.
 
     The class's methods: ``forward(input_ids int32 [B, S], input_lengths int32 [B]) -> logits
@@ -80,4 +83,4 @@ def load_gpt_model(model_dir: str | os.PathLike[str], *, dtype: torch.dtype = to
     return build_gpt_model(config, weights, dtype=dtype, max_batch=max_batch,
                            max_seq_len=max_seq_len, tensor_para_rank=tensor_para_rank,
                            pipeline_para_size=pipeline_para_size,
-                           pipeline_para_rank=pipeline_para_rank, gemm_config=gemm_config)
+                           pipeline_para_rank=pipeline_para_rank, options=options)
