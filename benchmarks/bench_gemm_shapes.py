@@ -11,7 +11,8 @@ sums them per prompt pass. The sums are set against those products' flops and th
 (8192^3 ``torch.matmul``) measured in the same run. With the lm_head on cuBLASLt (more than 8
 prompts) the flops are ``bench_generate.py``'s prompt flops, and the "% of GEMM rate" column is
 the ceiling of its ``prefill_pct_gemm`` for that configuration. Group sizes other than the
-engine's default are what ``WARPFORMER_PREFILL_TOKENS`` would give.
+engine's default are what the ``prefill_tokens`` engine option would give (the engine built with
+its default ``cuda_graphs=True``, so a one-group pass runs at its prompt graph's padded count).
 
     python benchmarks/bench_gemm_shapes.py --models gpt2-medium,bloom-560m,gpt-j-6b \\
         --cases 64x128,8x80 --groups 2048,4096,8192

@@ -27,14 +27,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import re
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import torch
 from common import (
@@ -69,26 +67,17 @@ from common import (
     write_results,
 )
 
-# Extra warpformer rows (--wf-variants): GEMV off (cuBLASLt for every product), the [k, n]
-# products of 3-8 rows on cuBLASLt instead of the tensor-core GEMV (gemv-tc-off), a gemm-tune file
-# made for the configuration (tuned-warm: made with --warm-weights), no kernel fusion (QKV
-# preparation and norms as kernels of their own), only the attention fusion, and every fusion
-# but the parallel-residual decode step's (MLP-in product beside the attention, one launch for
-# the two output products), every fusion but the paired QKV and MLP-in products of that step,
-# every fusion but the tanh-GELU in cuBLASLt's epilogue, prompt passes without CUDA graphs
-# (exact token counts, every kernel launched), and prefill-N: prompt groups of at most N tokens.
-# The environment stays set while the variant's engine is built and timed.
-VARIANT_ENV = {
-    "gemv-off": ("WARPFORMER_GEMV", "0"),
-    "gemv-tc-off": ("WARPFORMER_GEMV_TC", "0"),
-    "unfused": ("WARPFORMER_FUSE", "0"),
-    "attention-only": ("WARPFORMER_FUSE", "attention,activation"),
-    "parallel-off": ("WARPFORMER_FUSE", "attention,norms,activation"),
-    "pair-off": ("WARPFORMER_FUSE", "attention,norms,parallel,activation"),
-    "activation-off": ("WARPFORMER_FUSE", "attention,norms,parallel,pair"),
-    "prompt-graphs-off": ("WARPFORMER_PROMPT_GRAPHS", "0"),
-}
-VARIANTS = (*VARIANT_ENV, "tuned", "tuned-warm", "prefill-N")
+# Extra warpformer rows (--wf-variants), each an engine built with other engine options
+# (warpformer.options.EngineOptions) over the same weights: graphs-off (cuda_graphs=False: decode
+# steps and prompt passes launched kernel by kernel, prompts over their exact token count),
+# prefill-N (prefill_tokens=N: prompt groups of at most N tokens), and tuned / tuned-warm (a
+# gemm-tune file made for the configuration, given as gemm_config; tuned-warm: made with
+# --warm-weights). The fused paths' old switches are gone (benchmarks/HISTORY.md keeps their A/Bs).
+VARIANT_OPTIONS: dict[str, dict[str, Any]] = {"graphs-off": {"cuda_graphs": False}}
+VARIANTS = (*VARIANT_OPTIONS, "tuned", "tuned-warm", "prefill-N")
+# Variants of switches the engine no longer has (issue 50): refused with that reason.
+REMOVED_VARIANTS = ("gemv-off", "gemv-tc-off", "unfused", "attention-only", "parallel-off",
+                    "pair-off", "activation-off", "prompt-graphs-off")
 ENGINES = ("warpformer", *(f"warpformer-{v}" for v in VARIANTS), "hf-eager", "hf-compiled")
 # Issue 6 targets: decode ms/step at batch 1, 128 in / 128 out, real layer counts.
 TARGETS_MS = {"gpt2-medium": 0.26, "bloom-560m": 0.40, "gpt-j-6b": 3.3}
@@ -158,17 +147,23 @@ def _lengths(text: str) -> list[tuple[int, int]]:
     return out
 
 
-def variant_env(variant: str) -> dict[str, str]:
-    """The environment a --wf-variants name sets while the engine is built."""
-    if variant in VARIANT_ENV:
-        return dict([VARIANT_ENV[variant]])
+def variant_options(variant: str) -> dict[str, Any]:
+    """The engine options (``EngineOptions`` keywords) a --wf-variants name sets, other than the
+    tuned variants' ``gemm_config`` (made per configuration by ``run_warpformer``)."""
+    if variant in VARIANT_OPTIONS:
+        return dict(VARIANT_OPTIONS[variant])
     if re.fullmatch(r"prefill-[1-9][0-9]*", variant):
-        return {"WARPFORMER_PREFILL_TOKENS": variant.split("-", 1)[1]}
+        return {"prefill_tokens": int(variant.split("-", 1)[1])}
     return {}
 
 
 def _variants(text: str) -> list[str]:
     names = [t.strip() for t in text.split(",") if t.strip()]
+    gone = [n for n in names if n in REMOVED_VARIANTS]
+    if gone:
+        raise argparse.ArgumentTypeError(
+            f"variant(s) {gone} switched off a path the engine now always runs (the switch was "
+            f"removed; benchmarks/HISTORY.md keeps its A/B); choose from {VARIANTS}")
     bad = [n for n in names
            if n not in VARIANTS and not re.fullmatch(r"prefill-[1-9][0-9]*", n)]
     if bad:
@@ -197,24 +192,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--hf-repeats", type=int, default=None, help="timed HF calls (3; quick 2)")
     ap.add_argument("--skip-hf", action="store_true", help="warpformer only")
     ap.add_argument("--wf-variants", type=_variants, default=[],
-                    help="extra warpformer rows: gemv-off (WARPFORMER_GEMV=0, cuBLASLt for "
-                         "every GEMM), gemv-tc-off (WARPFORMER_GEMV_TC=0: [k, n] products of "
-                         "3-8 rows on cuBLASLt, not the tensor-core GEMV), tuned (a gemm-tune "
-                         "file made for the configuration), "
-                         "tuned-warm (the same, timed on one weight copy, warm in L2), "
-                         "unfused (WARPFORMER_FUSE=0: QKV preparation and norms as kernels of "
-                         "their own), attention-only (WARPFORMER_FUSE=attention,activation: "
-                         "norms as kernels of their own), parallel-off "
-                         "(WARPFORMER_FUSE=attention,norms,activation: "
-                         "a parallel-residual layer's four products one after another), "
-                         "pair-off (WARPFORMER_FUSE=attention,norms,parallel,activation: that "
-                         "layer's QKV and MLP-in products as two launches, the MLP-in beside "
-                         "the attention), "
-                         "activation-off (WARPFORMER_FUSE=attention,norms,parallel,pair: tanh-GELU "
-                         "as a kernel after cuBLASLt's product), prompt-graphs-off "
-                         "(WARPFORMER_PROMPT_GRAPHS=0: prompt passes launched kernel by kernel "
-                         "over their exact token count), prefill-N "
-                         "(WARPFORMER_PREFILL_TOKENS=N: prompt groups of at most N tokens)")
+                    help="extra warpformer rows, each an engine built with other engine "
+                         "options over the same weights: graphs-off (cuda_graphs=False: every "
+                         "kernel launched eagerly, prompts over their exact token count), "
+                         "prefill-N (prefill_tokens=N: prompt groups of at most N tokens), "
+                         "tuned (gemm_config: a gemm-tune file made for the configuration), "
+                         "tuned-warm (the same, timed on one weight copy, warm in L2)")
     ap.add_argument("--hf-compile", choices=("none", "target", "all"), default="target",
                     help="HF static cache + compiled forward on: none, the target configuration "
                          "(batch 1, 128/128; default) or every configuration (slow)")
@@ -340,18 +323,17 @@ def run_warpformer(weights, config, shape: ModelShape, row: Row,
                    prompts: torch.Tensor, reps: int, variant: str = "",
                    out_dir: Path = DEFAULT_RESULTS_DIR) -> torch.Tensor:
     from warpformer.models.gpt import build_gpt_model
+    from warpformer.options import EngineOptions
 
     B, n_in, n_out = row.config
-    gemm_config = ""
+    gemm_config = None
     if variant in ("tuned", "tuned-warm"):
         gemm_config, changed = tuning_file(config, row.config, out_dir, variant == "tuned-warm")
         row.note = f"{variant}: {changed} shapes off the heuristic's first choice"
-    # Restored (or removed) on return; WARPFORMER_PROMPT_GRAPHS is read per call.
-    with mock.patch.dict(os.environ, variant_env(variant)):
-        return _time_warpformer(build_gpt_model(config, weights, dtype=torch.float16,
-                                                max_batch=B, max_seq_len=n_in + n_out,
-                                                gemm_config=gemm_config),
-                                shape, row, prompts, reps)
+    options = EngineOptions(gemm_config=gemm_config, **variant_options(variant))
+    return _time_warpformer(build_gpt_model(config, weights, dtype=torch.float16, max_batch=B,
+                                            max_seq_len=n_in + n_out, options=options),
+                            shape, row, prompts, reps)
 
 
 def _time_warpformer(engine, shape: ModelShape, row: Row, prompts: torch.Tensor,

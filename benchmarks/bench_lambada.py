@@ -30,13 +30,11 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import numpy as np
 import torch
@@ -171,34 +169,43 @@ def _timed_batches(gpt: Any, lists: list[list[list[int]]], out_lens: list[int], 
 
 
 def run_warpformer(model_dir: Path, samples: list[Sample], batches: list[list[int]],
-                   batch: int, end_id: int, warmup: int, ab_env: tuple[str, str] | None = None,
-                   in_flight: tuple[int, ...] = ()
+                   batch: int, end_id: int, warmup: int,
+                   ab_options: dict[str, Any] | None = None, in_flight: tuple[int, ...] = ()
                    ) -> dict[str, tuple[float, float, list[list[int]]]]:
     """(seconds, peak GB, tokens) of one engine instance, called two ways: ``warpformer``, the
     TorchScript class's ``generate`` on packed GPU tensors, and ``warpformer-api``,
     ``warpformer.GPT.generate`` on token lists as ``warpformer lambada`` calls it (its input
-    checks, option handling and list outputs included). With ``ab_env`` (NAME, VALUE), four more
-    passes of the class's ``generate`` on the same instance, alternating without and with that
-    environment variable set (read by the engine per call): ``warpformer-again-K`` and
-    ``warpformer-NAME=VALUE-K`` for K = 1, 2, an A/B in which both sides meet the same cached
-    GEMM plans; and each in-flight row again with the variable set
-    (``warpformer-in-flight-N-NAME=VALUE``, right after the row without it)."""
+    checks, option handling and list outputs included). With ``ab_options`` (``EngineOptions``
+    keywords), a second instance over the same weights built with them (``B``, labelled by
+    ``ab_label``), warmed by one untimed pass, and four more passes of the class's ``generate``
+    alternating between the two instances: ``warpformer-again-K`` and ``warpformer-B-K`` for
+    K = 1, 2, an A/B in which both sides have met every GEMM shape of the workload; and each
+    in-flight row again on that instance (``warpformer-in-flight-N-B``, right after the row
+    without it; its replicas take its options). The peak memory of every row timed once the
+    second instance exists counts both instances."""
     from warpformer.gpt import GPT
     from warpformer.models.gpt import build_gpt_model
+    from warpformer.options import EngineOptions
     from warpformer.weights import load_weights, read_config
 
     config = read_config(model_dir)
     weights = load_weights(model_dir, dtype=torch.float16, device="cuda")
     max_len = max(len(s.context) for s in samples) + max(TARGET_LENS)
-    engine = build_gpt_model(config, weights, dtype=torch.float16,
-                             max_batch=batch, max_seq_len=max_len)
+
+    def build(options: dict[str, Any]) -> Any:
+        return build_gpt_model(config, weights, dtype=torch.float16, max_batch=batch,
+                               max_seq_len=max_len, options=EngineOptions(**options))
+
+    engine = build({})
     packed = [pack(samples, b, left=False) for b in batches]
     out_lens = [max(samples[i].target_len for i in b) for b in batches]
 
-    def step(i: int) -> torch.Tensor:
-        ids, lens = packed[i]
-        out, _ = engine.generate(ids.cuda(), lens.cuda(), out_lens[i], end_id)
-        return out.cpu()
+    def stepper(eng: Any):
+        def step(i: int) -> torch.Tensor:
+            ids, lens = packed[i]
+            out, _ = eng.generate(ids.cuda(), lens.cuda(), out_lens[i], end_id)
+            return out.cpu()
+        return step
 
     def class_tokens(outs: list[torch.Tensor]) -> list[list[int]]:
         """Each sample's generated target tokens from the class's [batch, 1, len] outputs."""
@@ -210,10 +217,13 @@ def run_warpformer(model_dir: Path, samples: list[Sample], batches: list[list[in
         return toks
 
     results = {}
-    seconds, peak, outs = _timed_loop(step, batches, warmup)
+    seconds, peak, outs = _timed_loop(stepper(engine), batches, warmup)
     results["warpformer"] = (seconds, peak, class_tokens(outs))
 
-    gpt = GPT(engine, config, "cuda", torch.float16, torch.device("cuda"))
+    def api(eng: Any) -> GPT:
+        return GPT(eng, config, "cuda", torch.float16, torch.device("cuda"))
+
+    gpt = api(engine)
     lists = [[samples[i].context.tolist() for i in b] for b in batches]
 
     def api_step(i: int) -> list[list[int]]:
@@ -231,20 +241,19 @@ def run_warpformer(model_dir: Path, samples: list[Sample], batches: list[list[in
     seconds, peak, outs = _timed_loop(api_step, batches, warmup)
     results["warpformer-api"] = (seconds, peak, list_tokens(outs))
 
-    if ab_env is not None:
-        name, value = ab_env
+    sides = [("", gpt)]
+    if ab_options is not None:
+        label = ab_label(ab_options)
+        other = build(ab_options)
+        _timed_loop(stepper(other), batches, warmup)  # untimed: plans every GEMM shape
         for k in (1, 2):
-            for label, env in (("again", {}), (f"{name}={value}", {name: value})):
-                with mock.patch.dict(os.environ, env):
-                    seconds, peak, outs = _timed_loop(step, batches, warmup)
-                results[f"warpformer-{label}-{k}"] = (seconds, peak, class_tokens(outs))
-    sides = [("", {})]
-    if ab_env is not None:
-        sides.append((f"-{ab_env[0]}={ab_env[1]}", dict([ab_env])))
+            for name, eng in (("again", engine), (label, other)):
+                seconds, peak, outs = _timed_loop(stepper(eng), batches, warmup)
+                results[f"warpformer-{name}-{k}"] = (seconds, peak, class_tokens(outs))
+        sides.append((f"-{label}", api(other)))
     for n in in_flight:
-        for suffix, env in sides:
-            with mock.patch.dict(os.environ, env):
-                seconds, peak, outs = _timed_batches(gpt, lists, out_lens, end_id, n)
+        for suffix, side in sides:
+            seconds, peak, outs = _timed_batches(side, lists, out_lens, end_id, n)
             results[f"warpformer-in-flight-{n}{suffix}"] = (seconds, peak, list_tokens(outs))
     return results
 
@@ -271,23 +280,54 @@ def run_hf(hf, samples: list[Sample], batches: list[list[int]],
 
 
 # --------------------------------------------------------------------------- driver
-# The variables the engine reads on every call (csrc/models/gpt/gpt_step_graphs.cpp): the only
-# ones --ab-env can toggle between passes on one engine. The others are read when an engine is
-# built or once per process, so on one engine both sides would run alike (bench_generate.py's
-# --wf-variants builds an engine per variant).
-PER_CALL_ENV = ("WARPFORMER_CUDA_GRAPHS", "WARPFORMER_SHARED_GRAPHS", "WARPFORMER_PROMPT_GRAPHS")
+# The engine options --ab-options may set (warpformer.options.EngineOptions), each parsed from
+# its text; peer_allreduce is left out: this benchmark runs one GPU, where it changes nothing.
+AB_OPTIONS = ("cuda_graphs", "prefill_tokens", "gemm_config")
 
 
-def _name_value(text: str) -> tuple[str, str]:
-    name, sep, value = text.partition("=")
-    if not sep or not name.strip():
-        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
-    if name.strip() not in PER_CALL_ENV:
-        raise argparse.ArgumentTypeError(
-            f"{name.strip()} is not read by the engine per call, so an A/B on one engine would "
-            f"run both sides alike; --ab-env takes one of {', '.join(PER_CALL_ENV)} (for other "
-            "variables use bench_generate.py --wf-variants, which builds an engine per variant)")
-    return name.strip(), value
+def _option_value(name: str, text: str) -> Any:
+    if name == "cuda_graphs":
+        if text not in ("True", "False", "true", "false", "1", "0"):
+            raise ValueError(f"cuda_graphs must be True or False, got {text!r}")
+        return text in ("True", "true", "1")
+    if name == "prefill_tokens":
+        if not text.isdigit():
+            raise ValueError(f"prefill_tokens must be a number of tokens, got {text!r}")
+        return int(text)
+    if not Path(text).is_file():
+        raise ValueError(f"gemm_config: no file {text!r}")
+    return text
+
+
+def _ab_options(text: str) -> dict[str, Any]:
+    """``"cuda_graphs=False,prefill_tokens=512"`` -> EngineOptions keywords, checked by
+    ``EngineOptions`` itself; the error names the rule (argparse adds the argument)."""
+    options: dict[str, Any] = {}
+    try:
+        for item in text.split(","):
+            name, sep, value = (x.strip() for x in item.partition("="))
+            if not sep or not name or not value:
+                raise ValueError(f"expected NAME=VALUE, got {item.strip()!r}")
+            if name not in AB_OPTIONS:
+                raise ValueError(f"{name} is not an engine option this A/B can set; NAME is one "
+                                 f"of {', '.join(AB_OPTIONS)}")
+            if name in options:
+                raise ValueError(f"{name} is given twice")
+            options[name] = _option_value(name, value)
+        from warpformer.options import EngineOptions
+
+        if EngineOptions(**options) == EngineOptions():
+            raise ValueError("these are the default options: both sides would run alike")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return options
+
+
+def ab_label(options: dict[str, Any]) -> str:
+    """The row-name part of an --ab-options instance: ``cuda_graphs=False,prefill_tokens=512``
+    (a tuning file by its name only)."""
+    return ",".join(f"{k}={Path(v).name if k == 'gemm_config' else v}"
+                    for k, v in options.items())
 
 
 def _counts(text: str) -> tuple[int, ...]:
@@ -317,11 +357,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out-dir", type=Path, default=DEFAULT_RESULTS_DIR)
     ap.add_argument("--quick", action="store_true", help="1000 samples")
     ap.add_argument("--dry-run", action="store_true", help="print the workload; no GPU")
-    ap.add_argument("--ab-env", type=_name_value, default=None, metavar="NAME=VALUE",
-                    help="A/B: four more passes of the class's generate on the same engine, "
-                         "alternating without and with this environment variable, and each "
-                         "--in-flight row again with it; NAME must be one the engine reads per "
-                         f"call: {', '.join(PER_CALL_ENV)}")
+    ap.add_argument("--ab-options", type=_ab_options, default=None, metavar="NAME=VALUE[,...]",
+                    help="A/B: a second engine instance over the same weights built with these "
+                         "engine options (e.g. cuda_graphs=False, prefill_tokens=512, "
+                         "gemm_config=FILE), then four passes of the class's generate "
+                         "alternating between the two instances, and each --in-flight row "
+                         "again on the second")
     ap.add_argument("--in-flight", type=_counts, default=(1, 2, 3), metavar="N[,N...]|none",
                     help="also time GPT.generate_batches on token lists with N batches in "
                          "flight (N engine instances over the same weights, a CUDA stream "
@@ -384,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for name, (sec, peak, toks) in run_warpformer(
                 prep.model_dir, samples, batches, args.batch, shape.vocab - 1,
-                args.warmup, args.ab_env, args.in_flight).items():
+                args.warmup, args.ab_options, args.in_flight).items():
             results[name], tokens[name] = {"seconds": sec, "peak_gb": peak}, toks
     except Exception as exc:  # noqa: BLE001
         results["warpformer"] = {"error": short_error(exc)}

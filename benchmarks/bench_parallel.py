@@ -3,14 +3,9 @@ default) at tensor/pipeline-parallel sizes, each configuration run under torchru
 
     python benchmarks/bench_parallel.py --grids 1x1,2x1,2x1-nccl,1x2 --batches 1,64 --out-dir OUT
 
-A grid's suffix picks a comparison variant: "-nccl" runs with WARPFORMER_PEER_ALLREDUCE=0 (every
-all-reduce through NCCL instead of the one-shot peer all-reduce), "-whole" with
-WARPFORMER_PP_DECODE_SPLIT=0 (pipeline stages run each decode step whole instead of splitting it
-into one micro-batch per stage), "-parallel-off" with WARPFORMER_FUSE=attention,norms,activation
-(a parallel-residual layer's four decode products one after another, instead of the MLP-in product
-beside the attention and one launch for the two output products), "-early-off" with
-WARPFORMER_PEER_EARLY_START=0 (the peer all-reduce lets the next kernel start only when it ends,
-not as soon as it runs), to show what each is worth.
+A grid's suffix picks a comparison variant, an engine option its ranks build the model with:
+"-nccl" runs with peer_allreduce=False (every all-reduce through NCCL instead of the one-shot
+peer all-reduce), to show what that is worth.
 
 The parent builds the model once on the GPU (benchmarks/common.py), converts it for every tensor-
 parallel size needed, then launches `torchrun --nproc-per-node tp*pp` of this script in worker
@@ -27,36 +22,56 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
-# grid suffix -> (environment of its ranks, what the table calls it)
-VARIANTS = {
+# grid suffix -> (engine options of its ranks, EngineOptions keywords; what the table calls it)
+VARIANTS: dict[str, tuple[dict[str, Any], str]] = {
     "auto": ({}, ""),
-    "nccl": ({"WARPFORMER_PEER_ALLREDUCE": "0"}, "NCCL all-reduce"),
-    "whole": ({"WARPFORMER_PP_DECODE_SPLIT": "0"}, "whole decode steps"),
-    "parallel-off": ({"WARPFORMER_FUSE": "attention,norms,activation"},
-                     "parallel-residual fusion off"),
-    "early-off": ({"WARPFORMER_PEER_EARLY_START": "0"}, "peer all-reduce starts no kernel early"),
+    "nccl": ({"peer_allreduce": False}, "NCCL all-reduce"),
 }
+# Suffixes of switches the engine no longer has (issue 50): refused with that reason.
+REMOVED_VARIANTS = ("whole", "parallel-off", "early-off")
 
 
 def parse_grids(text: str) -> list[tuple[int, int, str]]:
-    """"2x1,1x2-whole" -> [(2, 1, "auto"), (1, 2, "whole")]: TPxPP with an optional variant."""
+    """"1x2,2x1-nccl" -> [(1, 2, "auto"), (2, 1, "nccl")]: TPxPP with an optional variant."""
     grids = []
     for g in text.split(","):
         dims, _, variant = g.partition("-")
         tp, _, pp = dims.partition("x")
         if not (tp.isdigit() and pp.isdigit() and int(tp) > 0 and int(pp) > 0):
             raise SystemExit(f"--grids: '{g}' is not TPxPP with positive sizes (e.g. 2x1)")
+        if variant in REMOVED_VARIANTS:
+            raise SystemExit(f"--grids: '-{variant}' in '{g}' switched off a path the engine now "
+                             f"always runs (the switch was removed; benchmarks/HISTORY.md keeps "
+                             f"its A/B)")
         if (variant or "auto") not in VARIANTS:
             raise SystemExit(f"--grids: unknown variant '-{variant}' in '{g}' (known: "
                              f"{', '.join('-' + v for v in VARIANTS if v != 'auto')})")
         grids.append((int(tp), int(pp), variant or "auto"))
     return grids
+
+
+def worker_argv(model_dir: Path, tp: int, pp: int, variant: str, args: argparse.Namespace,
+                result: Path, end_id: int) -> list[str]:
+    """This script's arguments for the ranks of one grid: worker mode, the grid's shards and
+    sizes, the workload, and the variant's engine options (``--options``, JSON)."""
+    return ["--worker", "--model-dir", str(model_dir), "--tp", str(tp), "--pp", str(pp),
+            "--batches", ",".join(map(str, args.batches)), "--input-len", str(args.input_len),
+            "--output-len", str(args.output_len), "--result", str(result),
+            "--end-id", str(end_id), "--options", json.dumps(VARIANTS[variant][0])]
+
+
+def worker_options(text: str) -> Any:
+    """The ``EngineOptions`` of a worker's ``--options`` JSON."""
+    from warpformer.options import EngineOptions
+
+    return EngineOptions(**json.loads(text))
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -66,7 +81,8 @@ def worker(args: argparse.Namespace) -> None:
     model = distributed.load_gpt_model(args.model_dir, dtype=torch.float16,
                                        tensor_para_size=args.tp, pipeline_para_size=args.pp,
                                        max_batch=max(args.batches),
-                                       max_seq_len=args.input_len + args.output_len)
+                                       max_seq_len=args.input_len + args.output_len,
+                                       options=worker_options(args.options))
     ctx = distributed.get_context()
     rows = []
     for b in args.batches:
@@ -95,10 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="gpt-j-6b", help="a shape of benchmarks/common.py")
     ap.add_argument("--grids", default="1x1,2x1,1x2",
-                    help="TPxPP list; suffix -nccl: all-reduces through NCCL only, -whole: "
-                         "pipeline decode steps not split, -parallel-off: parallel-residual "
-                         "decode fusion off, -early-off: no early start after the peer "
-                         "all-reduce")
+                    help="TPxPP list; suffix -nccl: peer_allreduce=False (all-reduces through "
+                         "NCCL only)")
     ap.add_argument("--batches", default="1,64")
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=64)
@@ -110,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pp", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
     ap.add_argument("--end-id", type=int, default=50399, help=argparse.SUPPRESS)
+    ap.add_argument("--options", default="{}", help=argparse.SUPPRESS)  # EngineOptions, JSON
     args = ap.parse_args(argv)
     args.batches = [int(x) for x in str(args.batches).split(",")]
     if args.worker:
@@ -138,14 +153,10 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for tp, pp, variant in grids:
         result = args.out_dir / f"parallel_{tp}x{pp}-{variant}.json"
-        res = common.run_ranks(tp * pp, __file__, [
-            "--worker", "--model-dir", str(root / f"{tp}-gpu"), "--tp", str(tp), "--pp", str(pp),
-            "--batches", ",".join(map(str, args.batches)), "--input-len", str(args.input_len),
-            "--output-len", str(args.output_len), "--result", str(result),
-            # bench models zero the last output-embedding row: that token never wins
-            "--end-id", str(shape.vocab - 1)],
-            result, timeout=400,
-            env=VARIANTS[variant][0])
+        # bench models zero the last output-embedding row: that token never wins
+        res = common.run_ranks(tp * pp, __file__,
+                               worker_argv(root / f"{tp}-gpu", tp, pp, variant, args, result,
+                                           shape.vocab - 1), result, timeout=400)
         if "error" in res:
             results.append({"tp": tp, "pp": pp, "variant": variant, "error": res["error"]})
             common.log(f"{tp}x{pp} failed: {res['error']}")

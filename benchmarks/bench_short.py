@@ -1,7 +1,8 @@
 """Short generations: milliseconds per ``generate()`` call against the number of new tokens,
-with the decode steps launched kernel by kernel (``eager``: ``WARPFORMER_CUDA_GRAPHS=0``) and
-replayed from a CUDA graph (``graphs``: the default, captured on the third step of a session),
-plus the GPU's busy time and kernel count per call (torch profiler, graphs). LAMBADA-style
+on an engine launching every kernel itself (``eager``: built with ``cuda_graphs=False``) and on
+one replaying decode steps and prompt passes from CUDA graphs (``graphs``: the default; a step
+graph is captured on the third step of a session), two instances over the same weights, plus the
+GPU's busy time and kernel count per call (torch profiler, graphs). LAMBADA-style
 evaluation generates 1-3 tokens per batch: this splits such a call into the prompt plus first
 token (1 new token) and each further token, and shows what the graph costs and saves there.
 
@@ -15,11 +16,9 @@ call runs exactly the asked number of steps. CUDA events around each call, media
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from unittest import mock
 
 import torch
 
@@ -83,17 +82,29 @@ def gpu_busy(fn: Callable[[], object]) -> tuple[float, int]:
     return sum(e.device_time_total for e in kernels) / 1000.0, len(kernels)
 
 
-def time_calls(generate: Callable[[int], object], outputs: list[int], reps: int,
-               env: dict[str, str]) -> dict[int, float]:
-    """Median ms per ``generate(n)`` for each n, with ``env`` set around every call."""
-    with mock.patch.dict(os.environ, env):  # restored (or removed) afterwards
-        return {n: common.median(common.time_cuda(lambda n=n: generate(n), warmup=3, reps=reps))
-                for n in outputs}
+def time_calls(generate: Callable[[int], object], outputs: list[int],
+               reps: int) -> dict[int, float]:
+    """Median ms per ``generate(n)`` for each n."""
+    return {n: common.median(common.time_cuda(lambda n=n: generate(n), warmup=3, reps=reps))
+            for n in outputs}
+
+
+def engines(config: object, weights: dict[str, torch.Tensor], batch: int,
+            max_len: int) -> dict[str, object]:
+    """One engine instance per setting over the same weights (``cuda_graphs`` is fixed when an
+    instance is built): ``eager`` with ``cuda_graphs=False``, ``graphs`` with the default."""
+    from warpformer.models.gpt import build_gpt_model
+    from warpformer.options import EngineOptions
+
+    return {setting: build_gpt_model(config, weights, dtype=torch.float16, max_batch=batch,
+                                      max_seq_len=max_len,
+                                      options=EngineOptions(cuda_graphs=setting == "graphs"))
+            for setting in SETTINGS}
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from warpformer.models.gpt import load_gpt_model
+    from warpformer.weights import load_weights, read_config
 
     shape = common.parse_models(args.model)[0]
     prep = common.prepare_model(shape, args.cache_dir.expanduser(), seed=0, need_hf=False)
@@ -102,15 +113,16 @@ def main(argv: list[str] | None = None) -> int:
     lens = torch.full((args.batch,), args.input_len, dtype=torch.int32, device="cuda")
     end = shape.vocab - 1  # never produced by the prepared models
     max_len = args.input_len + max(args.outputs)
-    model = load_gpt_model(prep.model_dir, dtype=torch.float16, max_batch=args.batch,
-                           max_seq_len=max_len)
+    config = read_config(prep.model_dir)
+    weights = load_weights(prep.model_dir, dtype=torch.float16, device="cuda")
+    models = engines(config, weights, args.batch, max_len)
 
-    def gen(n: int) -> object:
-        return model.generate(ids, lens, n, end)
+    def generator(setting: str) -> Callable[[int], object]:
+        return lambda n: models[setting].generate(ids, lens, n, end)
 
-    # WARPFORMER_CUDA_GRAPHS is read at every decode step.
-    ms = {"eager": time_calls(gen, args.outputs, args.repeats, {"WARPFORMER_CUDA_GRAPHS": "0"}),
-          "graphs": time_calls(gen, args.outputs, args.repeats, {"WARPFORMER_CUDA_GRAPHS": "1"})}
+    ms = {setting: time_calls(generator(setting), args.outputs, args.repeats)
+          for setting in SETTINGS}
+    gen = generator("graphs")
     busy = {n: gpu_busy(lambda n=n: gen(n)) for n in args.outputs}
     for setting, row in ms.items():
         common.log(f"{setting}: " + ", ".join(f"{n}: {v:.3f} ms" for n, v in row.items()))

@@ -1,10 +1,12 @@
 """CPU tests of the end-to-end benchmark scripts (benchmarks/common.py, bench_generate.py,
-bench_lambada.py): the model-shape table, the floor arithmetic, derived metrics and speedups,
-table formatting, argument parsing, the synthetic LAMBADA workload and the dry runs. Nothing here
+bench_lambada.py, bench_parallel.py, bench_short.py): the model-shape table, the floor
+arithmetic, derived metrics and speedups, table formatting, argument parsing, the engine options
+each variant builds its engine with, the synthetic LAMBADA workload and the dry runs. Nothing here
 needs a GPU; the timed paths run on the device machine."""
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import json
 import math
@@ -166,55 +168,63 @@ def test_generate_args_rejected(argv):
         bench_generate.parse_args(argv)
 
 
-def test_variants_parsed_and_their_environment(monkeypatch):
-    """Each --wf-variants entry names the environment its engine is built and timed under, set
-    only while that engine is built and timed (the next engine gets the caller's environment
-    back)."""
-    a = bench_generate.parse_args(["--wf-variants",
-                                   "attention-only,unfused,gemv-off,tuned,parallel-off"])
-    assert a.wf_variants == ["attention-only", "unfused", "gemv-off", "tuned", "parallel-off"]
-    with pytest.raises(SystemExit):
-        bench_generate.parse_args(["--wf-variants", "norms-only"])
+def _warpformer_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k.startswith("WARPFORMER_")}
+
+
+def test_variants_parsed_and_their_options(monkeypatch, tmp_path):
+    """Each --wf-variants entry names the engine options its engine is built with (passed to
+    build_gpt_model, not through the environment), and that engine is the one timed; variants of
+    removed switches are refused with that reason."""
+    from warpformer.options import EngineOptions
+
+    a = bench_generate.parse_args(["--wf-variants", "graphs-off,prefill-512,tuned,tuned-warm"])
+    assert a.wf_variants == ["graphs-off", "prefill-512", "tuned", "tuned-warm"]
+    for bad in ("norms-only", "prefill-0", "prefill-x"):
+        with pytest.raises(SystemExit):
+            bench_generate.parse_args(["--wf-variants", bad])
+    for gone in bench_generate.REMOVED_VARIANTS:
+        with pytest.raises(argparse.ArgumentTypeError, match="the switch was removed"):
+            bench_generate._variants(f"graphs-off,{gone}")
+    assert bench_generate.variant_options("graphs-off") == {"cuda_graphs": False}
+    assert bench_generate.variant_options("prefill-512") == {"prefill_tokens": 512}
+    assert bench_generate.variant_options("") == bench_generate.variant_options("tuned") == {}
     import warpformer.models.gpt as gpt_models
 
-    seen = []
-
-    class Built(Exception):
+    class Timed(Exception):
         pass
 
-    def fake_build(*args, **kwargs):
-        seen.append({k: os.environ.get(k) for k in ("WARPFORMER_FUSE", "WARPFORMER_GEMV")})
-        raise Built
+    built, timed = [], []
+    env = _warpformer_env()
 
-    monkeypatch.setattr(gpt_models, "build_gpt_model", fake_build)
-    monkeypatch.setenv("WARPFORMER_FUSE", "1")
-    monkeypatch.delenv("WARPFORMER_GEMV", raising=False)
-    row = bench_generate.Row("gpt2-medium", "warpformer", 1, 8, 4)
-    for variant in ("attention-only", "unfused", "gemv-off", ""):
-        with pytest.raises(Built):
-            bench_generate.run_warpformer(None, None, SHAPES["gpt2-medium"], row, None, 1,
-                                          variant)
-    assert seen == [{"WARPFORMER_FUSE": "attention,activation", "WARPFORMER_GEMV": None},
-                    {"WARPFORMER_FUSE": "0", "WARPFORMER_GEMV": None},
-                    {"WARPFORMER_FUSE": "1", "WARPFORMER_GEMV": "0"},
-                    {"WARPFORMER_FUSE": "1", "WARPFORMER_GEMV": None}]
-    assert os.environ["WARPFORMER_FUSE"] == "1" and "WARPFORMER_GEMV" not in os.environ
-    # WARPFORMER_PROMPT_GRAPHS is read per call: it must still be set while the engine is timed.
-    timed = []
+    def fake_build(config, weights, **kwargs):
+        assert _warpformer_env() == env  # nothing set around the build
+        built.append(kwargs)
+        return f"engine-{len(built)}"
 
     def fake_time(engine, *args):
-        timed.append((engine, os.environ.get("WARPFORMER_PROMPT_GRAPHS")))
-        raise Built
+        timed.append(engine)
+        raise Timed
 
-    monkeypatch.setattr(gpt_models, "build_gpt_model", lambda *a, **k: "engine")
+    tuned = tmp_path / "tuned.tsv"
+    monkeypatch.setattr(gpt_models, "build_gpt_model", fake_build)
     monkeypatch.setattr(bench_generate, "_time_warpformer", fake_time)
-    monkeypatch.delenv("WARPFORMER_PROMPT_GRAPHS", raising=False)
-    for variant in ("prompt-graphs-off", ""):
-        with pytest.raises(Built):
-            bench_generate.run_warpformer(None, None, SHAPES["gpt2-medium"], row, None, 1,
-                                          variant)
-    assert timed == [("engine", "0"), ("engine", None)]
-    assert "WARPFORMER_PROMPT_GRAPHS" not in os.environ
+    monkeypatch.setattr(bench_generate, "tuning_file",
+                        lambda config, cfg, out_dir, warm: (str(tuned) + ("-warm" * warm), 3))
+    row = bench_generate.Row("gpt2-medium", "warpformer", 2, 8, 4)
+    variants = ("graphs-off", "prefill-512", "tuned", "tuned-warm", "")
+    for variant in variants:
+        with pytest.raises(Timed):
+            bench_generate.run_warpformer("weights", "config", SHAPES["gpt2-medium"], row, None,
+                                          1, variant, tmp_path)
+    assert [k["options"] for k in built] == [
+        EngineOptions(cuda_graphs=False), EngineOptions(prefill_tokens=512),
+        EngineOptions(gemm_config=str(tuned)), EngineOptions(gemm_config=f"{tuned}-warm"),
+        EngineOptions()]
+    assert all((k["max_batch"], k["max_seq_len"]) == (2, 12) for k in built)
+    assert timed == [f"engine-{i}" for i in range(1, len(variants) + 1)]
+    assert row.note == "tuned-warm: 3 shapes off the heuristic's first choice"
+    assert _warpformer_env() == env
 
 
 def test_configs_and_compiled_selection():
@@ -342,19 +352,117 @@ def test_lambada_args_and_dry_run(capsys):
         bench_lambada.parse_args(["--samples", "0"])
     assert bench_lambada.main(["--dry-run", "--samples", "100"]) == 0
     assert "| 100 | 13 |" in capsys.readouterr().out
-    assert a.ab_env is None
-    assert bench_lambada.parse_args(["--ab-env", "WARPFORMER_SHARED_GRAPHS=0"]).ab_env == (
-        "WARPFORMER_SHARED_GRAPHS", "0")
-    for bad in ("WARPFORMER_SHARED_GRAPHS", "=0"):
+    assert a.ab_options is None
+
+
+def test_lambada_ab_options_parsed_and_checked(capsys, tmp_path):
+    """--ab-options NAME=VALUE[,...]: engine options for the second instance, each value parsed
+    and checked by EngineOptions; a bad entry is refused naming --ab-options and the rule."""
+    parse = bench_lambada.parse_args
+    assert parse(["--ab-options", "cuda_graphs=False"]).ab_options == {"cuda_graphs": False}
+    tuned = tmp_path / "tuned.tsv"
+    tuned.write_text("")
+    both = parse(["--ab-options", f"prefill_tokens=512, cuda_graphs=false,gemm_config={tuned}"])
+    assert both.ab_options == {"prefill_tokens": 512, "cuda_graphs": False,
+                               "gemm_config": str(tuned)}
+    assert bench_lambada.ab_label(both.ab_options) == (
+        "prefill_tokens=512,cuda_graphs=False,gemm_config=tuned.tsv")
+    for bad, rule in [("cuda_graphs", "expected NAME=VALUE"), ("=0", "expected NAME=VALUE"),
+                      ("prefill_tokens=", "expected NAME=VALUE"),
+                      ("cuda_graphs=maybe", "cuda_graphs must be True or False"),
+                      ("prefill_tokens=0", "prefill_tokens must be None or a number"),
+                      ("prefill_tokens=-4", "prefill_tokens must be a number of tokens"),
+                      ("peer_allreduce=False", "not an engine option this A/B can set"),
+                      ("WARPFORMER_CUDA_GRAPHS=0", "not an engine option this A/B can set"),
+                      ("cuda_graphs=True", "both sides would run alike"),
+                      ("cuda_graphs=False,cuda_graphs=True", "given twice"),
+                      (f"gemm_config={tmp_path / 'none.tsv'}", "gemm_config: no file")]:
         with pytest.raises(SystemExit):
-            bench_lambada.parse_args(["--ab-env", bad])
-    # A variable read when the engine is built would give both sides the same engine: refused,
-    # naming the variable and the rule.
-    with pytest.raises(SystemExit):
-        bench_lambada.parse_args(["--ab-env", "WARPFORMER_GEMV=0"])
-    err = capsys.readouterr().err
-    assert "WARPFORMER_GEMV is not read by the engine per call" in err
-    assert "WARPFORMER_PROMPT_GRAPHS" in err
+            parse(["--ab-options", bad])
+        err = capsys.readouterr().err
+        assert "--ab-options" in err and rule in err, (bad, err)
+    with pytest.raises(SystemExit):  # the environment A/B is gone
+        parse(["--ab-env", "WARPFORMER_SHARED_GRAPHS=0"])
+
+
+def test_lambada_ab_runs_a_second_instance(monkeypatch):
+    """run_warpformer with ab_options: a second engine over the same weights built with those
+    options, warmed, then the timed passes alternate between the instances (and each in-flight
+    row runs again on the second), rows named after the options; nothing goes through the
+    environment. Engines, GPT and the CUDA calls are stand-ins: the harness logic runs on the
+    CPU."""
+    import warpformer.gpt as gpt_api
+    import warpformer.models.gpt as gpt_models
+    import warpformer.weights as wf_weights
+    from warpformer.options import EngineOptions
+
+    class FakeEngine:
+        def __init__(self, tag: int) -> None:
+            self.tag, self.calls = tag, 0
+
+        def generate(self, ids, lens, n, end_id):
+            self.calls += 1
+            b, s = ids.shape
+            return torch.full((b, 1, s + n), self.tag, dtype=torch.int32), None
+
+    class FakeGPT:
+        def __init__(self, engine, *args) -> None:
+            self.engine = engine
+
+        def generate(self, lists, n, end_id):
+            class Out:
+                tokens = [[[self.engine.tag] * n] for _ in lists]
+            return Out
+
+    built, engines, weights = [], [], {"w": torch.zeros(1)}
+
+    def fake_build(config, given, **kwargs):
+        assert given is weights and config == "config"
+        built.append(kwargs["options"])
+        engines.append(FakeEngine(len(built)))
+        return engines[-1]
+
+    flights = []
+
+    def fake_batches(gpt, lists, out_lens, end_id, n):
+        flights.append((gpt.engine.tag, n))
+        return 1.0, 0.5, [[[gpt.engine.tag] * k for _ in batch]
+                          for batch, k in zip(lists, out_lens, strict=True)]
+
+    env = _warpformer_env()
+    monkeypatch.setattr(wf_weights, "load_weights", lambda *a, **k: weights)
+    monkeypatch.setattr(wf_weights, "read_config", lambda d: "config")
+    monkeypatch.setattr(gpt_models, "build_gpt_model", fake_build)
+    monkeypatch.setattr(gpt_api, "GPT", FakeGPT)
+    monkeypatch.setattr(bench_lambada, "_timed_batches", fake_batches)
+    monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *a, **k: self)
+    for name in ("synchronize", "reset_peak_memory_stats"):
+        monkeypatch.setattr(torch.cuda, name, lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a, **k: 0)
+    samples = bench_lambada.make_samples(10, 1000, seed=2)
+    batches = bench_lambada.make_batches(len(samples), 4)
+    res = bench_lambada.run_warpformer(Path("dir"), samples, batches, 4, 999, 1,
+                                       {"cuda_graphs": False}, (2,))
+    assert built == [EngineOptions(), EngineOptions(cuda_graphs=False)]
+    assert list(res) == ["warpformer", "warpformer-api", "warpformer-again-1",
+                         "warpformer-cuda_graphs=False-1", "warpformer-again-2",
+                         "warpformer-cuda_graphs=False-2", "warpformer-in-flight-2",
+                         "warpformer-in-flight-2-cuda_graphs=False"]
+
+    def engine_of(name: str) -> set[int]:
+        return {t for toks in res[name][2] for t in toks}
+
+    for name in res:
+        assert engine_of(name) == ({2} if "cuda_graphs=False" in name else {1}), name
+    assert flights == [(1, 2), (2, 2)]
+    # 3 batches, 1 warm-up batch a pass: the first instance's three class passes, and the
+    # second's untimed pass before its two timed ones
+    assert [e.calls for e in engines] == [3 * 4, 3 * 4]
+    assert _warpformer_env() == env
+    # without ab_options: one engine, no A/B rows
+    built.clear()
+    res = bench_lambada.run_warpformer(Path("dir"), samples, batches, 4, 999, 1, None, ())
+    assert built == [EngineOptions()] and list(res) == ["warpformer", "warpformer-api"]
 
 
 def test_run_ranks_reads_rank0_json_and_reports_failures(tmp_path):
@@ -377,19 +485,29 @@ def test_run_ranks_reads_rank0_json_and_reports_failures(tmp_path):
     assert "ChildFailedError" in bad["error"]  # torchrun's report of the failed rank
 
 
-def test_parallel_grids_and_variants():
-    """bench_parallel's --grids: TPxPP with a comparison variant whose environment names the
-    switch it flips; malformed entries are refused with the rule."""
+def test_parallel_grids_and_variants(tmp_path):
+    """bench_parallel's --grids: TPxPP with a comparison variant, an engine option its ranks
+    build the model with (passed as worker arguments, not environment); malformed entries and
+    the removed switches' variants are refused with the rule."""
+    from warpformer.options import EngineOptions
+
     bench_parallel = importlib.import_module("bench_parallel")
-    assert bench_parallel.parse_grids("1x1,2x1-nccl,1x2,1x2-whole,2x1-parallel-off") == [
-        (1, 1, "auto"), (2, 1, "nccl"), (1, 2, "auto"), (1, 2, "whole"), (2, 1, "parallel-off")]
-    assert bench_parallel.VARIANTS["parallel-off"][0] == {
-        "WARPFORMER_FUSE": "attention,norms,activation"}
-    assert bench_parallel.parse_grids("2x1-early-off") == [(2, 1, "early-off")]
-    assert bench_parallel.VARIANTS["early-off"][0] == {"WARPFORMER_PEER_EARLY_START": "0"}
-    assert bench_parallel.VARIANTS["whole"][0] == {"WARPFORMER_PP_DECODE_SPLIT": "0"}
-    assert bench_parallel.VARIANTS["nccl"][0] == {"WARPFORMER_PEER_ALLREDUCE": "0"}
-    for bad, rule in [("2", "not TPxPP"), ("0x1", "positive"), ("2x1-fast", "unknown variant")]:
+    assert bench_parallel.parse_grids("1x1,2x1-nccl,1x2") == [
+        (1, 1, "auto"), (2, 1, "nccl"), (1, 2, "auto")]
+    assert bench_parallel.VARIANTS["nccl"][0] == {"peer_allreduce": False}
+    args = argparse.Namespace(batches=[1, 64], input_len=128, output_len=64)
+    for variant, options in (("nccl", EngineOptions(peer_allreduce=False)),
+                             ("auto", EngineOptions())):
+        argv = bench_parallel.worker_argv(tmp_path / "2-gpu", 2, 1, variant, args,
+                                          tmp_path / "r.json", 50399)
+        assert argv[:7] == ["--worker", "--model-dir", str(tmp_path / "2-gpu"), "--tp", "2",
+                            "--pp", "1"]
+        assert argv[argv.index("--batches") + 1] == "1,64"
+        assert bench_parallel.worker_options(argv[argv.index("--options") + 1]) == options
+    for bad, rule in [("2", "not TPxPP"), ("0x1", "positive"), ("2x1-fast", "unknown variant"),
+                      ("1x2-whole", "the switch was removed"),
+                      ("2x1-parallel-off", "the switch was removed"),
+                      ("2x1-early-off", "the switch was removed")]:
         with pytest.raises(SystemExit, match=rule):
             bench_parallel.parse_grids(bad)
 
@@ -411,3 +529,24 @@ def test_short_args_and_table():
     assert lines[3] == "| 3 | 7.000 | 6.000 | -1.000 | 1.250 | 3.250 | 700 |"
     partial = bench_short.table([3], {"eager": {3: 4.0}, "graphs": {}}, {})
     assert partial.splitlines()[2] == "| 3 | 4.000 | — | — | — | — | — |"
+
+
+def test_short_engines_per_setting(monkeypatch):
+    """bench_short times each setting on its own instance over the same weights: eager is built
+    with cuda_graphs=False, graphs with the default."""
+    import warpformer.models.gpt as gpt_models
+    from warpformer.options import EngineOptions
+
+    bench_short = importlib.import_module("bench_short")
+    weights = {"w": torch.zeros(1)}
+
+    def fake_build(config, given, **kwargs):
+        assert given is weights
+        return kwargs
+
+    monkeypatch.setattr(gpt_models, "build_gpt_model", fake_build)
+    made = bench_short.engines("config", weights, 8, 96)
+    assert list(made) == list(bench_short.SETTINGS) == ["eager", "graphs"]
+    assert made["eager"]["options"] == EngineOptions(cuda_graphs=False)
+    assert made["graphs"]["options"] == EngineOptions()
+    assert all((k["max_batch"], k["max_seq_len"]) == (8, 96) for k in made.values())

@@ -24,10 +24,14 @@ def test_cases_parse_and_reject() -> None:
 
 
 def test_prompt_products_follow_the_engine_groups(monkeypatch) -> None:
-    monkeypatch.delenv("WARPFORMER_FUSE", raising=False)
+    # The engine's removed switches no longer shape its products (the GELU always rides on
+    # cuBLASLt's epilogue in 16-bit types, a one-group pass always runs as a prompt graph).
+    for name in ("WARPFORMER_FUSE", "WARPFORMER_PROMPT_GRAPHS"):
+        monkeypatch.setenv(name, "0")
     shape = common.SHAPES["gpt2-medium"]
     groups, products = bench.prompt_products(shape, bench.Case(64, 128), 2048)
     assert groups == [2048] * 4
+    assert {s.epilogue for s, _ in products if s.n == 4096} == {"bias_gelu_tanh"}
     layer = [(s.m, s.n, s.k, n) for s, n in products if s.what.startswith("context")
              and not s.what.endswith("lm_head")]
     # Four products per layer per group, each counted once per layer.
@@ -47,6 +51,8 @@ def test_prompt_products_follow_the_engine_groups(monkeypatch) -> None:
     assert bench.prompt_products(shape, bench.Case(64, 128), 8192)[0] == [8192]
     groups, small = bench.prompt_products(shape, bench.Case(8, 80), 2048)
     assert groups == [640] and not [s for s, _ in small if s.what.endswith("lm_head")]
+    # 8 x 81 = 648 tokens run padded to 704 (a multiple of 64): the prompt graph's count.
+    assert bench.prompt_products(shape, bench.Case(8, 81), 2048)[0] == [704]
     assert len(small) == 4
     _, nine = bench.prompt_products(shape, bench.Case(9, 80), 2048)
     assert [s.m for s, _ in nine if s.what.endswith("lm_head")] == [9]

@@ -9,14 +9,14 @@
 #   GPU_CHECK_GROUPS="tests/gpu/test_gemm.py tests/gpu/test_decode.py" bash tools/gpu_check.sh
 #   GPU_CHECK_SKIP_TESTS=1 GPU_CHECK_BENCH="generate" bash tools/gpu_check.sh
 #   GPU_CHECK_PYTEST_EXTRA="-k 'fused or beam'" bash tools/gpu_check.sh     # extra pytest args
-# GPU_CHECK_BENCH: comma list of kernels, generate, generate-nopdl, gemv, allreduce, parallel,
-# lambada, short, gemm-shapes
+# GPU_CHECK_BENCH: comma list of kernels, generate, gemv, allreduce, parallel, lambada, short,
+# gemm-shapes
 # (default kernels,generate); GPU_CHECK_GENERATE_ARGS replaces bench_generate's default arguments,
 # GPU_CHECK_PARALLEL_MODELS / GPU_CHECK_PARALLEL_ARGS bench_parallel's, GPU_CHECK_GEMV_ROWS the
 # GEMV table's row counts, GPU_CHECK_GEMV_ARGS extra bench_kernels arguments (e.g.
 # --gemv-transposed), GPU_CHECK_ALLREDUCE_RANKS bench_allreduce's group sizes,
 # GPU_CHECK_SHORT_ARGS bench_short's arguments, GPU_CHECK_GEMM_SHAPES_ARGS bench_gemm_shapes',
-# GPU_CHECK_LAMBADA_ARGS extra bench_lambada arguments (e.g. --ab-env WARPFORMER_SHARED_GRAPHS=0).
+# GPU_CHECK_LAMBADA_ARGS extra bench_lambada arguments (e.g. --ab-options cuda_graphs=False).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/gpu_check_out}"
@@ -103,7 +103,7 @@ if [ $status -eq 0 ]; then
 
   benches=",${GPU_CHECK_BENCH:-kernels,generate},"
   [ -n "${GPU_CHECK_SKIP_BENCH:-}" ] && benches=","
-  gen_args=${GPU_CHECK_GENERATE_ARGS:-"--models gpt2-medium,bloom-560m,opt-1.3b,gpt-j-6b --batches 1,64 --lengths 128x128 --wf-variants gemv-off"}
+  gen_args=${GPU_CHECK_GENERATE_ARGS:-"--models gpt2-medium,bloom-560m,opt-1.3b,gpt-j-6b --batches 1,64 --lengths 128x128"}
   bench() {  # name, log file, command...
     local name=$1 log=$2; shift 2
     step "benchmark $name"
@@ -116,10 +116,6 @@ if [ $status -eq 0 ]; then
   fi
   if [[ $benches == *,generate,* ]]; then
     bench bench_generate bench_generate.md $PY benchmarks/bench_generate.py $gen_args --out-dir "$OUT"
-  fi
-  if [[ $benches == *,generate-nopdl,* ]]; then
-    bench "bench_generate (WARPFORMER_PDL=0)" bench_generate_nopdl.md env WARPFORMER_PDL=0 \
-        $PY benchmarks/bench_generate.py $gen_args --skip-hf --out-dir "$OUT/nopdl"
   fi
   if [[ $benches == *,gemv,* ]]; then
     bench "GEMV rows" bench_gemv.md $PY benchmarks/bench_kernels.py --gemv-only \
@@ -168,7 +164,6 @@ fi
 if [ -f "$OUT/bench_gemm_shapes.md" ]; then
   echo; sed -n '/^## Prompt-pass/,/^### Per shape/p' "$OUT/bench_gemm_shapes.md" | grep -E "^\|"
 fi
-for f in "$OUT/bench_generate.md" "$OUT/bench_generate_nopdl.md"; do
-  [ -f "$f" ] && { echo; echo "${f##*/}:"; sed -n '/### \(warpformer variants\|Summary (warpformer)\)/,$p' "$f" | grep -v "^results:" | head -30; }
-done
+f="$OUT/bench_generate.md"
+[ -f "$f" ] && { echo; echo "${f##*/}:"; sed -n '/### \(warpformer variants\|Summary (warpformer)\)/,$p' "$f" | grep -v "^results:" | head -30; }
 exit $status

@@ -3,18 +3,18 @@ gaps (wall time the GPU spends idle between kernels), for a random-init model.
 
     python tools/profile_decode.py --model gpt2-medium --batch 1 --steps 32
 
-Runs greedy generation eagerly (WARPFORMER_CUDA_GRAPHS=0, so each kernel is visible to the
-profiler) and with CUDA graphs (timed only), and prints a per-kernel table for one step.
-``--prefill`` profiles the prompt pass instead (a generate() of one new token: the prompt through
-every layer, the logits of each row's last token and the first greedy choice), per call. With
-programmatic dependent launch a kernel's duration includes the time it waits for the one ahead
-of it; run with WARPFORMER_PDL=0 for each kernel's own time.
+Runs greedy generation on an engine built with ``cuda_graphs=False`` (every kernel launched by
+the host, so each is visible to the profiler) and, timed only, on a second instance over the same
+weights with CUDA graphs, and prints a per-kernel table for one step. ``--prefill`` profiles the
+prompt pass instead (a generate() of one new token: the prompt through every layer, the logits of
+each row's last token and the first greedy choice), per call. With programmatic dependent launch
+(on wherever the GPU supports it; it has no off switch) a kernel's duration includes the time it
+waits for the one ahead of it.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -24,7 +24,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import common  # noqa: E402
 
-from warpformer.models.gpt import load_gpt_model  # noqa: E402
+from warpformer.models.gpt import build_gpt_model  # noqa: E402
+from warpformer.options import EngineOptions  # noqa: E402
+from warpformer.weights import load_weights, read_config  # noqa: E402
 
 
 def kernel_name(full: str) -> str:
@@ -51,29 +53,35 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--steps must be at least 2 (a step is the time after the first token)")
     shape = common.parse_models(args.model)[0]
     prep = common.prepare_model(shape, args.cache_dir, seed=0, need_hf=False)
-    model = load_gpt_model(prep.model_dir, dtype=torch.float16, max_batch=args.batch,
-                           max_seq_len=args.input_len + args.steps)
+    config = read_config(prep.model_dir)
+    weights = load_weights(prep.model_dir, dtype=torch.float16, device="cuda")
+
+    def build(cuda_graphs: bool):
+        return build_gpt_model(config, weights, dtype=torch.float16, max_batch=args.batch,
+                               max_seq_len=args.input_len + args.steps,
+                               options=EngineOptions(cuda_graphs=cuda_graphs))
+
+    model = build(False)  # profiled: every kernel launched by the host
     ids = torch.randint(3, shape.vocab - 1, (args.batch, args.input_len), dtype=torch.int32,
                         device="cuda")
     lens = torch.full((args.batch,), args.input_len, dtype=torch.int32, device="cuda")
     end = shape.vocab - 1
 
-    def step_ms(graphs: bool) -> float:
-        os.environ["WARPFORMER_CUDA_GRAPHS"] = "1" if graphs else "0"
-        full = common.median(common.time_cuda(lambda: model.generate(ids, lens, args.steps, end),
+    def step_ms(engine) -> float:
+        full = common.median(common.time_cuda(lambda: engine.generate(ids, lens, args.steps, end),
                                               warmup=2, reps=5))
-        one = common.median(common.time_cuda(lambda: model.generate(ids, lens, 1, end),
+        one = common.median(common.time_cuda(lambda: engine.generate(ids, lens, 1, end),
                                              warmup=2, reps=5))
         return (full - one) / (args.steps - 1)
 
-    os.environ["WARPFORMER_CUDA_GRAPHS"] = "0"
     if args.prefill:
         eager = common.median(common.time_cuda(lambda: model.generate(ids, lens, 1, end),
                                                warmup=2, reps=9))
         calls, unit = 5, "call"
     else:
-        with_graphs, eager = step_ms(True), step_ms(False)
-        os.environ["WARPFORMER_CUDA_GRAPHS"] = "0"
+        graphs = build(True)
+        with_graphs, eager = step_ms(graphs), step_ms(model)
+        del graphs
         calls, unit = args.steps, "step"
     model.generate(ids, lens, 1 if args.prefill else args.steps, end)
     torch.cuda.synchronize()

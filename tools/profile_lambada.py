@@ -7,8 +7,9 @@ benchmarks/bench_lambada.py (same samples, same batches, same calls).
 Prints, per batch (medians and means over ``--batches`` batches of the workload, after warm-up):
 the wall time of the benchmark's loop body (host -> device copies, ``generate``, the device ->
 host copy) on the first pass over the batches (each new prompt token count plans its GEMMs, as
-in the benchmark), on a second pass, on a third without CUDA graphs, and with one new token (the
-prompt pass alone); with ``--api`` also through ``GPT.generate`` (token lists, as ``warpformer
+in the benchmark), on a second pass, on a second instance over the same weights built with
+``cuda_graphs=False`` (after an untimed pass of its own), and with one new token (the prompt pass
+alone); with ``--api`` also through ``GPT.generate`` (token lists, as ``warpformer
 lambada`` calls it, and CPU tensors), with a cProfile of its host time; then, from a
 torch.profiler trace of the same batches: GPU busy time (the union of kernel intervals, so
 overlapping kernels under programmatic launch count once), idle time, the kernels and the
@@ -23,7 +24,6 @@ import argparse
 import cProfile
 import io
 import json
-import os
 import pstats
 import statistics
 import sys
@@ -40,8 +40,9 @@ import common  # noqa: E402
 from profile_decode import kernel_name  # noqa: E402  (same folder)
 
 from warpformer.gpt import GPT  # noqa: E402
-from warpformer.models.gpt import load_gpt_model  # noqa: E402
-from warpformer.weights import read_config  # noqa: E402
+from warpformer.models.gpt import build_gpt_model  # noqa: E402
+from warpformer.options import EngineOptions  # noqa: E402
+from warpformer.weights import load_weights, read_config  # noqa: E402
 
 
 def union_us(intervals: list[tuple[float, float]]) -> float:
@@ -87,22 +88,28 @@ def main(argv: list[str] | None = None) -> int:
     prep = common.prepare_model(shape, args.cache_dir, 0, need_hf=False)
     # The longest sample, and the one-row prompts of up to 213 tokens below.
     max_len = max(max(len(s.context) for s in samples) + max(bl.TARGET_LENS), 214)
-    model = load_gpt_model(prep.model_dir, dtype=torch.float16, max_batch=args.batch,
-                           max_seq_len=max_len)
+    config = read_config(prep.model_dir)
+    weights = load_weights(prep.model_dir, dtype=torch.float16, device="cuda")
+
+    def build(cuda_graphs: bool):
+        return build_gpt_model(config, weights, dtype=torch.float16, max_batch=args.batch,
+                               max_seq_len=max_len, options=EngineOptions(cuda_graphs=cuda_graphs))
+
+    model = build(True)
     packed = [bl.pack(samples, b, left=False) for b in batches]
     out_lens = [max(samples[i].target_len for i in b) for b in batches]
     end = shape.vocab - 1
 
-    def body(i: int, n: int | None = None) -> torch.Tensor:
+    def body(i: int, n: int | None = None, engine=model) -> torch.Tensor:
         ids, lens = packed[i]
-        out, _ = model.generate(ids.cuda(), lens.cuda(), n or out_lens[i], end)
+        out, _ = engine.generate(ids.cuda(), lens.cuda(), n or out_lens[i], end)
         return out.cpu()
 
-    def walls(n: int | None) -> list[float]:
+    def walls(n: int | None, engine=model) -> list[float]:
         ms = []
         for i in range(4, len(batches)):
             t0 = time.perf_counter()
-            body(i, n)
+            body(i, n, engine)
             ms.append(1000 * (time.perf_counter() - t0))
         return ms
 
@@ -113,19 +120,15 @@ def main(argv: list[str] | None = None) -> int:
     # are planned then, as in the benchmark); the others repeat it.
     passes = {"benchmark loop, first pass": walls(None),
               "benchmark loop, again": walls(None)}
-    saved = os.environ.get("WARPFORMER_CUDA_GRAPHS")
-    os.environ["WARPFORMER_CUDA_GRAPHS"] = "0"
-    passes["benchmark loop, again, WARPFORMER_CUDA_GRAPHS=0"] = walls(None)
-    if saved is None:
-        del os.environ["WARPFORMER_CUDA_GRAPHS"]
-    else:
-        os.environ["WARPFORMER_CUDA_GRAPHS"] = saved
+    eager = build(False)
+    walls(None, eager)  # its own first pass: plans
+    passes["benchmark loop, again, cuda_graphs=False (a second instance)"] = walls(None, eager)
+    del eager
     passes["one new token (the prompt pass), again"] = walls(1)
     if args.api:
         # The same batches through the Python API: token lists as `warpformer lambada` passes
         # them, and CPU tensors with input_lengths (GPT.generate validates, then the engine).
-        gpt = GPT(model, read_config(prep.model_dir), "cuda", torch.float16,
-                  torch.device("cuda"))
+        gpt = GPT(model, config, "cuda", torch.float16, torch.device("cuda"))
         lists = [[samples[j].context.tolist() for j in b] for b in batches]
 
         def api_walls(tensors: bool) -> list[float]:
@@ -145,8 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         passes["GPT.generate, CPU tensors + input_lengths, again"] = api_walls(True)
     # Before any torch.profiler session: a profiled process keeps paying for the profiler's
     # callbacks on every CUDA call afterwards, which slows the host's launches.
-    flight_gpt = GPT(model, read_config(prep.model_dir), "cuda", torch.float16,
-                     torch.device("cuda"))
+    flight_gpt = GPT(model, config, "cuda", torch.float16, torch.device("cuda"))
     flights = {n: in_flight_wall(flight_gpt, n, samples, batches, out_lens, end)
                for n in args.in_flight}
     steps = [n - 1 for n in out_lens[4:]]
@@ -156,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"prompt tokens per batch: mean {statistics.mean(tokens):.0f}; decode steps per batch: "
           f"mean {statistics.mean(steps):.2f}\n")
     note = model.gemm_tuning_note()
-    if note:  # a tuning file ($WARPFORMER_GEMM_CONFIG): what it served
+    if note:  # a tuning file (gemm_config's fallback $WARPFORMER_GEMM_CONFIG): what it served
         print(f"{note}; cuBLASLt plans from it: {model.gemm_tuned_plans()} of "
               f"{model.gemm_cached_plans()} cached\n")
     print("| loop body | median ms | mean ms |\n|---|---:|---:|")

@@ -17,13 +17,11 @@ Prints one line per arrangement: the median wall time of a prompt pass with its 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import threading
 import time
 from pathlib import Path
-from unittest import mock
 
 import torch
 
@@ -50,16 +48,15 @@ def run_case(model_dir: Path, vocab: int, batch: int, n_in: int, group: int | No
     """One engine with the whole batch against two engines with half each, for one group size
     (None: the engine's default)."""
     from warpformer.models.gpt import load_gpt_model
+    from warpformer.options import EngineOptions
 
     end_id = vocab - 1
     ids = make_prompts(vocab, batch, n_in, 0).cuda()
     lens = torch.full((batch,), n_in, dtype=torch.int32, device="cuda")
 
     def build(b: int):
-        env = {"WARPFORMER_PREFILL_TOKENS": str(group)} if group else {}
-        with mock.patch.dict(os.environ, env):
-            return load_gpt_model(model_dir, dtype=torch.float16, max_batch=b,
-                                  max_seq_len=n_in + 1)
+        return load_gpt_model(model_dir, dtype=torch.float16, max_batch=b, max_seq_len=n_in + 1,
+                              options=EngineOptions(prefill_tokens=group))
 
     one = build(batch)
     t_one = timed(lambda: one.generate(ids, lens, 1, end_id), reps)

@@ -4,13 +4,16 @@
 measures, per batch of bench_lambada.py's workload (bloom-560m dimensions, batch 8, CPU inputs
 as ``GPT.generate`` passes them): the host time inside the engine's call, whether the GPU was
 still busy when the call returned (``torch.cuda.Stream.query``), and the wait that followed; with
-the real new-token counts and with one token (the prompt pass alone), each also without prompt
-graphs (``WARPFORMER_PROMPT_GRAPHS=0``), and without any CUDA graphs or shared step graphs.
+the real new-token counts and with one token (the prompt pass alone), each on the default
+instance and on a second one over the same weights built with ``cuda_graphs=False`` (every
+kernel launched by the host, prompts over their exact token count).
 Then ``GPT.generate_batches`` at 1-6 in flight, its host time split into the argument checks,
 the engine's call, the wait for the GPU before each batch's outputs are read, and the output
 conversion: where that host time nearly fills the wall, the host is the bound. (Run 0129 of
 ``benchmarks/HISTORY.md`` measured the instances driven from worker threads with this probe's
-earlier form, code ``4451d23``.)
+earlier form, code ``4451d23``. Its runs before the engine options also had rows without
+prompt graphs alone and without shared step graphs, switched per call by environment variables
+the engine no longer reads.)
 
     python benchmarks/probes/host_timeline.py [--batches 200]
 
@@ -20,13 +23,11 @@ Not part of the test suite or gpu_check.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
 from collections import defaultdict
 from pathlib import Path
-from unittest import mock
 
 import torch
 
@@ -35,8 +36,9 @@ import bench_lambada as bl  # noqa: E402
 import common  # noqa: E402
 
 from warpformer.gpt import GPT  # noqa: E402
-from warpformer.models.gpt import load_gpt_model  # noqa: E402
-from warpformer.weights import read_config  # noqa: E402
+from warpformer.models.gpt import build_gpt_model  # noqa: E402
+from warpformer.options import EngineOptions  # noqa: E402
+from warpformer.weights import load_weights, read_config  # noqa: E402
 
 
 def engine_calls(model, packed, out_lens, end, one_token: bool) -> dict[str, float]:
@@ -122,7 +124,14 @@ def main(argv: list[str] | None = None) -> int:
     batches = bl.make_batches(len(samples), 8)[: args.batches]
     prep = common.prepare_model(shape, args.cache_dir, 0, need_hf=False)
     max_len = max(len(s.context) for s in samples) + max(bl.TARGET_LENS)
-    model = load_gpt_model(prep.model_dir, dtype=torch.float16, max_batch=8, max_seq_len=max_len)
+    config = read_config(prep.model_dir)
+    weights = load_weights(prep.model_dir, dtype=torch.float16, device="cuda")
+
+    def build(cuda_graphs: bool):
+        return build_gpt_model(config, weights, dtype=torch.float16, max_batch=8,
+                               max_seq_len=max_len, options=EngineOptions(cuda_graphs=cuda_graphs))
+
+    model, eager = build(True), build(False)
     packed = [bl.pack(samples, b, left=False) for b in batches]
     out_lens = [max(samples[i].target_len for i in b) for b in batches]
     end = shape.vocab - 1
@@ -130,22 +139,16 @@ def main(argv: list[str] | None = None) -> int:
           f"{common.gpu_name()}\n")
     print("| engine.generate (CPU inputs) | host ms in the call (mean / median) | returned with "
           "the GPU busy | wait after it ms |\n|---|---:|---:|---:|")
-    for label, one, env in (("new tokens as in the workload", False, {}),
-                            ("one new token (prompt pass)", True, {}),
-                            ("new tokens, WARPFORMER_PROMPT_GRAPHS=0", False,
-                             {"WARPFORMER_PROMPT_GRAPHS": "0"}),
-                            ("one new token, WARPFORMER_PROMPT_GRAPHS=0", True,
-                             {"WARPFORMER_PROMPT_GRAPHS": "0"}),
-                            ("new tokens, WARPFORMER_CUDA_GRAPHS=0", False,
-                             {"WARPFORMER_CUDA_GRAPHS": "0"}),
-                            ("new tokens, WARPFORMER_SHARED_GRAPHS=0", False,
-                             {"WARPFORMER_SHARED_GRAPHS": "0"})):
-        with mock.patch.dict(os.environ, env):  # restored, not removed, after the row
-            engine_calls(model, packed, out_lens, end, one)  # warm: plans, graphs
-            r = engine_calls(model, packed, out_lens, end, one)
+    for label, one, engine in (("new tokens as in the workload", False, model),
+                               ("one new token (prompt pass)", True, model),
+                               ("new tokens, cuda_graphs=False", False, eager),
+                               ("one new token, cuda_graphs=False", True, eager)):
+        engine_calls(engine, packed, out_lens, end, one)  # warm: plans, graphs
+        r = engine_calls(engine, packed, out_lens, end, one)
         print(f"| {label} | {r['call']:.3f} / {r['call_median']:.3f} | "
               f"{100 * r['busy_at_return']:.0f}% | {r['wait']:.3f} |")
-    gpt = GPT(model, read_config(prep.model_dir), "cuda", torch.float16, torch.device("cuda"))
+    del eager
+    gpt = GPT(model, config, "cuda", torch.float16, torch.device("cuda"))
     lists = [[samples[j].context.tolist() for j in b] for b in batches]
     splits = {f"{n} in flight": flight_split(gpt, lists, out_lens, end, n)
               for n in (1, 2, 3, 4, 6)}
