@@ -86,6 +86,17 @@ def test_non_power_of_two_heads_alibi(tmp_path):
         assert torch.allclose(alibi_slopes(n), hf)
 
 
+def test_alibi_slopes_live_with_the_weights(converted):
+    """The reference runs on GPUs too (GPT.from_pretrained(backend="reference", device="cuda")):
+    its ALiBi slopes must sit on the weights' device, not stay on the CPU (seen on an H200: a
+    device-mismatch error at the first BLOOM attention). The meta device stands in for a GPU."""
+    from warpformer.weights import load_merged_weights
+
+    config, weights = load_merged_weights(converted("bloom", 1))
+    ref = GptReference(config, {k: v.to("meta") for k, v in weights.items()})
+    assert ref.slopes.device.type == "meta"
+
+
 def test_input_checks(converted):
     ref = GptReference.from_dir(converted("gpt2", 1))
     ids = torch.zeros(2, 5, dtype=torch.long)

@@ -85,8 +85,10 @@ class GptReference(torch.nn.Module):
                                  f"expected {list(spec.shape)}")
         self.w = dict(weights)
         self.act = _ACTIVATIONS[config.activation_type]
-        if config.use_attention_linear_bias:
-            self.register_buffer("slopes", alibi_slopes(config.head_num), persistent=False)
+        if config.use_attention_linear_bias:  # where the weights are (the backend runs on GPUs too)
+            device = next(iter(weights.values())).device
+            self.register_buffer("slopes", alibi_slopes(config.head_num).to(device),
+                                 persistent=False)
 
     @classmethod
     def from_dir(
