@@ -28,30 +28,30 @@ __device__ __forceinline__ float activate(float x) {
 }
 
 // Runtime activation to a compile-time constant named ACT inside the body.
-#define WF_ACTIVATION_SWITCH(RUNTIME, ACT, ...)                         \
-  [&] {                                                                 \
-    switch (RUNTIME) {                                                  \
-      case ::warpformer::kernels::Activation::kGeluErf: {               \
-        constexpr auto ACT = ::warpformer::kernels::Activation::kGeluErf; \
-        return __VA_ARGS__();                                           \
-      }                                                                 \
-      case ::warpformer::kernels::Activation::kGeluTanh: {              \
+#define WF_ACTIVATION_SWITCH(RUNTIME, ACT, ...)                            \
+  [&] {                                                                    \
+    switch (RUNTIME) {                                                     \
+      case ::warpformer::kernels::Activation::kGeluErf: {                  \
+        constexpr auto ACT = ::warpformer::kernels::Activation::kGeluErf;  \
+        return __VA_ARGS__();                                              \
+      }                                                                    \
+      case ::warpformer::kernels::Activation::kGeluTanh: {                 \
         constexpr auto ACT = ::warpformer::kernels::Activation::kGeluTanh; \
-        return __VA_ARGS__();                                           \
-      }                                                                 \
-      case ::warpformer::kernels::Activation::kRelu: {                  \
-        constexpr auto ACT = ::warpformer::kernels::Activation::kRelu;  \
-        return __VA_ARGS__();                                           \
-      }                                                                 \
-      case ::warpformer::kernels::Activation::kSilu: {                  \
-        constexpr auto ACT = ::warpformer::kernels::Activation::kSilu;  \
-        return __VA_ARGS__();                                           \
-      }                                                                 \
-      default: {                                                        \
+        return __VA_ARGS__();                                              \
+      }                                                                    \
+      case ::warpformer::kernels::Activation::kRelu: {                     \
+        constexpr auto ACT = ::warpformer::kernels::Activation::kRelu;     \
+        return __VA_ARGS__();                                              \
+      }                                                                    \
+      case ::warpformer::kernels::Activation::kSilu: {                     \
+        constexpr auto ACT = ::warpformer::kernels::Activation::kSilu;     \
+        return __VA_ARGS__();                                              \
+      }                                                                    \
+      default: {                                                           \
         constexpr auto ACT = ::warpformer::kernels::Activation::kIdentity; \
-        return __VA_ARGS__();                                           \
-      }                                                                 \
-    }                                                                   \
+        return __VA_ARGS__();                                              \
+      }                                                                    \
+    }                                                                      \
   }()
 
 }  // namespace kernels

@@ -18,17 +18,17 @@ enum class Activation {
 
 // out[r, c] = act(in[r, c] + bias[c]).  out may alias in (in-place). bias may be null.
 template <typename T>
-cudaError_t launch_bias_act(T* out,             // [rows, cols]
-                            const T* in,        // [rows, cols]
-                            const T* bias,      // [cols] or null
+cudaError_t launch_bias_act(T* out,         // [rows, cols]
+                            const T* in,    // [rows, cols]
+                            const T* bias,  // [cols] or null
                             int64_t rows, int cols, Activation act, cudaStream_t stream);
 
 // Gated form: out[r, c] = act(in[r, c] + bias[c]) * (in[r, cols + c] + bias[cols + c]).
 // The first half of each input row is the gate, the second the linear ("up") part.
 template <typename T>
-cudaError_t launch_gated_act(T* out,             // [rows, cols]
-                             const T* in,        // [rows, 2 * cols]
-                             const T* bias,      // [2 * cols] or null
+cudaError_t launch_gated_act(T* out,         // [rows, cols]
+                             const T* in,    // [rows, 2 * cols]
+                             const T* bias,  // [2 * cols] or null
                              int64_t rows, int cols, Activation act, cudaStream_t stream);
 
 }  // namespace kernels

@@ -43,10 +43,10 @@ __device__ __forceinline__ void cluster_wait() {
 
 // Stores v at cluster address `dst`, counted against the barrier at cluster address `bar`.
 __device__ __forceinline__ void store_to_rank(uint32_t dst, float v, uint32_t bar) {
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [%0], %1, [%2];" ::"r"(
-                   dst),
-               "f"(v), "r"(bar)
-               : "memory");
+  asm volatile(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [%0], %1, [%2];" ::"r"(dst),
+      "f"(v), "r"(bar)
+      : "memory");
 }
 
 // Waits until the barrier's first phase completes: every expected byte has landed. The wait

@@ -19,18 +19,18 @@ struct EmbeddingErrors {
 
 template <typename T>
 struct EmbeddingParams {
-  T* out;                        // [tokens, hidden]
-  const int32_t* ids;            // [tokens]
-  const T* wte;                  // [vocab, hidden]
-  const T* wpe;                  // [max_positions, hidden] or null
-  const int32_t* positions;      // [tokens] or null: then position = (token index % seq_len)
-  EmbeddingErrors* errors;       // device struct, initialised to kNoError by the caller; or null
+  T* out;                    // [tokens, hidden]
+  const int32_t* ids;        // [tokens]
+  const T* wte;              // [vocab, hidden]
+  const T* wpe;              // [max_positions, hidden] or null
+  const int32_t* positions;  // [tokens] or null: then position = (token index % seq_len)
+  EmbeddingErrors* errors;   // device struct, initialised to kNoError by the caller; or null
   int64_t tokens;
   int hidden;
   int vocab;
   int max_positions;
-  int seq_len;                   // row length when positions are implicit
-  float scale;                   // multiplies the token embedding (1 for GPT-family models)
+  int seq_len;  // row length when positions are implicit
+  float scale;  // multiplies the token embedding (1 for GPT-family models)
 };
 
 template <typename T>

@@ -27,8 +27,7 @@ __global__ void move_rows_kernel(char* dst, const char* src, const int32_t* __re
 // strides and both pointers' alignment moves the rows.
 template <bool GATHER>
 cudaError_t launch(void* dst, const void* src, const int32_t* index, int64_t n_rows,
-                   int64_t row_bytes, int64_t src_stride, int64_t dst_stride,
-                   cudaStream_t stream) {
+                   int64_t row_bytes, int64_t src_stride, int64_t dst_stride, cudaStream_t stream) {
   if (n_rows < 0 || row_bytes <= 0 || src_stride < row_bytes || dst_stride < row_bytes ||
       dst == nullptr || src == nullptr || index == nullptr) {
     return n_rows == 0 ? cudaSuccess : cudaErrorInvalidValue;
@@ -43,9 +42,9 @@ cudaError_t launch(void* dst, const void* src, const int32_t* index, int64_t n_r
         words >= 256 ? 256 : static_cast<int>(ceil_div(static_cast<int>(words), 32) * 32);
     const int64_t gx = (words + threads - 1) / threads;
     const dim3 grid(static_cast<unsigned>(gx < 64 ? gx : 64), gy);
-    move_rows_kernel<W, GATHER><<<grid, threads, 0, stream>>>(
-        static_cast<char*>(dst), static_cast<const char*>(src), index, n_rows, words,
-        src_stride / size, dst_stride / size);
+    move_rows_kernel<W, GATHER>
+        <<<grid, threads, 0, stream>>>(static_cast<char*>(dst), static_cast<const char*>(src),
+                                       index, n_rows, words, src_stride / size, dst_stride / size);
     return cudaGetLastError();
   };
   auto fits = [&](int bytes) {
@@ -88,9 +87,8 @@ cudaError_t launch_interleave_rank_blocks(void* dst, const void* src, int64_t ro
     const int threads = words >= 256 ? 256 : static_cast<int>((words + 31) / 32 * 32);
     const int64_t gx = (words + threads - 1) / threads;
     const dim3 grid(static_cast<unsigned>(gx < 64 ? gx : 64), gy);
-    interleave_kernel<W><<<grid, threads, 0, stream>>>(static_cast<char*>(dst),
-                                                       static_cast<const char*>(src), rows, ranks,
-                                                       words);
+    interleave_kernel<W><<<grid, threads, 0, stream>>>(
+        static_cast<char*>(dst), static_cast<const char*>(src), rows, ranks, words);
     return cudaGetLastError();
   };
   if (row_bytes % 16 == 0 && aligned_to(dst, 16) && aligned_to(src, 16)) return go(uint4{});
@@ -98,14 +96,13 @@ cudaError_t launch_interleave_rank_blocks(void* dst, const void* src, int64_t ro
   return go(char{});
 }
 
-cudaError_t launch_gather_rows(void* dst, const void* src, const int32_t* src_rows,
-                               int64_t n_rows, int64_t row_bytes, cudaStream_t stream) {
+cudaError_t launch_gather_rows(void* dst, const void* src, const int32_t* src_rows, int64_t n_rows,
+                               int64_t row_bytes, cudaStream_t stream) {
   return launch<true>(dst, src, src_rows, n_rows, row_bytes, row_bytes, row_bytes, stream);
 }
 
-cudaError_t launch_scatter_rows(void* dst, const void* src, const int32_t* dst_rows,
-                                int64_t n_rows, int64_t row_bytes, cudaStream_t stream,
-                                int64_t src_stride) {
+cudaError_t launch_scatter_rows(void* dst, const void* src, const int32_t* dst_rows, int64_t n_rows,
+                                int64_t row_bytes, cudaStream_t stream, int64_t src_stride) {
   return launch<false>(dst, src, dst_rows, n_rows, row_bytes,
                        src_stride > 0 ? src_stride : row_bytes, row_bytes, stream);
 }

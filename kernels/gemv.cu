@@ -37,9 +37,9 @@ using namespace gemv_impl;  // NOLINT(build/namespaces): this file's own impleme
 
 namespace {
 
-constexpr int kColVecs = 8;                    // column vectors per [k, n] tile
-constexpr int kSlices = kThreads / kColVecs;   // k-slices per block
-constexpr int kMaxSplit = 8;                   // portable cluster size
+constexpr int kColVecs = 8;                   // column vectors per [k, n] tile
+constexpr int kSlices = kThreads / kColVecs;  // k-slices per block
+constexpr int kMaxSplit = 8;                  // portable cluster size
 static_assert(kEarlyStartRows == kGemvPreferredRowsKN,
               "the kernels ahead of a GEMV start it early exactly when it runs");
 
@@ -138,12 +138,12 @@ __global__ void __launch_bounds__(kThreads, M <= 2 ? 4 : 1)
     return kk < p.k ? wbase + col + static_cast<int64_t>(kk) * n
                     : d.weight + col + static_cast<int64_t>(kk - p.k) * n;
   };
-  auto load_step = [&](int k0, int4 (&wv)[V]) {
+  auto load_step = [&](int k0, int4(&wv)[V]) {
     const T* w = weight_row(k0);
 #pragma unroll
     for (int i = 0; i < V; ++i) wv[i] = load_stream(w + static_cast<int64_t>(i) * n);
   };
-  auto fma_step = [&](int k0, const int4 (&wv)[V]) {
+  auto fma_step = [&](int k0, const int4(&wv)[V]) {
     // Input columns k0.. of row 0 and the row stride ([p.in | d.in] for a sum).
     const bool first_in = NORM || k0 < p.k;
     const T* x0 = first_in ? p.in + k0 : d.in + (k0 - p.k);
@@ -283,7 +283,6 @@ __global__ void __launch_bounds__(kThreads, M <= 2 ? 4 : 1)
   if (p.beside) wait_for_prior_kernels();  // complete only after the kernel it ran beside
 }
 
-
 struct DeviceInfo {
   int device = 0;  // the ordinal asked about
   int sms = 0;
@@ -295,8 +294,7 @@ DeviceInfo device_info(int device) {
   // The architecture the loaded kernel code was compiled for, asked once (common.cuh).
   static const int arch = code_arch(reinterpret_cast<const void*>(gemv_kn_kernel<float, 1, false>));
   const DeviceCaps caps = device_caps(device);
-  return DeviceInfo{device, caps.sms, arch >= 90 && caps.major >= 9,
-                    arch >= 80 && caps.major >= 8};
+  return DeviceInfo{device, caps.sms, arch >= 90 && caps.major >= 9, arch >= 80 && caps.major >= 8};
 }
 
 // How a [k, n] product is split: column tiles x k-splits of kchunk (a multiple of V) each.
@@ -306,8 +304,7 @@ struct KnSplit {
 
 // Column tiles (p's, then a second product's of n2 columns) and k-splits for depth p.k + d.k.
 template <typename T>
-KnSplit kn_split(const GemvParams<T>& p, const GemvDepth<T>& dp, const DeviceInfo& d,
-                 int n2 = 0) {
+KnSplit kn_split(const GemvParams<T>& p, const GemvDepth<T>& dp, const DeviceInfo& d, int n2 = 0) {
   constexpr int V = 16 / sizeof(T);
   const int tiles = ceil_div(p.n, kColVecs * V) + ceil_div(n2, kColVecs * V);
   const int k = p.k + dp.k;
@@ -336,8 +333,8 @@ size_t kn_dynamic_smem(const GemvParams<T>& p, const KnSplit& s, bool norm) {
 template <typename T>
 size_t kn_static_smem(int m) {
   constexpr int V = 16 / sizeof(T);
-  return static_cast<size_t>(kWarps) * m * kColVecs * V * sizeof(float) +
-         norm_prologue_smem(m) + sizeof(uint64_t);
+  return static_cast<size_t>(kWarps) * m * kColVecs * V * sizeof(float) + norm_prologue_smem(m) +
+         sizeof(uint64_t);
 }
 
 // Whether a product runs on the [k, n] tensor-core kernel (gemv_kn_mma.cuh): 3-8 rows of a
@@ -410,8 +407,7 @@ cudaError_t launch_rows(const GemvParams<T>& p, const GemvNorm<T>& g, const Gemv
   shape.grid = dim3(static_cast<unsigned>(s.tiles), static_cast<unsigned>(s.ksplit), 1);
   shape.cluster_y = static_cast<unsigned>(s.ksplit);
   shape.smem = kn_dynamic_smem(p, s, NORM);
-  return launch_kernel(shape, stream, gemv_kn_kernel<T, M, NORM>, p, s.ksplit, s.kchunk, g, dp,
-                       s2);
+  return launch_kernel(shape, stream, gemv_kn_kernel<T, M, NORM>, p, s.ksplit, s.kchunk, g, dp, s2);
 }
 
 template <typename T, bool NORM>
@@ -478,8 +474,8 @@ bool normed_supported(const GemvParams<T>& p, const NormParams<T>& norm,
   GemvParams<T> q = p;
   q.in = norm.input;  // the pointer checks of the plain product apply to the norm's input
   if (norm.input == nullptr || !gemv_supported(q) || p.transposed) return false;
-  if ((norm.kind != NormKind::kLayerNorm && norm.kind != NormKind::kRmsNorm) ||
-      norm.rows != p.m || norm.hidden != p.k || norm.gamma == nullptr) {
+  if ((norm.kind != NormKind::kLayerNorm && norm.kind != NormKind::kRmsNorm) || norm.rows != p.m ||
+      norm.hidden != p.k || norm.gamma == nullptr) {
     return false;
   }
   const NormShape ns = norm_shape(norm.hidden, V);
@@ -503,15 +499,21 @@ bool normed_supported(const GemvParams<T>& p, const NormParams<T>& norm,
                            {norm.out, row_bytes},
                            {p.out, static_cast<size_t>(p.m) * p.n * sizeof(T)},
                            {s2.out, static_cast<size_t>(p.m) * s2.n * sizeof(T)}};
-  const Range all[] = {written[0], written[1], written[2], written[3],
-                       {norm.input, row_bytes}, {norm.residual, row_bytes},
-                       {norm.input_bias, vec_bytes}, {norm.gamma, vec_bytes},
+  const Range all[] = {written[0],
+                       written[1],
+                       written[2],
+                       written[3],
+                       {norm.input, row_bytes},
+                       {norm.residual, row_bytes},
+                       {norm.input_bias, vec_bytes},
+                       {norm.gamma, vec_bytes},
                        {norm.beta, vec_bytes},
                        {p.weight, static_cast<size_t>(p.k) * p.n * sizeof(T)},
                        {p.bias, static_cast<size_t>(p.n) * sizeof(T)},
                        {s2.weight, static_cast<size_t>(p.k) * s2.n * sizeof(T)},
                        {s2.bias, static_cast<size_t>(s2.n) * sizeof(T)},
-                       {s2.gamma, vec_bytes}, {s2.beta, vec_bytes}};
+                       {s2.gamma, vec_bytes},
+                       {s2.beta, vec_bytes}};
   constexpr size_t kWritten = sizeof(written) / sizeof(written[0]);
   bool no_alias = true;
   for (size_t w = 0; w < kWritten; ++w) {
@@ -554,8 +556,7 @@ bool gemv_normed_pair_supported(const GemvParams<T>& p, const NormParams<T>& nor
 
 template <typename T>
 cudaError_t launch_gemv_normed_pair(const GemvParams<T>& p, const NormParams<T>& norm,
-                                    const GemvSecond<T>& second, int device,
-                                    cudaStream_t stream) {
+                                    const GemvSecond<T>& second, int device, cudaStream_t stream) {
   if (!gemv_normed_pair_supported(p, norm, second, device)) return cudaErrorInvalidValue;
   return launch_any_rows<T, true>(p, gemv_norm(norm), GemvDepth<T>{}, device, stream, second);
 }
@@ -580,23 +581,22 @@ template <typename T>
 cudaError_t launch_gemv_sum(const GemvParams<T>& p, const T* in2, const T* weight2, int k2,
                             int device, cudaStream_t stream, bool second_ready) {
   if (!gemv_sum_supported(p, in2, weight2, k2)) return cudaErrorInvalidValue;
-  return launch_any_rows<T, false>(p, GemvNorm<T>{},
-                                   GemvDepth<T>{in2, weight2, k2, second_ready}, device,
-                                   stream);
+  return launch_any_rows<T, false>(p, GemvNorm<T>{}, GemvDepth<T>{in2, weight2, k2, second_ready},
+                                   device, stream);
 }
 
-#define WF_GEMV_INSTANTIATE(T)                                                               \
-  template bool gemv_supported<T>(const GemvParams<T>&);                                     \
-  template bool gemv_kn_tensor_cores<T>(const GemvParams<T>&, int);                          \
-  template cudaError_t launch_gemv<T>(const GemvParams<T>&, int, cudaStream_t);              \
-  template bool gemv_normed_supported<T>(const GemvParams<T>&, const NormParams<T>&, int);   \
-  template cudaError_t launch_gemv_normed<T>(const GemvParams<T>&, const NormParams<T>&, int,  \
-                                             cudaStream_t);                                  \
-  template bool gemv_normed_pair_supported<T>(const GemvParams<T>&, const NormParams<T>&,    \
-                                              const GemvSecond<T>&, int);                    \
+#define WF_GEMV_INSTANTIATE(T)                                                                \
+  template bool gemv_supported<T>(const GemvParams<T>&);                                      \
+  template bool gemv_kn_tensor_cores<T>(const GemvParams<T>&, int);                           \
+  template cudaError_t launch_gemv<T>(const GemvParams<T>&, int, cudaStream_t);               \
+  template bool gemv_normed_supported<T>(const GemvParams<T>&, const NormParams<T>&, int);    \
+  template cudaError_t launch_gemv_normed<T>(const GemvParams<T>&, const NormParams<T>&, int, \
+                                             cudaStream_t);                                   \
+  template bool gemv_normed_pair_supported<T>(const GemvParams<T>&, const NormParams<T>&,     \
+                                              const GemvSecond<T>&, int);                     \
   template cudaError_t launch_gemv_normed_pair<T>(const GemvParams<T>&, const NormParams<T>&, \
-                                                  const GemvSecond<T>&, int, cudaStream_t);  \
-  template bool gemv_sum_supported<T>(const GemvParams<T>&, const T*, const T*, int);        \
+                                                  const GemvSecond<T>&, int, cudaStream_t);   \
+  template bool gemv_sum_supported<T>(const GemvParams<T>&, const T*, const T*, int);         \
   template cudaError_t launch_gemv_sum<T>(const GemvParams<T>&, const T*, const T*, int, int, \
                                           cudaStream_t, bool);
 WF_GEMV_INSTANTIATE(float)

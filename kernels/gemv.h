@@ -27,8 +27,8 @@ constexpr int kGemvMaxRows = 8;
 // bf16, gpt2-medium and gpt-j-6b shapes): [k, n] weights up to 2 rows (at 3-4 rows its CUDA-core
 // FMAs, not the weight stream, set the pace, benchmarks/HISTORY.md), and up to 8 rows where the
 // tensor-core kernel runs the shape (gemv_kn_tensor_cores: 16-bit weights of at most 16 MiB,
-// which it streams ahead of the kernel before it; the staged-tile probe, benchmarks/HISTORY.md); [n, k]
-// weights (lm_head) up to 8 rows.
+// which it streams ahead of the kernel before it; the staged-tile probe, benchmarks/HISTORY.md);
+// [n, k] weights (lm_head) up to 8 rows.
 constexpr int kGemvPreferredRowsKN = 2;
 constexpr int kGemvPreferredRowsNK = 8;
 
@@ -41,7 +41,7 @@ struct GemvParams {
   int m = 0, n = 0, k = 0;
   bool transposed = false;
   Activation act = Activation::kIdentity;  // applied to (in . W + bias)
-  float beta = 0.f;       // 0: out is write-only
+  float beta = 0.f;                        // 0: out is write-only
   // The weight is not written by the kernel just before this one on the stream (model weights,
   // written once at load time): a [k, n] product then starts streaming it before waiting for
   // that kernel (programmatic dependent launch, kernels/common.cuh), so the first loads overlap
@@ -103,11 +103,11 @@ cudaError_t launch_gemv_normed(const GemvParams<T>& p, const NormParams<T>& norm
 // residual_out and norm.out (the first product's norm), are those of launch_gemv_normed.
 template <typename T>
 struct GemvSecond {
-  T* out = nullptr;            // [m, n]
-  const T* weight = nullptr;   // [k, n]
-  const T* bias = nullptr;     // [n] or null
-  const T* gamma = nullptr;    // [k] or null (the first product's gamma and beta)
-  const T* beta = nullptr;     // [k] or null (LayerNorm only)
+  T* out = nullptr;           // [m, n]
+  const T* weight = nullptr;  // [k, n]
+  const T* bias = nullptr;    // [n] or null
+  const T* gamma = nullptr;   // [k] or null (the first product's gamma and beta)
+  const T* beta = nullptr;    // [k] or null (LayerNorm only)
   int n = 0;
   Activation act = Activation::kIdentity;
 };

@@ -69,8 +69,9 @@ struct GemvNorm {
 // boundaries; kn_static_smem must not come out under what the kernel declares).
 constexpr size_t norm_prologue_smem(int m) {
   return m == 1 ? 32 * sizeof(float2) + sizeof(float) + 2 * 16
-                : static_cast<size_t>(m) * (kWarps * sizeof(float2) + sizeof(float) +
-                                            sizeof(float2) + sizeof(int)) + 4 * 16;
+                : static_cast<size_t>(m) *
+                          (kWarps * sizeof(float2) + sizeof(float) + sizeof(float2) + sizeof(int)) +
+                      4 * 16;
 }
 
 // The block's share of the normalised input: rows m < M (2 or more), columns [kbeg, kend) of
@@ -84,17 +85,17 @@ constexpr size_t norm_prologue_smem(int m) {
 // second level does (lanes past the group's warps add zeros, as the norms kernel's lanes past its
 // warps do). So the block pays two barriers for all rows, where reducing row after row cost M
 // pairs, and one load round trip for each row's first norm_threads vectors (rows longer than
-// that read the rest row after row, as the norms kernel's threads read theirs). The rows whose statistics ask for the second
-// pass (row_stats' refine) take it together the same way, about their first-pass means.
+// that read the rest row after row, as the norms kernel's threads read theirs). The rows whose
+// statistics ask for the second pass (row_stats' refine) take it together the same way, about their
+// first-pass means.
 //
 // Blocks of the first column tile also write the k-range's x to residual_out and its normalised
 // values to out when those are given; they must not alias the inputs, which the other blocks are
 // still reading. gamma / beta: the norm weights of the block's product (g.norm's, or a second
 // product's).
 template <typename T, int M>
-__device__ __forceinline__ void normalize_rows(const GemvNorm<T>& g, const T* gamma,
-                                               const T* beta, int k, int kbeg, int kend,
-                                               int kchunk, T* xs) {
+__device__ __forceinline__ void normalize_rows(const GemvNorm<T>& g, const T* gamma, const T* beta,
+                                               int k, int kbeg, int kend, int kchunk, T* xs) {
   static_assert(M >= 2, "one row: normalize_each_row");
   static_assert(M <= kWarps, "warp m finishes row m");
   constexpr int V = 16 / sizeof(T);
@@ -170,22 +171,23 @@ __device__ __forceinline__ void normalize_rows(const GemvNorm<T>& g, const T* ga
     }
     __syncthreads();
     if (warp < M && take(warp)) {
-      const float2 tot = warp_sum2(lane < group_warps ? part[warp * kWarps + lane]
-                                                      : make_float2(0.f, 0.f));
+      const float2 tot =
+          warp_sum2(lane < group_warps ? part[warp * kWarps + lane] : make_float2(0.f, 0.f));
       if (lane == 0) finish(warp, tot);
     }
     __syncthreads();
   };
 
   // 3. The statistics of every row (row_stats' arithmetic on the totals).
-  pass(std::true_type{}, [&](int m) { return layer_norm ? shift_s[m] : 0.f; },
-       [](int) { return true; },
-       [&](int m, float2 tot) {
-         const float shift = layer_norm ? shift_s[m] : 0.f;
-         const norm::RowStats st = norm::stats_of_totals(layer_norm, shift, tot, inv_n, nm.eps);
-         stats_s[m] = make_float2(st.mean, st.rstd);
-         refine_s[m] = st.refine ? 1 : 0;
-       });
+  pass(
+      std::true_type{}, [&](int m) { return layer_norm ? shift_s[m] : 0.f; },
+      [](int) { return true; },
+      [&](int m, float2 tot) {
+        const float shift = layer_norm ? shift_s[m] : 0.f;
+        const norm::RowStats st = norm::stats_of_totals(layer_norm, shift, tot, inv_n, nm.eps);
+        stats_s[m] = make_float2(st.mean, st.rstd);
+        refine_s[m] = st.refine ? 1 : 0;
+      });
 
   // 4. The rare second pass (refine_stats) of the rows that ask for it, all at once, about their
   // first-pass means.
@@ -193,13 +195,14 @@ __device__ __forceinline__ void normalize_rows(const GemvNorm<T>& g, const T* ga
 #pragma unroll
   for (int m = 0; m < M; ++m) any_refine |= refine_s[m] != 0;
   if (__builtin_expect(any_refine, 0)) {
-    pass(std::bool_constant<kHeld>{}, [&](int m) { return stats_s[m].x; },
-         [&](int m) { return refine_s[m] != 0; },
-         [&](int m, float2 tot) {
-           norm::RowStats st{stats_s[m].x, stats_s[m].y, true};
-           norm::refine_of_totals(st, tot, inv_n, nm.eps);
-           stats_s[m] = make_float2(st.mean, st.rstd);
-         });
+    pass(
+        std::bool_constant<kHeld>{}, [&](int m) { return stats_s[m].x; },
+        [&](int m) { return refine_s[m] != 0; },
+        [&](int m, float2 tot) {
+          norm::RowStats st{stats_s[m].x, stats_s[m].y, true};
+          norm::refine_of_totals(st, tot, inv_n, nm.eps);
+          stats_s[m] = make_float2(st.mean, st.rstd);
+        });
   }
 
   // 5. The block's columns of every row, normalised. From 3 rows (the tensor-core kernel, and
@@ -226,7 +229,7 @@ __device__ __forceinline__ void normalize_rows(const GemvNorm<T>& g, const T* ga
       if (row_of(i) < M) emit(row_of(i), t * V, x[i]);
     }
   }
-  const int held = kHeld ? nt : 0;                       // vectors per row held in registers
+  const int held = kHeld ? nt : 0;                     // vectors per row held in registers
   const int vbeg = kbeg / V > held ? kbeg / V : held;  // the first vector not held
   const int cvec = kend / V - vbeg;
   for (int e = tid; e < M * cvec; e += kThreads) {
@@ -305,9 +308,8 @@ __device__ __forceinline__ void normalize_each_row(const GemvNorm<T>& g, const T
 
 // The block's share of the normalised input (normalize_rows; one row: normalize_each_row).
 template <typename T, int M>
-__device__ __forceinline__ void normalize_input(const GemvNorm<T>& g, const T* gamma,
-                                                const T* beta, int k, int kbeg, int kend,
-                                                int kchunk, T* xs) {
+__device__ __forceinline__ void normalize_input(const GemvNorm<T>& g, const T* gamma, const T* beta,
+                                                int k, int kbeg, int kend, int kchunk, T* xs) {
   if constexpr (M == 1) {
     normalize_each_row<T, 1>(g, gamma, beta, k, kbeg, kend, kchunk, xs);
   } else {

@@ -14,10 +14,10 @@
 // normalising launch give the same bits for the same normalised rows.
 //
 // Measured against cuBLASLt at 8 rows on gpt2-medium / bloom-560m's four layer products
-// (the staged-tile probe, benchmarks/HISTORY.md, H200): 3.6 / 2.9 / 3.8 / 4.4 us against 4.6 / 4.1 / 5.0 /
-// 6.9 in a chain of calls, which is where the weight-before-wait pays: a whole tile is in flight
-// before the kernel ahead ends. Weights past kKnMmaMaxWeightBytes stay on cuBLASLt, where that
-// overlap matters less and its tiles stream well.
+// (the staged-tile probe, benchmarks/HISTORY.md, H200): 3.6 / 2.9 / 3.8 / 4.4 us against 4.6 / 4.1
+// / 5.0 / 6.9 in a chain of calls, which is where the weight-before-wait pays: a whole tile is in
+// flight before the kernel ahead ends. Weights past kKnMmaMaxWeightBytes stay on cuBLASLt, where
+// that overlap matters less and its tiles stream well.
 #pragma once
 
 #include <algorithm>
@@ -33,13 +33,13 @@ namespace warpformer {
 namespace kernels {
 namespace gemv_impl {
 
-constexpr int kKnMmaCols = 64;                     // output columns per block
+constexpr int kKnMmaCols = 64;                       // output columns per block
 constexpr int kKnMmaRowBytes = kKnMmaCols * 2 + 16;  // a staged weight row, padded so that the 8
                                                      // rows an ldmatrix reads hit 8 bank groups
-constexpr int kKnMmaMaxChunk = 1024;               // k rows per block at most
+constexpr int kKnMmaMaxChunk = 1024;                 // k rows per block at most
 constexpr int kKnMmaMinChunk = 256;
-constexpr int kKnMmaMaxSplit = 8;                  // portable cluster size
-constexpr int kKnMmaMinBlocks = 32;                // fewer blocks: halve the chunk (down to 256)
+constexpr int kKnMmaMaxSplit = 8;                     // portable cluster size
+constexpr int kKnMmaMinBlocks = 32;                   // fewer blocks: halve the chunk (down to 256)
 constexpr int kKnMmaOut = kKnMmaCols * kGemvMaxRows;  // a block's sums
 constexpr size_t kKnMmaMaxWeightBytes = size_t(16) << 20;
 

@@ -140,8 +140,8 @@ __global__ void __launch_bounds__(kNkMmaThreads) gemv_nk_mma_kernel(const GemvPa
 #pragma unroll
     for (int u = 0; u < kNkMmaUnroll; ++u) {
       const int kk = c0 + u * kChunk;
-      const int4 xv = g < M && (full || kk + V * q < p.k)
-                          ? *reinterpret_cast<const int4*>(x + kk) : zero;
+      const int4 xv =
+          g < M && (full || kk + V * q < p.k) ? *reinterpret_cast<const int4*>(x + kk) : zero;
 #pragma unroll
       for (int t = 0; t < kNkMmaTiles; ++t) {
         const int4 lo = wv[u][t][0], hi = wv[u][t][1];

@@ -22,13 +22,13 @@ enum class NormKind { kLayerNorm = 0, kRmsNorm = 1, kAddOnly = 2 };
 // allow it; any other case runs element by element.
 template <typename T>
 struct NormParams {
-  T* out;                       // [rows, hidden]
-  T* residual_out;              // [rows, hidden] or null
-  const T* input;               // [rows, hidden]
-  const T* residual;            // [rows, hidden] or null
-  const T* input_bias;          // [hidden] or null
-  const T* gamma;               // [hidden] (null for kAddOnly)
-  const T* beta;                // [hidden] or null (ignored by RMSNorm)
+  T* out;               // [rows, hidden]
+  T* residual_out;      // [rows, hidden] or null
+  const T* input;       // [rows, hidden]
+  const T* residual;    // [rows, hidden] or null
+  const T* input_bias;  // [hidden] or null
+  const T* gamma;       // [hidden] (null for kAddOnly)
+  const T* beta;        // [hidden] or null (ignored by RMSNorm)
   int64_t rows;
   int hidden;
   float eps;

@@ -79,9 +79,10 @@ __global__ void __launch_bounds__(kThreads)
     // Peers are at most one call ahead; the signed difference survives counter wrap-around.
     while (static_cast<int32_t>(load_acquire_sys(from_r) - call) < 0) {
       if (global_ns() - start > timeout_ns) {
-        printf("warpformer peer all-reduce: rank %d (block %d, call %u) waited more than %llu s "
-               "for rank %d; that rank stopped calling or died\n",
-               rank, b, call, static_cast<unsigned long long>(timeout_ns / 1000000000ull), r);
+        printf(
+            "warpformer peer all-reduce: rank %d (block %d, call %u) waited more than %llu s "
+            "for rank %d; that rank stopped calling or died\n",
+            rank, b, call, static_cast<unsigned long long>(timeout_ns / 1000000000ull), r);
         __trap();
       }
     }
@@ -156,8 +157,8 @@ cudaError_t launch_peer_allreduce(const PeerAllReduceParams<T>& p, cudaStream_t 
                        p.sequence, p.rank, p.ranks, p.timeout_ns, p.start_next_early);
 }
 
-#define WF_PEER_INSTANTIATE(T)                                                   \
-  template bool peer_allreduce_supported<T>(const PeerAllReduceParams<T>&);      \
+#define WF_PEER_INSTANTIATE(T)                                              \
+  template bool peer_allreduce_supported<T>(const PeerAllReduceParams<T>&); \
   template cudaError_t launch_peer_allreduce<T>(const PeerAllReduceParams<T>&, cudaStream_t);
 WF_PEER_INSTANTIATE(float)
 WF_PEER_INSTANTIATE(__half)

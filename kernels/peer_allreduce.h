@@ -39,10 +39,10 @@ static_assert(kPeerFlagBytes <= kPeerDataOffset, "flags overlap the data slots")
 // T: float, __half or __nv_bfloat16.
 template <typename T>
 struct PeerAllReduceParams {
-  T* data = nullptr;            // [count] elements, 16-byte aligned; summed in place
+  T* data = nullptr;  // [count] elements, 16-byte aligned; summed in place
   int64_t count = 0;
   char* buffers[kPeerMaxRanks] = {};  // every rank's exchange buffer, as mapped here
-  uint32_t* sequence = nullptr;  // [kPeerMaxBlocks] this rank's call counters (device memory)
+  uint32_t* sequence = nullptr;       // [kPeerMaxBlocks] this rank's call counters (device memory)
   int rank = 0, ranks = 0;
   uint64_t timeout_ns = 0;
   // Let the next kernel on the stream be scheduled as soon as every block is running (common.cuh,

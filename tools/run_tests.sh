@@ -21,8 +21,11 @@ wf_build
 PY="$WF_PY"
 
 "$PY" -c "import warpformer, torch; print('run_tests: loaded', torch.ops.warpformer.layer_norm)"
-echo "run_tests: ruff (lint)"
+echo "run_tests: ruff and clang-format (lint; fix C++ with: source tools/setup_env.sh;"\
+     "$WF_VENV/bin/clang-format -i \$(wf_cxx_sources))"
 "$PY" -m ruff check .
+# shellcheck disable=SC2046  # one argument per file name (no spaces in the tree's names)
+"$WF_VENV/bin/clang-format" --dry-run -Werror $(wf_cxx_sources)
 
 set +e
 "$PY" -m pytest tests -q -p no:cacheprovider "$@"

@@ -68,14 +68,15 @@ wf_system_packages() {
 wf_python_deps() {
   [ -x "$WF_PY" ] || python3 -m venv "$WF_VENV" || { wf_err "python3 -m venv $WF_VENV failed"; return 1; }
   local stamp
-  stamp="$WF_VENV/.deps-$(echo "$WF_TORCH_SPEC" | tr -c 'a-zA-Z0-9.' '_')-4"
+  stamp="$WF_VENV/.deps-$(echo "$WF_TORCH_SPEC" | tr -c 'a-zA-Z0-9.' '_')-5"
   [ -f "$stamp" ] && return 0
   mkdir -p "$WF_LOG_DIR"
   local log="$WF_LOG_DIR/pip-install.log"
   wf_say "installing $WF_TORCH_SPEC and the test/build dependencies into $WF_VENV (log: $log)"
   if ! { "$WF_PY" -m pip install -q --upgrade pip setuptools wheel &&
          "$WF_PY" -m pip install "$WF_TORCH_SPEC" numpy "pytest>=7" ninja "cmake>=3.24" \
-           "transformers>=4.40" "safetensors>=0.4" tqdm ruff; } >"$log" 2>&1; then
+           "transformers>=4.40" "safetensors>=0.4" tqdm ruff "clang-format==23.1.5"; } \
+      >"$log" 2>&1; then
     wf_err "pip could not install the dependencies. pip said:"
     # pip's reason without its per-index 'Location ... is ignored' noise.
     grep -v "^WARNING: Location '.*' is ignored" "$log" | tail -n 25 >&2
@@ -86,6 +87,12 @@ wf_python_deps() {
   fi
   if command -v mpicc >/dev/null; then "$WF_PY" -m pip install -q mpi4py >>"$log" 2>&1 || true; fi
   touch "$stamp"
+}
+
+# The C++/CUDA sources clang-format checks (.clang-format), for the lint step and for fixing.
+wf_cxx_sources() {
+  find csrc kernels -type f \( -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' \) |
+    LC_ALL=C sort
 }
 
 # Build the extension into the venv (editable install). The compile takes minutes: ninja's

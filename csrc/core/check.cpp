@@ -19,7 +19,8 @@ std::string cublas_status_string(int status) {
       return "CUBLAS_STATUS_INVALID_VALUE: unsupported value or parameter combination";
     case CUBLAS_STATUS_ARCH_MISMATCH:
       return "CUBLAS_STATUS_ARCH_MISMATCH: feature not supported on this GPU";
-    case CUBLAS_STATUS_MAPPING_ERROR: return "CUBLAS_STATUS_MAPPING_ERROR: GPU memory access failed";
+    case CUBLAS_STATUS_MAPPING_ERROR:
+      return "CUBLAS_STATUS_MAPPING_ERROR: GPU memory access failed";
     case CUBLAS_STATUS_EXECUTION_FAILED:
       return "CUBLAS_STATUS_EXECUTION_FAILED: the GPU program failed to execute";
     case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR";

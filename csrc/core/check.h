@@ -26,33 +26,33 @@ std::string nccl_result_string(int result);
 }  // namespace warpformer
 
 #define WF_CUDA_CHECK(expr)                                                                 \
-  do {                                                                                     \
-    const cudaError_t wf_err_ = (expr);                                                    \
-    if (wf_err_ != cudaSuccess) {                                                          \
+  do {                                                                                      \
+    const cudaError_t wf_err_ = (expr);                                                     \
+    if (wf_err_ != cudaSuccess) {                                                           \
       (void)cudaGetLastError(); /* clear a non-sticky error so later calls do not see it */ \
-      ::warpformer::throw_library_error("CUDA", #expr, __FILE__, __LINE__,                \
-                                        std::string(cudaGetErrorName(wf_err_)) + ": " +    \
-                                            cudaGetErrorString(wf_err_));                  \
-    }                                                                                      \
+      ::warpformer::throw_library_error(                                                    \
+          "CUDA", #expr, __FILE__, __LINE__,                                                \
+          std::string(cudaGetErrorName(wf_err_)) + ": " + cudaGetErrorString(wf_err_));     \
+    }                                                                                       \
   } while (0)
 
 // Checks the launch that was just made (bad configuration, missing kernel image for this GPU).
 #define WF_CHECK_LAUNCH() WF_CUDA_CHECK(cudaGetLastError())
 
-#define WF_CUBLAS_CHECK(expr)                                                              \
-  do {                                                                                    \
-    const int wf_st_ = static_cast<int>(expr);                                            \
-    if (wf_st_ != 0) {                                                                    \
-      ::warpformer::throw_library_error("cuBLAS", #expr, __FILE__, __LINE__,             \
-                                        ::warpformer::cublas_status_string(wf_st_));      \
-    }                                                                                     \
+#define WF_CUBLAS_CHECK(expr)                                                        \
+  do {                                                                               \
+    const int wf_st_ = static_cast<int>(expr);                                       \
+    if (wf_st_ != 0) {                                                               \
+      ::warpformer::throw_library_error("cuBLAS", #expr, __FILE__, __LINE__,         \
+                                        ::warpformer::cublas_status_string(wf_st_)); \
+    }                                                                                \
   } while (0)
 
-#define WF_NCCL_CHECK(expr)                                                                \
-  do {                                                                                    \
-    const int wf_res_ = static_cast<int>(expr);                                           \
-    if (wf_res_ != 0) {                                                                   \
-      ::warpformer::throw_library_error("NCCL", #expr, __FILE__, __LINE__,               \
-                                        ::warpformer::nccl_result_string(wf_res_));       \
-    }                                                                                     \
+#define WF_NCCL_CHECK(expr)                                                         \
+  do {                                                                              \
+    const int wf_res_ = static_cast<int>(expr);                                     \
+    if (wf_res_ != 0) {                                                             \
+      ::warpformer::throw_library_error("NCCL", #expr, __FILE__, __LINE__,          \
+                                        ::warpformer::nccl_result_string(wf_res_)); \
+    }                                                                               \
   } while (0)

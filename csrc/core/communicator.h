@@ -13,7 +13,7 @@ namespace warpformer {
 
 // One point-to-point transfer of a grouped send_recv call.
 struct P2pOp {
-  bool send;         // true: send `bytes` from data to peer; false: receive them into data
+  bool send;  // true: send `bytes` from data to peer; false: receive them into data
   void* data;
   int64_t bytes;
   int peer;

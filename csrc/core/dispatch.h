@@ -40,21 +40,21 @@ inline DType parse_dtype(const std::string& s, const char* what) {
 
 }  // namespace warpformer
 
-#define WF_DISPATCH_FLOATING(DTYPE, NAME, ...)                                          \
-  [&] {                                                                                \
-    switch (DTYPE) {                                                                   \
-      case ::warpformer::DType::kFloat32: {                                            \
-        using scalar_t = float;                                                        \
-        return __VA_ARGS__();                                                          \
-      }                                                                                \
-      case ::warpformer::DType::kFloat16: {                                            \
-        using scalar_t = __half;                                                       \
-        return __VA_ARGS__();                                                          \
-      }                                                                                \
-      case ::warpformer::DType::kBFloat16: {                                           \
-        using scalar_t = __nv_bfloat16;                                                \
-        return __VA_ARGS__();                                                          \
-      }                                                                                \
-    }                                                                                  \
-    TORCH_CHECK(false, NAME, ": unsupported dtype ", static_cast<int>(DTYPE));         \
+#define WF_DISPATCH_FLOATING(DTYPE, NAME, ...)                                 \
+  [&] {                                                                        \
+    switch (DTYPE) {                                                           \
+      case ::warpformer::DType::kFloat32: {                                    \
+        using scalar_t = float;                                                \
+        return __VA_ARGS__();                                                  \
+      }                                                                        \
+      case ::warpformer::DType::kFloat16: {                                    \
+        using scalar_t = __half;                                               \
+        return __VA_ARGS__();                                                  \
+      }                                                                        \
+      case ::warpformer::DType::kBFloat16: {                                   \
+        using scalar_t = __nv_bfloat16;                                        \
+        return __VA_ARGS__();                                                  \
+      }                                                                        \
+    }                                                                          \
+    TORCH_CHECK(false, NAME, ": unsupported dtype ", static_cast<int>(DTYPE)); \
   }()

@@ -38,7 +38,9 @@ struct Cursor {
         if (i >= s.size()) fail("unterminated escape");
         const char e = s[i++];
         switch (e) {
-          case '"': case '\\': case '/': out += e; break;
+          case '"':
+          case '\\':
+          case '/': out += e; break;
           case 'n': out += '\n'; break;
           case 't': out += '\t'; break;
           case 'r': out += '\r'; break;
@@ -133,8 +135,8 @@ int64_t FlatJson::get_int(const std::string& key, int64_t def) const {
   if (it == values_.end() || it->second.kind == JsonScalar::Kind::kNull) return def;
   const JsonScalar& v = it->second;
   if (v.kind == JsonScalar::Kind::kBool) return v.boolean ? 1 : 0;
-  TORCH_CHECK(v.kind == JsonScalar::Kind::kNumber && std::floor(v.number) == v.number, what_,
-              ": '", key, "' must be an integer");
+  TORCH_CHECK(v.kind == JsonScalar::Kind::kNumber && std::floor(v.number) == v.number, what_, ": '",
+              key, "' must be an integer");
   return static_cast<int64_t>(v.number);
 }
 

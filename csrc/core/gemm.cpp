@@ -52,20 +52,16 @@ Gemm::Gemm(CudaContext* ctx) : ctx_(ctx) {}
 
 Gemm::~Gemm() = default;
 
-
 size_t Gemm::cached_plans() const {
   std::lock_guard<std::mutex> lock(mu_);
   return plans_.size();
 }
 
 namespace {
-const char* const kEpilogueNames[kGemmEpilogues] = {"none", "bias", "bias_gelu_tanh",
-                                                    "bias_relu"};
+const char* const kEpilogueNames[kGemmEpilogues] = {"none", "bias", "bias_gelu_tanh", "bias_relu"};
 }  // namespace
 
-const char* gemm_epilogue_name(GemmEpilogue e) {
-  return kEpilogueNames[static_cast<int>(e)];
-}
+const char* gemm_epilogue_name(GemmEpilogue e) { return kEpilogueNames[static_cast<int>(e)]; }
 
 bool parse_gemm_epilogue(const std::string& s, GemmEpilogue* out) {
   for (int i = 0; i < kGemmEpilogues; ++i) {
@@ -109,13 +105,13 @@ void Gemm::create_descriptors(const GemmKey& key, Plan* plan) const {
   WF_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t no_trans = CUBLAS_OP_N;
   const cublasOperation_t trans_a = key.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
-  WF_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA,
-                                                 &trans_a, sizeof(trans_a)));
-  WF_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB,
-                                                 &no_trans, sizeof(no_trans)));
+  WF_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a,
+                                                 sizeof(trans_a)));
+  WF_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &no_trans,
+                                                 sizeof(no_trans)));
   const cublasLtEpilogue_t epi = lt_epilogue(key.epilogue);
-  WF_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi,
-                                                 sizeof(epi)));
+  WF_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
   // Column-major view: A = weight^T [n, k] (ld n), B = in^T [k, m] (ld k), C = out^T [n, m].
   // A transposed weight [n, k] row-major is column-major [k, n] (ld k), used with op T.
   if (key.transposed) {
@@ -136,9 +132,9 @@ std::vector<cublasLtMatmulHeuristicResult_t> Gemm::heuristics(const Plan& plan, 
   std::vector<cublasLtMatmulHeuristicResult_t> results(count);
   int found = 0;
   ++heuristic_queries_;
-  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
-      ctx_->blaslt(), plan.desc, plan.a, plan.b, plan.c, plan.c, pref, count, results.data(),
-      &found);
+  const cublasStatus_t st =
+      cublasLtMatmulAlgoGetHeuristic(ctx_->blaslt(), plan.desc, plan.a, plan.b, plan.c, plan.c,
+                                     pref, count, results.data(), &found);
   cublasLtMatmulPreferenceDestroy(pref);
   WF_CUBLAS_CHECK(st);
   results.resize(found);
@@ -193,10 +189,10 @@ std::shared_ptr<Gemm::Plan> Gemm::plan_for(const GemmKey& key) {
     if (found != rounded_algos_.end()) {
       // Unrounded (m is a step): the heuristic's own answer for this shape.
       cublasLtMatmulHeuristicResult_t fit = found->second;
-      const bool ok = rounded.m == key.m ||
-                      cublasLtMatmulAlgoCheck(ctx_->blaslt(), plan->desc, plan->a, plan->b,
-                                              plan->c, plan->c, &found->second.algo,
-                                              &fit) == CUBLAS_STATUS_SUCCESS;
+      const bool ok =
+          rounded.m == key.m ||
+          cublasLtMatmulAlgoCheck(ctx_->blaslt(), plan->desc, plan->a, plan->b, plan->c, plan->c,
+                                  &found->second.algo, &fit) == CUBLAS_STATUS_SUCCESS;
       if (ok && fit.workspaceSize <= kMaxWorkspaceBytes) {
         plan->algo = found->second.algo;
         plan->workspace = fit.workspaceSize;
@@ -371,8 +367,8 @@ bool Gemm::load_tuning(const std::string& path, std::string* note) {
   }
   if (fingerprint != tuning_fingerprint()) {
     return fail("was made for " +
-                (fingerprint.empty() ? std::string("an unknown GPU") : fingerprint) +
-                ", this is " + tuning_fingerprint());
+                (fingerprint.empty() ? std::string("an unknown GPU") : fingerprint) + ", this is " +
+                tuning_fingerprint());
   }
   std::lock_guard<std::mutex> lock(mu_);
   tuned_ = std::move(table);
@@ -414,9 +410,8 @@ kernels::NormParams<T> norm_params(const GemmNormedInput& in, int64_t rows, int6
 // The GEMV parameters of out[m, n] = in[m, k] @ weight[k, n] (+ bias): what try_gemv and
 // try_gemv_sum have in common. The caller range-checks m, n and k (int) and sets the rest.
 template <typename T>
-kernels::GemvParams<T> gemv_params(const void* in, const void* weight, const void* bias,
-                                   void* out, int64_t m, int64_t n, int64_t k,
-                                   bool prefetch_weight) {
+kernels::GemvParams<T> gemv_params(const void* in, const void* weight, const void* bias, void* out,
+                                   int64_t m, int64_t n, int64_t k, bool prefetch_weight) {
   kernels::GemvParams<T> p{};
   p.out = static_cast<T*>(out);
   p.in = static_cast<const T*>(in);
@@ -478,8 +473,7 @@ void Gemm::run(DType dtype, const void* in, const void* weight, const void* bias
   if (m == 0) return;
   TORCH_CHECK(epilogue == GemmEpilogue::kNone || bias != nullptr,
               "Gemm: the bias epilogue needs a bias pointer");
-  if (try_gemv(dtype, in, weight, bias, out, m, n, k, false, epilogue_activation(epilogue),
-               beta)) {
+  if (try_gemv(dtype, in, weight, bias, out, m, n, k, false, epilogue_activation(epilogue), beta)) {
     return;
   }
   launch(GemmKey{m, n, k, dtype, epilogue, beta != 0.f, false}, in, weight, bias, out, beta);
@@ -510,19 +504,17 @@ void Gemm::run_act(DType dtype, const void* in, const void* weight, const void* 
     return;
   }
   TORCH_CHECK(beta == 0.f, "Gemm::run_act: an activation with beta != 0 needs the GEMV path");
-  launch(GemmKey{m, n, k, dtype, GemmEpilogue::kNone, false, false}, in, weight, nullptr, out,
-         0.f);
+  launch(GemmKey{m, n, k, dtype, GemmEpilogue::kNone, false, false}, in, weight, nullptr, out, 0.f);
   WF_DISPATCH_FLOATING(dtype, "Gemm::run_act", [&] {
-    WF_CUDA_CHECK(kernels::launch_bias_act(static_cast<scalar_t*>(out),
-                                           static_cast<const scalar_t*>(out),
-                                           static_cast<const scalar_t*>(bias), m,
-                                           static_cast<int>(n), act, ctx_->stream()));
+    WF_CUDA_CHECK(kernels::launch_bias_act(
+        static_cast<scalar_t*>(out), static_cast<const scalar_t*>(out),
+        static_cast<const scalar_t*>(bias), m, static_cast<int>(n), act, ctx_->stream()));
   });
 }
 
-void Gemm::run_normed(DType dtype, const GemmNormedInput& in, const void* weight,
-                      const void* bias, void* out, int64_t m, int64_t n, int64_t k,
-                      kernels::Activation act, bool beside) {
+void Gemm::run_normed(DType dtype, const GemmNormedInput& in, const void* weight, const void* bias,
+                      void* out, int64_t m, int64_t n, int64_t k, kernels::Activation act,
+                      bool beside) {
   TORCH_CHECK(m >= 0 && n > 0 && k > 0, "Gemm: bad sizes m=", m, " n=", n, " k=", k);
   TORCH_CHECK(in.kind != kernels::NormKind::kAddOnly && in.input != nullptr &&
                   in.gamma != nullptr && in.out != nullptr,
@@ -538,9 +530,9 @@ void Gemm::run_normed(DType dtype, const GemmNormedInput& in, const void* weight
   run_act(dtype, in.out, weight, bias, out, m, n, k, act);
 }
 
-bool Gemm::try_gemv_sum(DType dtype, const void* in1, const void* w1, int64_t k1,
-                        const void* in2, const void* w2, int64_t k2, void* out, int64_t m,
-                        int64_t n, bool launch, bool second_ready) const {
+bool Gemm::try_gemv_sum(DType dtype, const void* in1, const void* w1, int64_t k1, const void* in2,
+                        const void* w2, int64_t k2, void* out, int64_t m, int64_t n, bool launch,
+                        bool second_ready) const {
   if (m > gemv_max_rows(false) || n > INT_MAX || k1 > INT_MAX || k2 > INT_MAX) return false;
   return WF_DISPATCH_FLOATING(dtype, "Gemm::run_sum", [&] {
     using T = scalar_t;
@@ -558,8 +550,7 @@ bool Gemm::try_gemv_sum(DType dtype, const void* in1, const void* w1, int64_t k1
 }
 
 bool Gemm::run_sum(DType dtype, const void* in1, const void* w1, int64_t k1, const void* in2,
-                   const void* w2, int64_t k2, void* out, int64_t m, int64_t n,
-                   bool second_ready) {
+                   const void* w2, int64_t k2, void* out, int64_t m, int64_t n, bool second_ready) {
   TORCH_CHECK(m >= 0 && n > 0 && k1 > 0 && k2 > 0, "Gemm::run_sum: bad sizes m=", m, " n=", n,
               " k1=", k1, " k2=", k2);
   if (m == 0) return false;
@@ -572,19 +563,18 @@ bool Gemm::run_sum(DType dtype, const void* in1, const void* w1, int64_t k1, con
 bool Gemm::run_normed_pair(DType dtype, const GemmNormedInput& in, const GemmProduct& first,
                            const GemmProduct& second, const void* gamma2, const void* beta2,
                            int64_t m, int64_t k) {
-  TORCH_CHECK(m >= 0 && k > 0 && first.n > 0 && second.n > 0, "Gemm::run_normed_pair: bad sizes m=",
-              m, " k=", k, " n=", first.n, " n2=", second.n);
+  TORCH_CHECK(m >= 0 && k > 0 && first.n > 0 && second.n > 0,
+              "Gemm::run_normed_pair: bad sizes m=", m, " k=", k, " n=", first.n, " n2=", second.n);
   TORCH_CHECK(in.kind != kernels::NormKind::kAddOnly && in.input != nullptr && in.gamma != nullptr,
               "Gemm::run_normed_pair: needs a LayerNorm or RMSNorm with input and gamma");
-  if (m == 0 || !norm_fusion_ || m > gemv_max_rows(false) || k > INT_MAX ||
-      first.n > INT_MAX || second.n > INT_MAX) {
+  if (m == 0 || !norm_fusion_ || m > gemv_max_rows(false) || k > INT_MAX || first.n > INT_MAX ||
+      second.n > INT_MAX) {
     return false;
   }
   return WF_DISPATCH_FLOATING(dtype, "Gemm::run_normed_pair", [&] {
     using T = scalar_t;
-    kernels::GemvParams<T> p =
-        gemv_params<T>(nullptr, first.weight, first.bias, first.out, m, first.n, k,
-                       static_weights_);
+    kernels::GemvParams<T> p = gemv_params<T>(nullptr, first.weight, first.bias, first.out, m,
+                                              first.n, k, static_weights_);
     p.act = first.act;
     kernels::NormParams<T> np = norm_params<T>(in, m, k);
     if (!in.keep_out) np.out = nullptr;
@@ -608,9 +598,8 @@ bool Gemm::joins_sum(DType dtype, const void* in1, const void* w1, int64_t k1, c
          try_gemv_sum(dtype, in1, w1, k1, in2, w2, k2, out, m, n, false);
 }
 
-bool Gemm::fuses_norm(DType dtype, const GemmNormedInput& in, const void* weight,
-                      const void* bias, void* out, int64_t m, int64_t n, int64_t k,
-                      kernels::Activation act) {
+bool Gemm::fuses_norm(DType dtype, const GemmNormedInput& in, const void* weight, const void* bias,
+                      void* out, int64_t m, int64_t n, int64_t k, kernels::Activation act) {
   return norm_fusion_ && m > 0 &&
          try_gemv(dtype, nullptr, weight, bias, out, m, n, k, false, act, 0.f, &in, false);
 }
@@ -619,8 +608,7 @@ void Gemm::run_transposed(DType dtype, const void* in, const void* weight, const
                           void* out, int64_t m, int64_t n, int64_t k) {
   TORCH_CHECK(m >= 0 && n > 0 && k > 0, "Gemm: bad sizes m=", m, " n=", n, " k=", k);
   if (m == 0) return;
-  if (try_gemv(dtype, in, weight, bias, out, m, n, k, true, kernels::Activation::kIdentity,
-               0.f)) {
+  if (try_gemv(dtype, in, weight, bias, out, m, n, k, true, kernels::Activation::kIdentity, 0.f)) {
     return;
   }
   const GemmEpilogue epi = bias != nullptr ? GemmEpilogue::kBias : GemmEpilogue::kNone;
@@ -648,9 +636,10 @@ void Gemm::reserve_workspace(size_t bytes, const GemmKey& key) {
   WF_CUDA_CHECK(cudaStreamIsCapturing(ctx_->stream(), &capturing));
   // The engine plans every product on an eager launch before it captures one; a plan made
   // during a capture (a shape first seen there) cannot allocate.
-  TORCH_CHECK(capturing == cudaStreamCaptureStatusNone, "Gemm: the cuBLASLt algorithm for m=",
-              key.m, " n=", key.n, " k=", key.k, " needs a ", bytes, "-byte workspace (have ",
-              ctx_->workspace_size(), "), which cannot grow while a CUDA graph is captured");
+  TORCH_CHECK(capturing == cudaStreamCaptureStatusNone,
+              "Gemm: the cuBLASLt algorithm for m=", key.m, " n=", key.n, " k=", key.k, " needs a ",
+              bytes, "-byte workspace (have ", ctx_->workspace_size(),
+              "), which cannot grow while a CUDA graph is captured");
   ctx_->reserve_workspace(bytes);
 }
 

@@ -33,8 +33,8 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <vector>
 #include <unordered_map>
+#include <vector>
 
 #include "csrc/core/cuda_context.h"
 #include "csrc/core/dispatch.h"
@@ -64,7 +64,7 @@ struct GemmNormedInput {
   const void* gamma = nullptr;       // [k]
   const void* beta = nullptr;        // [k] or null
   float eps = 1e-5f;
-  void* residual_out = nullptr;      // [m, k] receives x, or null; must not alias the inputs
+  void* residual_out = nullptr;  // [m, k] receives x, or null; must not alias the inputs
   // [m, k] norm(x): scratch of the unfused path (a norms kernel writes it, the product reads it),
   // and written by the fused path too when keep_out. Must not alias the inputs.
   void* out = nullptr;
@@ -145,8 +145,8 @@ class Gemm {
   // a parallel-residual layer's QKV and MLP-in products at decode sizes. Writes residual_out
   // (and in.out when kept) as run_normed does. Returns false, launching nothing, otherwise.
   bool run_normed_pair(DType dtype, const GemmNormedInput& in, const GemmProduct& first,
-                       const GemmProduct& second, const void* gamma2, const void* beta2,
-                       int64_t m, int64_t k);
+                       const GemmProduct& second, const void* gamma2, const void* beta2, int64_t m,
+                       int64_t k);
 
   // out[m, n] = in1[m, k1] @ w1[k1, n] + in2[m, k2] @ w2[k2, n]: one GEMV launch over both
   // depths where the GEMV runs the shape (kernels::launch_gemv_sum, one fp32 accumulation),
@@ -219,8 +219,8 @@ class Gemm {
   // whose bytes together exceed the L2 cache time the weight as a model's pass meets it, read
   // from DRAM, where one copy would be timed from L2 after its first launch. For the tuner.
   std::vector<float> benchmark(const GemmKey& key, const void* in,
-                               const std::vector<const void*>& weights, const void* bias,
-                               void* out, int max_algos, int reps);
+                               const std::vector<const void*>& weights, const void* bias, void* out,
+                               int max_algos, int reps);
 
   // Identifies the GPU and cuBLASLt version a tuning file was made for.
   std::string tuning_fingerprint() const;

@@ -35,9 +35,8 @@ std::array<char, sizeof(ncclUniqueId)> NcclCommunicator::new_unique_id() {
   return out;
 }
 
-NcclCommunicator::NcclCommunicator(const std::array<char, sizeof(ncclUniqueId)>& id,
-                                   int world_size, int rank, int device, double timeout_s,
-                                   bool peer_allreduce)
+NcclCommunicator::NcclCommunicator(const std::array<char, sizeof(ncclUniqueId)>& id, int world_size,
+                                   int rank, int device, double timeout_s, bool peer_allreduce)
     : rank_(rank), size_(world_size), device_(device), timeout_s_(timeout_s) {
   TORCH_CHECK(world_size >= 1, "NcclComm: world_size must be >= 1, got ", world_size);
   TORCH_CHECK(rank >= 0 && rank < world_size, "NcclComm: rank must be in [0, ", world_size,
@@ -54,8 +53,7 @@ NcclCommunicator::NcclCommunicator(const std::array<char, sizeof(ncclUniqueId)>&
     comm_ = nullptr;
     WF_NCCL_CHECK(r);
   }
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::duration<double>(timeout_s);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
   ncclResult_t state = ncclInProgress;
   while (true) {
     const ncclResult_t q = ncclCommGetAsyncError(comm_, &state);
@@ -65,7 +63,8 @@ NcclCommunicator::NcclCommunicator(const std::array<char, sizeof(ncclUniqueId)>&
       ncclCommAbort(comm_);
       comm_ = nullptr;
       TORCH_CHECK(false, "NcclComm: rank ", rank, " of ", world_size, " timed out after ",
-                  timeout_s, " s waiting for the other ranks to join the NCCL group (a rank "
+                  timeout_s,
+                  " s waiting for the other ranks to join the NCCL group (a rank "
                   "failed or never started); aborted");
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -104,8 +103,8 @@ void NcclCommunicator::finish_call(int result, const char* what) {
     return;
   }
   if (r == ncclInProgress) {
-    const auto deadline = std::chrono::steady_clock::now() +
-                          std::chrono::duration<double>(timeout_s_);
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s_);
     do {
       if (ncclCommGetAsyncError(comm_, &r) != ncclSuccess) break;
       if (r != ncclInProgress) break;
@@ -124,17 +123,21 @@ void NcclCommunicator::finish_call(int result, const char* what) {
   }
 }
 
-void NcclCommunicator::all_reduce_sum(void* data, int64_t count, DType dtype,
-                                      cudaStream_t stream, AllReducePath path) {
+void NcclCommunicator::all_reduce_sum(void* data, int64_t count, DType dtype, cudaStream_t stream,
+                                      AllReducePath path) {
   TORCH_CHECK(comm_ != nullptr, "NcclComm: the communicator was aborted");
   if (path == AllReducePath::kPeer) {
-    TORCH_CHECK(t_group_depth == 0, "NcclComm: all_reduce path 'peer' cannot join a group of "
+    TORCH_CHECK(t_group_depth == 0,
+                "NcclComm: all_reduce path 'peer' cannot join a group of "
                 "NCCL calls");
-    TORCH_CHECK(peer_ != nullptr, "NcclComm: all_reduce path 'peer' is not available in this "
-                "group (", peer_reason_, ")");
-    TORCH_CHECK(peer_->supports(data, count, dtype), "NcclComm: all_reduce path 'peer' takes "
-                "16-byte aligned messages of at most ", kernels::kPeerMaxBytes, " bytes; got ",
-                count, " elements of ", dtype_name(dtype));
+    TORCH_CHECK(peer_ != nullptr,
+                "NcclComm: all_reduce path 'peer' is not available in this "
+                "group (",
+                peer_reason_, ")");
+    TORCH_CHECK(peer_->supports(data, count, dtype),
+                "NcclComm: all_reduce path 'peer' takes "
+                "16-byte aligned messages of at most ",
+                kernels::kPeerMaxBytes, " bytes; got ", count, " elements of ", dtype_name(dtype));
   }
   if (path != AllReducePath::kNccl && t_group_depth == 0 && peer_ != nullptr &&
       peer_->run(data, count, dtype, stream)) {
@@ -148,9 +151,9 @@ void NcclCommunicator::all_reduce_sum(void* data, int64_t count, DType dtype,
 void NcclCommunicator::all_gather(const void* send, void* recv, int64_t count, DType dtype,
                                   cudaStream_t stream) {
   TORCH_CHECK(comm_ != nullptr, "NcclComm: the communicator was aborted");
-  finish_call(ncclAllGather(send, recv, static_cast<size_t>(count), nccl_type(dtype), comm_,
-                            stream),
-              "all_gather");
+  finish_call(
+      ncclAllGather(send, recv, static_cast<size_t>(count), nccl_type(dtype), comm_, stream),
+      "all_gather");
 }
 
 void NcclCommunicator::broadcast(void* data, int64_t bytes, int root, cudaStream_t stream) {

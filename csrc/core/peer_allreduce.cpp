@@ -2,7 +2,6 @@
 
 #include <c10/util/Exception.h>
 
-
 #include "csrc/core/check.h"
 #include "csrc/core/cuda_context.h"
 #include "kernels/peer_allreduce.h"
@@ -56,8 +55,8 @@ std::unique_ptr<PeerAllReduce> PeerAllReduce::create(Communicator& comm, int dev
     willing = soft(cudaMalloc(reinterpret_cast<void**>(&self->own_), kernels::kPeerBufferBytes),
                    "cudaMalloc", why) &&
               soft(cudaMemset(self->own_, 0, kernels::kPeerBufferBytes), "cudaMemset", why) &&
-              soft(cudaMalloc(reinterpret_cast<void**>(&self->sequence_), kSeqBytes),
-                   "cudaMalloc", why) &&
+              soft(cudaMalloc(reinterpret_cast<void**>(&self->sequence_), kSeqBytes), "cudaMalloc",
+                   why) &&
               soft(cudaMemset(self->sequence_, 0, kSeqBytes), "cudaMemset", why) &&
               soft(cudaIpcGetMemHandle(&mine.handle, self->own_), "cudaIpcGetMemHandle", why) &&
               soft(cudaDeviceGetPCIBusId(mine.pci_bus_id, sizeof(mine.pci_bus_id), device),
@@ -79,8 +78,8 @@ std::unique_ptr<PeerAllReduce> PeerAllReduce::create(Communicator& comm, int dev
     char* recv = static_cast<char*>(dev) + sizeof(Record);
     WF_CUDA_CHECK(cudaMemcpyAsync(dev, &mine, sizeof(Record), cudaMemcpyHostToDevice, stream));
     comm.all_gather(dev, recv, sizeof(Record) / sizeof(float), DType::kFloat32, stream);
-    WF_CUDA_CHECK(cudaMemcpyAsync(all.data(), recv, sizeof(Record) * n, cudaMemcpyDeviceToHost,
-                                  stream));
+    WF_CUDA_CHECK(
+        cudaMemcpyAsync(all.data(), recv, sizeof(Record) * n, cudaMemcpyDeviceToHost, stream));
     WF_CUDA_CHECK(cudaStreamSynchronize(stream));
 
     bool mapped = willing;
@@ -95,11 +94,12 @@ std::unique_ptr<PeerAllReduce> PeerAllReduce::create(Communicator& comm, int dev
         break;
       }
       int peer_device = -1, can = 0;
-      mapped = soft(cudaDeviceGetByPCIBusId(&peer_device, all[r].pci_bus_id),
-                    "the GPU of a peer is not visible here (another host, or hidden by "
-                    "CUDA_VISIBLE_DEVICES): cudaDeviceGetByPCIBusId", why) &&
-               soft(cudaDeviceCanAccessPeer(&can, device, peer_device), "cudaDeviceCanAccessPeer",
-                    why);
+      mapped =
+          soft(cudaDeviceGetByPCIBusId(&peer_device, all[r].pci_bus_id),
+               "the GPU of a peer is not visible here (another host, or hidden by "
+               "CUDA_VISIBLE_DEVICES): cudaDeviceGetByPCIBusId",
+               why) &&
+          soft(cudaDeviceCanAccessPeer(&can, device, peer_device), "cudaDeviceCanAccessPeer", why);
       if (mapped && !can && peer_device != device) {
         *why = "no peer access from GPU " + std::to_string(device) + " to GPU " +
                std::to_string(peer_device);
@@ -162,8 +162,7 @@ kernels::PeerAllReduceParams<T> PeerAllReduce::params(void* data, int64_t count)
 
 bool PeerAllReduce::supports(const void* data, int64_t count, DType dtype) const {
   return WF_DISPATCH_FLOATING(dtype, "PeerAllReduce", [&] {
-    return kernels::peer_allreduce_supported(
-        params<scalar_t>(const_cast<void*>(data), count));
+    return kernels::peer_allreduce_supported(params<scalar_t>(const_cast<void*>(data), count));
   });
 }
 

@@ -41,9 +41,9 @@ class PeerAllReduce {
 
   int rank_ = 0, ranks_ = 0, device_ = 0;
   uint64_t timeout_ns_ = 0;
-  char* own_ = nullptr;             // this rank's exchange buffer
-  uint32_t* sequence_ = nullptr;    // per-block call counters
-  std::vector<char*> buffers_;      // every rank's buffer as mapped here (own_ at rank_)
+  char* own_ = nullptr;           // this rank's exchange buffer
+  uint32_t* sequence_ = nullptr;  // per-block call counters
+  std::vector<char*> buffers_;    // every rank's buffer as mapped here (own_ at rank_)
 };
 
 }  // namespace warpformer

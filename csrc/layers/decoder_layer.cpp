@@ -76,8 +76,8 @@ kernels::DecodeAttentionParams<T> decode_params(const LayerBuffers& b, int64_t t
 }
 
 template <typename T>
-void attention(const LayerContext& lc, const LayerWeights& w, const LayerBuffers& b,
-               int64_t tokens, const AttentionInputs& ai) {
+void attention(const LayerContext& lc, const LayerWeights& w, const LayerBuffers& b, int64_t tokens,
+               const AttentionInputs& ai) {
   const gpt::GptConfig& c = *lc.cfg;
   const int heads = static_cast<int>(c.local_heads());
   const int hd = static_cast<int>(c.size_per_head);
@@ -152,8 +152,8 @@ struct NormSpec {
 };
 
 // out[tokens, n] = in @ W (+ beta * out), summed over the tensor-parallel group.
-void product(const LayerContext& lc, const void* in, const void* weight, void* out,
-             int64_t tokens, int64_t n, int64_t k, float beta = 0.f) {
+void product(const LayerContext& lc, const void* in, const void* weight, void* out, int64_t tokens,
+             int64_t n, int64_t k, float beta = 0.f) {
   lc.gemm->run(lc.dtype, in, weight, nullptr, out, tokens, n, k, GemmEpilogue::kNone, beta);
   all_reduce_if_parallel(lc.comm, out, tokens * n, lc.dtype, lc.ctx->stream());
 }
@@ -175,9 +175,9 @@ void* other_stream_buffer(const LayerBuffers& b, const void* x) { return x == b.
 // where the normalising GEMV may run (its outputs must not alias its inputs), and in place
 // past them, where the norms kernel runs (it reads each row before writing it). `normed`
 // receives norm(stream) (kept when keep_normed, else scratch).
-GemmNormedInput stream_input(const LayerContext& lc, const ResidualStream& s,
-                             const LayerBuffers& b, int64_t tokens, const void* gamma,
-                             const void* beta, void* normed, bool keep_normed) {
+GemmNormedInput stream_input(const LayerContext& lc, const ResidualStream& s, const LayerBuffers& b,
+                             int64_t tokens, const void* gamma, const void* beta, void* normed,
+                             bool keep_normed) {
   GemmNormedInput in;
   in.kind = kernels::NormKind::kLayerNorm;
   in.input = s.delta != nullptr ? s.delta : s.x;
@@ -188,8 +188,10 @@ GemmNormedInput stream_input(const LayerContext& lc, const ResidualStream& s,
   in.eps = static_cast<float>(lc.cfg->layernorm_eps);
   const bool adds = s.delta != nullptr || s.bias != nullptr;
   void* const stream_out = tokens > kernels::kGemvMaxRows ? s.x : other_stream_buffer(b, s.x);
-  TORCH_CHECK(!adds || stream_out != b.y || tokens <= b.y_rows, "decoder layer: the stream "
-              "buffer y holds ", b.y_rows, " rows, not the ", tokens, " of this call");
+  TORCH_CHECK(!adds || stream_out != b.y || tokens <= b.y_rows,
+              "decoder layer: the stream "
+              "buffer y holds ",
+              b.y_rows, " rows, not the ", tokens, " of this call");
   in.residual_out = adds ? stream_out : nullptr;
   in.out = normed;
   in.keep_out = keep_normed;
@@ -297,8 +299,8 @@ void layer_forward(const LayerContext& lc, const LayerWeights& w, const LayerBuf
   const bool paired = decode_sized && paired_products(lc, w, b, tokens, s);
   const bool shared_norm = c.parallel_residual && c.parallel_shared_layernorm;
   if (!paired) {
-    normed_product(lc, s, b, w.ln1_w, w.ln1_b, b.n, shared_norm, w.qkv_w, nullptr, b.qkv,
-                   tokens, 3 * lh, Activation::kIdentity);
+    normed_product(lc, s, b, w.ln1_w, w.ln1_b, b.n, shared_norm, w.qkv_w, nullptr, b.qkv, tokens,
+                   3 * lh, Activation::kIdentity);
   }
   attention<T>(lc, w, b, tokens, ai);
 
@@ -350,8 +352,8 @@ void decoder_layer_forward(const LayerContext& lc, const LayerWeights& w, const 
                        [&] { layer_forward<scalar_t>(lc, w, bufs, tokens, attn, next, stream); });
 }
 
-void apply_norm(const LayerContext& lc, kernels::NormKind kind, const void* gamma,
-                const void* beta, const void* x, void* out, int64_t rows, int64_t hidden) {
+void apply_norm(const LayerContext& lc, kernels::NormKind kind, const void* gamma, const void* beta,
+                const void* x, void* out, int64_t rows, int64_t hidden) {
   if (rows == 0) return;
   WF_DISPATCH_FLOATING(lc.dtype, "apply_norm", [&] {
     run_norm<scalar_t>(lc, kind, gamma, beta, x, nullptr, nullptr, nullptr, out, rows, hidden);

@@ -19,19 +19,19 @@ namespace layers {
 // Device pointers of one layer's weights on this rank (element type = the model dtype). Shapes
 // use h = hidden, lh = local heads * head size, li = local inter size; kernels stored [in, out].
 struct LayerWeights {
-  const void* ln1_w = nullptr;      // [h]      input_layernorm
-  const void* ln1_b = nullptr;      // [h]
-  const void* qkv_w = nullptr;      // [h, 3 * lh]
-  const void* qkv_b = nullptr;      // [3 * lh] or null
-  const void* dense_w = nullptr;    // [lh, h]
-  const void* dense_b = nullptr;    // [h] or null
-  const void* ln2_w = nullptr;      // [h]      post_attention_layernorm (null: GPT-J)
-  const void* ln2_b = nullptr;      // [h]
-  const void* fc1_w = nullptr;      // [h, li]
-  const void* fc1_b = nullptr;      // [li] or null
-  const void* fc2_w = nullptr;      // [li, h]
-  const void* fc2_b = nullptr;      // [h] or null
-  const void* residual_b = nullptr; // [h] dense_b + fc2_b, for the parallel-residual form
+  const void* ln1_w = nullptr;       // [h]      input_layernorm
+  const void* ln1_b = nullptr;       // [h]
+  const void* qkv_w = nullptr;       // [h, 3 * lh]
+  const void* qkv_b = nullptr;       // [3 * lh] or null
+  const void* dense_w = nullptr;     // [lh, h]
+  const void* dense_b = nullptr;     // [h] or null
+  const void* ln2_w = nullptr;       // [h]      post_attention_layernorm (null: GPT-J)
+  const void* ln2_b = nullptr;       // [h]
+  const void* fc1_w = nullptr;       // [h, li]
+  const void* fc1_b = nullptr;       // [li] or null
+  const void* fc2_w = nullptr;       // [li, h]
+  const void* fc2_b = nullptr;       // [h] or null
+  const void* residual_b = nullptr;  // [h] dense_b + fc2_b, for the parallel-residual form
 };
 
 // What follows this layer. defer (pre-norm layers whose successor is a pre-norm layer of the
@@ -85,23 +85,23 @@ struct LayerBuffers {
 // Where the attention reads and writes: the layer's KV cache and the token -> (slot, position)
 // map, plus either the packed-prefill description or the one-token-per-row decode description.
 struct AttentionInputs {
-  void* k_cache;                 // [num_slots, local_heads, max_seq, head_dim]
+  void* k_cache;  // [num_slots, local_heads, max_seq, head_dim]
   void* v_cache;
   int num_slots;
   int max_seq;
-  const int32_t* token_slot;     // [tokens]
-  const int32_t* token_pos;      // [tokens]
-  const float* alibi_slopes;     // [local_heads] or null
+  const int32_t* token_slot;  // [tokens]
+  const int32_t* token_pos;   // [tokens]
+  const float* alibi_slopes;  // [local_heads] or null
   bool decode;
   // prefill
-  const int32_t* cu_seqlens;     // [batch + 1]
-  const int32_t* seq_slot;       // [batch]
+  const int32_t* cu_seqlens;  // [batch + 1]
+  const int32_t* seq_slot;    // [batch]
   int batch;
   int max_seqlen;
   // decode (rows == tokens)
-  const int32_t* row_slot;       // [rows] or null
-  const int32_t* lengths;        // [rows]
-  const int32_t* cache_indir;    // [rows, max_seq] or null
+  const int32_t* row_slot;     // [rows] or null
+  const int32_t* lengths;      // [rows]
+  const int32_t* cache_indir;  // [rows, max_seq] or null
   // QKV preparation inside the decode attention kernel; requires token_slot = row_slot (or
   // iota), token_pos = lengths - 1 and cache_indir[r, token_pos[r]] = the row's slot.
   bool fused_prep;
@@ -113,7 +113,7 @@ struct AttentionInputs {
 struct LayerContext {
   const CudaContext* ctx;
   Gemm* gemm;
-  Communicator* comm;            // tensor-parallel group or null
+  Communicator* comm;  // tensor-parallel group or null
   const gpt::GptConfig* cfg;
   DType dtype;
 };
@@ -128,8 +128,8 @@ void decoder_layer_forward(const LayerContext& lc, const LayerWeights& w, const 
 
 // out = norm(x) (no residual add): BLOOM's embedding norm, and the final norm of a stage
 // without layers.
-void apply_norm(const LayerContext& lc, kernels::NormKind kind, const void* gamma,
-                const void* beta, const void* x, void* out, int64_t rows, int64_t hidden);
+void apply_norm(const LayerContext& lc, kernels::NormKind kind, const void* gamma, const void* beta,
+                const void* x, void* out, int64_t rows, int64_t hidden);
 
 // x += delta (+ bias) in place, then out = next(x) (fused); out may be null for kAddOnly.
 void add_and_norm(const LayerContext& lc, const void* delta, void* x, const void* bias,

@@ -18,9 +18,8 @@ constexpr const char* kOp = "GptModel";
 // True when `t` (contiguous) is the first rows of a storage that goes on for at least `rows` rows.
 bool storage_holds_rows(const at::Tensor& t, int64_t rows) {
   const int64_t row_bytes = t.numel() / std::max<int64_t>(1, t.size(0)) * t.element_size();
-  return t.is_contiguous() &&
-         (t.storage_offset() * t.element_size() + rows * row_bytes) <=
-             static_cast<int64_t>(t.storage().nbytes());
+  return t.is_contiguous() && (t.storage_offset() * t.element_size() + rows * row_bytes) <=
+                                  static_cast<int64_t>(t.storage().nbytes());
 }
 
 std::string shape_str(const std::vector<int64_t>& s) {
@@ -83,15 +82,15 @@ std::vector<Spec> rank_specs(const gpt::GptConfig& c) {
 
 }  // namespace
 
-GptModelHolder::GptModelHolder(const std::string& config, c10::Dict<std::string, at::Tensor> weights,
+GptModelHolder::GptModelHolder(const std::string& config,
+                               c10::Dict<std::string, at::Tensor> weights,
                                const std::string& options)
     : config_json_(config),
       given_(weights),
       options_(ModelOptions::from_json(options, "GptModel options")) {
   const std::string& dtype = options_.dtype;
-  gpt::GptConfig cfg = gpt::GptConfig::from_json(config, options_.tensor_para_rank,
-                                                  options_.pipeline_para_size,
-                                                  options_.pipeline_para_rank);
+  gpt::GptConfig cfg = gpt::GptConfig::from_json(
+      config, options_.tensor_para_rank, options_.pipeline_para_size, options_.pipeline_para_rank);
   const std::vector<Spec> specs = rank_specs(cfg);
   const bool need_wte =
       cfg.first_stage() || (cfg.last_stage() && !weights.contains("lm_head.weight"));
@@ -100,8 +99,8 @@ GptModelHolder::GptModelHolder(const std::string& config, c10::Dict<std::string,
   std::vector<std::pair<std::string, at::Tensor>> chosen;
   auto check = [&](const std::string& name, const std::vector<int64_t>& shape) {
     const at::Tensor& t = weights.at(name);
-    TORCH_CHECK(t.is_floating_point(), kOp, ": weight '", name,
-                "' must be a floating tensor, got ", t.scalar_type());
+    TORCH_CHECK(t.is_floating_point(), kOp, ": weight '", name, "' must be a floating tensor, got ",
+                t.scalar_type());
     TORCH_CHECK(t.sizes().vec() == shape, kOp, ": weight '", name, "' must have shape ",
                 shape_str(shape), " for tensor_para_size ", cfg.tensor_para_size, ", got ",
                 shape_str(t.sizes().vec()));
@@ -117,7 +116,8 @@ GptModelHolder::GptModelHolder(const std::string& config, c10::Dict<std::string,
     check(s.name, s.shape);
   }
   if (need_wte && !cfg.first_stage()) {
-    TORCH_CHECK(weights.contains("wte"), kOp, ": missing weight 'wte' (needed by the tied lm_head)");
+    TORCH_CHECK(weights.contains("wte"), kOp,
+                ": missing weight 'wte' (needed by the tied lm_head)");
     check("wte", {cfg.vocab_size, cfg.embed_dim()});
   }
   const std::string& ref_name = chosen.front().first;
@@ -216,12 +216,12 @@ GptModelHolder::GptModelHolder(const std::string& config, c10::Dict<std::string,
   }
 
   const c10::cuda::CUDAGuard guard(device_);
-  auto ctx = std::make_shared<CudaContext>(
-      static_cast<int>(device_), c10::cuda::getCurrentCUDAStream(device_).stream(),
-      torch_cuda_allocator());
-  model_ = std::make_unique<gpt::GptModel>(std::move(cfg), std::move(w), dt, std::move(ctx),
-                                           options_.max_batch, options_.max_seq_len,
-                                           options_.engine);
+  auto ctx = std::make_shared<CudaContext>(static_cast<int>(device_),
+                                           c10::cuda::getCurrentCUDAStream(device_).stream(),
+                                           torch_cuda_allocator());
+  model_ =
+      std::make_unique<gpt::GptModel>(std::move(cfg), std::move(w), dt, std::move(ctx),
+                                      options_.max_batch, options_.max_seq_len, options_.engine);
   // GEMM algorithms: the tuning file given, else $WARPFORMER_GEMM_CONFIG, else heuristics.
   const std::string tuning = options_.tuning_file();
   if (!tuning.empty()) {
@@ -252,8 +252,8 @@ GptModelHolder::Prompt GptModelHolder::check_inputs(const char* op, const at::Te
   TORCH_CHECK(input_ids.is_cpu() || input_ids.is_cuda(), op,
               ": input_ids must be on the CPU or on the model's GPU (cuda:", device_, "), got ",
               input_ids.device());
-  TORCH_CHECK(input_ids.is_cpu() || input_ids.device().index() == device_, op,
-              ": input_ids is on ", input_ids.device(), " but the model is on cuda:", device_);
+  TORCH_CHECK(input_ids.is_cpu() || input_ids.device().index() == device_, op, ": input_ids is on ",
+              input_ids.device(), " but the model is on cuda:", device_);
   // The checks run on the host: a device->host copy of each input that is on the GPU, instead
   // of a dozen small kernels and a synchronisation per check.
   Prompt p;
@@ -262,8 +262,9 @@ GptModelHolder::Prompt GptModelHolder::check_inputs(const char* op, const at::Te
   const int32_t* lp = lens.data_ptr<int32_t>();
   p.lengths.assign(lp, lp + batch);
   for (int64_t b = 0; b < batch; ++b) {
-    TORCH_CHECK(p.lengths[b] >= 1 && p.lengths[b] <= seq, op, ": input_lengths[", b, "] = ",
-                p.lengths[b], " must be in [1, ", seq, "] (input_ids has ", seq, " columns)");
+    TORCH_CHECK(p.lengths[b] >= 1 && p.lengths[b] <= seq, op, ": input_lengths[", b,
+                "] = ", p.lengths[b], " must be in [1, ", seq, "] (input_ids has ", seq,
+                " columns)");
   }
   // Token ids of the valid positions must be in the vocabulary (padding is not looked at).
   const int64_t vocab = model_->config().vocab_size;
@@ -302,11 +303,10 @@ at::Tensor GptModelHolder::forward(const at::Tensor& input_ids, const at::Tensor
   const Prompt p = check_inputs(op, input_ids, input_lengths, 0);
   const c10::cuda::CUDAGuard guard(device_);
   model_->context().set_stream(c10::cuda::getCurrentCUDAStream(device_).stream());
-  const at::Tensor ids = input_ids.is_cuda() ? input_ids.contiguous()
-                                             : upload_together({p.host_ids}, device_)[0];
-  at::Tensor logits =
-      at::empty({ids.size(0), ids.size(1), model_->config().vocab_size},
-                ids.options().dtype(to_scalar_type(model_->dtype())));
+  const at::Tensor ids =
+      input_ids.is_cuda() ? input_ids.contiguous() : upload_together({p.host_ids}, device_)[0];
+  at::Tensor logits = at::empty({ids.size(0), ids.size(1), model_->config().vocab_size},
+                                ids.options().dtype(to_scalar_type(model_->dtype())));
   model_->forward(ids.data_ptr<int32_t>(), p.lengths, ids.size(1), logits.data_ptr());
   return logits;
 }
@@ -347,26 +347,31 @@ std::tuple<at::Tensor, at::Tensor> GptModelHolder::generate(const at::Tensor& in
 
 void GptModelHolder::check_parallel_ready(const char* op) const {
   const auto& c = model_->config();
-  TORCH_CHECK(c.tensor_para_size == 1 || tp_comm_, op, ": tensor_para_size is ",
-              c.tensor_para_size, " but no tensor-parallel communicator is attached (load the "
+  TORCH_CHECK(c.tensor_para_size == 1 || tp_comm_, op, ": tensor_para_size is ", c.tensor_para_size,
+              " but no tensor-parallel communicator is attached (load the "
               "model with warpformer.distributed.load_gpt_model or warpformer.GPT)");
   TORCH_CHECK(c.pipeline_para_size == 1 || pp_comm_, op, ": pipeline_para_size is ",
-              c.pipeline_para_size, " but no pipeline-parallel communicator is attached (load the "
+              c.pipeline_para_size,
+              " but no pipeline-parallel communicator is attached (load the "
               "model with warpformer.distributed.load_gpt_model or warpformer.GPT)");
 }
 
 void GptModelHolder::attach_pipeline_parallel(const c10::intrusive_ptr<NcclCommHolder>& comm) {
   const std::lock_guard<std::recursive_mutex> lock(call_mu_);
-  TORCH_CHECK(comm->device() == device_, "GptModel.attach_pipeline_parallel: the communicator is "
-              "on cuda:", comm->device(), " but the model is on cuda:", device_);
+  TORCH_CHECK(comm->device() == device_,
+              "GptModel.attach_pipeline_parallel: the communicator is "
+              "on cuda:",
+              comm->device(), " but the model is on cuda:", device_);
   model_->set_pipeline_parallel(comm->get());
   pp_comm_ = comm;
 }
 
 void GptModelHolder::attach_tensor_parallel(const c10::intrusive_ptr<NcclCommHolder>& comm) {
   const std::lock_guard<std::recursive_mutex> lock(call_mu_);
-  TORCH_CHECK(comm->device() == device_, "GptModel.attach_tensor_parallel: the communicator is on "
-              "cuda:", comm->device(), " but the model is on cuda:", device_);
+  TORCH_CHECK(comm->device() == device_,
+              "GptModel.attach_tensor_parallel: the communicator is on "
+              "cuda:",
+              comm->device(), " but the model is on cuda:", device_);
   model_->set_tensor_parallel(comm->get());
   tp_comm_ = comm;
 }

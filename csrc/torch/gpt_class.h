@@ -4,8 +4,8 @@
 // warpformer.weights.load_weights returns them); every one is checked by name.
 #pragma once
 
-#include <ATen/core/Tensor.h>
 #include <ATen/core/Dict.h>
+#include <ATen/core/Tensor.h>
 #include <torch/custom_class.h>
 
 #include <memory>
@@ -131,8 +131,8 @@ class GptModelHolder : public torch::CustomClassHolder {
   };
   // input_ids int32 [B, S] on the CPU or on the model's GPU (then copied to the host once),
   // input_lengths int32 [B] on any device; throws naming the argument and the rule.
-  Prompt check_inputs(const char* op, const at::Tensor& input_ids,
-                      const at::Tensor& input_lengths, int64_t extra_len) const;
+  Prompt check_inputs(const char* op, const at::Tensor& input_ids, const at::Tensor& input_lengths,
+                      int64_t extra_len) const;
   // int32 [B, beam, S + output_len] on the CPU: each row's prompt, then end_ids[b] (also over
   // the row's padding): the output_ids a session starts from.
   static at::Tensor prompt_then_end_ids(const Prompt& p, const int32_t* end_ids, int64_t beam,

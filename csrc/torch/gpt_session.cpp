@@ -21,11 +21,22 @@ namespace {
 constexpr const char* kOp = "GptModel.decode";
 
 const std::set<std::string>& known_options() {
-  static const std::set<std::string> keys = {
-      "end_id",           "top_k",         "top_p",           "temperature",
-      "repetition_penalty", "presence_penalty", "frequency_penalty", "min_length",
-      "seed",             "bad_words",     "stop_words",      "beam_width",
-      "length_penalty",   "diversity_rate", "return_log_probs", "return_cum_log_probs"};
+  static const std::set<std::string> keys = {"end_id",
+                                             "top_k",
+                                             "top_p",
+                                             "temperature",
+                                             "repetition_penalty",
+                                             "presence_penalty",
+                                             "frequency_penalty",
+                                             "min_length",
+                                             "seed",
+                                             "bad_words",
+                                             "stop_words",
+                                             "beam_width",
+                                             "length_penalty",
+                                             "diversity_rate",
+                                             "return_log_probs",
+                                             "return_cum_log_probs"};
   return keys;
 }
 
@@ -83,10 +94,10 @@ at::Tensor word_list(const c10::Dict<std::string, at::Tensor>& o, const std::str
   if (!o.contains(key)) return at::Tensor();
   const at::Tensor t = o.at(key).to(at::kCPU);
   TORCH_CHECK(!t.is_floating_point(), kOp, ": option '", key, "' must be an integer tensor");
-  TORCH_CHECK((t.dim() == 2 && t.size(0) == 2) || (t.dim() == 3 && t.size(0) == batch &&
-                                                   t.size(1) == 2),
-              kOp, ": option '", key, "' must have shape [2, L] or [", batch,
-              ", 2, L] (FT format: token ids, then end offsets), got ", t.sizes());
+  TORCH_CHECK(
+      (t.dim() == 2 && t.size(0) == 2) || (t.dim() == 3 && t.size(0) == batch && t.size(1) == 2),
+      kOp, ": option '", key, "' must have shape [2, L] or [", batch,
+      ", 2, L] (FT format: token ids, then end offsets), got ", t.sizes());
   const at::Tensor w = t.to(at::kInt).contiguous();
   const int64_t L = w.size(-1);
   TORCH_CHECK(L >= 1, kOp, ": option '", key, "' is empty");
@@ -143,8 +154,8 @@ void GptModelHolder::decode_start(const at::Tensor& input_ids, const at::Tensor&
   s.seq = input_ids.size(1);
   s.output_len = output_len;
   auto f32 = at::kFloat;
-  const at::Tensor end_ids = per_row_cpu(options, "end_id", at::kInt,
-                                         static_cast<double>(model_->config().end_id), batch);
+  const at::Tensor end_ids =
+      per_row_cpu(options, "end_id", at::kInt, static_cast<double>(model_->config().end_id), batch);
   {
     const int32_t* p = end_ids.data_ptr<int32_t>();
     for (int64_t i = 0; i < batch; ++i) {
@@ -153,23 +164,23 @@ void GptModelHolder::decode_start(const at::Tensor& input_ids, const at::Tensor&
     }
   }
   const at::Tensor top_k = per_row_cpu(options, "top_k", at::kInt, 1, batch);
-  check_range<int32_t>(top_k, "top_k",
-                       [](int32_t k) { return k >= 0 && k <= kernels::kSamplerMaxTopK; },
-                       "in [0, 1024]");
+  check_range<int32_t>(
+      top_k, "top_k", [](int32_t k) { return k >= 0 && k <= kernels::kSamplerMaxTopK; },
+      "in [0, 1024]");
   const at::Tensor top_p = per_row_cpu(options, "top_p", f32, 1.0, batch);
   check_range<float>(top_p, "top_p", [](float p) { return p > 0.f && p <= 1.f; }, "in (0, 1]");
   const at::Tensor temp = per_row_cpu(options, "temperature", f32, 1.0, batch);
-  check_range<float>(temp, "temperature", [](float t) { return t > 0.f && std::isfinite(t); },
-                     "finite and > 0");
+  check_range<float>(
+      temp, "temperature", [](float t) { return t > 0.f && std::isfinite(t); }, "finite and > 0");
   const at::Tensor rep = per_row_cpu(options, "repetition_penalty", f32, 1.0, batch);
-  check_range<float>(rep, "repetition_penalty",
-                     [](float r) { return r > 0.f && std::isfinite(r); }, "finite and > 0");
+  check_range<float>(
+      rep, "repetition_penalty", [](float r) { return r > 0.f && std::isfinite(r); },
+      "finite and > 0");
   const at::Tensor pres = per_row_cpu(options, "presence_penalty", f32, 0.0, batch);
   const at::Tensor freq = per_row_cpu(options, "frequency_penalty", f32, 0.0, batch);
   // NaN penalties pass every comparison the sampler makes and turn all logits into NaN.
   check_range<float>(pres, "presence_penalty", [](float p) { return std::isfinite(p); }, "finite");
-  check_range<float>(freq, "frequency_penalty", [](float f) { return std::isfinite(f); },
-                     "finite");
+  check_range<float>(freq, "frequency_penalty", [](float f) { return std::isfinite(f); }, "finite");
   const at::Tensor minl = per_row_cpu(options, "min_length", at::kInt, 0, batch);
   check_range<int32_t>(minl, "min_length", [](int32_t m) { return m >= 0; }, ">= 0");
   const at::Tensor seeds = per_row_cpu(options, "seed", at::kLong, 0, batch);
@@ -195,7 +206,8 @@ void GptModelHolder::decode_start(const at::Tensor& input_ids, const at::Tensor&
   const bool process = penalties || any_row<int32_t>(minl, [](int32_t m) { return m != 0; }) ||
                        bad.defined() || stop.defined();
   if (beam > 1) {
-    TORCH_CHECK(all_greedy, kOp, ": beam search is deterministic: top_k must be 1 (the "
+    TORCH_CHECK(all_greedy, kOp,
+                ": beam search is deterministic: top_k must be 1 (the "
                 "default) when beam_width > 1");
     TORCH_CHECK(!stop.defined(), kOp, ": stop_words are not supported with beam search");
   }
@@ -208,12 +220,33 @@ void GptModelHolder::decode_start(const at::Tensor& input_ids, const at::Tensor&
   const int64_t total = s.seq + output_len;
   const at::Tensor lengths =
       at::from_blob(const_cast<int32_t*>(prompt.lengths.data()), {batch}, at::kInt);
-  enum Slot { kEnd, kTopK, kTopP, kTemp, kRep, kPres, kFreq, kMinLen, kSeeds, kBad, kStop,
-              kLengths, kOutput, kSeqLengths, kIds };
+  enum Slot {
+    kEnd,
+    kTopK,
+    kTopP,
+    kTemp,
+    kRep,
+    kPres,
+    kFreq,
+    kMinLen,
+    kSeeds,
+    kBad,
+    kStop,
+    kLengths,
+    kOutput,
+    kSeqLengths,
+    kIds
+  };
   std::vector<at::Tensor> host = {
-      per_beam(end_ids, beam), per_beam(top_k, beam), per_beam(top_p, beam),
-      per_beam(temp, beam), per_beam(rep, beam), per_beam(pres, beam), per_beam(freq, beam),
-      per_beam(minl, beam), per_beam(seeds, beam),
+      per_beam(end_ids, beam),
+      per_beam(top_k, beam),
+      per_beam(top_p, beam),
+      per_beam(temp, beam),
+      per_beam(rep, beam),
+      per_beam(pres, beam),
+      per_beam(freq, beam),
+      per_beam(minl, beam),
+      per_beam(seeds, beam),
       bad.defined() ? (bad.dim() == 3 ? per_beam(bad, beam) : bad) : at::Tensor(),
       stop.defined() ? (stop.dim() == 3 ? per_beam(stop, beam) : stop) : at::Tensor(),
       lengths,
@@ -244,8 +277,8 @@ void GptModelHolder::decode_start(const at::Tensor& input_ids, const at::Tensor&
     const at::Tensor lp = at::log_softmax(logits.narrow(1, 0, s.seq - 1), -1);
     const at::Tensor next = ids.narrow(1, 1, s.seq - 1).to(at::kLong).clamp(0, V - 1);
     const at::Tensor tok = lp.gather(2, next.unsqueeze(2)).squeeze(2);
-    const at::Tensor valid = at::arange(1, s.seq, ids.options()).unsqueeze(0) <
-                             s.input_lengths.unsqueeze(1);
+    const at::Tensor valid =
+        at::arange(1, s.seq, ids.options()).unsqueeze(0) < s.input_lengths.unsqueeze(1);
     s.context_log_probs = at::where(valid, tok, at::zeros_like(tok)).sum(1);
   }
 
@@ -285,7 +318,8 @@ void GptModelHolder::decode_start(const at::Tensor& input_ids, const at::Tensor&
 }
 
 int64_t GptModelHolder::run_steps(int64_t max_steps) {
-  TORCH_CHECK(model_->decode_active(), "GptModel.decode_step: no generation session "
+  TORCH_CHECK(model_->decode_active(),
+              "GptModel.decode_step: no generation session "
               "(call decode_start first)");
   TORCH_CHECK(max_steps >= 1, "GptModel.decode_step: max_steps must be >= 1, got ", max_steps);
   const c10::cuda::CUDAGuard guard(device_);
@@ -320,7 +354,8 @@ at::Tensor GptModelHolder::decode_step(int64_t max_steps) {
 
 c10::Dict<std::string, at::Tensor> GptModelHolder::decode_finish() {
   const std::lock_guard<std::recursive_mutex> lock(call_mu_);
-  TORCH_CHECK(model_->decode_active(), "GptModel.decode_finish: no generation session "
+  TORCH_CHECK(model_->decode_active(),
+              "GptModel.decode_finish: no generation session "
               "(call decode_start first)");
   const c10::cuda::CUDAGuard guard(device_);
   model_->context().set_stream(c10::cuda::getCurrentCUDAStream(device_).stream());

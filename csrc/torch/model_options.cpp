@@ -28,7 +28,8 @@ ModelOptions ModelOptions::from_json(const std::string& json, const char* what) 
   TORCH_CHECK(o.max_seq_len > 0, what, ": max_seq_len must be positive, got ", o.max_seq_len);
   TORCH_CHECK(o.engine.prefill_tokens >= 0 && o.engine.prefill_tokens <= INT32_MAX, what,
               ": prefill_tokens must be a positive number of tokens (at most 2^31 - 1), or 0 for "
-              "the default, got ", o.engine.prefill_tokens);
+              "the default, got ",
+              o.engine.prefill_tokens);
   return o;
 }
 

@@ -19,8 +19,10 @@ NcclCommHolder::NcclCommHolder(const at::Tensor& unique_id, int64_t world_size, 
   const char* op = "NcclComm";
   check_dtype(unique_id, at::kByte, op, "unique_id");
   TORCH_CHECK(unique_id.numel() == static_cast<int64_t>(NcclCommunicator::kIdBytes), op,
-              ": unique_id must have ", NcclCommunicator::kIdBytes, " bytes (from "
-              "nccl_unique_id()), got ", unique_id.numel());
+              ": unique_id must have ", NcclCommunicator::kIdBytes,
+              " bytes (from "
+              "nccl_unique_id()), got ",
+              unique_id.numel());
   TORCH_CHECK(device >= 0 && device < c10::cuda::device_count(), op, ": device ", device,
               " is not a visible CUDA device (", c10::cuda::device_count(), " visible)");
   const at::Tensor id = unique_id.to(at::kCPU).contiguous();
@@ -92,7 +94,8 @@ namespace ops {
 
 at::Tensor nccl_unique_id() {
   const auto id = NcclCommunicator::new_unique_id();
-  at::Tensor out = at::empty({static_cast<int64_t>(id.size())}, at::TensorOptions().dtype(at::kByte));
+  at::Tensor out =
+      at::empty({static_cast<int64_t>(id.size())}, at::TensorOptions().dtype(at::kByte));
   std::memcpy(out.data_ptr(), id.data(), id.size());
   return out;
 }

@@ -22,8 +22,7 @@ at::Tensor add_rms_norm(const at::Tensor& input, at::Tensor& residual, const Opt
                         const at::Tensor& weight, double eps);
 
 at::Tensor bias_act(const at::Tensor& input, const OptTensor& bias, const std::string& activation);
-at::Tensor gated_act(const at::Tensor& input, const OptTensor& bias,
-                     const std::string& activation);
+at::Tensor gated_act(const at::Tensor& input, const OptTensor& bias, const std::string& activation);
 
 at::Tensor embedding(const at::Tensor& input_ids, const at::Tensor& wte, const OptTensor& wpe,
                      const OptTensor& position_ids, double scale);
@@ -36,16 +35,16 @@ at::Tensor gemm(const at::Tensor& input, const at::Tensor& weight, const OptTens
 // GEMV that normalises its own input (backend 'fused') or a norms kernel and the product.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_gemm(
     const at::Tensor& input, const OptTensor& residual, const OptTensor& input_bias,
-    const at::Tensor& norm_weight, const OptTensor& norm_bias, const std::string& norm,
-    double eps, const at::Tensor& weight, const OptTensor& bias, const std::string& activation,
+    const at::Tensor& norm_weight, const OptTensor& norm_bias, const std::string& norm, double eps,
+    const at::Tensor& weight, const OptTensor& bias, const std::string& activation,
     const std::string& backend);
 // (act(norm(x) @ weight + bias), act2(norm2(x) @ weight2 + bias2), x): two products of one
 // normalised input, norm2 using norm_weight2 / norm_bias2 when given; one GEMV launch (backend
 // 'joined', kernels::launch_gemv_normed_pair) or each product alone ('separate').
 std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_gemm_pair(
     const at::Tensor& input, const OptTensor& residual, const OptTensor& input_bias,
-    const at::Tensor& norm_weight, const OptTensor& norm_bias, const std::string& norm,
-    double eps, const at::Tensor& weight, const OptTensor& bias, const std::string& activation,
+    const at::Tensor& norm_weight, const OptTensor& norm_bias, const std::string& norm, double eps,
+    const at::Tensor& weight, const OptTensor& bias, const std::string& activation,
     const at::Tensor& weight2, const OptTensor& bias2, const std::string& activation2,
     const OptTensor& norm_weight2, const OptTensor& norm_bias2, const std::string& backend);
 // input @ weight + input2 @ weight2: one GEMV launch over both depths (backend 'joined',

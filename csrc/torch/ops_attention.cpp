@@ -23,10 +23,9 @@ namespace ops {
 namespace {
 
 void check_head_dim(int64_t head_dim, const char* op) {
-  TORCH_CHECK(head_dim <= INT32_MAX &&
-                  kernels::attention_head_dim_supported(static_cast<int>(head_dim)),
-              op, ": head_dim must be one of ", kernels::kAttentionHeadDimsText, ", got ",
-              head_dim);
+  TORCH_CHECK(
+      head_dim <= INT32_MAX && kernels::attention_head_dim_supported(static_cast<int>(head_dim)),
+      op, ": head_dim must be one of ", kernels::kAttentionHeadDimsText, ", got ", head_dim);
 }
 
 // k_cache / v_cache: dtype of `ref`, [slots, heads, max_seq, head_dim], contiguous, same shape.
@@ -81,8 +80,8 @@ std::vector<int32_t> host_values(const at::Tensor& t) {
 void check_values_in(const std::vector<int32_t>& v, int64_t lo, int64_t hi, const char* op,
                      const char* arg, const char* why) {
   for (size_t i = 0; i < v.size(); ++i) {
-    TORCH_CHECK(v[i] >= lo && v[i] < hi, op, ": ", arg, "[", i, "] = ", v[i],
-                " is outside [", lo, ", ", hi, ") (", why, ")");
+    TORCH_CHECK(v[i] >= lo && v[i] < hi, op, ": ", arg, "[", i, "] = ", v[i], " is outside [", lo,
+                ", ", hi, ") (", why, ")");
   }
 }
 
@@ -222,8 +221,8 @@ at::Tensor context_attention(const at::Tensor& q, const at::Tensor& k_cache,
               tokens, "), got ", cu[batch]);
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t len = static_cast<int64_t>(cu[b + 1]) - cu[b];
-    TORCH_CHECK(len >= 0, op, ": cu_seqlens must be non-decreasing, got cu_seqlens[", b, "] = ",
-                cu[b], " > cu_seqlens[", b + 1, "] = ", cu[b + 1]);
+    TORCH_CHECK(len >= 0, op, ": cu_seqlens must be non-decreasing, got cu_seqlens[", b,
+                "] = ", cu[b], " > cu_seqlens[", b + 1, "] = ", cu[b + 1]);
     TORCH_CHECK(len <= k_cache.size(2), op, ": sequence ", b, " has ", len,
                 " tokens, more than the cache's max_seq = ", k_cache.size(2));
     TORCH_CHECK(len <= max_seqlen, op, ": sequence ", b, " has ", len,
@@ -312,10 +311,10 @@ at::Tensor run_decode_attention(const char* op, const at::Tensor& x, const char*
   check_index(lengths, rows, op, "lengths", rows_why.c_str());
   if (cache_indir.has_value()) {
     check_dtype(*cache_indir, at::kInt, op, "cache_indir");
-    TORCH_CHECK(cache_indir->dim() == 2 && cache_indir->size(0) == rows &&
-                    cache_indir->size(1) == max_seq,
-                op, ": cache_indir must have shape [rows, max_seq] = [", rows, ", ", max_seq,
-                "], got ", cache_indir->sizes());
+    TORCH_CHECK(
+        cache_indir->dim() == 2 && cache_indir->size(0) == rows && cache_indir->size(1) == max_seq,
+        op, ": cache_indir must have shape [rows, max_seq] = [", rows, ", ", max_seq, "], got ",
+        cache_indir->sizes());
   }
   check_slopes(alibi_slopes, heads, op);
   check_cuda(x, op, x_name);
@@ -376,8 +375,10 @@ at::Tensor run_decode_attention(const char* op, const at::Tensor& x, const char*
         const int32_t s = ind[r * max_seq + pos];
         const int64_t w = writer_of[s];
         TORCH_CHECK(w < 0 || w == r || lens[w] - 1 != pos, op, ": cache_indir[", r, ", ", pos,
-                    "] = ", s, " reads the position row ", w, " writes its new token into in "
-                    "the same call (slot ", s, ", position ", pos, ")");
+                    "] = ", s, " reads the position row ", w,
+                    " writes its new token into in "
+                    "the same call (slot ",
+                    s, ", position ", pos, ")");
       }
     }
   }
@@ -393,7 +394,8 @@ at::Tensor run_decode_attention(const char* op, const at::Tensor& x, const char*
       static_cast<int>(max_seq));
   at::Tensor workspace;
   if (ws_bytes > 0) {
-    workspace = at::empty({static_cast<int64_t>((ws_bytes + 3) / 4)}, x.options().dtype(at::kFloat));
+    workspace =
+        at::empty({static_cast<int64_t>((ws_bytes + 3) / 4)}, x.options().dtype(at::kFloat));
   }
   at::Tensor inv_freq;
   if (prep != nullptr && prep->style != kernels::RotaryStyle::kNone && prep->rotary_dim > 0) {
@@ -404,8 +406,8 @@ at::Tensor run_decode_attention(const char* op, const at::Tensor& x, const char*
   WF_DISPATCH_FLOATING(to_dtype(x.scalar_type(), op, x_name), op, [&] {
     if (prep == nullptr) {
       kernels::DecodeAttentionParams<scalar_t> p{};
-      fill_decode(p, out, k_cache, v_cache, slot_d, len_d, ind_d, slopes, workspace, ws_bytes,
-                  rows, heads, head_dim, scale);
+      fill_decode(p, out, k_cache, v_cache, slot_d, len_d, ind_d, slopes, workspace, ws_bytes, rows,
+                  heads, head_dim, scale);
       p.q = cptr<scalar_t>(x);
       WF_CUDA_CHECK(kernels::launch_decode_attention(p, current_stream(x)));
       return;
@@ -441,11 +443,10 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
                               row_slot, lengths, cache_indir, alibi_slopes, scale, nullptr);
 }
 
-at::Tensor decode_attention_fused(const at::Tensor& qkv, const OptTensor& bias,
-                                  at::Tensor& k_cache, at::Tensor& v_cache,
-                                  const OptTensor& row_slot, const at::Tensor& lengths,
-                                  const OptTensor& cache_indir, const OptTensor& alibi_slopes,
-                                  double scale, int64_t rotary_dim,
+at::Tensor decode_attention_fused(const at::Tensor& qkv, const OptTensor& bias, at::Tensor& k_cache,
+                                  at::Tensor& v_cache, const OptTensor& row_slot,
+                                  const at::Tensor& lengths, const OptTensor& cache_indir,
+                                  const OptTensor& alibi_slopes, double scale, int64_t rotary_dim,
                                   const std::string& rotary_style, double rotary_base) {
   const char* op = "warpformer.decode_attention_fused";
   const kernels::RotaryStyle style =
@@ -459,8 +460,10 @@ at::Tensor decode_attention_fused(const at::Tensor& qkv, const OptTensor& bias,
 }
 
 at::Tensor alibi_slopes(int64_t num_heads) {
-  TORCH_CHECK(num_heads >= 1 && num_heads <= 65535, "warpformer.alibi_slopes: num_heads must be "
-              "in [1, 65535], got ", num_heads);
+  TORCH_CHECK(num_heads >= 1 && num_heads <= 65535,
+              "warpformer.alibi_slopes: num_heads must be "
+              "in [1, 65535], got ",
+              num_heads);
   const std::vector<float> s = kernels::alibi_slopes(static_cast<int>(num_heads));
   at::Tensor out = at::empty({num_heads}, at::TensorOptions().dtype(at::kFloat));
   std::memcpy(out.data_ptr<float>(), s.data(), s.size() * sizeof(float));

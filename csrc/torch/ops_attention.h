@@ -36,11 +36,10 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
 // heads, head_dim] (+ bias, rotary at lengths[r] - 1), and the new token's rotated k and its v are
 // written in place into k_cache/v_cache at (row_slot[r] or r, :, lengths[r] - 1) — the same as
 // qkv_rotary_cache followed by decode_attention, in one kernel.
-at::Tensor decode_attention_fused(const at::Tensor& qkv, const OptTensor& bias,
-                                  at::Tensor& k_cache, at::Tensor& v_cache,
-                                  const OptTensor& row_slot, const at::Tensor& lengths,
-                                  const OptTensor& cache_indir, const OptTensor& alibi_slopes,
-                                  double scale, int64_t rotary_dim,
+at::Tensor decode_attention_fused(const at::Tensor& qkv, const OptTensor& bias, at::Tensor& k_cache,
+                                  at::Tensor& v_cache, const OptTensor& row_slot,
+                                  const at::Tensor& lengths, const OptTensor& cache_indir,
+                                  const OptTensor& alibi_slopes, double scale, int64_t rotary_dim,
                                   const std::string& rotary_style, double rotary_base);
 
 // HF BLOOM ALiBi slopes for num_heads heads, float32 on the CPU.

@@ -32,8 +32,7 @@ void expect(const at::Tensor& t, c10::ScalarType dtype, const Shape& shape, cons
   check_dtype(t, dtype, op, arg);
   TORCH_CHECK(t.sizes() == at::IntArrayRef(shape), op, ": ", arg, " must have shape ", layout,
               " = ", at::IntArrayRef(shape), ", got ", t.sizes());
-  TORCH_CHECK(t.is_contiguous(), op, ": ", arg, " must be contiguous, got strides ",
-              t.strides());
+  TORCH_CHECK(t.is_contiguous(), op, ": ", arg, " must be contiguous, got strides ", t.strides());
 }
 
 int64_t batch_of(const at::Tensor& input_lengths, const char* op) {
@@ -56,7 +55,8 @@ void check_positive_int(int64_t v, const char* op, const char* arg) {
   TORCH_CHECK(v >= 1 && v <= INT32_MAX, op, ": ", arg, " must be in [1, 2^31), got ", v);
 }
 
-void check_devices(const char* op, const std::vector<std::pair<const at::Tensor*, const char*>>& ts) {
+void check_devices(const char* op,
+                   const std::vector<std::pair<const at::Tensor*, const char*>>& ts) {
   const at::Tensor& ref = *ts.front().first;
   check_cuda(ref, op, ts.front().second);
   for (size_t i = 1; i < ts.size(); ++i) {
@@ -110,8 +110,7 @@ struct BeamStateArgs {
     check_dtype(run_log_probs, at::kFloat, op, "run_log_probs");
     check_dim(run_log_probs, 2, op, "run_log_probs");
     max_out = run_log_probs.size(1);
-    expect(run_log_probs, at::kFloat, {B * W, max_out}, op, "run_log_probs",
-           "[B * W, output_len]");
+    expect(run_log_probs, at::kFloat, {B * W, max_out}, op, "run_log_probs", "[B * W, output_len]");
     TORCH_CHECK(stride >= 1 && stride <= INT32_MAX && max_out >= 1 && max_out <= INT32_MAX, op,
                 ": output_ids and run_log_probs must have between 1 and 2^31-1 columns");
     expect(gen_len, at::kInt, {B}, op, "gen_len", "[B]");
@@ -121,20 +120,25 @@ struct BeamStateArgs {
     expect(hyp_cum, at::kFloat, {B, W}, op, "hyp_cum", "[B, W]");
     expect(hyp_len, at::kInt, {B, W}, op, "hyp_len", "[B, W]");
     expect(hyp_ids, at::kInt, {B, W, stride}, op, "hyp_ids", "[B, W, ids_stride]");
-    expect(hyp_log_probs, at::kFloat, {B, W, max_out}, op, "hyp_log_probs",
-           "[B, W, output_len]");
+    expect(hyp_log_probs, at::kFloat, {B, W, max_out}, op, "hyp_log_probs", "[B, W, output_len]");
   }
 
   // Every tensor on one GPU; `first` (checked first) may name an op-specific input.
   void check_devices_with(const char* op, const at::Tensor* first, const char* first_name) {
     std::vector<std::pair<const at::Tensor*, const char*>> ts;
     if (first != nullptr) ts.emplace_back(first, first_name);
-    ts.insert(ts.end(), {{&input_lengths, "input_lengths"}, {&end_ids, "end_ids"},
-                         {&output_ids, "output_ids"}, {&run_log_probs, "run_log_probs"},
-                         {&cum_log_probs, "cum_log_probs"}, {&gen_len, "gen_len"},
-                         {&done, "done"}, {&hyp_count, "hyp_count"},
-                         {&hyp_score, "hyp_score"}, {&hyp_cum, "hyp_cum"},
-                         {&hyp_len, "hyp_len"}, {&hyp_ids, "hyp_ids"},
+    ts.insert(ts.end(), {{&input_lengths, "input_lengths"},
+                         {&end_ids, "end_ids"},
+                         {&output_ids, "output_ids"},
+                         {&run_log_probs, "run_log_probs"},
+                         {&cum_log_probs, "cum_log_probs"},
+                         {&gen_len, "gen_len"},
+                         {&done, "done"},
+                         {&hyp_count, "hyp_count"},
+                         {&hyp_score, "hyp_score"},
+                         {&hyp_cum, "hyp_cum"},
+                         {&hyp_len, "hyp_len"},
+                         {&hyp_ids, "hyp_ids"},
                          {&hyp_log_probs, "hyp_log_probs"}});
     check_devices(op, ts);
   }
@@ -168,8 +172,8 @@ at::Tensor beam_log_softmax(const at::Tensor& logits) {
   const char* op = "warpformer.beam_log_softmax";
   check_floating(logits, op, "logits");
   check_dim(logits, 2, op, "logits");
-  TORCH_CHECK(logits.size(1) >= 1 && logits.size(1) <= INT32_MAX && logits.size(0) <= INT32_MAX,
-              op, ": logits must be [rows, V] with 1 <= V < 2^31 and rows < 2^31, got shape ",
+  TORCH_CHECK(logits.size(1) >= 1 && logits.size(1) <= INT32_MAX && logits.size(0) <= INT32_MAX, op,
+              ": logits must be [rows, V] with 1 <= V < 2^31 and rows < 2^31, got shape ",
               logits.sizes());
   check_cuda(logits, op, "logits");
   const c10::cuda::CUDAGuard guard(logits.device());
@@ -187,8 +191,8 @@ at::Tensor beam_log_softmax(const at::Tensor& logits) {
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
            at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
 beam_search_init(const at::Tensor& input_ids, const at::Tensor& input_lengths,
-                 const at::Tensor& end_ids, int64_t beam_width, int64_t output_len,
-                 int64_t max_seq, bool shared_prompt_slot) {
+                 const at::Tensor& end_ids, int64_t beam_width, int64_t output_len, int64_t max_seq,
+                 bool shared_prompt_slot) {
   const char* op = "warpformer.beam_search_init";
   check_dtype(input_ids, at::kInt, op, "input_ids");
   check_dim(input_ids, 2, op, "input_ids");
@@ -203,8 +207,8 @@ beam_search_init(const at::Tensor& input_ids, const at::Tensor& input_lengths,
   TORCH_CHECK(max_seq >= S + output_len && max_seq <= INT32_MAX, op,
               ": max_seq (the KV cache length) must be >= input_ids.shape[1] + output_len = ",
               S + output_len, " and < 2^31, got ", max_seq);
-  check_devices(op, {{&input_ids, "input_ids"}, {&input_lengths, "input_lengths"},
-                     {&end_ids, "end_ids"}});
+  check_devices(
+      op, {{&input_ids, "input_ids"}, {&input_lengths, "input_lengths"}, {&end_ids, "end_ids"}});
   const c10::cuda::CUDAGuard guard(input_ids.device());
   const std::vector<int32_t> lens = host_values(input_lengths);
   for (size_t b = 0; b < lens.size(); ++b) {
@@ -251,8 +255,8 @@ beam_search_init(const at::Tensor& input_ids, const at::Tensor& input_lengths,
   s.hyp_count = mp<int32_t>(hyp_count);
   WF_CUDA_CHECK(kernels::launch_beam_init(s, ids.data_ptr<int32_t>(), S, shared_prompt_slot,
                                           current_stream(ids)));
-  return {output_ids, cache_indir, cum,       cur_pos, attn_len, gen_len, done,
-          hyp_count,  hyp_score,   hyp_cum,   hyp_len, hyp_ids,  run_lp,  hyp_lp};
+  return {output_ids, cache_indir, cum,     cur_pos, attn_len, gen_len, done,
+          hyp_count,  hyp_score,   hyp_cum, hyp_len, hyp_ids,  run_lp,  hyp_lp};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> beam_search_step(
@@ -262,9 +266,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> beam_search_step(
     at::Tensor& hyp_cum, at::Tensor& hyp_len, at::Tensor& hyp_ids, at::Tensor& hyp_log_probs,
     double length_penalty, double diversity_rate) {
   const char* op = "warpformer.beam_search_step";
-  BeamStateArgs st{input_lengths, end_ids, output_ids, run_log_probs, cum_log_probs, gen_len,
-                   done,          hyp_count, hyp_score, hyp_cum,     hyp_len,       hyp_ids,
-                   hyp_log_probs};
+  BeamStateArgs st{input_lengths, end_ids, output_ids,   run_log_probs, cum_log_probs,
+                   gen_len,       done,    hyp_count,    hyp_score,     hyp_cum,
+                   hyp_len,       hyp_ids, hyp_log_probs};
   st.check(op);
   const int64_t B = st.B, W = st.W;
   check_dtype(log_probs, at::kFloat, op, "log_probs", "log-softmax in float32");
@@ -337,15 +341,21 @@ void beam_search_update(const at::Tensor& parents, const at::Tensor& tokens,
   TORCH_CHECK(output_ids.size(1) >= 1 && output_ids.size(1) <= INT32_MAX &&
                   cache_indir.size(1) >= 1 && cache_indir.size(1) <= INT32_MAX &&
                   run_log_probs.size(1) >= 1 && run_log_probs.size(1) <= INT32_MAX,
-              op, ": output_ids, cache_indir and run_log_probs must have between 1 and 2^31-1 "
+              op,
+              ": output_ids, cache_indir and run_log_probs must have between 1 and 2^31-1 "
               "columns");
   expect(cur_pos, at::kInt, {B * W}, op, "cur_pos", "[B * W]");
   expect(attn_len, at::kInt, {B * W}, op, "attn_len", "[B * W]");
-  check_devices(op, {{&parents, "parents"}, {&tokens, "tokens"},
-                     {&token_log_probs, "token_log_probs"}, {&input_lengths, "input_lengths"},
-                     {&gen_len, "gen_len"}, {&output_ids, "output_ids"},
-                     {&cache_indir, "cache_indir"}, {&run_log_probs, "run_log_probs"},
-                     {&cur_pos, "cur_pos"}, {&attn_len, "attn_len"}});
+  check_devices(op, {{&parents, "parents"},
+                     {&tokens, "tokens"},
+                     {&token_log_probs, "token_log_probs"},
+                     {&input_lengths, "input_lengths"},
+                     {&gen_len, "gen_len"},
+                     {&output_ids, "output_ids"},
+                     {&cache_indir, "cache_indir"},
+                     {&run_log_probs, "run_log_probs"},
+                     {&cur_pos, "cur_pos"},
+                     {&attn_len, "attn_len"}});
   const c10::cuda::CUDAGuard guard(parents.device());
   const std::vector<int32_t> par = host_values(parents);
   for (size_t i = 0; i < par.size(); ++i) {
@@ -379,9 +389,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> beam_sear
     const at::Tensor& hyp_cum, const at::Tensor& hyp_len, const at::Tensor& hyp_ids,
     const at::Tensor& hyp_log_probs, double length_penalty, int64_t out_stride) {
   const char* op = "warpformer.beam_search_finalize";
-  BeamStateArgs st{input_lengths, end_ids, output_ids, run_log_probs, cum_log_probs, gen_len,
-                   done,          hyp_count, hyp_score, hyp_cum,     hyp_len,       hyp_ids,
-                   hyp_log_probs};
+  BeamStateArgs st{input_lengths, end_ids, output_ids,   run_log_probs, cum_log_probs,
+                   gen_len,       done,    hyp_count,    hyp_score,     hyp_cum,
+                   hyp_len,       hyp_ids, hyp_log_probs};
   st.check(op);
   const int64_t B = st.B, W = st.W;
   TORCH_CHECK(std::isfinite(length_penalty), op, ": length_penalty must be finite, got ",

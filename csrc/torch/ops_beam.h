@@ -23,8 +23,8 @@ at::Tensor beam_log_softmax(const at::Tensor& logits);
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
            at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
 beam_search_init(const at::Tensor& input_ids, const at::Tensor& input_lengths,
-                 const at::Tensor& end_ids, int64_t beam_width, int64_t output_len,
-                 int64_t max_seq, bool shared_prompt_slot);
+                 const at::Tensor& end_ids, int64_t beam_width, int64_t output_len, int64_t max_seq,
+                 bool shared_prompt_slot);
 
 // One step: log_probs fp32 [B*W, V] (or [B, V], one row per entry). Updates cum_log_probs, done
 // and the hypothesis store in place; returns (parents, tokens, token_log_probs), each [B, W].

@@ -37,8 +37,7 @@ void check_norm_args(const char* op, const at::Tensor& input, const at::Tensor& 
   check_floating(input, op, "input");
   TORCH_CHECK(input.dim() >= 1, op, ": input must have at least 1 dimension, got a scalar");
   TORCH_CHECK(input.size(-1) > 0, op, ": input's last dimension (hidden size) must be > 0");
-  TORCH_CHECK(input.size(-1) <= INT32_MAX, op, ": hidden size ", input.size(-1),
-              " exceeds 2^31-1");
+  TORCH_CHECK(input.size(-1) <= INT32_MAX, op, ": hidden size ", input.size(-1), " exceeds 2^31-1");
   TORCH_CHECK(eps >= 0.0, op, ": eps must be >= 0, got ", eps);
   check_norm_vector(op, input, weight, "weight", "input's last dimension");
   check_norm_vector(op, input, bias, bias_name, "input's last dimension");
@@ -195,8 +194,8 @@ at::Tensor embedding(const at::Tensor& input_ids, const at::Tensor& wte, const O
   const at::Tensor ids = input_ids.contiguous();
   const at::Tensor table = wte.contiguous();
   const OptTensor pos_table = wpe.has_value() ? OptTensor(wpe->contiguous()) : OptTensor();
-  const OptTensor pos = position_ids.has_value() ? OptTensor(position_ids->contiguous())
-                                                 : OptTensor();
+  const OptTensor pos =
+      position_ids.has_value() ? OptTensor(position_ids->contiguous()) : OptTensor();
   auto out_shape = ids.sizes().vec();
   out_shape.push_back(table.size(1));
   at::Tensor out = at::empty(out_shape, table.options());

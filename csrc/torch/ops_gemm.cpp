@@ -13,9 +13,9 @@
 
 #include "csrc/core/activation.h"
 #include "csrc/core/gemm.h"
-#include "kernels/gemv.h"
 #include "csrc/torch/ops.h"
 #include "csrc/torch/tensor_utils.h"
+#include "kernels/gemv.h"
 
 namespace warpformer {
 namespace ops {
@@ -23,8 +23,8 @@ namespace {
 
 GemmEpilogue parse_epilogue(const std::string& s, const char* op) {
   GemmEpilogue e = GemmEpilogue::kNone;
-  TORCH_CHECK(parse_gemm_epilogue(s, &e), op, ": epilogue must be one of ",
-              gemm_epilogue_names(), "; got '", s, "'");
+  TORCH_CHECK(parse_gemm_epilogue(s, &e), op, ": epilogue must be one of ", gemm_epilogue_names(),
+              "; got '", s, "'");
   return e;
 }
 
@@ -86,22 +86,22 @@ at::Tensor gemm(const at::Tensor& input, const at::Tensor& weight, const OptTens
   };
   using A = kernels::Activation;
   static constexpr OpEpilogue kEpilogues[] = {
-      {"none", A::kIdentity, false},       {"bias", A::kIdentity, true},
+      {"none", A::kIdentity, false},          {"bias", A::kIdentity, true},
       {"bias_gelu_tanh", A::kGeluTanh, true}, {"bias_gelu_erf", A::kGeluErf, true},
-      {"bias_relu", A::kRelu, true},       {"bias_silu", A::kSilu, true}};
+      {"bias_relu", A::kRelu, true},          {"bias_silu", A::kSilu, true}};
   const OpEpilogue* epi = nullptr;
   for (const OpEpilogue& e : kEpilogues) {
     if (epilogue == e.name) epi = &e;
   }
   TORCH_CHECK(epi != nullptr, op,
               ": epilogue must be one of none, bias, bias_gelu_tanh, bias_gelu_erf, bias_relu, "
-              "bias_silu; got '", epilogue, "'");
+              "bias_silu; got '",
+              epilogue, "'");
   const kernels::Activation act = epi->act;
   const std::string lt_epilogue = epi->bias ? "bias" : "none";
-  TORCH_CHECK(backend == "auto" || backend == "gemv" || backend == "gemv_static" ||
-                  backend == "cublaslt",
-              op, ": backend must be one of auto, gemv, gemv_static, cublaslt; got '", backend,
-              "'");
+  TORCH_CHECK(
+      backend == "auto" || backend == "gemv" || backend == "gemv_static" || backend == "cublaslt",
+      op, ": backend must be one of auto, gemv, gemv_static, cublaslt; got '", backend, "'");
   const bool gemv_only = backend == "gemv" || backend == "gemv_static";
   TORCH_CHECK(epilogue != "none" || !bias.has_value(), op,
               ": a bias was given with epilogue 'none'; use epilogue 'bias' to add it");
@@ -129,10 +129,9 @@ at::Tensor gemm(const at::Tensor& input, const at::Tensor& weight, const OptTens
     TORCH_CHECK(!transposed, op, ": residual is supported with [k, n] weights only");
     check_dtype(*residual, input.scalar_type(), op, "residual", "the dtype of input");
     check_cuda(*residual, op, "residual", input, "input");
-    TORCH_CHECK(residual->dim() == 2 && residual->size(0) == a.key.m &&
-                    residual->size(1) == a.key.n,
-                op, ": residual must have shape [", a.key.m, ", ", a.key.n, "], got ",
-                residual->sizes());
+    TORCH_CHECK(
+        residual->dim() == 2 && residual->size(0) == a.key.m && residual->size(1) == a.key.n, op,
+        ": residual must have shape [", a.key.m, ", ", a.key.n, "], got ", residual->sizes());
     out = residual->clone(at::MemoryFormat::Contiguous);
   } else {
     out = at::empty({a.key.m, a.key.n}, a.in.options());
@@ -143,8 +142,8 @@ at::Tensor gemm(const at::Tensor& input, const at::Tensor& weight, const OptTens
     g.run_transposed(a.key.dtype, a.in.data_ptr(), a.w.data_ptr(), bp, out.data_ptr(), a.key.m,
                      a.key.n, a.key.k);
   } else {
-    g.run_act(a.key.dtype, a.in.data_ptr(), a.w.data_ptr(), bp, out.data_ptr(), a.key.m,
-              a.key.n, a.key.k, act, beta);
+    g.run_act(a.key.dtype, a.in.data_ptr(), a.w.data_ptr(), bp, out.data_ptr(), a.key.m, a.key.n,
+              a.key.k, act, beta);
   }
   return out;
 }
@@ -240,8 +239,8 @@ NormGemmArgs check_norm_gemm(const char* op, const at::Tensor& input, const OptT
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_gemm(
     const at::Tensor& input, const OptTensor& residual, const OptTensor& input_bias,
-    const at::Tensor& norm_weight, const OptTensor& norm_bias, const std::string& norm,
-    double eps, const at::Tensor& weight, const OptTensor& bias, const std::string& activation,
+    const at::Tensor& norm_weight, const OptTensor& norm_bias, const std::string& norm, double eps,
+    const at::Tensor& weight, const OptTensor& bias, const std::string& activation,
     const std::string& backend) {
   const char* op = "warpformer.norm_gemm";
   TORCH_CHECK(backend == "fused" || backend == "unfused", op,
@@ -276,8 +275,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_gemm(
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_gemm_pair(
     const at::Tensor& input, const OptTensor& residual, const OptTensor& input_bias,
-    const at::Tensor& norm_weight, const OptTensor& norm_bias, const std::string& norm,
-    double eps, const at::Tensor& weight, const OptTensor& bias, const std::string& activation,
+    const at::Tensor& norm_weight, const OptTensor& norm_bias, const std::string& norm, double eps,
+    const at::Tensor& weight, const OptTensor& bias, const std::string& activation,
     const at::Tensor& weight2, const OptTensor& bias2, const std::string& activation2,
     const OptTensor& norm_weight2, const OptTensor& norm_bias2, const std::string& backend) {
   const char* op = "warpformer.norm_gemm_pair";
@@ -285,8 +284,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_gemm_pair(
               ": backend must be one of joined, separate; got '", backend, "'");
   kernels::Activation act2 = kernels::Activation::kIdentity;
   NormGemmArgs a = check_norm_gemm(
-      op, input, residual, input_bias, norm_weight, norm_bias, norm, eps, weight, bias,
-      activation, [&] {
+      op, input, residual, input_bias, norm_weight, norm_bias, norm, eps, weight, bias, activation,
+      [&] {
         act2 = parse_activation(activation2, "warpformer.norm_gemm_pair: activation2");
         check_norm_product(op, input, weight2, bias2, "weight2", "bias2", "weight2.shape[1]");
         TORCH_CHECK(norm_weight2.has_value() || !norm_bias2.has_value(), op,
@@ -316,8 +315,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_gemm_pair(
   at::Tensor normed = at::empty({m, k}, a.input.options());  // scratch of unfused products
   a.in.residual_out = x.data_ptr();
   a.in.out = normed.data_ptr();
-  GemmProduct first{a.weight.data_ptr(), ptr_or_null<void>(a.bias), out.data_ptr(), a.n,
-                    a.act};
+  GemmProduct first{a.weight.data_ptr(), ptr_or_null<void>(a.bias), out.data_ptr(), a.n, a.act};
   GemmProduct second{w2.data_ptr(), ptr_or_null<void>(b2), out2.data_ptr(), n2, act2};
   auto ctx = context_for(a.input);
   Gemm gemm(ctx.get());
@@ -325,8 +323,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_gemm_pair(
   if (backend == "joined") {
     const bool ran = gemm.run_normed_pair(a.dtype, a.in, first, second, ptr_or_null<void>(g2),
                                           ptr_or_null<void>(nb2), m, k);
-    TORCH_CHECK(ran, op, ": backend 'joined' cannot run m=", m, ", n=", a.n, ", n2=", n2, ", k=",
-                k, " in ", dtype_name(a.dtype), ": it needs at most ", kernels::kGemvMaxRows,
+    TORCH_CHECK(ran, op, ": backend 'joined' cannot run m=", m, ", n=", a.n, ", n2=", n2, ", k=", k,
+                " in ", dtype_name(a.dtype), ": it needs at most ", kernels::kGemvMaxRows,
                 " rows, k, n and n2 multiples of 16 bytes, 16-byte aligned tensors, a row short "
                 "enough for one norms block, and the block's share of k plus its reduction "
                 "arrays within 48 KiB of shared memory; use backend 'separate'");
@@ -386,13 +384,12 @@ at::Tensor gemm_sum(const at::Tensor& input, const at::Tensor& weight, const at:
   const bool fits = gemm.joins_sum(dtype, x.data_ptr(), w.data_ptr(), k, x2.data_ptr(),
                                    w2.data_ptr(), k2, out.data_ptr(), m, n);
   TORCH_CHECK(fits, op, ": backend '", backend, "' cannot run m=", m, ", n=", n, ", k=", k,
-              ", k2=", k2,
-              " in ", dtype_name(dtype), ": it needs at most ", kernels::kGemvMaxRows,
+              ", k2=", k2, " in ", dtype_name(dtype), ": it needs at most ", kernels::kGemvMaxRows,
               " rows, k, k2 and n multiples of 16 bytes and 16-byte aligned tensors; use backend "
               "'separate'");
-  const bool joined = gemm.run_sum(dtype, x.data_ptr(), w.data_ptr(), k, x2.data_ptr(),
-                                   w2.data_ptr(), k2, out.data_ptr(), m, n,
-                                   backend == "joined_ready");
+  const bool joined =
+      gemm.run_sum(dtype, x.data_ptr(), w.data_ptr(), k, x2.data_ptr(), w2.data_ptr(), k2,
+                   out.data_ptr(), m, n, backend == "joined_ready");
   TORCH_CHECK(joined, op, ": internal error: the joined launch did not run");
   return out;
 }
@@ -421,10 +418,10 @@ at::Tensor gemm_benchmark(const at::Tensor& input, const at::Tensor& weight, con
   Gemm g(ctx.get());
   at::Tensor out = at::randn({a.key.m, a.key.n}, a.in.options());
   const std::vector<float> t =
-      g.benchmark(a.key, a.in.data_ptr(), weights,
-                  a.bias.defined() ? a.bias.data_ptr() : nullptr, out.data_ptr(),
-                  static_cast<int>(max_algos), static_cast<int>(reps));
-  at::Tensor res = at::empty({static_cast<int64_t>(t.size())}, at::TensorOptions().dtype(at::kFloat));
+      g.benchmark(a.key, a.in.data_ptr(), weights, a.bias.defined() ? a.bias.data_ptr() : nullptr,
+                  out.data_ptr(), static_cast<int>(max_algos), static_cast<int>(reps));
+  at::Tensor res =
+      at::empty({static_cast<int64_t>(t.size())}, at::TensorOptions().dtype(at::kFloat));
   std::copy(t.begin(), t.end(), res.data_ptr<float>());
   return res;
 }

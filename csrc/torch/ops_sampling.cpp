@@ -120,8 +120,8 @@ void check_word_list(const at::Tensor& w, int64_t rows, int64_t vocab, const cha
       }
       TORCH_CHECK(!ended, op, ": ", arg, " list ", l, ": offset ", o, " at entry ", i,
                   " follows a -1; the -1 padding must come after every entry");
-      TORCH_CHECK(o > prev && o <= L, op, ": ", arg, " list ", l, ": entry ", i,
-                  " ends at offset ", o, "; offsets must be increasing and in (0, L = ", L, "]");
+      TORCH_CHECK(o > prev && o <= L, op, ": ", arg, " list ", l, ": entry ", i, " ends at offset ",
+                  o, "; offsets must be increasing and in (0, L = ", L, "]");
       for (int32_t j = prev; j < o; ++j) {
         TORCH_CHECK(ids[j] >= 0 && (vocab <= 0 || ids[j] < vocab), op, ": ", arg, " list ", l,
                     ": token id ", ids[j], " at position ", j, " is outside [0, ",
@@ -157,8 +157,9 @@ at::Tensor count_tokens(const at::Tensor& ids, const at::Tensor& lengths, int64_
   check_size(lengths, 0, rows, op, "lengths", "rows of ids");
   TORCH_CHECK(vocab >= 1 && vocab <= INT32_MAX, op, ": vocab must be in [1, 2^31), got ", vocab);
   const int64_t seq = ids.size(1);
-  check_each<int32_t>(lengths, [seq](int32_t x) { return x >= 0 && x <= seq; }, op, "lengths",
-                      "0 <= length <= ids.shape[1]");
+  check_each<int32_t>(
+      lengths, [seq](int32_t x) { return x >= 0 && x <= seq; }, op, "lengths",
+      "0 <= length <= ids.shape[1]");
   check_cuda(ids, op, "ids");
   check_cuda(lengths, op, "lengths", ids, "ids");
 
@@ -263,19 +264,22 @@ at::Tensor process_logits(const at::Tensor& logits, const OptTensor& token_count
                 "(the sequence they are matched against)");
   }
   // values
-  check_each<float>(rep, [](float x) { return x > 0.f && std::isfinite(x); }, op,
-                    "repetition_penalty", "finite and > 0");
-  check_each<float>(pres, [](float x) { return std::isfinite(x); }, op, "presence_penalty",
-                    "finite");
-  check_each<float>(freq, [](float x) { return std::isfinite(x); }, op, "frequency_penalty",
-                    "finite");
-  check_each<float>(temp, [](float x) { return x > 0.f && std::isfinite(x); }, op, "temperature",
-                    "finite and > 0");
+  check_each<float>(
+      rep, [](float x) { return x > 0.f && std::isfinite(x); }, op, "repetition_penalty",
+      "finite and > 0");
+  check_each<float>(
+      pres, [](float x) { return std::isfinite(x); }, op, "presence_penalty", "finite");
+  check_each<float>(
+      freq, [](float x) { return std::isfinite(x); }, op, "frequency_penalty", "finite");
+  check_each<float>(
+      temp, [](float x) { return x > 0.f && std::isfinite(x); }, op, "temperature",
+      "finite and > 0");
   check_each<int32_t>(minlen, [](int32_t x) { return x >= 0; }, op, "min_length", ">= 0");
   if (pos.defined() && out_ids.defined()) {
     const int64_t cols = out_ids.size(1);
-    check_each<int32_t>(pos, [cols](int32_t x) { return x >= 0 && x < cols; }, op, "cur_pos",
-                        "0 <= cur_pos < output_ids.shape[1]");
+    check_each<int32_t>(
+        pos, [cols](int32_t x) { return x >= 0 && x < cols; }, op, "cur_pos",
+        "0 <= cur_pos < output_ids.shape[1]");
   }
   // devices
   check_cuda(logits, op, "logits");
@@ -335,10 +339,12 @@ std::tuple<at::Tensor, at::Tensor> sample_tokens(const at::Tensor& logits, const
   const at::Tensor p_ = per_row(top_p, rows, at::kFloat, op, "top_p");
   const at::Tensor s = per_row(seeds, rows, at::kLong, op, "seeds");
   const at::Tensor pos = per_row(positions, rows, at::kInt, op, "positions");
-  check_each<int32_t>(k, [](int32_t x) { return x >= 0 && x <= kernels::kSamplerMaxTopK; }, op,
-                      "top_k", "0 <= top_k <= 1024 (0: no top-k filter, 1: greedy)");
-  check_each<float>(p_, [](float x) { return x > 0.f && x <= 1.f; }, op, "top_p",
-                    "0 < top_p <= 1 (1: no top-p filter)");
+  check_each<int32_t>(
+      k, [](int32_t x) { return x >= 0 && x <= kernels::kSamplerMaxTopK; }, op, "top_k",
+      "0 <= top_k <= 1024 (0: no top-k filter, 1: greedy)");
+  check_each<float>(
+      p_, [](float x) { return x > 0.f && x <= 1.f; }, op, "top_p",
+      "0 < top_p <= 1 (1: no top-p filter)");
   check_each<int32_t>(pos, [](int32_t x) { return x >= 0; }, op, "positions", ">= 0");
   check_cuda(logits, op, "logits");
   check_cuda(k, op, "top_k", logits, "logits");
@@ -472,10 +478,12 @@ at::Tensor update_tokens(const at::Tensor& tokens, const OptTensor& log_probs, a
     bool multi = false;
     check_word_list(stop, rows, counts.defined() ? counts.size(1) : 0, op, "stop_words", &multi);
   }
-  check_each<int32_t>(cur_pos, [stride](int32_t x) { return x >= -1 && x < stride; }, op,
-                      "cur_pos", "-1 <= cur_pos < output_ids.shape[1]");
-  check_each<int32_t>(in_lens, [stride](int32_t x) { return x >= 0 && x <= stride; }, op,
-                      "input_lengths", "0 <= input_lengths <= output_ids.shape[1]");
+  check_each<int32_t>(
+      cur_pos, [stride](int32_t x) { return x >= -1 && x < stride; }, op, "cur_pos",
+      "-1 <= cur_pos < output_ids.shape[1]");
+  check_each<int32_t>(
+      in_lens, [stride](int32_t x) { return x >= 0 && x <= stride; }, op, "input_lengths",
+      "0 <= input_lengths <= output_ids.shape[1]");
   // devices
   check_cuda(tokens, op, "tokens");
   check_same_device(lp, tokens, op, "log_probs", "tokens");

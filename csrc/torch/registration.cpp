@@ -238,45 +238,44 @@ TORCH_LIBRARY(warpformer, m) {
       .def("gemm_heuristic_queries", &GptModelHolder::gemm_heuristic_queries)
       .def("gemm_tuning_note", &GptModelHolder::gemm_tuning_note)
       .def("prompt_graph_stats", &GptModelHolder::prompt_graph_stats)
-      .def_pickle(
-          [](const c10::intrusive_ptr<GptModelHolder>& self) { return self->get_state(); },
-          [](GptModelHolder::State s) {
-            return c10::make_intrusive<GptModelHolder>(std::get<0>(s), std::get<1>(s),
-                                                       std::get<2>(s));
-          });
+      .def_pickle([](const c10::intrusive_ptr<GptModelHolder>& self) { return self->get_state(); },
+                  [](GptModelHolder::State s) {
+                    return c10::make_intrusive<GptModelHolder>(std::get<0>(s), std::get<1>(s),
+                                                               std::get<2>(s));
+                  });
 }
 
-#define WF_IMPL_ALL(m)                             \
-  m.impl("layer_norm", &wo::layer_norm);           \
-  m.impl("rms_norm", &wo::rms_norm);               \
-  m.impl("add_layer_norm", &wo::add_layer_norm);   \
-  m.impl("add_rms_norm", &wo::add_rms_norm);       \
-  m.impl("bias_act", &wo::bias_act);               \
-  m.impl("gated_act", &wo::gated_act);             \
-  m.impl("embedding", &wo::embedding);             \
-  m.impl("qkv_rotary_cache", &wo::qkv_rotary_cache); \
-  m.impl("context_attention", &wo::context_attention); \
-  m.impl("decode_attention", &wo::decode_attention);   \
+#define WF_IMPL_ALL(m)                                           \
+  m.impl("layer_norm", &wo::layer_norm);                         \
+  m.impl("rms_norm", &wo::rms_norm);                             \
+  m.impl("add_layer_norm", &wo::add_layer_norm);                 \
+  m.impl("add_rms_norm", &wo::add_rms_norm);                     \
+  m.impl("bias_act", &wo::bias_act);                             \
+  m.impl("gated_act", &wo::gated_act);                           \
+  m.impl("embedding", &wo::embedding);                           \
+  m.impl("qkv_rotary_cache", &wo::qkv_rotary_cache);             \
+  m.impl("context_attention", &wo::context_attention);           \
+  m.impl("decode_attention", &wo::decode_attention);             \
   m.impl("decode_attention_fused", &wo::decode_attention_fused); \
-  m.impl("gemm", &wo::gemm);                           \
-  m.impl("norm_gemm", &wo::norm_gemm);                 \
-  m.impl("norm_gemm_pair", &wo::norm_gemm_pair);       \
-  m.impl("gemm_sum", &wo::gemm_sum);                   \
-  m.impl("gemm_benchmark", &wo::gemm_benchmark); \
-  m.impl("beam_log_softmax", &wo::beam_log_softmax); \
-  m.impl("beam_search_init", &wo::beam_search_init); \
-  m.impl("beam_search_step", &wo::beam_search_step); \
-  m.impl("beam_search_update", &wo::beam_search_update); \
-  m.impl("beam_search_finalize", &wo::beam_search_finalize); \
-  m.impl("count_tokens", &wo::count_tokens); \
-  m.impl("add_token_counts", &wo::add_token_counts); \
-  m.impl("process_logits", &wo::process_logits); \
-  m.impl("sample_tokens", &wo::sample_tokens); \
-  m.impl("greedy_tokens", &wo::greedy_tokens); \
+  m.impl("gemm", &wo::gemm);                                     \
+  m.impl("norm_gemm", &wo::norm_gemm);                           \
+  m.impl("norm_gemm_pair", &wo::norm_gemm_pair);                 \
+  m.impl("gemm_sum", &wo::gemm_sum);                             \
+  m.impl("gemm_benchmark", &wo::gemm_benchmark);                 \
+  m.impl("beam_log_softmax", &wo::beam_log_softmax);             \
+  m.impl("beam_search_init", &wo::beam_search_init);             \
+  m.impl("beam_search_step", &wo::beam_search_step);             \
+  m.impl("beam_search_update", &wo::beam_search_update);         \
+  m.impl("beam_search_finalize", &wo::beam_search_finalize);     \
+  m.impl("count_tokens", &wo::count_tokens);                     \
+  m.impl("add_token_counts", &wo::add_token_counts);             \
+  m.impl("process_logits", &wo::process_logits);                 \
+  m.impl("sample_tokens", &wo::sample_tokens);                   \
+  m.impl("greedy_tokens", &wo::greedy_tokens);                   \
   m.impl("update_tokens", &wo::update_tokens);
 
-TORCH_LIBRARY_IMPL(warpformer, CUDA, m) { WF_IMPL_ALL(m) }
-TORCH_LIBRARY_IMPL(warpformer, CPU, m) { WF_IMPL_ALL(m) }
+TORCH_LIBRARY_IMPL(warpformer, CUDA, m) { WF_IMPL_ALL(m); }
+TORCH_LIBRARY_IMPL(warpformer, CPU, m) { WF_IMPL_ALL(m); }
 // No tensor arguments: the dispatcher falls back to the CompositeExplicitAutograd kernel.
 TORCH_LIBRARY_IMPL(warpformer, CompositeExplicitAutograd, m) {
   m.impl("alibi_slopes", &wo::alibi_slopes);

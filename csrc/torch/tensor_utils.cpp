@@ -37,8 +37,8 @@ void check_floating(const at::Tensor& t, const char* op, const char* arg) {
 
 void check_dtype(const at::Tensor& t, c10::ScalarType want, const char* op, const char* arg,
                  const char* why) {
-  TORCH_CHECK(t.scalar_type() == want, op, ": ", arg, " must have dtype ", want,
-              why ? " (" : "", why ? why : "", why ? ")" : "", ", got ", t.scalar_type());
+  TORCH_CHECK(t.scalar_type() == want, op, ": ", arg, " must have dtype ", want, why ? " (" : "",
+              why ? why : "", why ? ")" : "", ", got ", t.scalar_type());
 }
 
 void check_dim(const at::Tensor& t, int64_t dim, const char* op, const char* arg) {
@@ -76,8 +76,8 @@ void check_cuda(const at::Tensor& t, const char* op, const char* arg, const at::
   TORCH_CHECK(t.is_cuda(), op, ": ", arg, " must be a CUDA tensor, got device ", t.device(),
               " (warpformer ops run on NVIDIA GPUs only; use warpformer.reference on the CPU)");
   if (ref.defined()) {
-    TORCH_CHECK(t.device() == ref.device(), op, ": ", arg, " is on ", t.device(), " but ",
-                ref_name, " is on ", ref.device(), "; all tensors must be on one device");
+    TORCH_CHECK(t.device() == ref.device(), op, ": ", arg, " is on ", t.device(), " but ", ref_name,
+                " is on ", ref.device(), "; all tensors must be on one device");
   }
 }
 
@@ -96,8 +96,8 @@ std::vector<at::Tensor> upload_together(const std::vector<at::Tensor>& host, int
     total += std::max<int64_t>((static_cast<int64_t>(src[i].nbytes()) + kAlign - 1) / kAlign, 1) *
              kAlign;
   }
-  const at::Tensor staging = at::empty(
-      {std::max<int64_t>(total, kAlign)}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+  const at::Tensor staging = at::empty({std::max<int64_t>(total, kAlign)},
+                                       at::TensorOptions().dtype(at::kByte).pinned_memory(true));
   auto* base = staging.data_ptr<uint8_t>();
   for (size_t i = 0; i < src.size(); ++i) {
     if (src[i].defined() && src[i].nbytes() > 0) {

@@ -51,16 +51,16 @@ enum class RotaryStyle { kNone = 0, kInterleaved = 1, kHalf = 2 };
 // [0, max_seq) write no cache entry (q_out is still written, with the rotary of that position).
 template <typename T>
 struct QkvPrepParams {
-  T* q_out;                  // [tokens, heads, head_dim]
-  T* k_cache;                // [num_slots, heads, max_seq, head_dim]
-  T* v_cache;                // [num_slots, heads, max_seq, head_dim]
-  const T* qkv;              // [tokens, 3, heads, head_dim]
-  const T* bias;             // [3, heads, head_dim] or null
-  const int32_t* token_slot; // [tokens]
-  const int32_t* token_pos;  // [tokens]
+  T* q_out;                   // [tokens, heads, head_dim]
+  T* k_cache;                 // [num_slots, heads, max_seq, head_dim]
+  T* v_cache;                 // [num_slots, heads, max_seq, head_dim]
+  const T* qkv;               // [tokens, 3, heads, head_dim]
+  const T* bias;              // [3, heads, head_dim] or null
+  const int32_t* token_slot;  // [tokens]
+  const int32_t* token_pos;   // [tokens]
   int tokens;
   int heads;
-  int head_dim;              // one of the supported head sizes
+  int head_dim;  // one of the supported head sizes
   int num_slots;
   int max_seq;
   int rotary_dim;            // even, 0 <= rotary_dim <= head_dim; 0 = no rotary
@@ -72,9 +72,9 @@ template <typename T>
 cudaError_t launch_qkv_prep(const QkvPrepParams<T>& p, cudaStream_t stream);
 
 // ---- 2. Context (prefill) attention -----------------------------------------------------------
-// Causal self-attention of packed sequences. Sequence b owns rows cu_seqlens[b] .. cu_seqlens[b+1]-1
-// of q and out (row i of the sequence is position i) and reads keys/values at positions
-// 0 .. len_b - 1 of cache slot seq_slot[b] (written beforehand by launch_qkv_prep):
+// Causal self-attention of packed sequences. Sequence b owns rows cu_seqlens[b] ..
+// cu_seqlens[b+1]-1 of q and out (row i of the sequence is position i) and reads keys/values at
+// positions 0 .. len_b - 1 of cache slot seq_slot[b] (written beforehand by launch_qkv_prep):
 //   out[t, h] = softmax_k( scale * q[t, h] . K[k] + alibi[h] * (k - i) ; k <= i ) . V
 // max_seqlen must be >= every len_b (it sizes the grid); lengths are clamped to max_seq, rows of a
 // sequence beyond max_seq are not written, and a seq_slot outside [0, num_slots) leaves its rows
@@ -82,20 +82,20 @@ cudaError_t launch_qkv_prep(const QkvPrepParams<T>& p, cudaStream_t stream);
 // probabilities rounded to T before they weight V; everything else on CUDA cores in fp32.
 template <typename T>
 struct ContextAttentionParams {
-  T* out;                    // [tokens, heads, head_dim]
-  const T* q;                // [tokens, heads, head_dim]
-  const T* k_cache;          // [num_slots, heads, max_seq, head_dim]
-  const T* v_cache;          // [num_slots, heads, max_seq, head_dim]
-  const int32_t* cu_seqlens; // [batch + 1], cu_seqlens[0] = 0, non-decreasing
-  const int32_t* seq_slot;   // [batch]
-  const float* alibi_slopes; // [heads] or null
+  T* out;                     // [tokens, heads, head_dim]
+  const T* q;                 // [tokens, heads, head_dim]
+  const T* k_cache;           // [num_slots, heads, max_seq, head_dim]
+  const T* v_cache;           // [num_slots, heads, max_seq, head_dim]
+  const int32_t* cu_seqlens;  // [batch + 1], cu_seqlens[0] = 0, non-decreasing
+  const int32_t* seq_slot;    // [batch]
+  const float* alibi_slopes;  // [heads] or null
   int batch;
   int heads;
   int head_dim;
   int num_slots;
-  int max_seq;               // cache capacity per slot
-  int max_seqlen;            // host-known upper bound of the sequence lengths in this call
-  float scale;               // normally 1/sqrt(head_dim)
+  int max_seq;     // cache capacity per slot
+  int max_seqlen;  // host-known upper bound of the sequence lengths in this call
+  float scale;     // normally 1/sqrt(head_dim)
 };
 
 template <typename T>
@@ -134,15 +134,15 @@ cudaError_t launch_context_attention(const ContextAttentionParams<T>& p, cudaStr
 // GEMV; the op finishes its own copies of the index tensors before launching.
 template <typename T>
 struct DecodeAttentionParams {
-  T* out;                     // [rows, heads, head_dim]
-  const T* q;                 // [rows, heads, head_dim]
-  const T* k_cache;           // [num_slots, heads, max_seq, head_dim]
-  const T* v_cache;           // [num_slots, heads, max_seq, head_dim]
-  const int32_t* row_slot;    // [rows] or null (row r uses slot r)
-  const int32_t* lengths;     // [rows], valid cache positions per row (including the new token)
-  const int32_t* cache_indir; // [rows, max_seq] slot to read position p from, or null
-  const float* alibi_slopes;  // [heads] or null
-  float* workspace;           // fp32 scratch for the split-KV partial results, or null
+  T* out;                      // [rows, heads, head_dim]
+  const T* q;                  // [rows, heads, head_dim]
+  const T* k_cache;            // [num_slots, heads, max_seq, head_dim]
+  const T* v_cache;            // [num_slots, heads, max_seq, head_dim]
+  const int32_t* row_slot;     // [rows] or null (row r uses slot r)
+  const int32_t* lengths;      // [rows], valid cache positions per row (including the new token)
+  const int32_t* cache_indir;  // [rows, max_seq] slot to read position p from, or null
+  const float* alibi_slopes;   // [heads] or null
+  float* workspace;            // fp32 scratch for the split-KV partial results, or null
   size_t workspace_bytes;
   int rows;
   int heads;
@@ -155,11 +155,11 @@ struct DecodeAttentionParams {
 // The fused decode attention's QKV inputs (the kernel takes them as their own argument).
 template <typename T>
 struct DecodeQkvInputs {
-  const T* qkv;                     // [rows, 3, heads, head_dim]
-  const T* qkv_bias;                // [3, heads, head_dim] or null
-  int rotary_dim;                   // as QkvPrepParams
+  const T* qkv;       // [rows, 3, heads, head_dim]
+  const T* qkv_bias;  // [3, heads, head_dim] or null
+  int rotary_dim;     // as QkvPrepParams
   RotaryStyle rotary_style;
-  const float* rotary_inv_freq;     // [rotary_dim / 2] from launch_rotary_inv_freq
+  const float* rotary_inv_freq;  // [rotary_dim / 2] from launch_rotary_inv_freq
 };
 
 // Decode attention with the QKV preparation fused in (launch_decode_attention_fused; see above).

@@ -47,9 +47,8 @@ __device__ __forceinline__ float load_biased(const T* __restrict__ x, const T* _
 // VEC elements x[off ..] (+ bias[off ..]) in fp32, element for element as load_biased rounds them;
 // x + off and bias + off must be 16-byte aligned.
 template <typename T, int VEC>
-__device__ __forceinline__ void load_biased_vec(const T* __restrict__ x,
-                                                const T* __restrict__ bias, int64_t off,
-                                                float (&out)[VEC]) {
+__device__ __forceinline__ void load_biased_vec(const T* __restrict__ x, const T* __restrict__ bias,
+                                                int64_t off, float (&out)[VEC]) {
   load_vec<T, VEC>(x + off, out);
   if (bias != nullptr) {
     float b[VEC];
@@ -92,25 +91,25 @@ __device__ __forceinline__ float exp_shifted(float x, float m) {
 // Run the body with HEAD_DIM bound to the runtime head size (kAttentionHeadDims); unsupported
 // sizes return cudaErrorInvalidValue from the enclosing lambda.
 #define WF_HEAD_DIM_CASE(D, HEAD_DIM, ...) \
-  case D: {                               \
-    constexpr int HEAD_DIM = D;           \
-    return __VA_ARGS__();                 \
+  case D: {                                \
+    constexpr int HEAD_DIM = D;            \
+    return __VA_ARGS__();                  \
   }
-#define WF_HEAD_DIM_SWITCH(DIM, HEAD_DIM, ...)          \
-  [&]() -> cudaError_t {                                \
-    switch (DIM) {                                      \
-      WF_HEAD_DIM_CASE(32, HEAD_DIM, __VA_ARGS__)     \
-      WF_HEAD_DIM_CASE(48, HEAD_DIM, __VA_ARGS__)     \
-      WF_HEAD_DIM_CASE(64, HEAD_DIM, __VA_ARGS__)     \
-      WF_HEAD_DIM_CASE(80, HEAD_DIM, __VA_ARGS__)     \
-      WF_HEAD_DIM_CASE(96, HEAD_DIM, __VA_ARGS__)     \
-      WF_HEAD_DIM_CASE(112, HEAD_DIM, __VA_ARGS__)    \
-      WF_HEAD_DIM_CASE(128, HEAD_DIM, __VA_ARGS__)    \
-      WF_HEAD_DIM_CASE(144, HEAD_DIM, __VA_ARGS__)    \
-      WF_HEAD_DIM_CASE(160, HEAD_DIM, __VA_ARGS__)    \
-      WF_HEAD_DIM_CASE(192, HEAD_DIM, __VA_ARGS__)    \
-      WF_HEAD_DIM_CASE(224, HEAD_DIM, __VA_ARGS__)    \
-      WF_HEAD_DIM_CASE(256, HEAD_DIM, __VA_ARGS__)    \
-      default: return cudaErrorInvalidValue;            \
-    }                                                   \
+#define WF_HEAD_DIM_SWITCH(DIM, HEAD_DIM, ...)     \
+  [&]() -> cudaError_t {                           \
+    switch (DIM) {                                 \
+      WF_HEAD_DIM_CASE(32, HEAD_DIM, __VA_ARGS__)  \
+      WF_HEAD_DIM_CASE(48, HEAD_DIM, __VA_ARGS__)  \
+      WF_HEAD_DIM_CASE(64, HEAD_DIM, __VA_ARGS__)  \
+      WF_HEAD_DIM_CASE(80, HEAD_DIM, __VA_ARGS__)  \
+      WF_HEAD_DIM_CASE(96, HEAD_DIM, __VA_ARGS__)  \
+      WF_HEAD_DIM_CASE(112, HEAD_DIM, __VA_ARGS__) \
+      WF_HEAD_DIM_CASE(128, HEAD_DIM, __VA_ARGS__) \
+      WF_HEAD_DIM_CASE(144, HEAD_DIM, __VA_ARGS__) \
+      WF_HEAD_DIM_CASE(160, HEAD_DIM, __VA_ARGS__) \
+      WF_HEAD_DIM_CASE(192, HEAD_DIM, __VA_ARGS__) \
+      WF_HEAD_DIM_CASE(224, HEAD_DIM, __VA_ARGS__) \
+      WF_HEAD_DIM_CASE(256, HEAD_DIM, __VA_ARGS__) \
+      default: return cudaErrorInvalidValue;       \
+    }                                              \
   }()

@@ -6,17 +6,17 @@
 // [S, S] score matrix never exists outside shared memory. Q, K and V tiles are converted to fp32
 // in shared memory (rows padded by one float so column walks hit distinct banks).
 //
-// Thread layout: row group rg = tid / 16 owns query rows 4*rg .. 4*rg + 3; column group cg = tid % 16
-// owns keys cg, cg + 16 of each key tile for the scores and output dims cg + 16*c of the
+// Thread layout: row group rg = tid / 16 owns query rows 4*rg .. 4*rg + 3; column group cg = tid %
+// 16 owns keys cg, cg + 16 of each key tile for the scores and output dims cg + 16*c of the
 // accumulator, so the softmax statistics of a row stay inside one half-warp (shuffle reductions)
 // and the probabilities written to shared memory are read back by the same half-warp.
 // The query-tile index is reversed so that the longest (last) tiles of a sequence start first.
 //
 // fp16 / bf16 run on tensor cores instead (context_attention_mma_kernel, sm_80+): 4 warps own 16
 // queries each; K and V tiles of 64 keys (32 for heads over 128) are staged in shared memory as
-// stored (16-bit) and read with ldmatrix; S = Q K^T and O += P V are mma.sync m16n8k16 products with fp32
-// accumulation, the probabilities rounded to the input type for the second product (as flash
-// attention does). The softmax runs in base 2 on log2(e)-scaled scores, the same function.
+// stored (16-bit) and read with ldmatrix; S = Q K^T and O += P V are mma.sync m16n8k16 products
+// with fp32 accumulation, the probabilities rounded to the input type for the second product (as
+// flash attention does). The softmax runs in base 2 on log2(e)-scaled scores, the same function.
 #include <algorithm>
 
 #include "kernels/attention/attention_common.cuh"
@@ -27,9 +27,9 @@ namespace kernels {
 namespace {
 
 constexpr int kThreads = 128;
-constexpr int kBQ = 32;       // queries per block
-constexpr int kBK = 32;       // keys per tile
-constexpr int kRows = 4;      // query rows per thread
+constexpr int kBQ = 32;   // queries per block
+constexpr int kBK = 32;   // keys per tile
+constexpr int kRows = 4;  // query rows per thread
 constexpr int kColGroups = 16;
 
 // One block's work in either context kernel: sequence blockIdx.z, head blockIdx.y and the query
@@ -59,20 +59,20 @@ constexpr int smem_floats() {
 }
 
 template <typename T, int D>
-__global__ void __launch_bounds__(kThreads) context_attention_kernel(
-    const ContextAttentionParams<T> p) {
+__global__ void __launch_bounds__(kThreads)
+    context_attention_kernel(const ContextAttentionParams<T> p) {
   static_assert(D % kColGroups == 0, "head_dim must be a multiple of 16");
   wait_for_prior_kernels();
   constexpr int VEC = 16 / sizeof(T);
-  constexpr int NV = D / VEC;           // vectors per head row
-  constexpr int DC = D / kColGroups;    // accumulator columns per thread
-  constexpr int QS = D + 1;             // padded row stride of Qs / Ks
-  constexpr int PS = kBK + 1;           // padded row stride of Ps
+  constexpr int NV = D / VEC;         // vectors per head row
+  constexpr int DC = D / kColGroups;  // accumulator columns per thread
+  constexpr int QS = D + 1;           // padded row stride of Qs / Ks
+  constexpr int PS = kBK + 1;         // padded row stride of Ps
   extern __shared__ float smem[];
-  float* Qs = smem;                     // [kBQ][D + 1]
-  float* Ks = Qs + kBQ * QS;            // [kBK][D + 1]
-  float* Vs = Ks + kBK * QS;            // [kBK][D]
-  float* Ps = Vs + kBK * D;             // [kBQ][kBK + 1]
+  float* Qs = smem;           // [kBQ][D + 1]
+  float* Ks = Qs + kBQ * QS;  // [kBK][D + 1]
+  float* Vs = Ks + kBK * QS;  // [kBK][D]
+  float* Ps = Vs + kBK * D;   // [kBQ][kBK + 1]
 
   ContextTile t;
   if (!context_tile(p, kBQ, t)) return;
@@ -236,11 +236,11 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   static_assert(D % 16 == 0 && D <= 256, "head_dim a multiple of 16, at most 256");
   constexpr int kMmaBK = kMmaKeys<D>;
   wait_for_prior_kernels();
-  constexpr int S = D + 8;          // smem row stride in elements: ldmatrix rows on distinct banks
-  constexpr int KSTEPS = D / 16;    // mma k-steps of Q K^T over the head
-  constexpr int DTILES = D / 8;     // 8-wide output tiles
-  constexpr int NT = kMmaBK / 8;    // 8-key tiles of the scores
-  constexpr int CH = D / 8;         // 16-byte chunks of a row
+  constexpr int S = D + 8;        // smem row stride in elements: ldmatrix rows on distinct banks
+  constexpr int KSTEPS = D / 16;  // mma k-steps of Q K^T over the head
+  constexpr int DTILES = D / 8;   // 8-wide output tiles
+  constexpr int NT = kMmaBK / 8;  // 8-key tiles of the scores
+  constexpr int CH = D / 8;       // 16-byte chunks of a row
   __shared__ __align__(16) T Ks[kMmaBK * S];
   __shared__ __align__(16) T Vs[kMmaBK * S];
 
@@ -325,7 +325,10 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
       if (bias) v = v + slope * static_cast<float>(key - pos);
       v = mask && (key > pos || key >= n_keys) ? -INFINITY : v * kLog2e;
       s[nt][i] = v;
-      if (i < 2) mx_a = fmaxf(mx_a, v); else mx_b = fmaxf(mx_b, v);
+      if (i < 2)
+        mx_a = fmaxf(mx_a, v);
+      else
+        mx_b = fmaxf(mx_b, v);
     };
     if (!masked && slope == 0.f) {
 #pragma unroll
@@ -416,8 +419,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
 
 // Whether the tensor-core kernel runs: sm_80+ device and code.
 bool use_mma() {
-  static const bool built = code_arch(reinterpret_cast<const void*>(
-                                context_attention_mma_kernel<__half, 64>)) >= 80;
+  static const bool built =
+      code_arch(reinterpret_cast<const void*>(context_attention_mma_kernel<__half, 64>)) >= 80;
   int device = 0;
   if (!built || cudaGetDevice(&device) != cudaSuccess) return false;
   return device_caps(device).major >= 8;

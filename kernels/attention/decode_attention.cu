@@ -4,19 +4,18 @@
 // One block of 256 threads per (head, row, key chunk). Threads form groups of TPK lanes; a group
 // reads one cache row (key or value) at a time with 16-byte vectors, TPK = the number of vectors in
 // a head row rounded up to a power of two (at least 8, at most 32; heads of more than 32 vectors,
-// such as fp32 head_dim 256, take two vectors per lane). The chunk is walked in windows of NGROUPS x UNROLL keys (each group takes every
-// NGROUPS-th key, UNROLL keys in flight). One pass: a group loads a window's key and value rows
-// together, reduces q.k over its lanes with shuffles, and folds the window into its own running
-// max, exp-sum and p * v accumulator (online softmax, rescaling by exp(old max - new max)), so a
-// window costs one round trip to the cache and no barrier. At the end the groups' accumulators
-// meet in shared memory, each weighted by exp(group max - block max).
-// At 1-2 rows the fused kernel loads the first window's key and value rows before the wait for
-// the QKV product (which starts it early): no kernel in flight writes them, except the new token's
-// row, which the block takes from its own copy after preparing it. A context within one window
-// then costs no round trip to the cache after the wait.
-// Without a split the block writes the normalised output. With a split it writes the unnormalised
-// sum, the max and the exp-sum of its chunk to the workspace, and decode_combine_kernel merges the
-// chunks of a (row, head) with the usual rescaling.
+// such as fp32 head_dim 256, take two vectors per lane). The chunk is walked in windows of NGROUPS
+// x UNROLL keys (each group takes every NGROUPS-th key, UNROLL keys in flight). One pass: a group
+// loads a window's key and value rows together, reduces q.k over its lanes with shuffles, and folds
+// the window into its own running max, exp-sum and p * v accumulator (online softmax, rescaling by
+// exp(old max - new max)), so a window costs one round trip to the cache and no barrier. At the end
+// the groups' accumulators meet in shared memory, each weighted by exp(group max - block max). At
+// 1-2 rows the fused kernel loads the first window's key and value rows before the wait for the QKV
+// product (which starts it early): no kernel in flight writes them, except the new token's row,
+// which the block takes from its own copy after preparing it. A context within one window then
+// costs no round trip to the cache after the wait. Without a split the block writes the normalised
+// output. With a split it writes the unnormalised sum, the max and the exp-sum of its chunk to the
+// workspace, and decode_combine_kernel merges the chunks of a (row, head) with the usual rescaling.
 #include "kernels/attention/attention_common.cuh"
 
 namespace warpformer {
@@ -24,10 +23,10 @@ namespace kernels {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kSplitThreshold = 2048;   // max_seq at which long caches are split
-constexpr int kSmallWorkChunk = 512;    // keys per chunk when rows * heads is small
-constexpr int kLargeWorkChunk = 4096;   // keys per chunk otherwise (the pairs fill the GPU)
-constexpr int kSmallWork = 1024;        // rows * heads below which (row, head) pairs are split
+constexpr int kSplitThreshold = 2048;  // max_seq at which long caches are split
+constexpr int kSmallWorkChunk = 512;   // keys per chunk when rows * heads is small
+constexpr int kLargeWorkChunk = 4096;  // keys per chunk otherwise (the pairs fill the GPU)
+constexpr int kSmallWork = 1024;       // rows * heads below which (row, head) pairs are split
 
 constexpr int next_pow2(int x) { return x <= 1 ? 1 : 2 * next_pow2((x + 1) / 2); }
 
@@ -36,12 +35,12 @@ int chunk_size(int max_seq, int splits) { return ceil_div(max_seq, splits); }
 
 template <typename T, int D>
 struct DecodeShape {
-  static constexpr int VEC = 16 / sizeof(T);               // elements per 16-byte vector
-  static constexpr int NVEC = D / VEC;                      // vectors per head row
+  static constexpr int VEC = 16 / sizeof(T);  // elements per 16-byte vector
+  static constexpr int NVEC = D / VEC;        // vectors per head row
   // Lanes per cache row; at least 8, so that the groups (kThreads / TPK) fit the lanes of one
   // warp in the final merge (16-bit heads of 32 leave half of each group's lanes idle).
   static constexpr int TPK = NVEC >= 32 ? 32 : (NVEC <= 8 ? 8 : next_pow2(NVEC));
-  static constexpr int NV = (NVEC + TPK - 1) / TPK;         // vectors per lane
+  static constexpr int NV = (NVEC + TPK - 1) / TPK;  // vectors per lane
   static constexpr int NGROUPS = kThreads / TPK;
   static_assert(D % VEC == 0, "head_dim must be a multiple of the vector width");
 };
@@ -58,8 +57,8 @@ struct DecodeShape {
 // shared memory on its way. It ends with a barrier: q_s, k_s and v_s are read by every thread.
 struct NewToken {
   float qa = 0.f, qb = 0.f, ka = 0.f, kb = 0.f;  // the pair's q and k elements, biased
-  float v = 0.f;                                  // v element threadIdx.x, biased
-  float inv_freq = 0.f;                           // rotary frequency of pair threadIdx.x
+  float v = 0.f;                                 // v element threadIdx.x, biased
+  float inv_freq = 0.f;                          // rotary frequency of pair threadIdx.x
 };
 
 template <typename T, int D>
@@ -91,16 +90,14 @@ __device__ __forceinline__ NewToken load_new_token(const DecodeAttentionParams<T
 
 template <typename T, int D>
 __device__ __forceinline__ void prepare_new_token(const DecodeAttentionParams<T>& p,
-                                                  const DecodeQkvInputs<T>& f,
-                                                  const NewToken& t, int pos, int h, int slot,
-                                                  int start, int end, float* q_s, T* k_s,
-                                                  T* v_s) {
+                                                  const DecodeQkvInputs<T>& f, const NewToken& t,
+                                                  int pos, int h, int slot, int start, int end,
+                                                  float* q_s, T* k_s, T* v_s) {
   const bool write = pos >= start && pos < end;  // pos: launch_qkv_prep's token_pos (unclamped)
   const int rot_half = f.rotary_style == RotaryStyle::kNone ? 0 : f.rotary_dim / 2;
   // The caches are const in the params (the plain kernel only reads them); the fused one writes
   // the new row, which no other block reads.
-  const int64_t cache_off =
-      ((static_cast<int64_t>(slot) * p.heads + h) * p.max_seq + pos) * D;
+  const int64_t cache_off = ((static_cast<int64_t>(slot) * p.heads + h) * p.max_seq + pos) * D;
   T* k_new = const_cast<T*>(p.k_cache) + cache_off;
   T* v_new = const_cast<T*>(p.v_cache) + cache_off;
   const int j = threadIdx.x;
@@ -152,7 +149,7 @@ __global__ void __launch_bounds__(kThreads, FUSED ? (EARLY ? 2 : 3) : 4)
   // bf16. Two vectors per lane (fp32, head_dim 256) take 2, which holds the rows in flight to the
   // same 8 vectors a lane (with 4 the unfused kernel spilled ~400 bytes).
   constexpr int UNROLL = NV > 1 ? 2 : 4, WINDOW = NGROUPS * UNROLL;
-  __shared__ float red[NGROUPS * D];  // the groups' accumulators, [NGROUPS][D]
+  __shared__ float red[NGROUPS * D];                    // the groups' accumulators, [NGROUPS][D]
   __shared__ float group_m[NGROUPS], group_l[NGROUPS];  // their running maxima and exp-sums
 
   const int h = blockIdx.x;
@@ -184,11 +181,10 @@ __global__ void __launch_bounds__(kThreads, FUSED ? (EARLY ? 2 : 3) : 4)
   const bool row_ok = len >= 1 && slot >= 0 && slot < p.num_slots;
   const int start = split * chunk;
   const int end = row_ok ? min(len, start + chunk) : 0;
-  const int64_t head_stride = static_cast<int64_t>(p.max_seq) * D;         // one (slot, head)
+  const int64_t head_stride = static_cast<int64_t>(p.max_seq) * D;          // one (slot, head)
   const int64_t slot_stride = static_cast<int64_t>(p.heads) * head_stride;  // one slot
-  const int32_t* indir = p.cache_indir != nullptr
-                             ? p.cache_indir + static_cast<int64_t>(row) * p.max_seq
-                             : nullptr;
+  const int32_t* indir =
+      p.cache_indir != nullptr ? p.cache_indir + static_cast<int64_t>(row) * p.max_seq : nullptr;
 
   // Where key k's row sits in either cache, or -1 when k is past the chunk or its indirection
   // slot is invalid (a key's and its value's rows share the offset).
@@ -199,7 +195,7 @@ __global__ void __launch_bounds__(kThreads, FUSED ? (EARLY ? 2 : 3) : 4)
     return src * slot_stride + h * head_stride + static_cast<int64_t>(k) * D;
   };
   // This lane's vectors of a row (zeros where there is none).
-  auto load_row = [&](const T* r, Row (&dst)[NV]) {
+  auto load_row = [&](const T* r, Row(&dst)[NV]) {
 #pragma unroll
     for (int n = 0; n < NV; ++n) {
       const int vi = li + n * TPK;
@@ -209,7 +205,7 @@ __global__ void __launch_bounds__(kThreads, FUSED ? (EARLY ? 2 : 3) : 4)
   };
   // The key and value rows of the window at `base` (keys base + u * NGROUPS + g); ok[u]: key u
   // has rows. Key `skip` (the fused kernel's new token) is left out here: fill_new adds it.
-  auto load_window = [&](int base, int skip, Row (&krows)[UNROLL][NV], Row (&vrows)[UNROLL][NV],
+  auto load_window = [&](int base, int skip, Row(&krows)[UNROLL][NV], Row(&vrows)[UNROLL][NV],
                          bool (&ok)[UNROLL]) {
     int64_t off[UNROLL];
 #pragma unroll
@@ -225,7 +221,7 @@ __global__ void __launch_bounds__(kThreads, FUSED ? (EARLY ? 2 : 3) : 4)
   };
   // The fused kernel's new token's rows in the first window, after prepare_new_token: from the
   // block's own copies of what it wrote into the caches.
-  auto fill_new = [&](Row (&krows)[UNROLL][NV], Row (&vrows)[UNROLL][NV], bool (&ok)[UNROLL],
+  auto fill_new = [&](Row(&krows)[UNROLL][NV], Row(&vrows)[UNROLL][NV], bool (&ok)[UNROLL],
                       const T* k_own, const T* v_own) {
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
@@ -298,7 +294,7 @@ __global__ void __launch_bounds__(kThreads, FUSED ? (EARLY ? 2 : 3) : 4)
     for (int e = 0; e < VEC; ++e) acc[n][e] = 0.f;
   }
   // ok[u]: key u of the window has its rows.
-  auto window = [&](int base, const Row (&krows)[UNROLL][NV], const Row (&vrows)[UNROLL][NV],
+  auto window = [&](int base, const Row(&krows)[UNROLL][NV], const Row(&vrows)[UNROLL][NV],
                     const bool (&ok)[UNROLL]) {
     float logit[UNROLL];
     float m_new = m_run;
@@ -429,7 +425,7 @@ cudaError_t launch_for_dim(const DecodeAttentionParams<T>& p, const DecodeQkvInp
   shape.grid = dim3(p.heads, p.rows, splits);
   shape.block = dim3(kThreads);
   const cudaError_t err = launch_kernel(shape, stream, kernel, p, splits, chunk,
-                                       fused != nullptr ? *fused : DecodeQkvInputs<T>{});
+                                        fused != nullptr ? *fused : DecodeQkvInputs<T>{});
   if (err != cudaSuccess || splits == 1) return err;
   LaunchShape combine;
   combine.grid = dim3(p.rows * p.heads);
@@ -469,9 +465,8 @@ cudaError_t check_decode(const DecodeAttentionParams<T>& p, bool need_q, int* sp
   *splits = p.rows == 0 ? 1 : decode_attention_num_splits(p.rows, p.heads, p.max_seq);
   if (*splits > 65535) return cudaErrorInvalidValue;
   if (*splits > 1 &&
-      (p.workspace == nullptr ||
-       p.workspace_bytes < decode_attention_workspace_bytes(p.rows, p.heads, p.head_dim,
-                                                            p.max_seq))) {
+      (p.workspace == nullptr || p.workspace_bytes < decode_attention_workspace_bytes(
+                                                         p.rows, p.heads, p.head_dim, p.max_seq))) {
     return cudaErrorInvalidValue;
   }
   return cudaSuccess;

@@ -160,9 +160,8 @@ cudaError_t launch_qkv_prep(const QkvPrepParams<T>& p, cudaStream_t stream) {
   constexpr int kVec = 16 / sizeof(T);
   // Rows and heads start on 16-byte boundaries when the bases do (head_dim is a multiple of 16
   // bytes); a half-split rotation pairs vectors rot_half apart, which must then be aligned too.
-  const bool vec_ok = aligned_to(p.qkv, 16) && aligned_to(p.bias, 16) &&
-                      aligned_to(p.q_out, 16) && aligned_to(p.k_cache, 16) &&
-                      aligned_to(p.v_cache, 16) &&
+  const bool vec_ok = aligned_to(p.qkv, 16) && aligned_to(p.bias, 16) && aligned_to(p.q_out, 16) &&
+                      aligned_to(p.k_cache, 16) && aligned_to(p.v_cache, 16) &&
                       (p.rotary_style != RotaryStyle::kHalf || (p.rotary_dim / 2) % kVec == 0);
   LaunchShape shape;
   shape.grid = dim3(static_cast<unsigned>(p.tokens));

@@ -24,10 +24,10 @@ namespace kernels {
 namespace {
 
 constexpr int kStage1Threads = 128;
-constexpr int kRowThreads = 256;       // init, update, finalize
-constexpr int kMaxSplits = 32;         // one lane per split in the row merge
-constexpr int kMinSplitVocab = 2048;   // smallest vocabulary chunk worth its own block
-constexpr int kTargetBlocks = 528;     // about 4 blocks per SM on an H100 / H200
+constexpr int kRowThreads = 256;      // init, update, finalize
+constexpr int kMaxSplits = 32;        // one lane per split in the row merge
+constexpr int kMinSplitVocab = 2048;  // smallest vocabulary chunk worth its own block
+constexpr int kTargetBlocks = 528;    // about 4 blocks per SM on an H100 / H200
 constexpr int kMaxK = 2 * kMaxBeamWidth;
 // An empty candidate slot is (-INFINITY, kSentinelIdx), the pair block_best pads with.
 constexpr int kSentinelIdx = argmax::kNoIndex;
@@ -57,10 +57,12 @@ __global__ void __launch_bounds__(kRowThreads)
   const int32_t end_id = s.end_ids[b];
   const int32_t* prompt = input_ids + static_cast<int64_t>(b) * input_stride;
   int32_t* ids = s.output_ids + static_cast<int64_t>(r) * s.ids_stride;
-  for (int p = threadIdx.x; p < s.ids_stride; p += blockDim.x) ids[p] = p < len ? prompt[p] : end_id;
+  for (int p = threadIdx.x; p < s.ids_stride; p += blockDim.x)
+    ids[p] = p < len ? prompt[p] : end_id;
   const int32_t prompt_slot = shared_prompt_slot ? b * s.beam : r;
   int32_t* indir = s.cache_indir + static_cast<int64_t>(r) * s.indir_stride;
-  for (int p = threadIdx.x; p < s.indir_stride; p += blockDim.x) indir[p] = p < len ? prompt_slot : r;
+  for (int p = threadIdx.x; p < s.indir_stride; p += blockDim.x)
+    indir[p] = p < len ? prompt_slot : r;
   if (s.run_log_probs != nullptr) {
     float* lp = s.run_log_probs + static_cast<int64_t>(r) * s.max_out;
     for (int p = threadIdx.x; p < s.max_out; p += blockDim.x) lp[p] = 0.f;
@@ -147,8 +149,8 @@ __global__ void __launch_bounds__(kStage1Threads)
 // ---- stage 2: per batch entry -------------------------------------------------------------------
 // Block of 32 * beam threads (beam warps; 2 * beam^2 <= 32 * beam candidates, one per thread).
 __global__ void __launch_bounds__(32 * kMaxBeamWidth)
-    beam_stage2_kernel(const BeamStepParams p, int K, int splits,
-                       const float* __restrict__ ws_val, const int* __restrict__ ws_idx) {
+    beam_stage2_kernel(const BeamStepParams p, int K, int splits, const float* __restrict__ ws_val,
+                       const int* __restrict__ ws_idx) {
   const BeamSearchState& s = p.s;
   const int b = blockIdx.x;
   const int W = s.beam;
@@ -156,9 +158,9 @@ __global__ void __launch_bounds__(32 * kMaxBeamWidth)
 
   __shared__ float row_v[kMaxBeamWidth * kMaxK];
   __shared__ int row_i[kMaxBeamWidth * kMaxK];
-  __shared__ float top_v[kMaxK];   // entry's candidates by rank: score
-  __shared__ int top_flat[kMaxK];  // k * vocab + token
-  __shared__ float top_pen[kMaxK]; // score with the end-token penalty
+  __shared__ float top_v[kMaxK];           // entry's candidates by rank: score
+  __shared__ int top_flat[kMaxK];          // k * vocab + token
+  __shared__ float top_pen[kMaxK];         // score with the end-token penalty
   __shared__ int run_src[kMaxBeamWidth];   // running beam j <- candidate rank
   __shared__ int slot_src[kMaxBeamWidth];  // hypothesis slot <- candidate rank (-1: unchanged)
   __shared__ int entry_done;
@@ -318,7 +320,7 @@ __global__ void __launch_bounds__(32 * kMaxBeamWidth)
 // of columns of every row into registers, synchronises, then writes it.
 template <typename T>
 __device__ void gather_rows_inplace(T* base, int64_t stride, int W, const int* par, int lo,
-                                   int hi) {
+                                    int hi) {
   constexpr int kItems = 4;
   if (hi <= lo) return;
   const int cols = max(1, (kItems * static_cast<int>(blockDim.x)) / W);
@@ -371,7 +373,8 @@ __global__ void __launch_bounds__(kRowThreads) beam_update_kernel(const BeamSear
   }
   if (threadIdx.x < W) {
     const int r = b * W + threadIdx.x;
-    if (pos < s.ids_stride) s.output_ids[static_cast<int64_t>(r) * s.ids_stride + pos] = s.tokens[r];
+    if (pos < s.ids_stride)
+      s.output_ids[static_cast<int64_t>(r) * s.ids_stride + pos] = s.tokens[r];
     if (pos < s.indir_stride) s.cache_indir[static_cast<int64_t>(r) * s.indir_stride + pos] = r;
     if (s.run_log_probs != nullptr && g < s.max_out) {
       s.run_log_probs[static_cast<int64_t>(r) * s.max_out + g] = s.token_log_probs[r];
@@ -475,7 +478,8 @@ __global__ void __launch_bounds__(kRowThreads) beam_finalize_kernel(const BeamFi
       if (s.run_log_probs != nullptr) lps = s.run_log_probs + r * s.max_out;
     }
     const int copy = min(total, s.ids_stride);
-    for (int q = threadIdx.x; q < p.out_stride; q += blockDim.x) dst[q] = q < copy ? ids[q] : end_id;
+    for (int q = threadIdx.x; q < p.out_stride; q += blockDim.x)
+      dst[q] = q < copy ? ids[q] : end_id;
     if (p.output_log_probs != nullptr) {
       const int generated = total - len;
       float* ldst = p.output_log_probs + o * s.max_out;
@@ -558,7 +562,7 @@ cudaError_t launch_beam_init(const BeamSearchState& s, const int32_t* input_ids,
   if (!state_ok(s) || input_ids == nullptr || input_stride <= 0) return cudaErrorInvalidValue;
   if (s.batch == 0) return cudaSuccess;
   beam_init_kernel<<<s.batch * s.beam, kRowThreads, 0, stream>>>(s, input_ids, input_stride,
-                                                                  shared_prompt_slot);
+                                                                 shared_prompt_slot);
   return cudaGetLastError();
 }
 
@@ -620,8 +624,8 @@ cudaError_t launch_log_softmax(float* out, int64_t out_stride, const T* logits, 
     return cudaErrorInvalidValue;
   }
   if (rows == 0) return cudaSuccess;
-  log_softmax_kernel<T><<<rows, kSoftmaxThreads, 0, stream>>>(out, out_stride, logits, in_stride,
-                                                              vocab);
+  log_softmax_kernel<T>
+      <<<rows, kSoftmaxThreads, 0, stream>>>(out, out_stride, logits, in_stride, vocab);
   return cudaGetLastError();
 }
 

@@ -61,10 +61,10 @@ constexpr float kBeamImpossible = -1.0e9f;
 // below; the loop reads cur_pos, attn_len, tokens, cache_indir and done.
 struct BeamSearchState {
   int batch;
-  int beam;                      // 1 .. kMaxBeamWidth
-  int ids_stride;                // row stride of output_ids / hyp_ids (>= max prompt + output_len)
-  int indir_stride;              // row stride of cache_indir (the KV cache's max_seq)
-  int max_out;                   // row stride of the log-prob buffers (output_len), 0 if none
+  int beam;          // 1 .. kMaxBeamWidth
+  int ids_stride;    // row stride of output_ids / hyp_ids (>= max prompt + output_len)
+  int indir_stride;  // row stride of cache_indir (the KV cache's max_seq)
+  int max_out;       // row stride of the log-prob buffers (output_len), 0 if none
   // running beams
   float* cum_log_probs;          // [batch, beam]
   int32_t* output_ids;           // [rows, ids_stride] prompt, then generated tokens
@@ -76,17 +76,17 @@ struct BeamSearchState {
   const int32_t* input_lengths;  // [batch] prompt lengths (>= 1)
   const int32_t* end_ids;        // [batch] end token (outside [0, vocab): never ends)
   // result of the last step (inputs of launch_beam_update)
-  int32_t* parents;              // [batch, beam] beam (0..beam-1) each new beam continues
-  int32_t* tokens;               // [batch, beam] its new token (= the next step's input, row order)
-  float* token_log_probs;        // [batch, beam] log_probs[parent row, token]
+  int32_t* parents;        // [batch, beam] beam (0..beam-1) each new beam continues
+  int32_t* tokens;         // [batch, beam] its new token (= the next step's input, row order)
+  float* token_log_probs;  // [batch, beam] log_probs[parent row, token]
   // finished hypotheses (slot order, unsorted)
-  int32_t* done;                 // [batch] 1 once the entry cannot improve (sticky)
-  int32_t* hyp_count;            // [batch] filled slots, 0..beam
-  float* hyp_score;              // [batch, beam] cum / n^lp
-  float* hyp_cum;                // [batch, beam] cum log prob (score before length penalty)
-  int32_t* hyp_len;              // [batch, beam] total length (prompt + generated, end included)
-  int32_t* hyp_ids;              // [batch, beam, ids_stride]
-  float* hyp_log_probs;          // [batch, beam, max_out] or null (filled only with run_log_probs)
+  int32_t* done;         // [batch] 1 once the entry cannot improve (sticky)
+  int32_t* hyp_count;    // [batch] filled slots, 0..beam
+  float* hyp_score;      // [batch, beam] cum / n^lp
+  float* hyp_cum;        // [batch, beam] cum log prob (score before length penalty)
+  int32_t* hyp_len;      // [batch, beam] total length (prompt + generated, end included)
+  int32_t* hyp_ids;      // [batch, beam, ids_stride]
+  float* hyp_log_probs;  // [batch, beam, max_out] or null (filled only with run_log_probs)
 };
 
 // Prompt into every running row (end_id past it), cache_indir[r, p] = prompt slot for p < len_b
@@ -100,13 +100,13 @@ cudaError_t launch_beam_init(const BeamSearchState& s,
 
 struct BeamStepParams {
   BeamSearchState s;
-  const float* log_probs;        // [rows, vocab] or [batch, vocab] when shared_rows (row stride ld)
+  const float* log_probs;  // [rows, vocab] or [batch, vocab] when shared_rows (row stride ld)
   int64_t log_probs_stride;
-  bool shared_rows;              // one log-prob row per batch entry (the first step)
-  int vocab;                     // >= 2; beam * vocab + 2 * beam^2 < 2^31
-  double length_penalty;         // double, as HF's Python float: n ** lp is formed in double
-  float diversity_rate;          // >= 0 recommended; 0 = HF
-  void* workspace;               // beam_search_workspace_bytes(batch, beam, vocab) bytes
+  bool shared_rows;       // one log-prob row per batch entry (the first step)
+  int vocab;              // >= 2; beam * vocab + 2 * beam^2 < 2^31
+  double length_penalty;  // double, as HF's Python float: n ** lp is formed in double
+  float diversity_rate;   // >= 0 recommended; 0 = HF
+  void* workspace;        // beam_search_workspace_bytes(batch, beam, vocab) bytes
   size_t workspace_bytes;
 };
 
@@ -129,14 +129,14 @@ cudaError_t launch_beam_step(const BeamStepParams& p, cudaStream_t stream);
 cudaError_t launch_beam_update(const BeamSearchState& s, cudaStream_t stream);
 
 struct BeamFinalizeParams {
-  BeamSearchState s;             // read only
+  BeamSearchState s;  // read only
   double length_penalty;
-  int32_t* output_ids;           // [batch, beam, out_stride] (not aliasing s.output_ids)
+  int32_t* output_ids;  // [batch, beam, out_stride] (not aliasing s.output_ids)
   int out_stride;
-  int32_t* sequence_lengths;     // [batch, beam]
-  float* cum_log_probs;          // [batch, beam] or null
-  float* scores;                 // [batch, beam] (cum / n^lp) or null
-  float* output_log_probs;       // [batch, beam, s.max_out] (0 past the end) or null
+  int32_t* sequence_lengths;  // [batch, beam]
+  float* cum_log_probs;       // [batch, beam] or null
+  float* scores;              // [batch, beam] (cum / n^lp) or null
+  float* output_log_probs;    // [batch, beam, s.max_out] (0 past the end) or null
 };
 
 // Step 5 above, without modifying the state (it may be called again). Beams best first
@@ -147,9 +147,9 @@ cudaError_t launch_beam_finalize(const BeamFinalizeParams& p, cudaStream_t strea
 // log_softmax of the fp32-upcast logits); NaN entries count as -inf, and a row with no finite
 // entry gives -inf everywhere. May run in place (out == logits with T = float, equal strides).
 template <typename T>
-cudaError_t launch_log_softmax(float* out,          // [rows, out_stride]
+cudaError_t launch_log_softmax(float* out,  // [rows, out_stride]
                                int64_t out_stride,
-                               const T* logits,     // [rows, in_stride]
+                               const T* logits,  // [rows, in_stride]
                                int64_t in_stride, int rows, int vocab, cudaStream_t stream);
 
 }  // namespace kernels

@@ -14,9 +14,9 @@ namespace kernels {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kChunk = 4096;     // vocabulary entries per block, about
+constexpr int kChunk = 4096;  // vocabulary entries per block, about
 constexpr int kMaxChunks = 256;
-constexpr int kChunkAlign = 8;   // chunk lengths are multiples of 16 bytes of any dtype
+constexpr int kChunkAlign = 8;  // chunk lengths are multiples of 16 bytes of any dtype
 
 using argmax::block_best;
 using argmax::keep_best;
@@ -127,8 +127,8 @@ template <typename T>
 cudaError_t launch_greedy_step(const GreedyStepParams<T>& p, cudaStream_t stream) {
   if (p.rows < 0 || p.vocab <= 0 || p.output_stride <= 0) return cudaErrorInvalidValue;
   if (p.rows == 0) return cudaSuccess;
-  const bool split = p.arrivals != nullptr && p.partial_values != nullptr &&
-                     p.partial_indices != nullptr;
+  const bool split =
+      p.arrivals != nullptr && p.partial_values != nullptr && p.partial_indices != nullptr;
   const int len = chunk_len(p.vocab, split);  // split: greedy_step_chunks(vocab) blocks a row
   LaunchShape shape;
   shape.grid = dim3(static_cast<unsigned>(p.rows), static_cast<unsigned>(ceil_div(p.vocab, len)));

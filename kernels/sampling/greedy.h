@@ -20,25 +20,25 @@ namespace kernels {
 // the next step.
 template <typename T>
 struct GreedyStepParams {
-  const T* logits;          // [rows, vocab] (row stride logits_stride)
-  int32_t* next_tokens;     // [rows]
-  int32_t* cur_pos;         // [rows]
-  int32_t* attn_len;        // [rows]
-  int32_t* finished;        // [rows]
-  int32_t* output_ids;      // [rows, output_stride]
-  int32_t* seq_lengths;     // [rows]
-  const int32_t* end_ids;   // [rows]
+  const T* logits;         // [rows, vocab] (row stride logits_stride)
+  int32_t* next_tokens;    // [rows]
+  int32_t* cur_pos;        // [rows]
+  int32_t* attn_len;       // [rows]
+  int32_t* finished;       // [rows]
+  int32_t* output_ids;     // [rows, output_stride]
+  int32_t* seq_lengths;    // [rows]
+  const int32_t* end_ids;  // [rows]
   int rows;
   int vocab;
   int64_t logits_stride;
-  int output_stride;        // also the bound on positions written
+  int output_stride;  // also the bound on positions written
   // Scratch that splits each row's argmax over greedy_step_chunks(vocab) blocks, the last block
   // of a row to finish reducing the partial results and updating the state (null: one block per
   // row, which reads a 250k-entry vocabulary at a small fraction of the memory bandwidth).
   // arrivals must be zero before the first launch; every launch leaves them zero.
-  uint32_t* arrivals = nullptr;         // [rows]
-  float* partial_values = nullptr;      // [rows, greedy_step_chunks(vocab)]
-  int32_t* partial_indices = nullptr;   // [rows, greedy_step_chunks(vocab)]
+  uint32_t* arrivals = nullptr;        // [rows]
+  float* partial_values = nullptr;     // [rows, greedy_step_chunks(vocab)]
+  int32_t* partial_indices = nullptr;  // [rows, greedy_step_chunks(vocab)]
 };
 
 // Blocks per row of a split greedy step (1 for a vocabulary of up to 4,096 entries).

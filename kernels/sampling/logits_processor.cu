@@ -65,7 +65,7 @@ __global__ void __launch_bounds__(kThreads)
   if (p.bad_words != nullptr) {
     const int L = p.bad_words_len;
     const int32_t* __restrict__ words = p.bad_words + r * p.bad_words_row_stride;  // [L]
-    const int32_t* __restrict__ offsets = words + L;                              // [L]
+    const int32_t* __restrict__ offsets = words + L;                               // [L]
     for (int i = threadIdx.x; i < L; i += kThreads) {
       const int end = offsets[i];
       const int start = i == 0 ? 0 : offsets[i - 1];

@@ -23,12 +23,12 @@ namespace kernels {
 // counts[r, :] = histogram of ids[r, 0 : lengths[r]] (right-padded prompts; entries past the
 // length are not read). Overwrites the whole [rows, vocab] buffer.
 struct TokenCountInitParams {
-  int32_t* counts;          // [rows, vocab]
-  const int32_t* ids;       // [rows, ids_stride] (e.g. the prompt, or output_ids)
-  const int32_t* lengths;   // [rows]
+  int32_t* counts;         // [rows, vocab]
+  const int32_t* ids;      // [rows, ids_stride] (e.g. the prompt, or output_ids)
+  const int32_t* lengths;  // [rows]
   int rows;
   int vocab;
-  int ids_stride;           // >= max(lengths)
+  int ids_stride;  // >= max(lengths)
 };
 cudaError_t launch_init_token_counts(const TokenCountInitParams& p, cudaStream_t stream);
 
@@ -70,23 +70,23 @@ cudaError_t launch_add_token_counts(const TokenCountAddParams& p, cudaStream_t s
 // Only columns [0, vocab) of `out` are written; padded columns are left alone.
 template <typename T>
 struct LogitsProcessorParams {
-  float* out;                         // [rows, out_stride]
-  const T* logits;                    // [rows, logits_stride]
-  const int32_t* token_counts;        // [rows, vocab] or null
-  const float* repetition_penalty;    // [rows] or null
-  const float* presence_penalty;      // [rows] or null
-  const float* frequency_penalty;     // [rows] or null
-  const float* temperature;           // [rows] or null
-  const int32_t* min_length;          // [rows] or null
-  const int32_t* end_ids;             // [rows] (needed with min_length)
-  const int32_t* input_lengths;       // [rows] or null (see generated(r))
-  const int32_t* cur_pos;             // [rows] or null
-  const int32_t* output_ids;          // [rows, output_stride] or null
-  const int32_t* bad_words;           // [2, L] or [rows, 2, L] or null
-  int64_t logits_stride;              // >= vocab, or 0: all rows read row 0
-  int64_t out_stride;                 // >= vocab
-  int64_t bad_words_row_stride;       // 0 (shared) or 2 * L
-  int bad_words_len;                  // L
+  float* out;                       // [rows, out_stride]
+  const T* logits;                  // [rows, logits_stride]
+  const int32_t* token_counts;      // [rows, vocab] or null
+  const float* repetition_penalty;  // [rows] or null
+  const float* presence_penalty;    // [rows] or null
+  const float* frequency_penalty;   // [rows] or null
+  const float* temperature;         // [rows] or null
+  const int32_t* min_length;        // [rows] or null
+  const int32_t* end_ids;           // [rows] (needed with min_length)
+  const int32_t* input_lengths;     // [rows] or null (see generated(r))
+  const int32_t* cur_pos;           // [rows] or null
+  const int32_t* output_ids;        // [rows, output_stride] or null
+  const int32_t* bad_words;         // [2, L] or [rows, 2, L] or null
+  int64_t logits_stride;            // >= vocab, or 0: all rows read row 0
+  int64_t out_stride;               // >= vocab
+  int64_t bad_words_row_stride;     // 0 (shared) or 2 * L
+  int bad_words_len;                // L
   int output_stride;
   int step;
   int rows;

@@ -48,7 +48,7 @@ __host__ __device__ __forceinline__ void round(uint32_t (&c)[4], uint32_t k0, ui
 
 // Philox4x32 with 10 rounds: four independent 32-bit words from a 128-bit counter and a 64-bit key.
 __host__ __device__ __forceinline__ PhiloxOut philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2,
-                                                           uint32_t c3, uint64_t key) {
+                                                            uint32_t c3, uint64_t key) {
   uint32_t c[4] = {c0, c1, c2, c3};
   uint32_t k0 = static_cast<uint32_t>(key);
   uint32_t k1 = static_cast<uint32_t>(key >> 32);
@@ -76,7 +76,7 @@ __host__ __device__ __forceinline__ double sampling_uniform(uint64_t seed, int64
   const PhiloxOut r = philox4x32_10(static_cast<uint32_t>(pos), static_cast<uint32_t>(pos >> 32),
                                     kSamplerStream, 0u, seed);
   const uint64_t bits = (static_cast<uint64_t>(r.v[0] >> 5) << 26) | (r.v[1] >> 6);  // 27 + 26
-  return static_cast<double>(bits) * (1.0 / 9007199254740992.0);                   // 2^-53
+  return static_cast<double>(bits) * (1.0 / 9007199254740992.0);                     // 2^-53
 }
 
 }  // namespace kernels

@@ -44,8 +44,8 @@ static_assert(kMaxCand % kThreads == 0, "candidates are scanned kCandPerThread p
 using u64 = unsigned long long;
 
 struct Smem {
-  u64 cand[kMaxCand];    // composite keys of the candidates, sorted descending
-  float cum[kMaxCand];   // inclusive prefix sums of exp(x - max) over the sorted candidates
+  u64 cand[kMaxCand];   // composite keys of the candidates, sorted descending
+  float cum[kMaxCand];  // inclusive prefix sums of exp(x - max) over the sorted candidates
   int hist_count[256];
   u64 hist_mass[256];
   u64 scan_u64[kWarps + 1];
@@ -508,8 +508,8 @@ __device__ MassCut radix_select_mass(const float* __restrict__ row, int vocab, f
   const int ties = max(sm.sel_count, 1);
   const u64 q_tie = sm.sel_bucket_mass / static_cast<u64>(ties);
   const u64 rest = sm.mass_target > mass_gt ? sm.mass_target - mass_gt : 0ull;
-  int need = q_tie > 0 ? static_cast<int>(min(static_cast<u64>(ties), (rest + q_tie - 1) / q_tie))
-                       : ties;
+  int need =
+      q_tie > 0 ? static_cast<int>(min(static_cast<u64>(ties), (rest + q_tie - 1) / q_tie)) : ties;
   need = max(need, 1);
   MassCut cut;
   cut.T = prefix;
@@ -596,8 +596,8 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const SamplerParams p)
     bool done = false;
     if (k > 0 || cut_p || n_valid <= kMaxCand) {
       const int C = min(k > 0 ? k : kMaxCand, n_valid);
-      const Selection sel = C < n_valid ? radix_select_count(row, p.vocab, C, sm)
-                                        : Selection{kKeyNegInf, 0, 0};
+      const Selection sel =
+          C < n_valid ? radix_select_count(row, p.vocab, C, sm) : Selection{kKeyNegInf, 0, 0};
       const int n = gather_and_sort(row, p.vocab, sel, max_logit, sm);
       // Top-p target: a fraction of the candidates' mass under top-k, of the whole row without.
       float target = 0.f;

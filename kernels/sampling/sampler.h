@@ -41,15 +41,15 @@ constexpr int kSamplerMaxTopK = 1024;
 // result is bit-for-bit reproducible) finds the nucleus threshold, then a block-wide prefix sum
 // in index order draws the token. No host synchronisation, no workspace, graph-capturable.
 struct SamplerParams {
-  const float* logits;        // [rows, logits_stride], processed, fp32
-  int32_t* tokens;            // [rows] chosen token
-  float* log_probs;           // [rows] or null
-  const int32_t* top_k;       // [rows] or null (1 = greedy)
-  const float* top_p;         // [rows] or null (1 = off)
-  const uint64_t* seeds;      // [rows] or null (0)
-  const int32_t* positions;   // [rows] or null (0); RNG counter = positions[r] + position_offset
-  int64_t logits_stride;      // >= vocab, or 0: all rows read row 0
-  int position_offset;        // 1 when `positions` is the generation state's cur_pos
+  const float* logits;       // [rows, logits_stride], processed, fp32
+  int32_t* tokens;           // [rows] chosen token
+  float* log_probs;          // [rows] or null
+  const int32_t* top_k;      // [rows] or null (1 = greedy)
+  const float* top_p;        // [rows] or null (1 = off)
+  const uint64_t* seeds;     // [rows] or null (0)
+  const int32_t* positions;  // [rows] or null (0); RNG counter = positions[r] + position_offset
+  int64_t logits_stride;     // >= vocab, or 0: all rows read row 0
+  int position_offset;       // 1 when `positions` is the generation state's cur_pos
   int rows;
   int vocab;
 };

@@ -15,7 +15,7 @@ __device__ bool ends_with_stop_word(const TokenUpdateParams& p, int r, int pos, 
   const int lane = threadIdx.x & 31;
   const int L = p.stop_words_len;
   const int32_t* __restrict__ words = p.stop_words + r * p.stop_words_row_stride;  // [L]
-  const int32_t* __restrict__ offsets = words + L;                                // [L]
+  const int32_t* __restrict__ offsets = words + L;                                 // [L]
   const int32_t* __restrict__ seq = p.output_ids + static_cast<int64_t>(r) * p.output_stride;
   bool hit = false;
   for (int i = lane; i < L && !hit; i += 32) {
@@ -33,8 +33,8 @@ __device__ bool ends_with_stop_word(const TokenUpdateParams& p, int r, int pos, 
   return __any_sync(0xffffffffu, hit);
 }
 
-__global__ void __launch_bounds__(kWarpsPerBlock * 32) update_tokens_kernel(
-    const TokenUpdateParams p) {
+__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+    update_tokens_kernel(const TokenUpdateParams p) {
   const int r = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (r >= p.rows) return;  // whole warps leave together

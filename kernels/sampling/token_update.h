@@ -32,25 +32,25 @@ namespace kernels {
 // Stop words use the FT format of the bad words (logits_processor.h): [2, L] shared
 // (stop_words_row_stride == 0) or [rows, 2, L] (stride 2 * L); -1 padded offsets.
 struct TokenUpdateParams {
-  const int32_t* tokens;            // [rows] chosen tokens
-  const float* token_log_probs;     // [rows] or null
-  int32_t* next_tokens;             // [rows] token fed to the next step
-  int32_t* cur_pos;                 // [rows]
-  int32_t* attn_len;                // [rows]
-  int32_t* finished;                // [rows]
-  int32_t* output_ids;              // [rows, output_stride]
-  int32_t* seq_lengths;             // [rows]
-  const int32_t* end_ids;           // [rows]
-  float* cum_log_probs;             // [rows] or null
-  float* output_log_probs;          // [rows, log_probs_stride] or null
-  int32_t* token_counts;            // [rows, vocab] or null
-  const int32_t* input_lengths;     // [rows] prompt lengths, or null (see output_log_probs)
-  const int32_t* stop_words;        // [2, L] or [rows, 2, L] or null
-  int64_t stop_words_row_stride;    // 0 or 2 * L
-  int stop_words_len;               // L
+  const int32_t* tokens;          // [rows] chosen tokens
+  const float* token_log_probs;   // [rows] or null
+  int32_t* next_tokens;           // [rows] token fed to the next step
+  int32_t* cur_pos;               // [rows]
+  int32_t* attn_len;              // [rows]
+  int32_t* finished;              // [rows]
+  int32_t* output_ids;            // [rows, output_stride]
+  int32_t* seq_lengths;           // [rows]
+  const int32_t* end_ids;         // [rows]
+  float* cum_log_probs;           // [rows] or null
+  float* output_log_probs;        // [rows, log_probs_stride] or null
+  int32_t* token_counts;          // [rows, vocab] or null
+  const int32_t* input_lengths;   // [rows] prompt lengths, or null (see output_log_probs)
+  const int32_t* stop_words;      // [2, L] or [rows, 2, L] or null
+  int64_t stop_words_row_stride;  // 0 or 2 * L
+  int stop_words_len;             // L
   int log_probs_stride;
-  int step;                         // output_log_probs column when input_lengths is null
-  int vocab;                        // columns of token_counts
+  int step;   // output_log_probs column when input_lengths is null
+  int vocab;  // columns of token_counts
   int output_stride;
   int rows;
 };

@@ -19,8 +19,8 @@ kernels::Activation config_activation(const std::string& name) {
   if (s == "gelu_erf") return kernels::Activation::kGeluErf;
   if (s == "relu") return kernels::Activation::kRelu;
   if (s == "silu" || s == "swish") return kernels::Activation::kSilu;
-  TORCH_CHECK(false, kWhat, ": activation_type must be one of gelu_tanh, gelu_erf, relu, silu; got '",
-              name, "'");
+  TORCH_CHECK(false, kWhat,
+              ": activation_type must be one of gelu_tanh, gelu_erf, relu, silu; got '", name, "'");
 }
 
 }  // namespace
@@ -97,8 +97,7 @@ GptConfig GptConfig::from_json(const std::string& json, int64_t tensor_para_rank
               kWhat, ": rotary_embedding_dim must be even and in [0, size_per_head], got ",
               c.rotary_embedding_dim);
   TORCH_CHECK(!c.has_positional_encoding || c.max_pos_seq_len > 0, kWhat,
-              ": max_pos_seq_len must be positive with learned positions, got ",
-              c.max_pos_seq_len);
+              ": max_pos_seq_len must be positive with learned positions, got ", c.max_pos_seq_len);
   TORCH_CHECK(c.layernorm_eps > 0, kWhat, ": layernorm_eps must be positive");
   TORCH_CHECK(!c.parallel_residual || c.pre_layernorm, kWhat,
               ": parallel_residual needs layernorm_type = pre_layernorm");

@@ -132,8 +132,8 @@ size_t GptModel::session_layout(char* base) {
   const int64_t micro = decode_micro_batches();
   s.split_bytes = split_bytes(rows);
   if (micro > 1) {
-    s.split_bytes = std::max({s.split_bytes, split_bytes(rows / micro),
-                              split_bytes((rows + micro - 1) / micro)});
+    s.split_bytes = std::max(
+        {s.split_bytes, split_bytes(rows / micro), split_bytes((rows + micro - 1) / micro)});
   }
   s.split = s.split_bytes > 0 ? c.take<float>(s.split_bytes / sizeof(float) + 1) : nullptr;
   if (beam) {
@@ -219,8 +219,8 @@ void GptModel::decode_start(const int32_t* ids, const std::vector<int32_t>& leng
   prefill(ids, lengths, seq, s.beam, [&](const PrefillGroup& g) {
     const size_t row_bytes = cfg_.hidden() * dtype_size(dtype_);
     WF_CUDA_CHECK(kernels::launch_gather_rows(static_cast<char*>(scratch().proj) + g.b0 * row_bytes,
-                                              buffers().n, d_last_ + g.b0, g.b1 - g.b0,
-                                              row_bytes, ctx_->stream()));
+                                              buffers().n, d_last_ + g.b0, g.b1 - g.b0, row_bytes,
+                                              ctx_->stream()));
   });
   std::vector<int32_t> host(8 * rows + 3 * batch + 1, 0);
   for (int64_t r = 0; r < rows; ++r) {
@@ -239,8 +239,8 @@ void GptModel::decode_start(const int32_t* ids, const std::vector<int32_t>& leng
                                 cudaMemcpyHostToDevice, stream));
   if (s.shared) {
     const size_t row = s.total * sizeof(int32_t);
-    WF_CUDA_CHECK(cudaMemcpy2DAsync(s.ids, s.ids_stride * sizeof(int32_t), out.output_ids, row,
-                                    row, rows, cudaMemcpyDeviceToDevice, stream));
+    WF_CUDA_CHECK(cudaMemcpy2DAsync(s.ids, s.ids_stride * sizeof(int32_t), out.output_ids, row, row,
+                                    rows, cudaMemcpyDeviceToDevice, stream));
     WF_CUDA_CHECK(cudaMemcpyAsync(s.lengths, out.sequence_lengths, rows * sizeof(int32_t),
                                   cudaMemcpyDeviceToDevice, stream));
     WF_CUDA_CHECK(cudaMemcpyAsync(const_cast<int32_t*>(s.end_ids), opt.end_ids,
@@ -262,8 +262,8 @@ void GptModel::decode_start(const int32_t* ids, const std::vector<int32_t>& leng
     WF_CUDA_CHECK(kernels::launch_init_token_counts(cp, stream));
   }
   if (s.beam > 1) {
-    WF_CUDA_CHECK(kernels::launch_beam_init(s.beam_state, ids, seq, /*shared_prompt_slot=*/true,
-                                            stream));
+    WF_CUDA_CHECK(
+        kernels::launch_beam_init(s.beam_state, ids, seq, /*shared_prompt_slot=*/true, stream));
   }
   if (host_flag_ == nullptr) {
     WF_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_flag_), sizeof(int32_t)));
@@ -284,9 +284,13 @@ void GptModel::select_tokens(int64_t r0, int64_t n) {
   const int64_t stride = cfg_.vocab_padded();  // logits row stride (vocab-parallel padding)
   const bool beam = s.beam > 1;
   TORCH_CHECK(r0 >= 0 && n >= 1 && r0 + n <= s.rows && (!beam || n == s.rows),
-              "GptModel.select_tokens: the rows [", r0, ", ", r0 + n, ") must be a non-empty "
-              "range inside the session's ", s.rows, " rows", beam ? ", and all of them in beam "
-              "search (beams of an entry interact)" : "");
+              "GptModel.select_tokens: the rows [", r0, ", ", r0 + n,
+              ") must be a non-empty "
+              "range inside the session's ",
+              s.rows, " rows",
+              beam ? ", and all of them in beam "
+                     "search (beams of an entry interact)"
+                   : "");
   // Row r0 of a per-row array of `per_row` elements per row (null stays null).
   auto at = [r0](auto* p, int64_t per_row = 1) { return p == nullptr ? p : p + r0 * per_row; };
   const void* logits = static_cast<const char*>(sc.last_logits) + r0 * stride * dtype_size(dtype_);
@@ -355,8 +359,8 @@ void GptModel::select_tokens(int64_t r0, int64_t n) {
     WF_CUDA_CHECK(kernels::launch_process_logits(p, stream));
   });
   if (beam) {
-    WF_CUDA_CHECK(kernels::launch_log_softmax<float>(s.proc_logits, V, s.proc_logits, V, rows, V,
-                                                     stream));
+    WF_CUDA_CHECK(
+        kernels::launch_log_softmax<float>(s.proc_logits, V, s.proc_logits, V, rows, V, stream));
     kernels::BeamStepParams bp{};
     bp.s = bs;
     bp.log_probs = s.proc_logits;
@@ -579,15 +583,15 @@ int64_t GptModel::decode_step(int64_t max_steps) {
     if (s.steps_done == 0) {
       // First token of every row: logits of its last prompt token (kept by decode_start).
       if (cfg_.last_stage()) {
-        WF_CUDA_CHECK(kernels::launch_gather_rows(scratch().last_rows, scratch().proj,
-                                                  s.first_rows, s.rows,
-                                                  cfg_.hidden() * dtype_size(dtype_), stream));
+        WF_CUDA_CHECK(kernels::launch_gather_rows(scratch().last_rows, scratch().proj, s.first_rows,
+                                                  s.rows, cfg_.hidden() * dtype_size(dtype_),
+                                                  stream));
         logits(scratch().last_rows, s.rows, scratch().last_logits);
         select_tokens(0, s.rows);
       }
       share_state();
-    } else if (const int64_t run = std::min({max_steps - n, s.output_len - s.steps_done,
-                                             kPoll - s.steps_done % kPoll});
+    } else if (const int64_t run = std::min(
+                   {max_steps - n, s.output_len - s.steps_done, kPoll - s.steps_done % kPoll});
                decode_micro_batches() > 1 && run >= kMinSplitSteps) {
       // The steps up to the next poll (or the call's or session's end) as one pipelined run.
       decode_steps_split(run);
@@ -602,8 +606,8 @@ int64_t GptModel::decode_step(int64_t max_steps) {
       WF_CUDA_CHECK(kernels::launch_all_finished(beam ? s.beam_state.done : s.finished,
                                                  static_cast<int>(beam ? s.batch : s.rows),
                                                  s.all_done, stream));
-      WF_CUDA_CHECK(cudaMemcpyAsync(host_flag_, s.all_done, sizeof(int32_t),
-                                    cudaMemcpyDeviceToHost, stream));
+      WF_CUDA_CHECK(
+          cudaMemcpyAsync(host_flag_, s.all_done, sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
       WF_CUDA_CHECK(cudaEventRecord(flag_event_, stream));
       s.flag_pending = true;
     }
@@ -661,9 +665,9 @@ void GptModel::decode_abort() {
   s.active = false;
 }
 
-void GptModel::generate_greedy(const int32_t* ids, const std::vector<int32_t>& lengths,
-                               int64_t seq, int64_t output_len, const int32_t* end_ids,
-                               int32_t* output_ids, int32_t* seq_lengths) {
+void GptModel::generate_greedy(const int32_t* ids, const std::vector<int32_t>& lengths, int64_t seq,
+                               int64_t output_len, const int32_t* end_ids, int32_t* output_ids,
+                               int32_t* seq_lengths) {
   DecodeOptions opt;
   opt.end_ids = end_ids;
   opt.greedy = true;

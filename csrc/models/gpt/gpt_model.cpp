@@ -6,8 +6,8 @@
 
 #include <algorithm>
 #include <climits>
-#include <vector>
 #include <string>
+#include <vector>
 
 #include "csrc/core/check.h"
 #include "kernels/attention/attention.h"
@@ -47,9 +47,9 @@ int64_t grown(int64_t need, int64_t have, int64_t limit) {
 
 }  // namespace
 
-GptModel::GptModel(GptConfig cfg, GptWeights weights, DType dtype,
-                   std::shared_ptr<CudaContext> ctx, int64_t max_batch, int64_t max_seq_len,
-                   const EngineOptions& options, Communicator* tp_comm)
+GptModel::GptModel(GptConfig cfg, GptWeights weights, DType dtype, std::shared_ptr<CudaContext> ctx,
+                   int64_t max_batch, int64_t max_seq_len, const EngineOptions& options,
+                   Communicator* tp_comm)
     : cfg_(std::move(cfg)),
       options_(options),
       w_(std::move(weights)),
@@ -62,7 +62,8 @@ GptModel::GptModel(GptConfig cfg, GptWeights weights, DType dtype,
   TORCH_CHECK(max_batch_ > 0, "GptModel: max_batch must be positive, got ", max_batch_);
   TORCH_CHECK(options_.prefill_tokens >= 0 && options_.prefill_tokens <= INT32_MAX,
               "GptModel: prefill_tokens must be a positive number of tokens (at most 2^31 - 1) "
-              "or 0 for the default, got ", options_.prefill_tokens);
+              "or 0 for the default, got ",
+              options_.prefill_tokens);
   prefill_group_tokens_ = prefill_group_size();
   // The weights are written only before the model is built; every forward starts with the
   // embedding (or a pipeline receive), never with a product, so no product's weight is written
@@ -86,9 +87,8 @@ GptModel::GptModel(GptConfig cfg, GptWeights weights, DType dtype,
   if (cfg_.rotary_embedding_dim > 0) {
     const int rd = static_cast<int>(cfg_.rotary_embedding_dim);
     rotary_inv_freq_ = DeviceBuffer(ctx_->allocator(), rd / 2 * sizeof(float), ctx_->stream());
-    WF_CUDA_CHECK(kernels::launch_rotary_inv_freq(rotary_inv_freq_.as<float>(), rd,
-                                                  static_cast<float>(cfg_.rotary_base),
-                                                  ctx_->stream()));
+    WF_CUDA_CHECK(kernels::launch_rotary_inv_freq(
+        rotary_inv_freq_.as<float>(), rd, static_cast<float>(cfg_.rotary_base), ctx_->stream()));
   }
 }
 
@@ -104,7 +104,7 @@ void GptModel::ensure_kv(int64_t slots, int64_t seq_total) {
   const int64_t layers = cfg_.end_layer() - cfg_.first_layer();
   const size_t bytes = static_cast<size_t>(layers) * 2 * new_slots * cfg_.local_heads() * new_seq *
                        cfg_.size_per_head * dtype_size(dtype_);
-  kv_.reset();  // free first so the allocator can reuse the block
+  kv_.reset();              // free first so the allocator can reuse the block
   kv_slots_ = kv_seq_ = 0;  // a failed allocation below must not leave stale sizes behind
   ++buffer_generation_;
   kv_ = DeviceBuffer(ctx_->allocator(), bytes, ctx_->stream());
@@ -262,8 +262,8 @@ void GptModel::run_layers(int64_t tokens, const layers::AttentionInputs& base) {
   const bool normed_in_n = n_local > 0 && cfg_.has_post_decoder_layernorm && cfg_.last_stage();
   if (!normed_in_n) {
     if (n_local == 0 && cfg_.has_post_decoder_layernorm && cfg_.last_stage()) {
-      layers::apply_norm(lc, NormKind::kLayerNorm, w_.final_ln_w, w_.final_ln_b, b.x, b.n,
-                         tokens, h);
+      layers::apply_norm(lc, NormKind::kLayerNorm, w_.final_ln_w, w_.final_ln_b, b.x, b.n, tokens,
+                         h);
     } else {
       WF_CUDA_CHECK(cudaMemcpyAsync(b.n, b.x, tokens * h * dtype_size(dtype_),
                                     cudaMemcpyDeviceToDevice, ctx_->stream()));
@@ -277,7 +277,8 @@ void GptModel::logits(const void* hidden, int64_t rows, void* out) {
   const int64_t tp = cfg_.tensor_para_size;
   const size_t es = dtype_size(dtype_);
   TORCH_CHECK(tp == 1 || (comm_ != nullptr && comm_->size() == tp),
-              "GptModel: tensor_para_size is ", tp, " but no tensor-parallel communicator of that "
+              "GptModel: tensor_para_size is ", tp,
+              " but no tensor-parallel communicator of that "
               "size is attached (warpformer.distributed attaches it)");
   if (w_.project_out == nullptr && tp == 1) {
     gemm_->run_transposed(dtype_, hidden, w_.lm_head, w_.lm_head_b, out, rows, vl, e);
@@ -315,10 +316,10 @@ void GptModel::set_tensor_parallel(Communicator* comm) {
 void GptModel::attach(Communicator* comm, const char* kind, int64_t size, int64_t rank,
                       Communicator** slot) {
   TORCH_CHECK(!session_.active, "GptModel: cannot attach a communicator during generation");
-  TORCH_CHECK(comm != nullptr && comm->size() == size && comm->rank() == rank,
-              "GptModel: the ", kind, "-parallel communicator must have size ", kind,
-              "_para_size (", size, ") and this rank's ", kind, "_para_rank (", rank,
-              "); got size ", comm ? comm->size() : 0, ", rank ", comm ? comm->rank() : -1);
+  TORCH_CHECK(comm != nullptr && comm->size() == size && comm->rank() == rank, "GptModel: the ",
+              kind, "-parallel communicator must have size ", kind, "_para_size (", size,
+              ") and this rank's ", kind, "_para_rank (", rank, "); got size ",
+              comm ? comm->size() : 0, ", rank ", comm ? comm->rank() : -1);
   check_same_schedule(comm, kind);
   // No step graph may outlive the communicator it baked (nor run on it while it is replaced).
   if (decode_stream_ != nullptr) WF_CUDA_CHECK(cudaStreamSynchronize(decode_stream_));
@@ -388,15 +389,16 @@ void GptModel::check_same_schedule(Communicator* comm, const char* kind) {
                                 cudaMemcpyDeviceToHost, ctx_->stream()));
   WF_CUDA_CHECK(cudaStreamSynchronize(ctx_->stream()));
   for (int r = 0; r < size; ++r) {
-    TORCH_CHECK(all[r] == mine, "GptModel: the ranks of the ", kind, "-parallel group "
-                "disagree on the prefill group size (", mine, " tokens on rank ", comm->rank(),
-                ", ", all[r], " on rank ", r, "); pass the same prefill_tokens on every rank");
+    TORCH_CHECK(all[r] == mine, "GptModel: the ranks of the ", kind,
+                "-parallel group "
+                "disagree on the prefill group size (",
+                mine, " tokens on rank ", comm->rank(), ", ", all[r], " on rank ", r,
+                "); pass the same prefill_tokens on every rank");
   }
 }
 
 void GptModel::prefill(const int32_t* ids, const std::vector<int32_t>& lengths, int64_t seq,
-                       int64_t slot_stride,
-                       const std::function<void(const PrefillGroup&)>& done) {
+                       int64_t slot_stride, const std::function<void(const PrefillGroup&)>& done) {
   const int64_t batch = static_cast<int64_t>(lengths.size());
   const int64_t real = groups_.back().t1;
   const int64_t n_groups = static_cast<int64_t>(groups_.size());
@@ -516,8 +518,7 @@ void GptModel::set_pipeline_parallel(Communicator* comm) {
 
 void GptModel::broadcast_from_last_stage(void* data, int64_t bytes) {
   if (pp_comm_ == nullptr || pp_comm_->size() == 1 || bytes == 0) return;
-  pp_comm_->broadcast(data, bytes, static_cast<int>(cfg_.pipeline_para_size - 1),
-                      ctx_->stream());
+  pp_comm_->broadcast(data, bytes, static_cast<int>(cfg_.pipeline_para_size - 1), ctx_->stream());
 }
 
 void GptModel::forward(const int32_t* ids, const std::vector<int32_t>& lengths, int64_t seq,
@@ -549,9 +550,8 @@ void GptModel::forward(const int32_t* ids, const std::vector<int32_t>& lengths, 
     for (int64_t r0 = 0; r0 < g.tokens(); r0 += chunk) {
       const int64_t n = std::min(chunk, g.tokens() - r0);
       logits(static_cast<const char*>(buffers().n) + r0 * hidden_bytes, n, packed.data());
-      WF_CUDA_CHECK(kernels::launch_scatter_rows(logits_out, packed.data(),
-                                                 d_gather_ + g.t0 + r0, n, row_bytes,
-                                                 ctx_->stream(), vp * es));
+      WF_CUDA_CHECK(kernels::launch_scatter_rows(logits_out, packed.data(), d_gather_ + g.t0 + r0,
+                                                 n, row_bytes, ctx_->stream(), vp * es));
     }
   });
   // The last stage computed the logits; every stage returns them.

@@ -27,16 +27,16 @@ namespace gpt {
 
 // Device pointers of the model-level weights (element type = the model dtype). e = embed_dim().
 struct GptWeights {
-  const void* wte = nullptr;          // [V, e]
-  const void* wpe = nullptr;          // [P, h] or null
-  const void* pre_ln_w = nullptr;     // [h] or null (BLOOM's embedding norm)
+  const void* wte = nullptr;       // [V, e]
+  const void* wpe = nullptr;       // [P, h] or null
+  const void* pre_ln_w = nullptr;  // [h] or null (BLOOM's embedding norm)
   const void* pre_ln_b = nullptr;
-  const void* final_ln_w = nullptr;   // [h] or null
+  const void* final_ln_w = nullptr;  // [h] or null
   const void* final_ln_b = nullptr;
-  const void* lm_head = nullptr;      // [local_vocab, e] (may be wte, tied, padded in place)
-  const void* lm_head_b = nullptr;    // [local_vocab] or null
-  const void* project_in = nullptr;   // [e, h] or null (OPT-350m)
-  const void* project_out = nullptr;  // [h, e] or null
+  const void* lm_head = nullptr;             // [local_vocab, e] (may be wte, tied, padded in place)
+  const void* lm_head_b = nullptr;           // [local_vocab] or null
+  const void* project_in = nullptr;          // [e, h] or null (OPT-350m)
+  const void* project_out = nullptr;         // [h, e] or null
   std::vector<layers::LayerWeights> layers;  // this stage's layers, first_layer() .. end_layer()
 };
 
@@ -44,20 +44,20 @@ struct GptWeights {
 // (null = the default), owned by the caller until decode_finish. See docs/GENERATION_API.md.
 struct DecodeOptions {
   int beam_width = 1;
-  const int32_t* end_ids = nullptr;            // [rows] (required)
-  const int32_t* top_k = nullptr;              // [rows] (1 = greedy)
-  const float* top_p = nullptr;                // [rows]
-  const float* temperature = nullptr;          // [rows]
-  const float* repetition_penalty = nullptr;   // [rows]
-  const float* presence_penalty = nullptr;     // [rows]
-  const float* frequency_penalty = nullptr;    // [rows]
-  const int32_t* min_length = nullptr;         // [rows]
-  const uint64_t* seeds = nullptr;             // [rows]
-  const int32_t* input_lengths = nullptr;      // [rows] prompt length of each row
-  const int32_t* bad_words = nullptr;          // [2, L] or [rows, 2, L]
+  const int32_t* end_ids = nullptr;           // [rows] (required)
+  const int32_t* top_k = nullptr;             // [rows] (1 = greedy)
+  const float* top_p = nullptr;               // [rows]
+  const float* temperature = nullptr;         // [rows]
+  const float* repetition_penalty = nullptr;  // [rows]
+  const float* presence_penalty = nullptr;    // [rows]
+  const float* frequency_penalty = nullptr;   // [rows]
+  const int32_t* min_length = nullptr;        // [rows]
+  const uint64_t* seeds = nullptr;            // [rows]
+  const int32_t* input_lengths = nullptr;     // [rows] prompt length of each row
+  const int32_t* bad_words = nullptr;         // [2, L] or [rows, 2, L]
   int64_t bad_words_row_stride = 0;
   int bad_words_len = 0;
-  const int32_t* stop_words = nullptr;         // [2, L] or [rows, 2, L]
+  const int32_t* stop_words = nullptr;  // [2, L] or [rows, 2, L]
   int64_t stop_words_row_stride = 0;
   int stop_words_len = 0;
   bool greedy = true;         // every row top_k == 1 and nothing to process: argmax fast path
@@ -68,11 +68,11 @@ struct DecodeOptions {
 
 // Where a session writes (device). Beam search writes them at decode_finish, sorted best first.
 struct DecodeOutputs {
-  int32_t* output_ids = nullptr;         // [batch, beam, seq + output_len], pre-filled by the
-                                         // caller with the prompt then end ids
-  int32_t* sequence_lengths = nullptr;   // [batch, beam], pre-filled with the prompt lengths
-  float* cum_log_probs = nullptr;        // [batch, beam] or null
-  float* output_log_probs = nullptr;     // [batch, beam, output_len] or null
+  int32_t* output_ids = nullptr;        // [batch, beam, seq + output_len], pre-filled by the
+                                        // caller with the prompt then end ids
+  int32_t* sequence_lengths = nullptr;  // [batch, beam], pre-filled with the prompt lengths
+  float* cum_log_probs = nullptr;       // [batch, beam] or null
+  float* output_log_probs = nullptr;    // [batch, beam, output_len] or null
 };
 
 class GptModel {
@@ -130,15 +130,13 @@ class GptModel {
 
   // Scoring pass. ids: device int32 [batch, seq] right-padded; lengths: host, 1..seq each.
   // logits: device [batch, seq, V] of the model dtype; rows past a sequence's length are zero.
-  void forward(const int32_t* ids, const std::vector<int32_t>& lengths, int64_t seq,
-               void* logits);
+  void forward(const int32_t* ids, const std::vector<int32_t>& lengths, int64_t seq, void* logits);
 
   // ---- generation: a session of decode_start, decode_step (repeatedly), decode_finish ----
   // ids: device int32 [batch, seq] right-padded; lengths: host. Options and outputs are device
   // arrays owned by the caller for the whole session (see DecodeOptions / DecodeOutputs).
   void decode_start(const int32_t* ids, const std::vector<int32_t>& lengths, int64_t seq,
-                    int64_t output_len, const DecodeOptions& options,
-                    const DecodeOutputs& outputs);
+                    int64_t output_len, const DecodeOptions& options, const DecodeOutputs& outputs);
   // Runs up to max_steps generation steps (the first produces each row's first new token from the
   // prompt's logits). Returns the number run; 0 once every row has ended or output_len tokens
   // exist. Launches only: the work is ordered on the stream, nothing waits for it.
@@ -228,14 +226,14 @@ class GptModel {
   Communicator* pp_comm_ = nullptr;
   int64_t max_batch_;
   int64_t max_seq_len_;
-  DeviceBuffer alibi_;  // [local_heads] float
+  DeviceBuffer alibi_;            // [local_heads] float
   DeviceBuffer rotary_inv_freq_;  // [rotary_dim / 2] float, for the fused decode attention
 
   DeviceBuffer kv_;
   int64_t kv_slots_ = 0, kv_seq_ = 0;
   DeviceBuffer act_;
   int64_t act_tokens_ = 0, act_batch_ = 0;
-  DeviceBuffer meta_;   // int32 per-call index arrays
+  DeviceBuffer meta_;  // int32 per-call index arrays
   int64_t meta_ints_ = 0;
   DeviceBuffer state_;  // generation state + split-KV workspace
   size_t state_need_ = 0;
@@ -250,7 +248,7 @@ class GptModel {
   int32_t* d_iota_ = nullptr;     // [B]  KV slot of each sequence
   int32_t* d_last_ = nullptr;     // [B]  index of each sequence's last token within its group
   int32_t* d_ids_ = nullptr;      // [T]  packed ids
-  int32_t* host_flag_ = nullptr;     // pinned: the all-finished flag polled during generation
+  int32_t* host_flag_ = nullptr;  // pinned: the all-finished flag polled during generation
   cudaEvent_t flag_event_ = nullptr;
   // Generation and scoring run on a stream of the model's own (PyTorch's default current stream
   // is the legacy default stream, which cannot be captured into a CUDA graph), ordered after
@@ -279,28 +277,28 @@ class GptModel {
     DecodeOptions opt;
     DecodeOutputs out;
     // device views into state_ (rows = batch * beam)
-    int32_t* next_tok = nullptr;      // [rows] token fed to the next step
-    int32_t* cur_pos = nullptr;       // [rows]
-    int32_t* attn_len = nullptr;      // [rows]
-    int32_t* finished = nullptr;      // [rows]
-    int32_t* iota = nullptr;          // [rows] 0..rows-1: the KV slot of each row
-    int32_t* sampled = nullptr;       // [rows]
-    int32_t* first_rows = nullptr;    // [rows] batch entry (row of scratch proj) of each row
-    int32_t* in_len_rows = nullptr;   // [rows] prompt length of each row
-    int32_t* in_len_batch = nullptr;  // [batch]
-    int32_t* end_ids_batch = nullptr; // [batch]
-    int32_t* row0_index = nullptr;    // [batch] b * beam
-    int32_t* all_done = nullptr;      // [1]
-    float* token_lp = nullptr;        // [rows]
-    float* proc_logits = nullptr;     // [rows, V] fp32 processed logits / log probs
-    int32_t* counts = nullptr;        // [rows, V] token counts (penalties)
+    int32_t* next_tok = nullptr;       // [rows] token fed to the next step
+    int32_t* cur_pos = nullptr;        // [rows]
+    int32_t* attn_len = nullptr;       // [rows]
+    int32_t* finished = nullptr;       // [rows]
+    int32_t* iota = nullptr;           // [rows] 0..rows-1: the KV slot of each row
+    int32_t* sampled = nullptr;        // [rows]
+    int32_t* first_rows = nullptr;     // [rows] batch entry (row of scratch proj) of each row
+    int32_t* in_len_rows = nullptr;    // [rows] prompt length of each row
+    int32_t* in_len_batch = nullptr;   // [batch]
+    int32_t* end_ids_batch = nullptr;  // [batch]
+    int32_t* row0_index = nullptr;     // [batch] b * beam
+    int32_t* all_done = nullptr;       // [1]
+    float* token_lp = nullptr;         // [rows]
+    float* proc_logits = nullptr;      // [rows, V] fp32 processed logits / log probs
+    int32_t* counts = nullptr;         // [rows, V] token counts (penalties)
     // Greedy step scratch (kernels::GreedyStepParams; arrivals zeroed at decode_start).
     uint32_t* greedy_arrivals = nullptr;  // [rows]
     float* greedy_values = nullptr;       // [rows, kernels::greedy_step_chunks(V)]
     int32_t* greedy_indices = nullptr;    // [rows, kernels::greedy_step_chunks(V)]
-    float* split = nullptr;           // split-KV attention workspace
+    float* split = nullptr;               // split-KV attention workspace
     size_t split_bytes = 0;
-    void* beam_ws = nullptr;          // beam search scratch
+    void* beam_ws = nullptr;  // beam search scratch
     size_t beam_ws_bytes = 0;
     kernels::BeamSearchState beam_state{};
     bool flag_pending = false;
@@ -309,12 +307,12 @@ class GptModel {
     // the caller's outputs, or, for a session whose step graph others may share (`shared`:
     // greedy on one GPU), copies of them in state_ with the KV capacity as row
     // stride, filled at decode_start and copied back after every decode_step call (sync_out).
-    int32_t* ids = nullptr;           // [rows, ids_stride]
+    int32_t* ids = nullptr;  // [rows, ids_stride]
     int64_t ids_stride = 0;
-    int32_t* lengths = nullptr;       // [rows]
-    const int32_t* end_ids = nullptr; // [rows]
+    int32_t* lengths = nullptr;        // [rows]
+    const int32_t* end_ids = nullptr;  // [rows]
     bool shared = false;
-    uint64_t serial = 0;              // this session's number (StepKey of an unshared session)
+    uint64_t serial = 0;  // this session's number (StepKey of an unshared session)
   };
   size_t session_layout(char* base);  // carve (or measure) the session's device state
   void decode_step_body();            // one step's launches (captured into a graph when possible)
@@ -323,11 +321,12 @@ class GptModel {
   void select_tokens(int64_t r0, int64_t n);
   layers::AttentionInputs decode_attention(int64_t r0, int64_t n);  // rows [r0, r0 + n)
   // Pipeline parallelism: how many micro-batches a decode step is split into (one per stage when
-  // the session is not beam search and has at least as many rows as stages; else 1), and `steps` steps run that way (gpt_decode.cpp explains the schedule; runs shorter
-  // than kMinSplitSteps take whole steps).
+  // the session is not beam search and has at least as many rows as stages; else 1), and `steps`
+  // steps run that way (gpt_decode.cpp explains the schedule; runs shorter than kMinSplitSteps take
+  // whole steps).
   int64_t decode_micro_batches() const;
   void decode_steps_split(int64_t steps);
-  void share_state();                 // pipeline parallel: state from the last stage
+  void share_state();  // pipeline parallel: state from the last stage
 
   // Captured decode steps (gpt_step_graphs.cpp). A step graph bakes the buffers it launches on; the
   // key names everything that decides them, so a graph serves every session with its key: a shared
@@ -361,7 +360,7 @@ class GptModel {
   StepGraph& step_graph(const StepKey& key);  // found or added (stale keys dropped)
   // Drops the unshared step graphs, or (unshared_only false) every step and prompt graph.
   void drop_graphs(bool unshared_only);
-  void run_step();                    // one step: replayed, captured, or eager (decode_step)
+  void run_step();  // one step: replayed, captured, or eager (decode_step)
   // `body`'s launches on the model's stream captured as a graph (null: could not; `what` names
   // the work in the warning).
   cudaGraphExec_t capture(const std::function<void()>& body, const char* what);
@@ -396,15 +395,15 @@ class GptModel {
   static constexpr size_t kMaxPromptGraphs = 48;
   std::vector<PromptGraph> prompt_graphs_;
   uint64_t prompt_clock_ = 0;
-  int64_t prompt_tokens_ = 0;     // set by plan_prefill: the padded count, or 0 (no graph)
-  int64_t prompt_replays_ = 0;    // prompt passes replayed from a graph (prompt_graph_stats)
+  int64_t prompt_tokens_ = 0;   // set by plan_prefill: the padded count, or 0 (no graph)
+  int64_t prompt_replays_ = 0;  // prompt passes replayed from a graph (prompt_graph_stats)
   // The padded token count of a one-group pass of `tokens` tokens that may run as a graph, or 0.
   int64_t prompt_graph_tokens(int64_t tokens) const;
   // A one-group pass: replayed, captured or eager (prefill).
   void run_prompt(int64_t tokens, int64_t seq, const layers::AttentionInputs& ai);
 
   Session session_;
-  size_t buffer_generation_ = 0;    // bumped whenever a buffer a graph may bake is reallocated
+  size_t buffer_generation_ = 0;  // bumped whenever a buffer a graph may bake is reallocated
   // Changes whenever a buffer a graph may bake was reallocated, the GEMM workspace included.
   size_t graph_generation() const { return buffer_generation_ + ctx_->workspace_generation(); }
 };

@@ -58,9 +58,9 @@ Graph& find_or_add(std::vector<Graph>* graphs, const Key& key, uint64_t* clock, 
   }
   if (graphs->size() >= limit) {
     const uint64_t oldest =
-        std::min_element(graphs->begin(), graphs->end(),
-                         [](const Graph& a, const Graph& b) { return a.used < b.used; })
-            ->used;
+        std::min_element(graphs->begin(), graphs->end(), [](const Graph& a, const Graph& b) {
+          return a.used < b.used;
+        })->used;
     drop_graphs_if(graphs, [&](const Graph& g) { return g.used == oldest; });
   }
   Graph g;
@@ -143,8 +143,8 @@ void GptModel::sync_out() {
   Session& s = session_;
   cudaStream_t stream = ctx_->stream();
   const size_t row = s.total * sizeof(int32_t);
-  WF_CUDA_CHECK(cudaMemcpy2DAsync(s.out.output_ids, row, s.ids, s.ids_stride * sizeof(int32_t),
-                                  row, s.rows, cudaMemcpyDeviceToDevice, stream));
+  WF_CUDA_CHECK(cudaMemcpy2DAsync(s.out.output_ids, row, s.ids, s.ids_stride * sizeof(int32_t), row,
+                                  s.rows, cudaMemcpyDeviceToDevice, stream));
   WF_CUDA_CHECK(cudaMemcpyAsync(s.out.sequence_lengths, s.lengths, s.rows * sizeof(int32_t),
                                 cudaMemcpyDeviceToDevice, stream));
 }
@@ -167,7 +167,8 @@ cudaGraphExec_t GptModel::capture(const std::function<void()>& body, const char*
     cudaStreamEndCapture(stream, &graph);
     if (graph != nullptr) cudaGraphDestroy(graph);
     (void)cudaGetLastError();
-    TORCH_WARN_ONCE("warpformer: the ", what, " could not be captured in a CUDA graph; "
+    TORCH_WARN_ONCE("warpformer: the ", what,
+                    " could not be captured in a CUDA graph; "
                     "running it without graphs");
     return nullptr;
   }
@@ -188,8 +189,8 @@ int64_t GptModel::prompt_graph_tokens(int64_t tokens) const {
   // One GPU only: tensor-parallel ranks would have to capture and replay their collectives
   // together, and pipeline stages exchange each group with send/recv ordered by the host. Up to
   // kGemvMaxRows tokens the products run on the GEMV path, which padding would change.
-  if (!options_.cuda_graphs || cfg_.tensor_para_size != 1 ||
-      cfg_.pipeline_para_size != 1 || tokens <= kernels::kGemvMaxRows) {
+  if (!options_.cuda_graphs || cfg_.tensor_para_size != 1 || cfg_.pipeline_para_size != 1 ||
+      tokens <= kernels::kGemvMaxRows) {
     return 0;
   }
   const int64_t step = tokens <= 128 ? 16 : 64;
