@@ -215,6 +215,26 @@ def test_expected_shapes_table():
     assert total > 0
 
 
+def test_table_is_the_engines_and_format_level():
+    """weight_specs is the engine's table (torch.ops.warpformer.gpt_weight_table): splits,
+    layers and stages as the format says, also for a head size the kernels are not built for
+    (16: it converts and runs on the reference backend), which the engine itself refuses."""
+    cfg = GptConfig(head_num=8, size_per_head=16, inter_size=512, num_layer=2, vocab_size=1000,
+                    max_pos_seq_len=64, tensor_para_size=2, parallel_residual=True,
+                    parallel_shared_layernorm=True, has_attention_bias=False,
+                    has_lm_head_bias=True)
+    specs = weight_specs(cfg)
+    assert specs["layers.1.attention.query_key_value.weight"].split_axis == -1
+    assert specs["layers.1.attention.dense.weight"].split_axis == 0
+    assert specs["layers.1.mlp.dense_4h_to_h.bias"].split_axis is None
+    assert specs["layers.1.mlp.dense_h_to_4h.bias"].layer == 1
+    assert (specs["wte"].stage, specs["lm_head.bias"].stage) == ("first", "last")
+    assert "layers.0.post_attention_layernorm.weight" not in specs  # GPT-J's shared norm
+    assert "layers.0.attention.dense.bias" not in specs
+    with pytest.raises(RuntimeError, match="size_per_head must be one of 32, 48"):
+        torch.classes.warpformer.GptModel(cfg.to_json(), {}, "{}")
+
+
 @pytest.mark.parametrize("kind", ["gpt2", "gptj"])
 def test_vocabulary_rows_padded_in_storage(kind, tmp_path, converted):
     """An odd vocabulary's ``wte`` and ``lm_head.weight`` load as ``[V, e]`` views of zeroed

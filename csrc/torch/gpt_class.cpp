@@ -8,6 +8,8 @@
 #include <sstream>
 #include <vector>
 
+#include "csrc/models/gpt/gpt_weights.h"
+#include "csrc/torch/ops.h"
 #include "csrc/torch/tensor_utils.h"
 
 namespace warpformer {
@@ -30,7 +32,8 @@ std::string shape_str(const std::vector<int64_t>& s) {
   return os.str();
 }
 
-// The tensors this rank needs and their per-rank shapes (mirrors warpformer.weights).
+// The tensors this rank needs and their per-rank shapes, from the model's weight table: this
+// stage's layers, and the model-level tensors its stage needs (gpt_weights.h).
 struct Spec {
   std::string name;
   std::vector<int64_t> shape;
@@ -38,44 +41,13 @@ struct Spec {
 };
 
 std::vector<Spec> rank_specs(const gpt::GptConfig& c) {
-  const int64_t h = c.hidden(), lh = c.local_hidden(), li = c.local_inter(), v = c.vocab_size;
-  const int64_t e = c.embed_dim();
   std::vector<Spec> s;
-  const bool first = c.first_stage(), last = c.last_stage();
-  if (first) {
-    s.push_back({"wte", {v, e}, false});
-    if (c.has_positional_encoding) s.push_back({"wpe", {c.max_pos_seq_len, h}, false});
-    if (c.word_embed_proj_dim > 0) s.push_back({"project_in.weight", {e, h}, false});
-    if (c.has_pre_decoder_layernorm) {
-      s.push_back({"pre_decoder_layernorm.weight", {h}, false});
-      s.push_back({"pre_decoder_layernorm.bias", {h}, false});
-    }
-  }
-  for (int64_t n = c.first_layer(); n < c.end_layer(); ++n) {
-    const std::string p = "layers." + std::to_string(n) + ".";
-    s.push_back({p + "input_layernorm.weight", {h}, false});
-    s.push_back({p + "input_layernorm.bias", {h}, false});
-    s.push_back({p + "attention.query_key_value.weight", {h, 3, lh}, false});
-    if (c.has_attention_bias) s.push_back({p + "attention.query_key_value.bias", {3, lh}, false});
-    s.push_back({p + "attention.dense.weight", {lh, h}, false});
-    if (c.has_attention_bias) s.push_back({p + "attention.dense.bias", {h}, false});
-    if (!c.parallel_shared_layernorm) {
-      s.push_back({p + "post_attention_layernorm.weight", {h}, false});
-      s.push_back({p + "post_attention_layernorm.bias", {h}, false});
-    }
-    s.push_back({p + "mlp.dense_h_to_4h.weight", {h, li}, false});
-    s.push_back({p + "mlp.dense_h_to_4h.bias", {li}, false});
-    s.push_back({p + "mlp.dense_4h_to_h.weight", {li, h}, false});
-    s.push_back({p + "mlp.dense_4h_to_h.bias", {h}, false});
-  }
-  if (last) {
-    if (c.has_post_decoder_layernorm) {
-      s.push_back({"final_layernorm.weight", {h}, false});
-      s.push_back({"final_layernorm.bias", {h}, false});
-    }
-    if (c.word_embed_proj_dim > 0) s.push_back({"project_out.weight", {h, e}, false});
-    s.push_back({"lm_head.weight", {v, e}, true});  // absent: tied to wte
-    if (c.has_lm_head_bias) s.push_back({"lm_head.bias", {v}, false});
+  for (const gpt::WeightEntry& w : gpt::weight_table(c)) {
+    const bool wanted = w.layer >= 0
+                            ? w.layer >= c.first_layer() && w.layer < c.end_layer()
+                            : (c.first_stage() && w.stage.find("first") != std::string::npos) ||
+                                  (c.last_stage() && w.stage.find("last") != std::string::npos);
+    if (wanted) s.push_back({w.name, w.shard_shape(c.tensor_para_size), w.optional});
   }
   return s;
 }
@@ -380,4 +352,14 @@ GptModelHolder::State GptModelHolder::get_state() const {
   return State{config_json_, given_, options_.to_json()};
 }
 
+namespace ops {
+
+std::string gpt_weight_table(const std::string& config) {
+  // The format's table: no engine-only rule (a model the kernels cannot run still converts and
+  // runs on the reference backend).
+  const gpt::GptConfig c = gpt::GptConfig::from_json(config, 0, 1, 0, /*engine=*/false);
+  return gpt::weight_table_json(gpt::weight_table(c));
+}
+
+}  // namespace ops
 }  // namespace warpformer

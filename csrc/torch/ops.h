@@ -59,6 +59,8 @@ at::Tensor gemm_benchmark(const at::Tensor& input, const at::Tensor& weight, con
 std::string gemm_fingerprint(int64_t device);
 // A new NCCL unique id, uint8 [128] on the CPU (made by one rank, shared with its group).
 at::Tensor nccl_unique_id();
+// The weight table of a GPT-family config (GptConfig JSON) as JSON: csrc/models/gpt/gpt_weights.h.
+std::string gpt_weight_table(const std::string& config);
 
 // Argument checks shared by the norm ops (ops_elementwise.cpp) and norm_gemm (ops_gemm.cpp), each
 // op calling them in its own order. Dtype and shape only (each op checks devices afterwards);

@@ -86,6 +86,11 @@ TORCH_LIBRARY(warpformer, m) {
   // A new NCCL unique id (uint8 [128], CPU), shared by warpformer.distributed with the group.
   m.def("nccl_unique_id() -> Tensor");
 
+  // ---- models ----
+  // The weight table of a GPT-family config JSON (names, full shapes, split axis, layer, stage),
+  // as JSON: what warpformer.weights.weight_specs returns, so the format exists once, in C++.
+  m.def("gpt_weight_table(str config) -> str");
+
   // ---- attention (kernels/attention) ----
   // q = rotary(qkv[:, 0] + b); k = rotary(qkv[:, 1] + b), v = qkv[:, 2] + b written in place into
   // k_cache/v_cache [slots, heads, max_seq, head_dim] at (token_slot[t], :, token_pos[t]).
@@ -281,6 +286,7 @@ TORCH_LIBRARY_IMPL(warpformer, CompositeExplicitAutograd, m) {
   m.impl("alibi_slopes", &wo::alibi_slopes);
   m.impl("gemm_fingerprint", &wo::gemm_fingerprint);
   m.impl("nccl_unique_id", &wo::nccl_unique_id);
+  m.impl("gpt_weight_table", &wo::gpt_weight_table);
 }
 
 // `import warpformer._C` needs a module object; the registrations above run when the shared

@@ -1,14 +1,15 @@
 """Weight table and loader for a converted ``<tp>-gpu/`` directory.
 
-:func:`weight_specs` is the single source of truth for which files a config implies, their full
-(unsplit) shapes and the axis that tensor parallelism splits; the converters' writer, this
-loader, :mod:`warpformer.reference` and the C++ engine's validation all use it. File naming:
+:func:`weight_specs` gives which files a config implies, their full (unsplit) shapes and the axis
+that tensor parallelism splits, from the engine's own table (csrc/models/gpt/gpt_weights.h); the
+converters' writer, this loader and :mod:`warpformer.reference` use it. File naming:
 ``model.<name>.bin`` for replicated tensors, ``model.<name>.<tp_rank>.bin`` for split ones;
 headerless little-endian C-order arrays of ``weight_data_type`` (bf16 files hold raw bf16 bits).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass
@@ -74,46 +75,13 @@ def weight_specs(config: GptConfig) -> dict[str, WeightSpec]:
     """Every tensor ``config`` implies, keyed by on-disk name without ``model.``/rank/``.bin``.
 
     Example key: ``layers.0.attention.query_key_value.weight`` -> shape ``[h, 3, h]`` split on
-    axis -1 (stored per rank as ``[h, 3, h/tp]``: all Q heads, then K, then V).
+    axis -1 (stored per rank as ``[h, 3, h/tp]``: all Q heads, then K, then V). The table is the
+    engine's own (``torch.ops.warpformer.gpt_weight_table``, csrc/models/gpt/gpt_weights.h), so
+    the converters, this loader, the reference backend and the engine's checks cannot disagree.
     """
-    h, i, v = config.hidden_size, config.inter_size, config.vocab_size
-    e = config.embedding_dim
-    specs: dict[str, WeightSpec] = {"wte": WeightSpec((v, e), stage="first")}
-    if config.has_positional_encoding:
-        specs["wpe"] = WeightSpec((config.max_pos_seq_len, h), stage="first")
-    if config.word_embed_proj_dim:
-        specs["project_in.weight"] = WeightSpec((e, h), stage="first")
-        specs["project_out.weight"] = WeightSpec((h, e), stage="last")
-    if config.has_pre_decoder_layernorm:
-        specs["pre_decoder_layernorm.weight"] = WeightSpec((h,), stage="first")
-        specs["pre_decoder_layernorm.bias"] = WeightSpec((h,), stage="first")
-    for n in range(config.num_layer):
-        p = f"layers.{n}."
-        layer = {
-            "input_layernorm.weight": WeightSpec((h,)),
-            "input_layernorm.bias": WeightSpec((h,)),
-            "attention.query_key_value.weight": WeightSpec((h, 3, h), -1),
-            "attention.dense.weight": WeightSpec((h, h), 0),
-            "mlp.dense_h_to_4h.weight": WeightSpec((h, i), -1),
-            "mlp.dense_h_to_4h.bias": WeightSpec((i,), -1),
-            "mlp.dense_4h_to_h.weight": WeightSpec((i, h), 0),
-            "mlp.dense_4h_to_h.bias": WeightSpec((h,)),
-        }
-        if config.has_attention_bias:
-            layer["attention.query_key_value.bias"] = WeightSpec((3, h), -1)
-            layer["attention.dense.bias"] = WeightSpec((h,))
-        if not config.parallel_shared_layernorm:
-            layer["post_attention_layernorm.weight"] = WeightSpec((h,))
-            layer["post_attention_layernorm.bias"] = WeightSpec((h,))
-        for name, spec in layer.items():
-            specs[p + name] = WeightSpec(spec.shape, spec.split_axis, layer=n)
-    if config.has_post_decoder_layernorm:
-        specs["final_layernorm.weight"] = WeightSpec((h,), stage="last")
-        specs["final_layernorm.bias"] = WeightSpec((h,), stage="last")
-    specs["lm_head.weight"] = WeightSpec((v, e), stage="last", optional=True)
-    if config.has_lm_head_bias:
-        specs["lm_head.bias"] = WeightSpec((v,), stage="last")
-    return specs
+    table = json.loads(torch.ops.warpformer.gpt_weight_table(config.to_json()))
+    return {e["name"]: WeightSpec(tuple(e["shape"]), e["split"], e["layer"], e["stage"],
+                                  e["optional"]) for e in table}
 
 
 def expected_shapes(config: GptConfig) -> dict[str, tuple[int, ...]]:

@@ -26,7 +26,8 @@ kernels::Activation config_activation(const std::string& name) {
 }  // namespace
 
 GptConfig GptConfig::from_json(const std::string& json, int64_t tensor_para_rank,
-                               int64_t pipeline_para_size, int64_t pipeline_para_rank) {
+                               int64_t pipeline_para_size, int64_t pipeline_para_rank,
+                               bool engine) {
   const FlatJson j = FlatJson::parse(json, kWhat);
   GptConfig c;
   c.model_name = j.get_string("model_name", "gpt");
@@ -89,8 +90,8 @@ GptConfig GptConfig::from_json(const std::string& json, int64_t tensor_para_rank
   TORCH_CHECK(c.num_layer % c.pipeline_para_size == 0, kWhat, ": num_layer (", c.num_layer,
               ") must be divisible by pipeline_para_size (", c.pipeline_para_size, ")");
   const int64_t hd = c.size_per_head;
-  TORCH_CHECK(hd <= 256 && kernels::attention_head_dim_supported(static_cast<int>(hd)), kWhat,
-              ": size_per_head must be one of ", kernels::kAttentionHeadDimsText,
+  TORCH_CHECK(!engine || (hd <= 256 && kernels::attention_head_dim_supported(static_cast<int>(hd))),
+              kWhat, ": size_per_head must be one of ", kernels::kAttentionHeadDimsText,
               " (the attention kernels' head sizes), got ", hd);
   TORCH_CHECK(c.rotary_embedding_dim >= 0 && c.rotary_embedding_dim <= hd &&
                   c.rotary_embedding_dim % 2 == 0,

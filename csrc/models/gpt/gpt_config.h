@@ -72,9 +72,11 @@ struct GptConfig {
   bool first_stage() const { return pipeline_para_rank == 0; }
   bool last_stage() const { return pipeline_para_rank == pipeline_para_size - 1; }
 
-  // Parses and validates; every error names the key and the rule.
+  // Parses and validates; every error names the key and the rule. engine: also what the engine
+  // needs beyond the format (a head size its attention kernels are built for).
   static GptConfig from_json(const std::string& json, int64_t tensor_para_rank = 0,
-                             int64_t pipeline_para_size = 1, int64_t pipeline_para_rank = 0);
+                             int64_t pipeline_para_size = 1, int64_t pipeline_para_rank = 0,
+                             bool engine = true);
 };
 
 }  // namespace gpt
