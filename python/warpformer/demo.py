@@ -88,7 +88,7 @@ def run_demo(model_dir: str | os.PathLike[str] | None = None, *,
     """
     from . import lambada
     from .gpt import GPT
-    from .tokenizer import TOKENIZER_FILES, has_tokenizer_files, load_tokenizer
+    from .tokenizer import load_tokenizer
 
     data = Path(dataset) if dataset else default_dataset()
     if not data.is_file():
@@ -117,20 +117,17 @@ def run_demo(model_dir: str | os.PathLike[str] | None = None, *,
                  "what the demo shows\nis the pipeline, the agreement with HF transformers and "
                  "the speed.")
             hf_dir = build_random_gpt2(data, work / "hf", layers=layers)
+            tokenizer = load_tokenizer(hf_dir, "--model-dir")
             converted = _convert(hf_dir, work / "converted", data_type)
         else:
             hf_dir = Path(model_dir)
             if not (hf_dir / "config.json").is_file():
                 raise ValueError(f"--model-dir {hf_dir} is not a HF checkpoint (no config.json)")
-            # Checked before the conversion, which takes minutes for a real model.
-            if not has_tokenizer_files(hf_dir):
-                raise ValueError(f"--model-dir {hf_dir} holds no tokenizer files (one of "
-                                 f"{', '.join(TOKENIZER_FILES)}): the demo needs the model's "
-                                 "tokenizer beside it (tokenizer.save_pretrained(DIR))")
+            # Loaded before the conversion, which takes minutes for a real model.
+            tokenizer = load_tokenizer(hf_dir, "--model-dir")
             _say(BANNER)
             _say(f"MODEL: your checkpoint {hf_dir}")
             converted = _convert(hf_dir, _cache_dir(hf_dir, data_type), data_type)
-        tokenizer = load_tokenizer(hf_dir, "--model-dir")
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the CPU fallback was announced above

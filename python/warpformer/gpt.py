@@ -375,7 +375,7 @@ class GPT:
                  length_penalty, diversity_rate, stop_words, bad_words, end_id, seed,
                  return_log_probs, return_cum_log_probs=0, stacklevel: int = 3
                  ) -> dict[str, torch.Tensor]:
-        _check_new_tokens(max_new_tokens)
+        # max_new_tokens was checked by the caller, before the inputs (_check_new_tokens).
         if not isinstance(num_beams, int) or not 1 <= num_beams <= MAX_BEAMS:
             raise ValueError(f"num_beams must be in [1, {MAX_BEAMS}], got {num_beams!r}")
         if num_beams > 1 and do_sample:
