@@ -13,7 +13,8 @@ struct EngineOptions {
   // (for profilers that attribute time per kernel, or drivers without graph support).
   bool cuda_graphs = true;
   // Tokens a prefill group holds (the activation buffer is sized for one group); 0: the model's
-  // default (GptModel::prefill_group_size). Every rank of a parallel group must agree.
+  // default (GptModel::prefill_group_size); its range is checked where options are parsed
+  // (csrc/torch/model_options.cpp). Every rank of a parallel group must agree.
   int64_t prefill_tokens = 0;
 };
 

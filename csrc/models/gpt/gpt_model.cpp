@@ -5,7 +5,6 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <climits>
 #include <string>
 #include <vector>
 
@@ -60,10 +59,6 @@ GptModel::GptModel(GptConfig cfg, GptWeights weights, DType dtype, std::shared_p
       max_batch_(max_batch),
       max_seq_len_(max_seq_len) {
   TORCH_CHECK(max_batch_ > 0, "GptModel: max_batch must be positive, got ", max_batch_);
-  TORCH_CHECK(options_.prefill_tokens >= 0 && options_.prefill_tokens <= INT32_MAX,
-              "GptModel: prefill_tokens must be a positive number of tokens (at most 2^31 - 1) "
-              "or 0 for the default, got ",
-              options_.prefill_tokens);
   prefill_group_tokens_ = prefill_group_size();
   // The weights are written only before the model is built; every forward starts with the
   // embedding (or a pipeline receive), never with a product, so no product's weight is written
