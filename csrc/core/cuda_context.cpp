@@ -63,6 +63,42 @@ CudaContext::CudaContext(int device, cudaStream_t stream,
   if (workspace_bytes > 0) workspace_ = DeviceBuffer(allocator_.get(), workspace_bytes, stream);
 }
 
+CudaContext::~CudaContext() {
+  if (own_stream_ != nullptr) {
+    cudaStreamSynchronize(own_stream_);
+    cudaStreamDestroy(own_stream_);
+  }
+  if (order_event_ != nullptr) cudaEventDestroy(order_event_);
+}
+
+cudaStream_t CudaContext::own_stream() {
+  if (own_stream_ == nullptr) {
+    const DeviceScope scope(device_);
+    WF_CUDA_CHECK(cudaStreamCreateWithFlags(&own_stream_, cudaStreamNonBlocking));
+    WF_CUDA_CHECK(cudaEventCreateWithFlags(&order_event_, cudaEventDisableTiming));
+  }
+  return own_stream_;
+}
+
+void CudaContext::enter_own_stream() {
+  cudaStream_t own = own_stream();
+  TORCH_INTERNAL_ASSERT(stream_ != own,
+                        "CudaContext: an own-stream scope was entered inside another");
+  caller_stream_ = stream_;
+  WF_CUDA_CHECK(cudaEventRecord(order_event_, caller_stream_));
+  WF_CUDA_CHECK(cudaStreamWaitEvent(own, order_event_, 0));
+  stream_ = own;
+}
+
+// Never throws (it runs from destructors during unwinding); a failure here would also have
+// failed the work before it, which reports the error.
+void CudaContext::leave_own_stream() noexcept {
+  if (cudaEventRecord(order_event_, own_stream_) == cudaSuccess) {
+    cudaStreamWaitEvent(caller_stream_, order_event_, 0);
+  }
+  stream_ = caller_stream_;
+}
+
 void CudaContext::reserve_workspace(size_t bytes) {
   if (bytes <= workspace_.size()) return;
   workspace_.reset();  // before allocating: the two need not be held at once

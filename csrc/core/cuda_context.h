@@ -70,6 +70,9 @@ class CudaContext {
   // cuBLASLt may use on Hopper.
   CudaContext(int device, cudaStream_t stream, std::shared_ptr<DeviceAllocator> allocator,
               size_t workspace_bytes = 0);
+  ~CudaContext();
+  CudaContext(const CudaContext&) = delete;
+  CudaContext& operator=(const CudaContext&) = delete;
 
   int device() const { return device_; }
   cudaStream_t stream() const { return stream_; }
@@ -86,6 +89,21 @@ class CudaContext {
   DeviceAllocator* allocator() const { return allocator_.get(); }
   const cudaDeviceProp& props() const { return props_; }
 
+  // The context's own stream. A model's calls run on it (OwnStreamScope) rather than on the
+  // caller's: PyTorch's default stream is the legacy one, which cannot be captured into a CUDA
+  // graph; and an instance's calls then run in call order whatever streams its callers use.
+  cudaStream_t own_stream();
+  bool on_own_stream() const { return own_stream_ != nullptr && stream_ == own_stream_; }
+  // Entered: the own stream waits for the caller's work so far and becomes stream(). Left: the
+  // caller's stream waits for the work launched meanwhile and becomes stream() again. Never
+  // nested (a nested scope would order the real caller after nothing).
+  void enter_own_stream();
+  void leave_own_stream() noexcept;
+  // Waits for the own stream's work (if it was ever created); never throws.
+  void synchronize_own_stream() noexcept {
+    if (own_stream_ != nullptr) cudaStreamSynchronize(own_stream_);
+  }
+
  private:
   int device_;
   cudaStream_t stream_;
@@ -94,6 +112,21 @@ class CudaContext {
   DeviceBuffer workspace_;
   size_t workspace_generation_ = 0;
   cudaDeviceProp props_;
+  cudaStream_t own_stream_ = nullptr;
+  cudaEvent_t order_event_ = nullptr;
+  cudaStream_t caller_stream_ = nullptr;
+};
+
+// Runs the enclosing call on the context's own stream (entered here, left on scope exit).
+class OwnStreamScope {
+ public:
+  explicit OwnStreamScope(CudaContext& ctx) : ctx_(ctx) { ctx_.enter_own_stream(); }
+  ~OwnStreamScope() { ctx_.leave_own_stream(); }
+  OwnStreamScope(const OwnStreamScope&) = delete;
+  OwnStreamScope& operator=(const OwnStreamScope&) = delete;
+
+ private:
+  CudaContext& ctx_;
 };
 
 }  // namespace warpformer

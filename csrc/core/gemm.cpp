@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 
 #include "csrc/core/check.h"
+#include "csrc/core/gemm_params.h"
 #include "kernels/gemv.h"
 
 #include <algorithm>
@@ -390,40 +391,6 @@ kernels::Activation epilogue_activation(GemmEpilogue e) {
   }
 }
 
-template <typename T>
-kernels::NormParams<T> norm_params(const GemmNormedInput& in, int64_t rows, int64_t hidden) {
-  kernels::NormParams<T> p{};
-  p.out = static_cast<T*>(in.out);
-  p.residual_out = static_cast<T*>(in.residual_out);
-  p.input = static_cast<const T*>(in.input);
-  p.residual = static_cast<const T*>(in.residual);
-  p.input_bias = static_cast<const T*>(in.input_bias);
-  p.gamma = static_cast<const T*>(in.gamma);
-  p.beta = static_cast<const T*>(in.beta);
-  p.rows = rows;
-  p.hidden = static_cast<int>(hidden);
-  p.eps = in.eps;
-  p.kind = in.kind;
-  return p;
-}
-
-// The GEMV parameters of out[m, n] = in[m, k] @ weight[k, n] (+ bias): what try_gemv and
-// try_gemv_sum have in common. The caller range-checks m, n and k (int) and sets the rest.
-template <typename T>
-kernels::GemvParams<T> gemv_params(const void* in, const void* weight, const void* bias, void* out,
-                                   int64_t m, int64_t n, int64_t k, bool prefetch_weight) {
-  kernels::GemvParams<T> p{};
-  p.out = static_cast<T*>(out);
-  p.in = static_cast<const T*>(in);
-  p.weight = static_cast<const T*>(weight);
-  p.bias = static_cast<const T*>(bias);
-  p.m = static_cast<int>(m);
-  p.n = static_cast<int>(n);
-  p.k = static_cast<int>(k);
-  p.prefetch_weight = prefetch_weight;
-  return p;
-}
-
 }  // namespace
 
 int Gemm::gemv_max_rows(bool transposed) const {
@@ -528,74 +495,6 @@ void Gemm::run_normed(DType dtype, const GemmNormedInput& in, const void* weight
     WF_CUDA_CHECK(kernels::launch_norm(norm_params<scalar_t>(in, m, k), ctx_->stream()));
   });
   run_act(dtype, in.out, weight, bias, out, m, n, k, act);
-}
-
-bool Gemm::try_gemv_sum(DType dtype, const void* in1, const void* w1, int64_t k1, const void* in2,
-                        const void* w2, int64_t k2, void* out, int64_t m, int64_t n, bool launch,
-                        bool second_ready) const {
-  if (m > gemv_max_rows(false) || n > INT_MAX || k1 > INT_MAX || k2 > INT_MAX) return false;
-  return WF_DISPATCH_FLOATING(dtype, "Gemm::run_sum", [&] {
-    using T = scalar_t;
-    const kernels::GemvParams<T> p =
-        gemv_params<T>(in1, w1, nullptr, out, m, n, k1, static_weights_);
-    const T* x2 = static_cast<const T*>(in2);
-    const T* v2 = static_cast<const T*>(w2);
-    if (!kernels::gemv_sum_supported(p, x2, v2, static_cast<int>(k2))) return false;
-    if (launch) {
-      WF_CUDA_CHECK(kernels::launch_gemv_sum(p, x2, v2, static_cast<int>(k2), ctx_->device(),
-                                             ctx_->stream(), second_ready));
-    }
-    return true;
-  });
-}
-
-bool Gemm::run_sum(DType dtype, const void* in1, const void* w1, int64_t k1, const void* in2,
-                   const void* w2, int64_t k2, void* out, int64_t m, int64_t n, bool second_ready) {
-  TORCH_CHECK(m >= 0 && n > 0 && k1 > 0 && k2 > 0, "Gemm::run_sum: bad sizes m=", m, " n=", n,
-              " k1=", k1, " k2=", k2);
-  if (m == 0) return false;
-  if (try_gemv_sum(dtype, in1, w1, k1, in2, w2, k2, out, m, n, true, second_ready)) return true;
-  run(dtype, in1, w1, nullptr, out, m, n, k1);
-  run(dtype, in2, w2, nullptr, out, m, n, k2, GemmEpilogue::kNone, 1.f);
-  return false;
-}
-
-bool Gemm::run_normed_pair(DType dtype, const GemmNormedInput& in, const GemmProduct& first,
-                           const GemmProduct& second, const void* gamma2, const void* beta2,
-                           int64_t m, int64_t k) {
-  TORCH_CHECK(m >= 0 && k > 0 && first.n > 0 && second.n > 0,
-              "Gemm::run_normed_pair: bad sizes m=", m, " k=", k, " n=", first.n, " n2=", second.n);
-  TORCH_CHECK(in.kind != kernels::NormKind::kAddOnly && in.input != nullptr && in.gamma != nullptr,
-              "Gemm::run_normed_pair: needs a LayerNorm or RMSNorm with input and gamma");
-  if (m == 0 || !norm_fusion_ || m > gemv_max_rows(false) || k > INT_MAX || first.n > INT_MAX ||
-      second.n > INT_MAX) {
-    return false;
-  }
-  return WF_DISPATCH_FLOATING(dtype, "Gemm::run_normed_pair", [&] {
-    using T = scalar_t;
-    kernels::GemvParams<T> p = gemv_params<T>(nullptr, first.weight, first.bias, first.out, m,
-                                              first.n, k, static_weights_);
-    p.act = first.act;
-    kernels::NormParams<T> np = norm_params<T>(in, m, k);
-    if (!in.keep_out) np.out = nullptr;
-    kernels::GemvSecond<T> s2{};
-    s2.out = static_cast<T*>(second.out);
-    s2.weight = static_cast<const T*>(second.weight);
-    s2.bias = static_cast<const T*>(second.bias);
-    s2.gamma = static_cast<const T*>(gamma2);
-    s2.beta = static_cast<const T*>(beta2);
-    s2.n = static_cast<int>(second.n);
-    s2.act = second.act;
-    if (!kernels::gemv_normed_pair_supported(p, np, s2, ctx_->device())) return false;
-    WF_CUDA_CHECK(kernels::launch_gemv_normed_pair(p, np, s2, ctx_->device(), ctx_->stream()));
-    return true;
-  });
-}
-
-bool Gemm::joins_sum(DType dtype, const void* in1, const void* w1, int64_t k1, const void* in2,
-                     const void* w2, int64_t k2, void* out, int64_t m, int64_t n) const {
-  return m > 0 && n > 0 && k1 > 0 && k2 > 0 &&
-         try_gemv_sum(dtype, in1, w1, k1, in2, w2, k2, out, m, n, false);
 }
 
 bool Gemm::fuses_norm(DType dtype, const GemmNormedInput& in, const void* weight, const void* bias,

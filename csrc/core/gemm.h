@@ -71,15 +71,6 @@ struct GemmNormedInput {
   bool keep_out = false;
 };
 
-// One product of Gemm::run_normed_pair: out[m, n] = act(norm(x) @ weight[k, n] + bias[n]).
-struct GemmProduct {
-  const void* weight = nullptr;  // [k, n]
-  const void* bias = nullptr;    // [n] or null
-  void* out = nullptr;           // [m, n]
-  int64_t n = 0;
-  kernels::Activation act = kernels::Activation::kIdentity;
-};
-
 struct GemmKey {
   int64_t m, n, k;
   DType dtype;
@@ -139,37 +130,14 @@ class Gemm {
                   void* out, int64_t m, int64_t n, int64_t k, kernels::Activation act,
                   bool beside = false);
 
-  // Two products of one normalised input, `first` of norm(x) and `second` of norm2(x) (norm2 is
-  // `in`'s norm with gamma2 / beta2; null gamma2: the same norm), as one GEMV launch
-  // (kernels::launch_gemv_normed_pair) where norm fusion is on and the GEMV runs both shapes:
-  // a parallel-residual layer's QKV and MLP-in products at decode sizes. Writes residual_out
-  // (and in.out when kept) as run_normed does. Returns false, launching nothing, otherwise.
-  bool run_normed_pair(DType dtype, const GemmNormedInput& in, const GemmProduct& first,
-                       const GemmProduct& second, const void* gamma2, const void* beta2, int64_t m,
-                       int64_t k);
-
-  // out[m, n] = in1[m, k1] @ w1[k1, n] + in2[m, k2] @ w2[k2, n]: one GEMV launch over both
-  // depths where the GEMV runs the shape (kernels::launch_gemv_sum, one fp32 accumulation),
-  // otherwise two products, the second accumulating into out. Returns whether it was one.
-  // second_ready: the caller promises that the kernel just before this product on the stream
-  // does not write in2 or w2 (nor does any still running); the one launch then starts on the
-  // second product beside that kernel (kernels::launch_gemv_sum's second_ready).
-  bool run_sum(DType dtype, const void* in1, const void* w1, int64_t k1, const void* in2,
-               const void* w2, int64_t k2, void* out, int64_t m, int64_t n,
-               bool second_ready = false);
-
   // Whether run_normed may fuse the norm into the GEMV (on by default; the norm_gemm op's
   // 'unfused' backend turns it off, the reference the fused path is tested against).
   void set_norm_fusion(bool on) { norm_fusion_ = on; }
+  bool norm_fusion() const { return norm_fusion_; }
 
   // Whether run_normed with these arguments would run the fused kernel (launches nothing).
   bool fuses_norm(DType dtype, const GemmNormedInput& in, const void* weight, const void* bias,
                   void* out, int64_t m, int64_t n, int64_t k, kernels::Activation act);
-
-  // Whether run_sum with these arguments would run the one joined GEMV launch (launches nothing;
-  // false for sizes run_sum rejects or skips).
-  bool joins_sum(DType dtype, const void* in1, const void* w1, int64_t k1, const void* in2,
-                 const void* w2, int64_t k2, void* out, int64_t m, int64_t n) const;
 
   // out[m, n] = in[m, k] @ weight[n, k]^T (+ bias[n]): for weights stored [out, in], such as the
   // lm_head [V, e], which the on-disk format never transposes.
@@ -187,6 +155,11 @@ class Gemm {
   // streaming the weight while that kernel is still running (kernels::GemvParams::
   // prefetch_weight). Off by default: the `warpformer.gemm` op cannot promise it.
   void set_static_weights(bool on) { static_weights_ = on; }
+  bool static_weights() const { return static_weights_; }
+
+  // Rows up to which the GEMV runs [k, n] (or transposed [n, k]) products under the policy.
+  int gemv_max_rows(bool transposed) const;
+  CudaContext& context() const { return *ctx_; }
 
   // Number of shapes whose plan is cached now (at most kMaxPlans).
   size_t cached_plans() const;
@@ -247,13 +220,6 @@ class Gemm {
                 int64_t m, int64_t n, int64_t k, bool transposed, kernels::Activation act,
                 float beta, const GemmNormedInput* norm = nullptr, bool launch = true,
                 bool beside = false);
-  // Runs run_sum's joined GEMV launch (kernels::launch_gemv_sum) when m and the shape allow it;
-  // false means "two products". With launch false it only answers. Sizes must be positive.
-  bool try_gemv_sum(DType dtype, const void* in1, const void* w1, int64_t k1, const void* in2,
-                    const void* w2, int64_t k2, void* out, int64_t m, int64_t n, bool launch,
-                    bool second_ready = false) const;
-  // Rows up to which the GEMV runs [k, n] (or transposed [n, k]) products under the policy.
-  int gemv_max_rows(bool transposed) const;
   void launch(const GemmKey& key, const void* in, const void* weight, const void* bias, void* out,
               float beta);
   // Grows the context's workspace to `bytes`; refuses while the stream is capturing a graph.

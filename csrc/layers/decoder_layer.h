@@ -1,49 +1,31 @@
-// One decoder layer of the GPT family, written once for every architecture: the switches of
-// GptConfig choose pre/post LayerNorm, sequential or parallel residual (shared or separate norm),
+// The decoder block, written once for every decoder-only family: the LayerSpec chooses pre- or
+// post-norm, sequential or parallel MLP (with a shared or a separate norm), the norm kind,
 // attention biases, rotary/ALiBi, and the activation. Tensor-parallel aware: the weights are this
 // rank's shards and the two row-parallel outputs go through the communicator's all-reduce (one
-// all-reduce for the parallel-residual form, whose attention and MLP outputs are summed first).
+// all-reduce for the parallel form, whose attention and MLP outputs are summed first).
 #pragma once
 
 #include <cstdint>
 
-#include "csrc/core/communicator.h"
-#include "csrc/core/cuda_context.h"
-#include "csrc/core/gemm.h"
-#include "csrc/models/gpt/gpt_config.h"
-#include "kernels/norms.h"
+#include "csrc/core/carve.h"
+#include "csrc/layers/attention.h"
+#include "csrc/layers/layer_context.h"
+#include "csrc/layers/linear.h"
+#include "csrc/layers/norm.h"
 
 namespace warpformer {
 namespace layers {
 
-// Device pointers of one layer's weights on this rank (element type = the model dtype). Shapes
-// use h = hidden, lh = local heads * head size, li = local inter size; kernels stored [in, out].
+// One block's weights on this rank (element type = the model dtype).
 struct LayerWeights {
-  const void* ln1_w = nullptr;       // [h]      input_layernorm
-  const void* ln1_b = nullptr;       // [h]
-  const void* qkv_w = nullptr;       // [h, 3 * lh]
-  const void* qkv_b = nullptr;       // [3 * lh] or null
-  const void* dense_w = nullptr;     // [lh, h]
-  const void* dense_b = nullptr;     // [h] or null
-  const void* ln2_w = nullptr;       // [h]      post_attention_layernorm (null: GPT-J)
-  const void* ln2_b = nullptr;       // [h]
-  const void* fc1_w = nullptr;       // [h, li]
-  const void* fc1_b = nullptr;       // [li] or null
-  const void* fc2_w = nullptr;       // [li, h]
-  const void* fc2_b = nullptr;       // [h] or null
-  const void* residual_b = nullptr;  // [h] dense_b + fc2_b, for the parallel-residual form
-};
-
-// What follows this layer. defer (pre-norm layers whose successor is a pre-norm layer of the
-// same stage): the layer's last residual add is left pending in the ResidualStream for the
-// next layer's QKV product, which applies it together with its input norm. Otherwise the norm
-// applied to the stream after this layer (the final norm, or none; the next layer's input norm
-// for post-norm models), fused with the layer's last residual add.
-struct NextNorm {
-  kernels::NormKind kind = kernels::NormKind::kAddOnly;
-  const void* gamma = nullptr;
-  const void* beta = nullptr;
-  bool defer = false;
+  NormWeights ln1;  // input norm
+  Linear qkv;       // [hidden, 3 * q_width]
+  Linear dense;     // [q_width, hidden] attention output
+  NormWeights ln2;  // post-attention norm (null gamma: the parallel form's shared norm)
+  Linear fc1;       // [hidden, inter]
+  Linear fc2;       // [inter, hidden]
+  // dense.bias + fc2.bias, for the parallel form's one residual add (null when neither exists)
+  const void* residual_bias = nullptr;
 };
 
 // The residual stream of a pre-norm model between the products of a step: x + delta (+ bias),
@@ -61,7 +43,7 @@ struct ResidualStream {
 
 // Activation buffers for `tokens` rows, all of the model dtype.
 // The layer writes f only after its last read of qkv, q and a, and o only after its last read of
-// p, so the model may overlap those buffers (GptModel::layout does). x, n, y and p (o) must not
+// p, so the model may overlap those buffers (carve_layer_buffers does). x, n, y and p (o) must not
 // overlap each other or the qkv/q/a/f region: a pending delta in p or o stays live into the
 // next layer's QKV product, and the normalising GEMV reads x / y / p / o while writing x / y / n.
 struct LayerBuffers {
@@ -82,41 +64,9 @@ struct LayerBuffers {
   int64_t y_rows;  // rows y holds (checked where a pre-norm layer moves the stream into it)
 };
 
-// Where the attention reads and writes: the layer's KV cache and the token -> (slot, position)
-// map, plus either the packed-prefill description or the one-token-per-row decode description.
-struct AttentionInputs {
-  void* k_cache;  // [num_slots, local_heads, max_seq, head_dim]
-  void* v_cache;
-  int num_slots;
-  int max_seq;
-  const int32_t* token_slot;  // [tokens]
-  const int32_t* token_pos;   // [tokens]
-  const float* alibi_slopes;  // [local_heads] or null
-  bool decode;
-  // prefill
-  const int32_t* cu_seqlens;  // [batch + 1]
-  const int32_t* seq_slot;    // [batch]
-  int batch;
-  int max_seqlen;
-  // decode (rows == tokens)
-  const int32_t* row_slot;     // [rows] or null
-  const int32_t* lengths;      // [rows]
-  const int32_t* cache_indir;  // [rows, max_seq] or null
-  // QKV preparation inside the decode attention kernel; requires token_slot = row_slot (or
-  // iota), token_pos = lengths - 1 and cache_indir[r, token_pos[r]] = the row's slot.
-  bool fused_prep;
-  const float* rotary_inv_freq;  // [rotary_dim / 2] (kernels::launch_rotary_inv_freq) or null
-  float* workspace;              // split-KV scratch
-  size_t workspace_bytes;
-};
-
-struct LayerContext {
-  const CudaContext* ctx;
-  Gemm* gemm;
-  Communicator* comm;  // tensor-parallel group or null
-  const gpt::GptConfig* cfg;
-  DType dtype;
-};
+// The block's buffers for `tokens` rows carved from `carver`, overlapping where the block allows.
+LayerBuffers carve_layer_buffers(const LayerSpec& spec, DType dtype, int64_t tokens,
+                                 Carver* carver);
 
 // Runs one layer over `tokens` rows. `stream` is the residual stream on entry and is updated.
 // Pre-norm layers: see ResidualStream; unless next.defer, on exit bufs.x holds the stream and
@@ -125,15 +75,6 @@ struct LayerContext {
 void decoder_layer_forward(const LayerContext& lc, const LayerWeights& w, const LayerBuffers& bufs,
                            int64_t tokens, const AttentionInputs& attn, const NextNorm& next,
                            ResidualStream* stream);
-
-// out = norm(x) (no residual add): BLOOM's embedding norm, and the final norm of a stage
-// without layers.
-void apply_norm(const LayerContext& lc, kernels::NormKind kind, const void* gamma, const void* beta,
-                const void* x, void* out, int64_t rows, int64_t hidden);
-
-// x += delta (+ bias) in place, then out = next(x) (fused); out may be null for kAddOnly.
-void add_and_norm(const LayerContext& lc, const void* delta, void* x, const void* bias,
-                  const NextNorm& next, void* out, int64_t rows, int64_t hidden);
 
 }  // namespace layers
 }  // namespace warpformer

@@ -113,12 +113,24 @@ GptModelHolder::GptModelHolder(const std::string& config,
     return it == owned_.end() ? nullptr : it->second.data_ptr();
   };
   gpt::GptWeights w;
-  w.wte = ptr("wte");
-  w.wpe = ptr("wpe");
-  w.pre_ln_w = ptr("pre_decoder_layernorm.weight");
-  w.pre_ln_b = ptr("pre_decoder_layernorm.bias");
-  w.final_ln_w = ptr("final_layernorm.weight");
-  w.final_ln_b = ptr("final_layernorm.bias");
+  layers::EmbeddingWeights& emb = w.embedding;
+  emb.wte = ptr("wte");
+  emb.wpe = ptr("wpe");
+  emb.project_in = ptr("project_in.weight");
+  if (cfg.has_pre_decoder_layernorm) {
+    emb.norm = {ptr("pre_decoder_layernorm.weight"), ptr("pre_decoder_layernorm.bias")};
+  }
+  emb.vocab = cfg.vocab_size;
+  emb.max_positions = cfg.max_pos_seq_len;
+  emb.embed_dim = cfg.embed_dim();
+  if (cfg.has_post_decoder_layernorm) {
+    w.final_norm = {ptr("final_layernorm.weight"), ptr("final_layernorm.bias")};
+  }
+  layers::LmHeadWeights& head_w = w.lm_head;
+  head_w.project_out = ptr("project_out.weight");
+  head_w.embed_dim = cfg.embed_dim();
+  head_w.local_vocab = cfg.local_vocab();
+  head_w.tp = cfg.tensor_para_size;
   if (cfg.last_stage()) {
     // The head multiplies local_vocab() rows: this rank's slice of the vocabulary, padded to a
     // multiple of 8. On one GPU a tensor whose storage already holds the padding rows past its
@@ -142,47 +154,48 @@ GptModelHolder::GptModelHolder(const std::string& config,
       if (n > 0) local.narrow(0, 0, n).copy_(full.narrow(0, start, n));
       return local;
     };
-    w.lm_head = head.data_ptr();
-    w.lm_head_b = ptr("lm_head.bias");
+    head_w.weight = head.data_ptr();
+    head_w.bias = ptr("lm_head.bias");
     if (copy_head) {
       const at::Tensor local = local_rows(head);
       owned_["lm_head.local"] = local;
-      w.lm_head = local.data_ptr();
+      head_w.weight = local.data_ptr();
       if (head_name == "lm_head.weight" || !cfg.first_stage()) {
         owned_.erase(head_name);
-        if (head_name == "wte") w.wte = nullptr;
+        if (head_name == "wte") emb.wte = nullptr;
       }
     }
     if (pad_bias) {
       const at::Tensor lb = local_rows(owned_.at("lm_head.bias"));
       owned_["lm_head.bias.local"] = lb;
       owned_.erase("lm_head.bias");
-      w.lm_head_b = lb.data_ptr();
+      head_w.bias = lb.data_ptr();
     }
   }
-  w.project_in = ptr("project_in.weight");
-  w.project_out = ptr("project_out.weight");
   for (int64_t n = cfg.first_layer(); n < cfg.end_layer(); ++n) {
     const std::string p = "layers." + std::to_string(n) + ".";
+    const int64_t h = cfg.hidden(), lh = cfg.local_hidden(), li = cfg.local_inter();
+    auto linear = [&](const std::string& name, int64_t in, int64_t out) {
+      layers::Linear l;
+      l.weight = ptr(p + name + ".weight");
+      l.bias = ptr(p + name + ".bias");
+      l.in = in;
+      l.out = out;
+      return l;
+    };
     layers::LayerWeights lw;
-    lw.ln1_w = ptr(p + "input_layernorm.weight");
-    lw.ln1_b = ptr(p + "input_layernorm.bias");
-    lw.qkv_w = ptr(p + "attention.query_key_value.weight");
-    lw.qkv_b = ptr(p + "attention.query_key_value.bias");
-    lw.dense_w = ptr(p + "attention.dense.weight");
-    lw.dense_b = ptr(p + "attention.dense.bias");
-    lw.ln2_w = ptr(p + "post_attention_layernorm.weight");
-    lw.ln2_b = ptr(p + "post_attention_layernorm.bias");
-    lw.fc1_w = ptr(p + "mlp.dense_h_to_4h.weight");
-    lw.fc1_b = ptr(p + "mlp.dense_h_to_4h.bias");
-    lw.fc2_w = ptr(p + "mlp.dense_4h_to_h.weight");
-    lw.fc2_b = ptr(p + "mlp.dense_4h_to_h.bias");
+    lw.ln1 = {ptr(p + "input_layernorm.weight"), ptr(p + "input_layernorm.bias")};
+    lw.qkv = linear("attention.query_key_value", h, 3 * lh);
+    lw.dense = linear("attention.dense", lh, h);
+    lw.ln2 = {ptr(p + "post_attention_layernorm.weight"), ptr(p + "post_attention_layernorm.bias")};
+    lw.fc1 = linear("mlp.dense_h_to_4h", h, li);
+    lw.fc2 = linear("mlp.dense_4h_to_h", li, h);
     if (cfg.parallel_residual) {
       // One residual add carries both row-parallel biases: precompute their sum.
       at::Tensor rb = owned_.at(p + "mlp.dense_4h_to_h.bias").clone();
       if (owned_.count(p + "attention.dense.bias")) rb.add_(owned_.at(p + "attention.dense.bias"));
       owned_[p + "residual_bias"] = rb;
-      lw.residual_b = rb.data_ptr();
+      lw.residual_bias = rb.data_ptr();
     }
     w.layers.push_back(lw);
   }
@@ -194,6 +207,7 @@ GptModelHolder::GptModelHolder(const std::string& config,
   model_ =
       std::make_unique<gpt::GptModel>(std::move(cfg), std::move(w), dt, std::move(ctx),
                                       options_.max_batch, options_.max_seq_len, options_.engine);
+  generation_ = std::make_unique<generation::Session>(model_.get(), options_.engine.cuda_graphs);
   // GEMM algorithms: the tuning file given, else $WARPFORMER_GEMM_CONFIG, else heuristics.
   const std::string tuning = options_.tuning_file();
   if (!tuning.empty()) {
@@ -239,7 +253,7 @@ GptModelHolder::Prompt GptModelHolder::check_inputs(const char* op, const at::Te
                 " columns)");
   }
   // Token ids of the valid positions must be in the vocabulary (padding is not looked at).
-  const int64_t vocab = model_->config().vocab_size;
+  const int64_t vocab = model_->vocab_size();
   const int32_t* ids = p.host_ids.data_ptr<int32_t>();
   for (int64_t b = 0; b < batch; ++b) {
     for (int64_t i = 0; i < p.lengths[b]; ++i) {
@@ -269,7 +283,7 @@ at::Tensor GptModelHolder::prompt_then_end_ids(const Prompt& p, const int32_t* e
 at::Tensor GptModelHolder::forward(const at::Tensor& input_ids, const at::Tensor& input_lengths) {
   const std::lock_guard<std::recursive_mutex> lock(call_mu_);
   const char* op = "GptModel.forward";
-  TORCH_CHECK(!model_->decode_active(), op,
+  TORCH_CHECK(!generation_->active(), op,
               ": a generation session is running (it owns the KV cache); call decode_finish()");
   check_parallel_ready(op);
   const Prompt p = check_inputs(op, input_ids, input_lengths, 0);
@@ -277,7 +291,7 @@ at::Tensor GptModelHolder::forward(const at::Tensor& input_ids, const at::Tensor
   model_->context().set_stream(c10::cuda::getCurrentCUDAStream(device_).stream());
   const at::Tensor ids =
       input_ids.is_cuda() ? input_ids.contiguous() : upload_together({p.host_ids}, device_)[0];
-  at::Tensor logits = at::empty({ids.size(0), ids.size(1), model_->config().vocab_size},
+  at::Tensor logits = at::empty({ids.size(0), ids.size(1), model_->vocab_size()},
                                 ids.options().dtype(to_scalar_type(model_->dtype())));
   model_->forward(ids.data_ptr<int32_t>(), p.lengths, ids.size(1), logits.data_ptr());
   return logits;
@@ -288,10 +302,10 @@ std::tuple<at::Tensor, at::Tensor> GptModelHolder::generate(const at::Tensor& in
                                                             int64_t output_len, int64_t end_id) {
   const std::lock_guard<std::recursive_mutex> lock(call_mu_);
   const char* op = "GptModel.generate";
-  TORCH_CHECK(!model_->decode_active(), op,
+  TORCH_CHECK(!generation_->active(), op,
               ": a generation session is running; call decode_finish() first");
   TORCH_CHECK(output_len >= 1, op, ": output_len must be >= 1, got ", output_len);
-  const int64_t vocab = model_->config().vocab_size;
+  const int64_t vocab = model_->vocab_size();
   TORCH_CHECK(end_id < vocab, op, ": end_id ", end_id, " is outside the vocabulary [0, ", vocab,
               ")");
   check_parallel_ready(op);
@@ -311,9 +325,9 @@ std::tuple<at::Tensor, at::Tensor> GptModelHolder::generate(const at::Tensor& in
   if (!input_ids.is_cuda()) host.push_back(p.host_ids);
   const std::vector<at::Tensor> dev = upload_together(host, device_);
   const at::Tensor ids = input_ids.is_cuda() ? input_ids.contiguous() : dev[3];
-  model_->generate_greedy(ids.data_ptr<int32_t>(), p.lengths, seq, output_len,
-                          dev[2].data_ptr<int32_t>(), dev[0].data_ptr<int32_t>(),
-                          dev[1].data_ptr<int32_t>());
+  generation_->generate_greedy(ids.data_ptr<int32_t>(), p.lengths, seq, output_len,
+                               dev[2].data_ptr<int32_t>(), dev[0].data_ptr<int32_t>(),
+                               dev[1].data_ptr<int32_t>());
   return {dev[0], dev[1]};
 }
 
@@ -334,6 +348,7 @@ void GptModelHolder::attach_pipeline_parallel(const c10::intrusive_ptr<NcclCommH
               "GptModel.attach_pipeline_parallel: the communicator is "
               "on cuda:",
               comm->device(), " but the model is on cuda:", device_);
+  before_attach();
   model_->set_pipeline_parallel(comm->get());
   pp_comm_ = comm;
 }
@@ -344,8 +359,16 @@ void GptModelHolder::attach_tensor_parallel(const c10::intrusive_ptr<NcclCommHol
               "GptModel.attach_tensor_parallel: the communicator is on "
               "cuda:",
               comm->device(), " but the model is on cuda:", device_);
+  before_attach();
   model_->set_tensor_parallel(comm->get());
   tp_comm_ = comm;
+}
+
+void GptModelHolder::before_attach() {
+  TORCH_CHECK(!generation_->active(), "GptModel: cannot attach a communicator during generation");
+  // No step graph may outlive the communicator it baked (nor run on it while it is replaced).
+  model_->context().synchronize_own_stream();
+  generation_->drop_graphs(/*unshared_only=*/false);
 }
 
 GptModelHolder::State GptModelHolder::get_state() const {

@@ -15,6 +15,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "csrc/generation/session.h"
 #include "csrc/models/gpt/gpt_model.h"
 #include "csrc/torch/model_options.h"
 #include "csrc/torch/nccl_class.h"
@@ -111,7 +112,8 @@ class GptModelHolder : public torch::CustomClassHolder {
   // across equal calls).
   int64_t memory_bytes() const {
     const std::lock_guard<std::recursive_mutex> lock(call_mu_);
-    return static_cast<int64_t>(model_->kv_cache_bytes() + model_->workspace_bytes());
+    return static_cast<int64_t>(model_->kv_cache_bytes() + model_->workspace_bytes() +
+                                generation_->state_bytes());
   }
   // Of which the cuBLASLt workspace: what the algorithms chosen so far need.
   int64_t gemm_workspace_bytes() const {
@@ -160,7 +162,10 @@ class GptModelHolder : public torch::CustomClassHolder {
   c10::intrusive_ptr<NcclCommHolder> tp_comm_;
   c10::intrusive_ptr<NcclCommHolder> pp_comm_;
   void check_parallel_ready(const char* op) const;
+  // Before a communicator is attached: refused during generation; the step graphs dropped.
+  void before_attach();
   std::unique_ptr<gpt::GptModel> model_;
+  std::unique_ptr<generation::Session> generation_;  // drives model_ (declared after it)
   // One call at a time per instance: the model's buffers, plans and session are not safe to
   // touch from two host threads at once (TorchScript methods run without the GIL), so a call
   // from another thread waits for the running one. Recursive: decode() is decode_start,

@@ -133,7 +133,7 @@ void GptModelHolder::decode_start(const at::Tensor& input_ids, const at::Tensor&
                                   int64_t output_len,
                                   const c10::Dict<std::string, at::Tensor>& options) {
   const std::lock_guard<std::recursive_mutex> lock(call_mu_);
-  TORCH_CHECK(!model_->decode_active(), kOp,
+  TORCH_CHECK(!generation_->active(), kOp,
               ": a generation session is running; call decode_finish() first");
   for (const auto& kv : options) {
     TORCH_CHECK(known_options().count(kv.key()), kOp, ": unknown option '", kv.key(),
@@ -141,7 +141,7 @@ void GptModelHolder::decode_start(const at::Tensor& input_ids, const at::Tensor&
   }
   TORCH_CHECK(output_len >= 1, kOp, ": output_len must be >= 1, got ", output_len);
   check_parallel_ready(kOp);
-  const int64_t V = model_->config().vocab_size;
+  const int64_t V = model_->vocab_size();
   const int64_t beam = static_cast<int64_t>(scalar_option(options, "beam_width", 1));
   TORCH_CHECK(beam >= 1 && beam <= kernels::kMaxBeamWidth, kOp,
               ": option 'beam_width' must be in [1, ", kernels::kMaxBeamWidth, "], got ", beam);
@@ -282,7 +282,7 @@ void GptModelHolder::decode_start(const at::Tensor& input_ids, const at::Tensor&
     s.context_log_probs = at::where(valid, tok, at::zeros_like(tok)).sum(1);
   }
 
-  gpt::DecodeOptions opt;
+  generation::DecodeOptions opt;
   opt.beam_width = static_cast<int>(beam);
   opt.end_ids = s.end_ids.data_ptr<int32_t>();
   opt.top_k = s.top_k.data_ptr<int32_t>();
@@ -307,27 +307,27 @@ void GptModelHolder::decode_start(const at::Tensor& input_ids, const at::Tensor&
   opt.needs_counts = penalties;
   opt.length_penalty = static_cast<float>(length_penalty);
   opt.diversity_rate = static_cast<float>(diversity_rate);
-  gpt::DecodeOutputs o;
+  generation::DecodeOutputs o;
   o.output_ids = s.output_ids.data_ptr<int32_t>();
   o.sequence_lengths = s.seq_lengths.data_ptr<int32_t>();
   o.cum_log_probs = s.cum_log_probs.defined() ? s.cum_log_probs.data_ptr<float>() : nullptr;
   o.output_log_probs =
       s.output_log_probs.defined() ? s.output_log_probs.data_ptr<float>() : nullptr;
-  model_->decode_start(ids.data_ptr<int32_t>(), prompt.lengths, s.seq, output_len, opt, o);
+  generation_->start(ids.data_ptr<int32_t>(), prompt.lengths, s.seq, output_len, opt, o);
   session_ = std::move(s);
 }
 
 int64_t GptModelHolder::run_steps(int64_t max_steps) {
-  TORCH_CHECK(model_->decode_active(),
+  TORCH_CHECK(generation_->active(),
               "GptModel.decode_step: no generation session "
               "(call decode_start first)");
   TORCH_CHECK(max_steps >= 1, "GptModel.decode_step: max_steps must be >= 1, got ", max_steps);
   const c10::cuda::CUDAGuard guard(device_);
   model_->context().set_stream(c10::cuda::getCurrentCUDAStream(device_).stream());
   try {
-    return model_->decode_step(max_steps);
+    return generation_->step(max_steps);
   } catch (...) {
-    model_->decode_abort();
+    generation_->abort();
     session_ = Session{};
     throw;
   }
@@ -335,7 +335,7 @@ int64_t GptModelHolder::run_steps(int64_t max_steps) {
 
 at::Tensor GptModelHolder::decode_step(int64_t max_steps) {
   const std::lock_guard<std::recursive_mutex> lock(call_mu_);
-  const int64_t before = model_->decode_active() ? model_->decode_tokens_done() : 0;
+  const int64_t before = generation_->active() ? generation_->tokens_done() : 0;
   const int64_t n = run_steps(max_steps);
   const c10::cuda::CUDAGuard guard(device_);
   Session& s = session_;
@@ -354,15 +354,15 @@ at::Tensor GptModelHolder::decode_step(int64_t max_steps) {
 
 c10::Dict<std::string, at::Tensor> GptModelHolder::decode_finish() {
   const std::lock_guard<std::recursive_mutex> lock(call_mu_);
-  TORCH_CHECK(model_->decode_active(),
+  TORCH_CHECK(generation_->active(),
               "GptModel.decode_finish: no generation session "
               "(call decode_start first)");
   const c10::cuda::CUDAGuard guard(device_);
   model_->context().set_stream(c10::cuda::getCurrentCUDAStream(device_).stream());
   try {
-    model_->decode_finish();
+    generation_->finish();
   } catch (...) {
-    model_->decode_abort();
+    generation_->abort();
     session_ = Session{};
     throw;
   }

@@ -13,6 +13,7 @@
 
 #include "csrc/core/activation.h"
 #include "csrc/core/gemm.h"
+#include "csrc/layers/linear.h"
 #include "csrc/torch/ops.h"
 #include "csrc/torch/tensor_utils.h"
 #include "kernels/gemv.h"
@@ -315,14 +316,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_gemm_pair(
   at::Tensor normed = at::empty({m, k}, a.input.options());  // scratch of unfused products
   a.in.residual_out = x.data_ptr();
   a.in.out = normed.data_ptr();
-  GemmProduct first{a.weight.data_ptr(), ptr_or_null<void>(a.bias), out.data_ptr(), a.n, a.act};
-  GemmProduct second{w2.data_ptr(), ptr_or_null<void>(b2), out2.data_ptr(), n2, act2};
+  layers::PairedProduct first{a.weight.data_ptr(), ptr_or_null<void>(a.bias), out.data_ptr(), a.n,
+                              a.act};
+  layers::PairedProduct second{w2.data_ptr(), ptr_or_null<void>(b2), out2.data_ptr(), n2, act2};
   auto ctx = context_for(a.input);
   Gemm gemm(ctx.get());
   gemm.set_gemv_policy(Gemm::GemvPolicy::kAlways);
   if (backend == "joined") {
-    const bool ran = gemm.run_normed_pair(a.dtype, a.in, first, second, ptr_or_null<void>(g2),
-                                          ptr_or_null<void>(nb2), m, k);
+    const layers::NormWeights norm2{ptr_or_null<void>(g2), ptr_or_null<void>(nb2)};
+    const bool ran = layers::normed_pair(gemm, a.dtype, a.in, first, second, norm2, m, k);
     TORCH_CHECK(ran, op, ": backend 'joined' cannot run m=", m, ", n=", a.n, ", n2=", n2, ", k=", k,
                 " in ", dtype_name(a.dtype), ": it needs at most ", kernels::kGemvMaxRows,
                 " rows, k, n and n2 multiples of 16 bytes, 16-byte aligned tensors, a row short "
@@ -381,15 +383,15 @@ at::Tensor gemm_sum(const at::Tensor& input, const at::Tensor& weight, const at:
              GemmEpilogue::kNone, 1.f);
     return out;
   }
-  const bool fits = gemm.joins_sum(dtype, x.data_ptr(), w.data_ptr(), k, x2.data_ptr(),
-                                   w2.data_ptr(), k2, out.data_ptr(), m, n);
+  const bool fits = layers::joins_sum(gemm, dtype, x.data_ptr(), w.data_ptr(), k, x2.data_ptr(),
+                                      w2.data_ptr(), k2, out.data_ptr(), m, n);
   TORCH_CHECK(fits, op, ": backend '", backend, "' cannot run m=", m, ", n=", n, ", k=", k,
               ", k2=", k2, " in ", dtype_name(dtype), ": it needs at most ", kernels::kGemvMaxRows,
               " rows, k, k2 and n multiples of 16 bytes and 16-byte aligned tensors; use backend "
               "'separate'");
   const bool joined =
-      gemm.run_sum(dtype, x.data_ptr(), w.data_ptr(), k, x2.data_ptr(), w2.data_ptr(), k2,
-                   out.data_ptr(), m, n, backend == "joined_ready");
+      layers::product_sum(gemm, dtype, x.data_ptr(), w.data_ptr(), k, x2.data_ptr(), w2.data_ptr(),
+                          k2, out.data_ptr(), m, n, backend == "joined_ready");
   TORCH_CHECK(joined, op, ": internal error: the joined launch did not run");
   return out;
 }

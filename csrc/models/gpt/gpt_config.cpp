@@ -107,5 +107,31 @@ GptConfig GptConfig::from_json(const std::string& json, int64_t tensor_para_rank
   return c;
 }
 
+layers::LayerSpec layer_spec(const GptConfig& c) {
+  using layers::MlpPlacement;
+  using layers::PositionEncoding;
+  layers::LayerSpec s;
+  s.hidden = c.hidden();
+  s.heads = c.local_heads();
+  s.kv_heads = c.local_heads();
+  s.head_dim = c.size_per_head;
+  s.inter = c.local_inter();
+  s.norm = kernels::NormKind::kLayerNorm;
+  s.norm_eps = static_cast<float>(c.layernorm_eps);
+  s.residual = c.pre_layernorm ? layers::ResidualOrder::kPreNorm : layers::ResidualOrder::kPostNorm;
+  s.mlp = !c.parallel_residual          ? MlpPlacement::kSequential
+          : c.parallel_shared_layernorm ? MlpPlacement::kParallelSharedNorm
+                                        : MlpPlacement::kParallel;
+  s.activation = c.activation;
+  s.position = c.rotary_embedding_dim > 0    ? PositionEncoding::kRotary
+               : c.use_attention_linear_bias ? PositionEncoding::kAlibi
+               : c.has_positional_encoding   ? PositionEncoding::kLearned
+                                             : PositionEncoding::kNone;
+  s.rotary_dim = c.rotary_embedding_dim;
+  s.rotary_style = c.rotary_style;
+  s.rotary_base = static_cast<float>(c.rotary_base);
+  return s;
+}
+
 }  // namespace gpt
 }  // namespace warpformer

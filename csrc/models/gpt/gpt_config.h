@@ -8,6 +8,7 @@
 #include <string>
 
 #include "csrc/core/dispatch.h"
+#include "csrc/layers/layer_spec.h"
 #include "kernels/activations.h"
 #include "kernels/attention/attention.h"
 
@@ -78,6 +79,9 @@ struct GptConfig {
                              int64_t pipeline_para_size = 1, int64_t pipeline_para_rank = 0,
                              bool engine = true);
 };
+
+// The LayerSpec of this rank's blocks.
+layers::LayerSpec layer_spec(const GptConfig& cfg);
 
 }  // namespace gpt
 }  // namespace warpformer

@@ -8,48 +8,22 @@
 #include <string>
 #include <vector>
 
+#include "csrc/core/carve.h"
 #include "csrc/core/check.h"
+#include "csrc/generation/prompt_plan.h"
 #include "kernels/attention/attention.h"
 #include "kernels/embedding.h"
 #include "kernels/gather.h"
 #include "kernels/gemv.h"
+#include "kernels/sampling/beam_search.h"
 
 namespace warpformer {
 namespace gpt {
-namespace {
-
-constexpr size_t kAlign = 256;
-size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
-
-// Carves aligned sub-buffers out of one allocation.
-class Carver {
- public:
-  explicit Carver(void* base) : base_(static_cast<char*>(base)) {}
-  void* take(size_t bytes) {
-    void* p = base_ == nullptr ? nullptr : base_ + off_;
-    off_ += align_up(bytes);
-    return p;
-  }
-  size_t used() const { return off_; }
-
- private:
-  char* base_;
-  size_t off_ = 0;
-};
-
-// Grow policy: at least what is needed, at least 1.5x the previous size (fewer regrowths when
-// calls creep upwards), at most the limit.
-int64_t grown(int64_t need, int64_t have, int64_t limit) {
-  if (need <= have) return have;
-  return std::max(need, std::min(limit, have + have / 2));
-}
-
-}  // namespace
-
 GptModel::GptModel(GptConfig cfg, GptWeights weights, DType dtype, std::shared_ptr<CudaContext> ctx,
                    int64_t max_batch, int64_t max_seq_len, const EngineOptions& options,
                    Communicator* tp_comm)
     : cfg_(std::move(cfg)),
+      spec_(layer_spec(cfg_)),
       options_(options),
       w_(std::move(weights)),
       dtype_(dtype),
@@ -59,6 +33,7 @@ GptModel::GptModel(GptConfig cfg, GptWeights weights, DType dtype, std::shared_p
       max_batch_(max_batch),
       max_seq_len_(max_seq_len) {
   TORCH_CHECK(max_batch_ > 0, "GptModel: max_batch must be positive, got ", max_batch_);
+  spec_.check();
   prefill_group_tokens_ = prefill_group_size();
   // The weights are written only before the model is built; every forward starts with the
   // embedding (or a pipeline receive), never with a product, so no product's weight is written
@@ -123,36 +98,10 @@ void GptModel::ensure_activations(int64_t tokens, int64_t batch) {
 
 size_t GptModel::layout(void* base, int64_t t, int64_t rows, layers::LayerBuffers* layer,
                         Scratch* scratch) const {
-  const int64_t h = cfg_.hidden(), lh = cfg_.local_hidden(), li = cfg_.local_inter();
-  const int64_t e = cfg_.embed_dim();
+  const int64_t h = cfg_.hidden(), e = cfg_.embed_dim();
   const size_t es = dtype_size(dtype_);
   Carver c(base);
-  layers::LayerBuffers b{};
-  b.x = c.take(t * h * es);
-  b.n = c.take(t * h * es);
-  // Pre-norm layers move the stream into y only at up to kGemvMaxRows rows (ResidualStream);
-  // post-norm layers hold ln1's output there.
-  b.y_rows = cfg_.pre_layernorm ? std::min<int64_t>(t, kernels::kGemvMaxRows) : t;
-  b.y = c.take(b.y_rows * h * es);
-  b.p = c.take(t * h * es);
-  // The MLP output is written after the attention projection was consumed (added into the
-  // residual, or accumulated into in the parallel form), so they share one buffer.
-  b.o = b.p;
-  // qkv, q and the attention output are dead once the attention projection ran, before the
-  // MLP hidden is written: one region serves both.
-  const size_t attn_bytes = align_up(t * 3 * lh * es) + 2 * align_up(t * lh * es);
-  char* region = static_cast<char*>(c.take(std::max(attn_bytes, align_up(t * li * es))));
-  if (region != nullptr) {
-    b.qkv = region;
-    b.q = region + align_up(t * 3 * lh * es);
-    b.a = region + align_up(t * 3 * lh * es) + align_up(t * lh * es);
-    b.f = region;
-  }
-  // The MLP hidden of a parallel-residual layer at decode sizes (up to kGemvMaxRows rows): live
-  // together with qkv and the attention output, so apart from them.
-  b.fj = cfg_.parallel_residual && cfg_.pre_layernorm
-             ? c.take(std::min<int64_t>(t, kernels::kGemvMaxRows) * li * es)
-             : nullptr;
+  const layers::LayerBuffers b = layers::carve_layer_buffers(spec_, dtype_, t, &c);
   Scratch sc{};
   sc.emb = cfg_.word_embed_proj_dim > 0 ? c.take(t * e * es) : nullptr;
   sc.last_rows = c.take(rows * std::max(h, e) * es);
@@ -178,56 +127,14 @@ GptModel::Scratch GptModel::scratch() const {
 }
 
 layers::LayerContext GptModel::layer_context() {
-  return layers::LayerContext{ctx_.get(), gemm_.get(), comm_, &cfg_, dtype_};
+  return layers::LayerContext{ctx_.get(), gemm_.get(), comm_, &spec_, dtype_};
 }
 
 void GptModel::embed(const int32_t* token_ids, const int32_t* positions, int64_t tokens,
                      int64_t seq_len) {
   const layers::LayerBuffers b = buffers();
-  const int64_t h = cfg_.hidden(), e = cfg_.embed_dim();
-  void* emb_out = cfg_.word_embed_proj_dim > 0 ? scratch().emb : b.x;
-  WF_DISPATCH_FLOATING(dtype_, "GptModel.embed", [&] {
-    kernels::EmbeddingParams<scalar_t> p{};
-    p.out = static_cast<scalar_t*>(emb_out);
-    p.ids = token_ids;
-    p.wte = static_cast<const scalar_t*>(w_.wte);
-    // Learned positions are added to the token embedding only when both have width h; OPT-350m's
-    // narrower word embeddings are projected first and its positions added after (below).
-    const bool pos_here = w_.wpe != nullptr && cfg_.word_embed_proj_dim == 0;
-    p.wpe = pos_here ? static_cast<const scalar_t*>(w_.wpe) : nullptr;
-    p.positions = positions;
-    p.errors = nullptr;  // ids were range-checked by the caller
-    p.tokens = tokens;
-    p.hidden = static_cast<int>(e);
-    p.vocab = static_cast<int>(cfg_.vocab_size);
-    p.max_positions = static_cast<int>(cfg_.max_pos_seq_len);
-    p.seq_len = static_cast<int>(seq_len);
-    p.scale = 1.f;
-    WF_CUDA_CHECK(kernels::launch_embedding(p, ctx_->stream()));
-    if (cfg_.word_embed_proj_dim > 0) {
-      gemm_->run(dtype_, emb_out, w_.project_in, nullptr, b.x, tokens, h, e);
-      if (w_.wpe != nullptr) {
-        // x += wpe[positions]: an embedding lookup of the positions into n, then an add.
-        kernels::EmbeddingParams<scalar_t> q{};
-        q.out = static_cast<scalar_t*>(b.n);
-        q.ids = positions;
-        q.wte = static_cast<const scalar_t*>(w_.wpe);
-        q.tokens = tokens;
-        q.hidden = static_cast<int>(h);
-        q.vocab = static_cast<int>(cfg_.max_pos_seq_len);
-        q.scale = 1.f;
-        WF_CUDA_CHECK(kernels::launch_embedding(q, ctx_->stream()));
-        layers::add_and_norm(layer_context(), b.n, b.x, nullptr, layers::NextNorm{}, nullptr,
-                             tokens, h);
-      }
-    }
-  });
-  if (cfg_.has_pre_decoder_layernorm) {
-    const layers::LayerContext lc = layer_context();
-    // In place: the norms kernel reads a row before it writes it.
-    layers::apply_norm(lc, kernels::NormKind::kLayerNorm, w_.pre_ln_w, w_.pre_ln_b, b.x, b.x,
-                       tokens, h);
-  }
+  layers::embed(layer_context(), w_.embedding, token_ids, positions, tokens, seq_len, b.x,
+                scratch().emb, b.n);
 }
 
 void GptModel::run_layers(int64_t tokens, const layers::AttentionInputs& base) {
@@ -249,7 +156,7 @@ void GptModel::run_layers(int64_t tokens, const layers::AttentionInputs& base) {
     if (l + 1 < n_local) {
       if (cfg_.pre_layernorm) next.defer = true;
     } else if (cfg_.last_stage() && cfg_.has_post_decoder_layernorm) {
-      next = {NormKind::kLayerNorm, w_.final_ln_w, w_.final_ln_b};
+      next = {spec_.norm, w_.final_norm};
     }
     layers::decoder_layer_forward(lc, w_.layers[l], b, tokens, ai, next, &stream);
   }
@@ -257,8 +164,7 @@ void GptModel::run_layers(int64_t tokens, const layers::AttentionInputs& base) {
   const bool normed_in_n = n_local > 0 && cfg_.has_post_decoder_layernorm && cfg_.last_stage();
   if (!normed_in_n) {
     if (n_local == 0 && cfg_.has_post_decoder_layernorm && cfg_.last_stage()) {
-      layers::apply_norm(lc, NormKind::kLayerNorm, w_.final_ln_w, w_.final_ln_b, b.x, b.n, tokens,
-                         h);
+      layers::apply_norm(lc, spec_.norm, w_.final_norm, b.x, b.n, tokens, h);
     } else {
       WF_CUDA_CHECK(cudaMemcpyAsync(b.n, b.x, tokens * h * dtype_size(dtype_),
                                     cudaMemcpyDeviceToDevice, ctx_->stream()));
@@ -266,40 +172,10 @@ void GptModel::run_layers(int64_t tokens, const layers::AttentionInputs& base) {
   }
 }
 
-void GptModel::logits(const void* hidden, int64_t rows, void* out) {
-  const int64_t h = cfg_.hidden(), e = cfg_.embed_dim();
-  const int64_t vl = cfg_.local_vocab(), vp = cfg_.vocab_padded();
-  const int64_t tp = cfg_.tensor_para_size;
-  const size_t es = dtype_size(dtype_);
-  TORCH_CHECK(tp == 1 || (comm_ != nullptr && comm_->size() == tp),
-              "GptModel: tensor_para_size is ", tp,
-              " but no tensor-parallel communicator of that "
-              "size is attached (warpformer.distributed attaches it)");
-  if (w_.project_out == nullptr && tp == 1) {
-    gemm_->run_transposed(dtype_, hidden, w_.lm_head, w_.lm_head_b, out, rows, vl, e);
-    return;
-  }
-  // Chunks of at most act_batch_ rows through the scratch buffers: project_out (OPT-350m), then
-  // this rank's vocab slice, all-gathered and interleaved into [rows, vocab_padded].
+void GptModel::lm_head(const void* hidden, int64_t rows, void* out) {
   const Scratch sc = scratch();
-  const int64_t chunk = act_batch_;
-  for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
-    const int64_t n = std::min(chunk, rows - r0);
-    const void* in = static_cast<const char*>(hidden) + r0 * h * es;
-    if (w_.project_out != nullptr) {
-      gemm_->run(dtype_, in, w_.project_out, nullptr, sc.proj, n, e, h);
-      in = sc.proj;
-    }
-    void* dst = static_cast<char*>(out) + r0 * vp * es;
-    if (tp == 1) {
-      gemm_->run_transposed(dtype_, in, w_.lm_head, w_.lm_head_b, dst, n, vl, e);
-      continue;
-    }
-    gemm_->run_transposed(dtype_, in, w_.lm_head, w_.lm_head_b, sc.tp_local, n, vl, e);
-    comm_->all_gather(sc.tp_local, sc.tp_gathered, n * vl, dtype_, ctx_->stream());
-    WF_CUDA_CHECK(kernels::launch_interleave_rank_blocks(dst, sc.tp_gathered, n, tp, vl * es,
-                                                         ctx_->stream()));
-  }
+  layers::lm_head(layer_context(), w_.lm_head, hidden, rows, out,
+                  layers::LmHeadScratch{sc.proj, sc.tp_local, sc.tp_gathered, act_batch_});
 }
 
 void GptModel::set_tensor_parallel(Communicator* comm) {
@@ -310,15 +186,16 @@ void GptModel::set_tensor_parallel(Communicator* comm) {
 // rank's rank, and cut prompts and steps as this instance would.
 void GptModel::attach(Communicator* comm, const char* kind, int64_t size, int64_t rank,
                       Communicator** slot) {
-  TORCH_CHECK(!session_.active, "GptModel: cannot attach a communicator during generation");
   TORCH_CHECK(comm != nullptr && comm->size() == size && comm->rank() == rank, "GptModel: the ",
               kind, "-parallel communicator must have size ", kind, "_para_size (", size,
               ") and this rank's ", kind, "_para_rank (", rank, "); got size ",
               comm ? comm->size() : 0, ", rank ", comm ? comm->rank() : -1);
-  check_same_schedule(comm, kind);
+  // Every rank must cut the prompt into the same groups: their sizes are collective counts.
+  generation::check_ranks_agree(comm, *ctx_, static_cast<int32_t>(prefill_group_tokens_), kind,
+                                "prefill group size", "pass the same prefill_tokens on every rank");
   // No step graph may outlive the communicator it baked (nor run on it while it is replaced).
-  if (decode_stream_ != nullptr) WF_CUDA_CHECK(cudaStreamSynchronize(decode_stream_));
-  drop_graphs(/*unshared_only=*/false);
+  ctx_->synchronize_own_stream();
+  prompt_graphs_.clear();
   *slot = comm;
   ++buffer_generation_;
 }
@@ -341,92 +218,25 @@ int64_t GptModel::activation_bytes_per_token() const {
 }
 
 int64_t GptModel::plan_prefill(const std::vector<int32_t>& lengths) {
-  int64_t total = 0;
-  for (int32_t l : lengths) total += l;
-  // As few groups as the size allows, each closed once it reaches total / groups tokens (or when
-  // the next sequence would take it over the size).
-  const int64_t size = prefill_group_tokens_;
-  const int64_t n = total / size + (total % size != 0);
-  const int64_t target = total / n + (total % n != 0);
-  groups_.clear();
-  PrefillGroup g;
-  int64_t t = 0, most = 0;
-  auto close = [&](int64_t next_b) {
-    g.t1 = t;
-    most = std::max(most, g.tokens());
-    groups_.push_back(g);
-    g = PrefillGroup{next_b, next_b, t, t, 0};
-  };
-  const int64_t batch = static_cast<int64_t>(lengths.size());
-  for (int64_t b = 0; b < batch; ++b) {
-    if (g.b1 > g.b0 && t + lengths[b] - g.t0 > size) close(b);
-    g.b1 = b + 1;
-    g.max_len = std::max(g.max_len, lengths[b]);
-    t += lengths[b];
-    if (t - g.t0 >= target && b + 1 < batch) close(b + 1);
-  }
-  close(batch);
-  prompt_tokens_ = groups_.size() == 1 ? prompt_graph_tokens(total) : 0;
+  groups_ = generation::plan_prefill_groups(lengths, prefill_group_tokens_);
+  int64_t most = 0;
+  for (const PrefillGroup& g : groups_) most = std::max(most, g.tokens());
+  prompt_tokens_ = groups_.size() == 1 ? prompt_graph_tokens(groups_[0].tokens()) : 0;
   return std::max(most, prompt_tokens_);
 }
 
-void GptModel::check_same_schedule(Communicator* comm, const char* kind) {
-  if (comm == nullptr || comm->size() == 1) return;
-  // Every rank must cut the prompt into the same groups: their sizes are collective counts.
-  const int size = comm->size();
-  const int32_t mine = static_cast<int32_t>(prefill_group_tokens_);
-  DeviceBuffer buf(ctx_->allocator(), (1 + size) * sizeof(int32_t), ctx_->stream());
-  auto* d = buf.as<int32_t>();
-  WF_CUDA_CHECK(cudaMemcpyAsync(d, &mine, sizeof(mine), cudaMemcpyHostToDevice, ctx_->stream()));
-  comm->all_gather(d, d + 1, 1, DType::kFloat32, ctx_->stream());  // 4-byte words, bit for bit
-  std::vector<int32_t> all(size);
-  WF_CUDA_CHECK(cudaMemcpyAsync(all.data(), d + 1, all.size() * sizeof(int32_t),
-                                cudaMemcpyDeviceToHost, ctx_->stream()));
-  WF_CUDA_CHECK(cudaStreamSynchronize(ctx_->stream()));
-  for (int r = 0; r < size; ++r) {
-    TORCH_CHECK(all[r] == mine, "GptModel: the ranks of the ", kind,
-                "-parallel group "
-                "disagree on the prefill group size (",
-                mine, " tokens on rank ", comm->rank(), ", ", all[r], " on rank ", r,
-                "); pass the same prefill_tokens on every rank");
-  }
-}
-
-void GptModel::prefill(const int32_t* ids, const std::vector<int32_t>& lengths, int64_t seq,
-                       int64_t slot_stride, const std::function<void(const PrefillGroup&)>& done) {
-  const int64_t batch = static_cast<int64_t>(lengths.size());
+void GptModel::run_prefill(const int32_t* ids, const std::vector<int32_t>& lengths, int64_t seq,
+                           int64_t slot_stride,
+                           const std::function<void(const PrefillGroup&)>& done) {
   const int64_t real = groups_.back().t1;
   const int64_t n_groups = static_cast<int64_t>(groups_.size());
   // A pass that runs as a prompt graph (plan_prefill) packs `tokens` tokens, the real ones then
-  // padding: token 0's id at position 0, its KV-cache write skipped (slot -1); the attention's
-  // sequences (cu) cover the real tokens only, and every other kernel treats rows on their own.
+  // padding; the attention's sequences (cu) cover the real tokens only, and every other kernel
+  // treats rows on their own.
   const int64_t tokens = std::max(real, prompt_tokens_);
-  // Host-side index arrays, uploaded in one copy.
-  const size_t o_gather = 0, o_slot = tokens, o_pos = 2 * tokens, o_ids = 3 * tokens;
-  const size_t o_cu = 4 * tokens, o_iota = o_cu + batch + n_groups, o_last = o_iota + batch;
-  std::vector<int32_t> host(o_last + batch);
-  int64_t t = 0;
-  for (int64_t gi = 0; gi < n_groups; ++gi) {
-    const PrefillGroup& g = groups_[gi];
-    int32_t* cu = host.data() + o_cu + g.b0 + gi;  // the group's b1 - b0 + 1 entries
-    for (int64_t b = g.b0; b < g.b1; ++b) {
-      const auto slot = static_cast<int32_t>(b * slot_stride);
-      cu[b - g.b0] = static_cast<int32_t>(t - g.t0);
-      host[o_iota + b] = slot;  // seq_slot of the context attention
-      for (int32_t i = 0; i < lengths[b]; ++i, ++t) {
-        host[o_gather + t] = static_cast<int32_t>(b * seq + i);
-        host[o_slot + t] = slot;
-        host[o_pos + t] = i;
-      }
-      host[o_last + b] = static_cast<int32_t>(t - 1 - g.t0);
-    }
-    cu[g.b1 - g.b0] = static_cast<int32_t>(t - g.t0);
-  }
-  for (; t < tokens; ++t) {
-    host[o_gather + t] = 0;
-    host[o_slot + t] = -1;
-    host[o_pos + t] = 0;
-  }
+  const generation::PromptIndex index =
+      generation::pack_prompt(groups_, lengths, seq, slot_stride, tokens);
+  const std::vector<int32_t>& host = index.host;
   const int64_t ints = static_cast<int64_t>(host.size());
   if (ints > meta_ints_) {
     // Grown by half at least: prompt graphs are keyed by the block they read (PromptKey::meta).
@@ -439,13 +249,13 @@ void GptModel::prefill(const int32_t* ids, const std::vector<int32_t>& lengths, 
   auto* base = meta_.as<int32_t>();
   WF_CUDA_CHECK(cudaMemcpyAsync(base, host.data(), ints * sizeof(int32_t), cudaMemcpyHostToDevice,
                                 ctx_->stream()));
-  d_gather_ = base + o_gather;
-  d_slot_ = base + o_slot;
-  d_pos_ = base + o_pos;
-  d_ids_ = base + o_ids;
-  d_cu_ = base + o_cu;
-  d_iota_ = base + o_iota;
-  d_last_ = base + o_last;
+  d_gather_ = base + index.gather;
+  d_slot_ = base + index.slot;
+  d_pos_ = base + index.pos;
+  d_ids_ = base + index.ids;
+  d_cu_ = base + index.cu;
+  d_iota_ = base + index.seq_slot;
+  d_last_ = base + index.last;
 
   if (cfg_.first_stage()) {
     WF_CUDA_CHECK(kernels::launch_gather_rows(d_ids_, ids, d_gather_, tokens, sizeof(int32_t),
@@ -503,7 +313,7 @@ void GptModel::stage_send(int64_t tokens) {
   TORCH_CHECK(pp_comm_ != nullptr, "GptModel: pipeline_para_size is ", cfg_.pipeline_para_size,
               " but no pipeline-parallel communicator is attached (warpformer.distributed "
               "attaches it)");
-  pp_comm_->send(buffers().x, tokens * cfg_.hidden() * dtype_size(dtype_),
+  pp_comm_->send(buffers().n, tokens * cfg_.hidden() * dtype_size(dtype_),
                  static_cast<int>(cfg_.pipeline_para_rank + 1), ctx_->stream());
 }
 
@@ -521,7 +331,7 @@ void GptModel::forward(const int32_t* ids, const std::vector<int32_t>& lengths, 
   // On the model's own stream, as generation: calls made from different caller streams then
   // never run on the shared buffers at once (a forward on one stream while a generate queued
   // from another still ran would have read and written the same activations).
-  const StreamScope scope(this);
+  const OwnStreamScope scope(*ctx_);
   const int64_t batch = static_cast<int64_t>(lengths.size());
   ensure_kv(batch, seq);
   const int64_t group_tokens = plan_prefill(lengths);
@@ -541,10 +351,10 @@ void GptModel::forward(const int32_t* ids, const std::vector<int32_t>& lengths, 
     WF_CUDA_CHECK(cudaMemsetAsync(logits_out, 0, batch * seq * row_bytes, ctx_->stream()));
   }
   const size_t hidden_bytes = cfg_.hidden() * es;
-  prefill(ids, lengths, seq, 1, [&](const PrefillGroup& g) {
+  run_prefill(ids, lengths, seq, 1, [&](const PrefillGroup& g) {
     for (int64_t r0 = 0; r0 < g.tokens(); r0 += chunk) {
       const int64_t n = std::min(chunk, g.tokens() - r0);
-      logits(static_cast<const char*>(buffers().n) + r0 * hidden_bytes, n, packed.data());
+      lm_head(static_cast<const char*>(buffers().n) + r0 * hidden_bytes, n, packed.data());
       WF_CUDA_CHECK(kernels::launch_scatter_rows(logits_out, packed.data(), d_gather_ + g.t0 + r0,
                                                  n, row_bytes, ctx_->stream(), vp * es));
     }
@@ -554,17 +364,8 @@ void GptModel::forward(const int32_t* ids, const std::vector<int32_t>& lengths, 
 }
 
 GptModel::~GptModel() {
-  drop_graphs(/*unshared_only=*/false);
-  if (decode_stream_ != nullptr) {
-    cudaStreamSynchronize(decode_stream_);
-    cudaStreamDestroy(decode_stream_);
-  }
-  if (order_event_ != nullptr) cudaEventDestroy(order_event_);
-  if (flag_event_ != nullptr) {
-    cudaEventSynchronize(flag_event_);
-    cudaEventDestroy(flag_event_);
-  }
-  if (host_flag_ != nullptr) cudaFreeHost(host_flag_);
+  prompt_graphs_.clear();
+  ctx_->synchronize_own_stream();  // before the buffers go back to the allocator
 }
 
 }  // namespace gpt

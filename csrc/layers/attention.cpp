@@ -1,0 +1,117 @@
+#include "csrc/layers/attention.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+
+#include "csrc/core/check.h"
+#include "kernels/attention/attention.h"
+
+namespace warpformer {
+namespace layers {
+namespace {
+
+template <typename T>
+kernels::DecodeAttentionParams<T> decode_params(const AttentionIO& b, int64_t tokens, int heads,
+                                                int hd, const AttentionInputs& ai, float scale) {
+  kernels::DecodeAttentionParams<T> p{};
+  p.out = static_cast<T*>(b.out);
+  p.k_cache = static_cast<const T*>(ai.k_cache);
+  p.v_cache = static_cast<const T*>(ai.v_cache);
+  p.row_slot = ai.row_slot;
+  p.lengths = ai.lengths;
+  p.cache_indir = ai.cache_indir;
+  p.alibi_slopes = ai.alibi_slopes;
+  p.workspace = ai.workspace;
+  p.workspace_bytes = ai.workspace_bytes;
+  p.rows = static_cast<int>(tokens);
+  p.heads = heads;
+  p.head_dim = hd;
+  p.num_slots = ai.num_slots;
+  p.max_seq = ai.max_seq;
+  p.scale = scale;
+  return p;
+}
+
+template <typename T>
+void attention(const LayerContext& lc, const AttentionIO& b, int64_t tokens,
+               const AttentionInputs& ai) {
+  const LayerSpec& c = *lc.spec;
+  const int heads = static_cast<int>(c.heads);
+  const int hd = static_cast<int>(c.head_dim);
+  cudaStream_t stream = lc.ctx->stream();
+
+  const float scale = 1.f / std::sqrt(static_cast<float>(hd));
+  if (ai.decode && ai.fused_prep) {  // one kernel: QKV preparation + attention
+    kernels::DecodeAttentionFusedParams<T> p{};
+    static_cast<kernels::DecodeAttentionParams<T>&>(p) =
+        decode_params<T>(b, tokens, heads, hd, ai, scale);
+    p.qkv = static_cast<const T*>(b.qkv);
+    p.qkv_bias = static_cast<const T*>(b.qkv_bias);
+    p.rotary_dim = static_cast<int>(c.rotary_dim);
+    p.rotary_style = c.rotary_style;
+    p.rotary_inv_freq = ai.rotary_inv_freq;
+    WF_CUDA_CHECK(kernels::launch_decode_attention_fused(p, stream));
+    return;
+  }
+
+  kernels::QkvPrepParams<T> qp{};
+  qp.q_out = static_cast<T*>(b.q);
+  qp.k_cache = static_cast<T*>(ai.k_cache);
+  qp.v_cache = static_cast<T*>(ai.v_cache);
+  qp.qkv = static_cast<const T*>(b.qkv);
+  qp.bias = static_cast<const T*>(b.qkv_bias);
+  qp.token_slot = ai.token_slot;
+  qp.token_pos = ai.token_pos;
+  qp.tokens = static_cast<int>(tokens);
+  qp.heads = heads;
+  qp.head_dim = hd;
+  qp.num_slots = ai.num_slots;
+  qp.max_seq = ai.max_seq;
+  qp.rotary_dim = static_cast<int>(c.rotary_dim);
+  qp.rotary_style = c.rotary_style;
+  qp.rotary_base = c.rotary_base;
+  WF_CUDA_CHECK(kernels::launch_qkv_prep(qp, stream));
+
+  if (!ai.decode) {
+    kernels::ContextAttentionParams<T> p{};
+    p.out = static_cast<T*>(b.out);
+    p.q = static_cast<const T*>(b.q);
+    p.k_cache = static_cast<const T*>(ai.k_cache);
+    p.v_cache = static_cast<const T*>(ai.v_cache);
+    p.cu_seqlens = ai.cu_seqlens;
+    p.seq_slot = ai.seq_slot;
+    p.alibi_slopes = ai.alibi_slopes;
+    p.batch = ai.batch;
+    p.heads = heads;
+    p.head_dim = hd;
+    p.num_slots = ai.num_slots;
+    p.max_seq = ai.max_seq;
+    p.max_seqlen = ai.max_seqlen;
+    p.scale = scale;
+    WF_CUDA_CHECK(kernels::launch_context_attention(p, stream));
+  } else {
+    kernels::DecodeAttentionParams<T> p = decode_params<T>(b, tokens, heads, hd, ai, scale);
+    p.q = static_cast<const T*>(b.q);
+    WF_CUDA_CHECK(kernels::launch_decode_attention(p, stream));
+  }
+}
+
+}  // namespace
+
+void self_attention(const LayerContext& lc, const AttentionIO& io, int64_t tokens,
+                    const AttentionInputs& ai) {
+  if (tokens == 0) return;
+  WF_DISPATCH_FLOATING(lc.dtype, "self_attention",
+                       [&] { attention<scalar_t>(lc, io, tokens, ai); });
+}
+
+size_t self_attention_workspace_bytes(const LayerSpec& spec, int64_t rows, int64_t max_seq) {
+  return kernels::decode_attention_workspace_bytes(
+      static_cast<int>(rows), static_cast<int>(spec.heads), static_cast<int>(spec.head_dim),
+      static_cast<int>(max_seq));
+}
+
+}  // namespace layers
+}  // namespace warpformer

@@ -1,0 +1,27 @@
+#include "csrc/layers/layer_spec.h"
+
+#include <c10/util/Exception.h>
+
+namespace warpformer {
+namespace layers {
+
+void LayerSpec::check() const {
+  TORCH_CHECK(hidden > 0 && heads > 0 && head_dim > 0 && inter > 0,
+              "LayerSpec: hidden, heads, head_dim and inter must be positive, got ", hidden, ", ",
+              heads, ", ", head_dim, ", ", inter);
+  // The attention kernels read one K/V head per query head.
+  TORCH_CHECK(kv_heads == heads, "LayerSpec: kv_heads (", kv_heads, ") must equal heads (", heads,
+              "): grouped-query attention is not supported by the attention kernels yet");
+  TORCH_CHECK(norm != kernels::NormKind::kAddOnly, "LayerSpec: norm must be LayerNorm or RMSNorm");
+  TORCH_CHECK(norm_eps >= 0.f, "LayerSpec: norm_eps must not be negative, got ", norm_eps);
+  TORCH_CHECK(pre_norm() || mlp == MlpPlacement::kSequential,
+              "LayerSpec: a post-norm block takes a sequential MLP");
+  const bool rotary = position == PositionEncoding::kRotary;
+  TORCH_CHECK(rotary == (rotary_dim > 0) && rotary == (rotary_style != kernels::RotaryStyle::kNone),
+              "LayerSpec: rotary_dim and rotary_style are set exactly when position is rotary");
+  TORCH_CHECK(rotary_dim % 2 == 0 && rotary_dim <= head_dim, "LayerSpec: rotary_dim (", rotary_dim,
+              ") must be even and at most head_dim (", head_dim, ")");
+}
+
+}  // namespace layers
+}  // namespace warpformer

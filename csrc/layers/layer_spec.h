@@ -1,0 +1,78 @@
+// LayerSpec: what a transformer block is, as the layers read it (a model family's config maps onto
+// it, csrc/models/<family>/), and Linear: one weight of a product, whatever its storage format.
+// Sizes are this rank's: tensor parallelism has already divided the heads and the MLP width.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/activations.h"
+#include "kernels/attention/attention.h"
+#include "kernels/norms.h"
+
+namespace warpformer {
+namespace layers {
+
+// How a block orders its norms and residual adds.
+enum class ResidualOrder {
+  kPreNorm,   // x += attn(norm1(x)); x += mlp(norm2(x))
+  kPostNorm,  // x = norm1(x + attn(x)); x = norm2(x + mlp(x))
+};
+
+// Where the MLP reads its input.
+enum class MlpPlacement {
+  kSequential,          // after the attention's residual add
+  kParallel,            // beside the attention, from norm2(x) (GPT-NeoX)
+  kParallelSharedNorm,  // beside the attention, from the attention's norm1(x) (GPT-J)
+};
+
+enum class PositionEncoding {
+  kNone,
+  kLearned,  // a table added to the token embedding (outside the block)
+  kRotary,   // rotary_dim dimensions of q and k rotated in the attention
+  kAlibi,    // linear biases on the attention scores, one slope per head
+};
+
+struct LayerSpec {
+  int64_t hidden = 0;    // the residual stream's width (not divided)
+  int64_t heads = 0;     // query heads of this rank
+  int64_t kv_heads = 0;  // key/value heads of this rank (== heads: multi-head attention)
+  int64_t head_dim = 0;
+  int64_t inter = 0;  // MLP width of this rank
+  kernels::NormKind norm = kernels::NormKind::kLayerNorm;
+  float norm_eps = 1e-5f;
+  ResidualOrder residual = ResidualOrder::kPreNorm;
+  MlpPlacement mlp = MlpPlacement::kSequential;
+  kernels::Activation activation = kernels::Activation::kGeluTanh;
+  PositionEncoding position = PositionEncoding::kLearned;
+  int64_t rotary_dim = 0;
+  kernels::RotaryStyle rotary_style = kernels::RotaryStyle::kNone;
+  float rotary_base = 10000.f;
+
+  int64_t q_width() const { return heads * head_dim; }
+  bool pre_norm() const { return residual == ResidualOrder::kPreNorm; }
+  bool parallel_mlp() const { return mlp != MlpPlacement::kSequential; }
+  // Throws naming the field when the spec is inconsistent or asks for what the kernels lack.
+  void check() const;
+};
+
+// How a Linear's weight is stored. Dense: the model dtype, [in, out] (or [out, in] where the
+// product says transposed). Quantised formats add values here, with their scales in Linear.
+enum class WeightFormat { kDense };
+
+// One weight of a product, out = in @ weight (+ bias), as device pointers of the model dtype.
+struct Linear {
+  const void* weight = nullptr;  // [in, out]
+  const void* bias = nullptr;    // [out] or null
+  const void* scales = nullptr;  // per-format scales (null for kDense)
+  WeightFormat format = WeightFormat::kDense;
+  int64_t in = 0, out = 0;
+};
+
+// A norm's parameters: gamma (and beta for LayerNorm; null for RMSNorm or no bias).
+struct NormWeights {
+  const void* gamma = nullptr;
+  const void* beta = nullptr;
+};
+
+}  // namespace layers
+}  // namespace warpformer
