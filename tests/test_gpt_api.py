@@ -44,43 +44,91 @@ PROMPTS = [[5, 17, 42, 9, 33], [7, 3], [60, 61, 62, 11, 12, 13, 14]]
 
 
 # ---------------------------------------------------------------------------- validation
+# The engine's rules (torch.ops.warpformer.generation_options), as GPT.generate raises them.
+OPT = "GptModel.decode: option "
+BEAMS = r"when 'beam_width' \(num_beams\) > 1"
+
+
 @pytest.mark.parametrize("kwargs, pattern", [
-    (dict(top_p=0.0, do_sample=True), r"top_p must be in \(0, 1\]"),
-    (dict(top_p=1.5, do_sample=True), r"top_p must be in \(0, 1\]"),
-    (dict(top_k=-1, do_sample=True), r"top_k must be in \[0, 1024\]"),
-    (dict(top_k=1025, do_sample=True), r"top_k must be in \[0, 1024\]"),
-    (dict(temperature=0.0), r"temperature must be > 0"),
-    (dict(num_beams=0), r"num_beams must be in \[1, 16\]"),
-    (dict(num_beams=17), r"num_beams must be in \[1, 16\]"),
-    (dict(num_beams=2, do_sample=True), r"num_beams > 1 with do_sample"),
-    (dict(repetition_penalty=0.0), r"repetition_penalty must be > 0"),
-    (dict(min_length=-1), r"min_length must be >= 0"),
-    (dict(temperature=[1.0, 2.0]), r"temperature has 2 per-row values for a batch of 3"),
-    (dict(end_id=VOCAB), r"end_id must be a token id in \[0, 96\)"),
-    (dict(top_k=True), r"top_k must be an int or a list of them, got True"),
-    (dict(min_length=0.0), r"min_length must be an int or a list of them, got 0.0"),
-    (dict(temperature=True), r"temperature must be a number or a list of them, got True"),
-    (dict(seed=-3, do_sample=True), r"seed must be >= 0"),
+    (dict(top_p=0.0, do_sample=True), r"'top_p' must be in \(0, 1\], got 0 \(row 0\)"),
+    (dict(top_p=1.5, do_sample=True), r"'top_p' must be in \(0, 1\], got 1.5"),
+    (dict(top_k=-1, do_sample=True), r"'top_k' must be in \[0, 1024\], got -1"),
+    (dict(top_k=1025, do_sample=True), r"'top_k' must be in \[0, 1024\]"),
+    (dict(top_k=2**40, do_sample=True), r"'top_k' must be a 32-bit integer, got 1099511627776"),
+    (dict(temperature=0.0), r"'temperature' must be finite and > 0, got 0"),
+    (dict(num_beams=0), r"'beam_width' \(num_beams\) must be in \[1, 16\], got 0"),
+    (dict(num_beams=17), r"'beam_width' \(num_beams\) must be in \[1, 16\], got 17"),
+    (dict(num_beams=2.0), r"'beam_width' \(num_beams\) must be an integer tensor, got Float"),
+    (dict(num_beams=2, do_sample=True), r"'top_k' must be 1 \(greedy; do_sample=False\) " + BEAMS),
+    (dict(num_beams=2, stop_words=[[5]]), r"'stop_words' is not supported " + BEAMS),
+    (dict(repetition_penalty=0.0), r"'repetition_penalty' must be finite and > 0, got 0"),
+    (dict(min_length=-1), r"'min_length' must be >= 0, got -1"),
+    (dict(temperature=[1.0, 2.0]),
+     r"'temperature' must be a scalar or have one value per row \(3\), got shape \[2\]"),
+    (dict(end_id=VOCAB), r"'end_id' must be in \[0, 96\), got 96 \(row 0\)"),
+    (dict(end_id=[1, 2, -1]), r"'end_id' must be in \[0, 96\), got -1 \(row 2\)"),
+    (dict(top_k=True, do_sample=True), r"'top_k' must be an integer tensor, got Bool"),
+    (dict(min_length=0.0), r"'min_length' must be an integer tensor, got Float"),
+    (dict(temperature=True), r"'temperature' must be a real tensor, got Bool"),
+    (dict(seed=-3, do_sample=True), r"'seed' must be >= 0, got -3"),
+    (dict(seed=[1, 2], do_sample=True), r"'seed' must be a scalar or have one value per row"),
+    (dict(bad_words=[[VOCAB]]), r"'bad_words' token 96 is outside the vocabulary \[0, 96\)"),
+    (dict(bad_words=[[[1]], [[2]]]), r"'bad_words' must have shape \[2, L\] or \[3, 2, L\]"),
+    (dict(return_cum_log_probs=3), r"'return_cum_log_probs' must be 0, 1 or 2, got 3"),
+    # NaN or inf would pass the range rules (or none exists) and turn every logit into NaN.
+    (dict(presence_penalty=float("nan")), r"'presence_penalty' must be finite, got nan"),
+    (dict(frequency_penalty=float("-inf")), r"'frequency_penalty' must be finite, got -inf"),
+    (dict(repetition_penalty=float("inf")), r"'repetition_penalty' must be finite and > 0"),
+    (dict(repetition_penalty=[1.0, float("nan"), 1.0]),
+     r"'repetition_penalty' must be finite and > 0, got nan \(row 1\)"),
+    (dict(temperature=float("nan")), r"'temperature' must be finite and > 0, got nan"),
+    (dict(temperature=float("inf"), do_sample=True), r"'temperature' must be finite and > 0"),
+    (dict(top_p=float("nan"), do_sample=True), r"'top_p' must be in \(0, 1\], got nan"),
+    (dict(num_beams=2, length_penalty=float("nan")), r"'length_penalty' must be finite, got nan"),
+    (dict(num_beams=2, diversity_rate=float("inf")), r"'diversity_rate' must be finite, got inf"),
+])
+def test_option_errors_name_the_argument(gpt, kwargs, pattern):
+    with pytest.raises(ValueError, match="^" + OPT + pattern):
+        gpt.generate(PROMPTS, 4, **kwargs)
+
+
+# Python values that are no tensor: GPT's conversion names the argument.
+@pytest.mark.parametrize("kwargs, pattern", [
+    (dict(length_penalty="1"), r"length_penalty must be a number or a list of numbers, got '1'"),
+    (dict(seed=2**64, do_sample=True), r"seed must be a number or a list of numbers"),
+    (dict(temperature=[1.0, [2.0]]), r"temperature must be a number or a list"),
     (dict(stop_words="abc"), r"stop_words must be a list of token lists"),
     (dict(stop_words=[1, 2]), r"stop_words must be a list of token lists"),
     (dict(bad_words=[[]]), r"bad_words contains an empty word"),
-    (dict(bad_words=[[[1]], [[2]]]), r"bad_words has 2 per-row lists for a batch of 3"),
-    (dict(return_cum_log_probs=3), r"return_cum_log_probs must be 0, 1 or 2"),
-    # NaN or inf would pass the range rules (or none exists) and turn every logit into NaN.
-    (dict(presence_penalty=float("nan")), r"presence_penalty must be finite, got nan"),
-    (dict(frequency_penalty=float("-inf")), r"frequency_penalty must be finite, got -inf"),
-    (dict(repetition_penalty=float("inf")), r"repetition_penalty must be finite, got inf"),
-    (dict(repetition_penalty=[1.0, float("nan"), 1.0]), r"repetition_penalty must be finite"),
-    (dict(temperature=float("nan")), r"temperature must be finite, got nan"),
-    (dict(temperature=float("inf"), do_sample=True), r"temperature must be finite, got inf"),
-    (dict(top_p=float("nan"), do_sample=True), r"top_p must be finite, got nan"),
-    (dict(num_beams=2, length_penalty=float("nan")), r"length_penalty must be a finite number"),
-    (dict(num_beams=2, diversity_rate=float("inf")), r"diversity_rate must be a finite number"),
-    (dict(length_penalty="1"), r"length_penalty must be a finite number, got '1'"),
 ])
-def test_option_errors_name_the_argument(gpt, kwargs, pattern):
+def test_option_conversion_errors_name_the_argument(gpt, kwargs, pattern):
     with pytest.raises(ValueError, match=pattern):
         gpt.generate(PROMPTS, 4, **kwargs)
+
+
+@pytest.mark.parametrize("kwargs, options", [
+    (dict(top_k=-1, do_sample=True, seed=1), dict(top_k=-1, seed=1)),
+    (dict(num_beams=17), dict(beam_width=17)),
+    (dict(end_id=[1, 2, VOCAB]), dict(end_id=[1, 2, VOCAB])),
+    (dict(presence_penalty=float("nan")), dict(presence_penalty=float("nan"))),
+    (dict(bad_words=[[3, VOCAB + 1]]), dict(bad_words=[[3, VOCAB + 1], [2, -1]])),
+    (dict(num_beams=2, stop_words=[[5]]), dict(beam_width=2, stop_words=[[5], [1]])),
+])
+def test_gpt_and_the_op_agree(gpt, kwargs, options):
+    # One set of rules: GPT.generate (either backend), the reference engine's decode and the
+    # op TorchScript users may call all raise the op's message.
+    options = {k: torch.tensor(v) for k, v in options.items()}
+    with pytest.raises(RuntimeError) as op_error:
+        torch.ops.warpformer.generation_options(options, 3, VOCAB, gpt.end_id)
+    message = str(op_error.value)
+    assert message.startswith(OPT)
+    with pytest.raises(ValueError) as gpt_error:
+        gpt.generate(PROMPTS, 4, **kwargs)
+    assert str(gpt_error.value) == message
+    ids = torch.ones(3, 2, dtype=torch.int32)
+    with pytest.raises(RuntimeError) as engine_error:
+        gpt.engine.decode(ids, torch.full((3,), 2, dtype=torch.int32), 4, options)
+    assert str(engine_error.value) == message
 
 
 @pytest.mark.parametrize("n", ["5", None, 2.0, True, -1])
@@ -157,8 +205,10 @@ def test_words_to_ft_shared_and_per_row():
     assert t[1].tolist() == [[7, 8, 9, 10], [1, 4, -1, -1]]
     assert words_to_ft([[1, 2, 3]]).tolist() == [[1, 2, 3], [3, -1, -1]]  # [2, L]
     assert words_to_ft([], batch_size=1).tolist() == [[[-1], [-1]]]
-    assert parse_ft_words(words_to_ft([[[5, 6]], [[7], [8, 9]]], 2), 2, "x") == [
+    assert words_to_ft([[[5, 6]], [[7]]]).shape == (2, 2, 2)  # per row, no batch_size: [rows, ...]
+    assert parse_ft_words(words_to_ft([[[5, 6]], [[7], [8, 9]]], 2), 2) == [
         [[5, 6]], [[7], [8, 9]]]
+    assert parse_ft_words(torch.tensor([[5, 6, 7], [1, -1, 3]]), 2) == [[[5]], [[5]]]
 
 
 # ---------------------------------------------------------------------------- inputs, greedy
@@ -439,7 +489,7 @@ def test_generate_stream_equals_generate(gpt):
 def test_generate_stream_errors_and_early_close(gpt):
     with pytest.raises(ValueError, match=r"num_beams must be 1 for generate_stream"):
         gpt.generate_stream(PROMPTS, 4, num_beams=2)
-    with pytest.raises(ValueError, match=r"top_p must be in"):
+    with pytest.raises(ValueError, match=r"option 'top_p' must be in"):
         gpt.generate_stream(PROMPTS, 4, do_sample=True, top_p=2.0)
     s = gpt.generate_stream(PROMPTS, 8)
     next(s)
@@ -516,7 +566,8 @@ def test_generate_batches_errors_come_in_order(gpt, in_flight):
     assert got == want[:2] and exc.type is ValueError
     assert str(exc.value).startswith("batches[2]: input_ids[0, 1] = 96 is outside the vocabulary")
     got, exc = run(BATCHES, top_k=-1, do_sample=True)  # option values are checked per batch
-    assert got == [] and "batches[0]: top_k must be in [0, 1024]" in str(exc.value)
+    assert got == [] and "batches[0]: GptModel.decode: option 'top_k' must be in [0, 1024]" in str(
+        exc.value)
 
     def failing():
         yield from BATCHES[:2]

@@ -8,6 +8,7 @@
 #include <Python.h>
 #include <torch/library.h>
 
+#include "csrc/torch/generation_options.h"
 #include "csrc/torch/gpt_class.h"
 #include "csrc/torch/nccl_class.h"
 #include "csrc/torch/ops.h"
@@ -90,6 +91,11 @@ TORCH_LIBRARY(warpformer, m) {
   // The weight table of a GPT-family config JSON (names, full shapes, split axis, layer, stage),
   // as JSON: what warpformer.weights.weight_specs returns, so the format exists once, in C++.
   m.def("gpt_weight_table(str config) -> str");
+  // GptModel.decode's options dict checked (errors name the option) and normalised: every key,
+  // per-row ones CPU [batch], word lists int32; end_id: the default end id. CPU only.
+  m.def(
+      "generation_options(Dict(str, Tensor) options, int batch, int vocab_size, int end_id) -> "
+      "Dict(str, Tensor)");
 
   // ---- attention (kernels/attention) ----
   // q = rotary(qkv[:, 0] + b); k = rotary(qkv[:, 1] + b), v = qkv[:, 2] + b written in place into
@@ -287,6 +293,7 @@ TORCH_LIBRARY_IMPL(warpformer, CompositeExplicitAutograd, m) {
   m.impl("gemm_fingerprint", &wo::gemm_fingerprint);
   m.impl("nccl_unique_id", &wo::nccl_unique_id);
   m.impl("gpt_weight_table", &wo::gpt_weight_table);
+  m.impl("generation_options", &wo::generation_options);
 }
 
 // `import warpformer._C` needs a module object; the registrations above run when the shared

@@ -463,15 +463,23 @@ _GPT_OPTIONS = frozenset(("top_k", "top_p", "temperature", "repetition_penalty",
                           "length_penalty", "diversity_rate", "seed"))
 
 
+# The argument an option error names: the engine's "GptModel.decode: option 'beam_width'
+# (num_beams) must be ..." (GPT.generate's name in brackets where it differs), or a conversion
+# error of GPT's ("top_p must be a number ...").
+_OPTION_ERROR = re.compile(r"^GptModel\.decode: option '(\w+)'(?: \((\w+)\))?|^(\w+) ")
+
+
 def _call(fn: Callable[[], Any], flag: Callable[[str], str]) -> Any:
-    """Run ``fn``; GPT's option errors ("top_p must be ...") get the flag that set them (the
-    rules live in GPT, checked once)."""
+    """Run ``fn``; GPT's option errors get the flag that set them (the rules live in the engine,
+    checked once)."""
     try:
         return fn()
     except ValueError as exc:
-        first = str(exc).split(" ", 1)[0]
-        if first in _GPT_OPTIONS:
-            raise ValueError(f"{flag(first)}: {exc}") from None
+        m = _OPTION_ERROR.match(str(exc))
+        name = m and (m[2] or m[1] or m[3])
+        if name in _GPT_OPTIONS:
+            raise ValueError(f"{flag(name)}: {str(exc).removeprefix('GptModel.decode: ')}"
+                             ) from None
         raise
 
 

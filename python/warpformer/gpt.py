@@ -15,7 +15,6 @@ errors raise ``ValueError`` naming the argument before anything runs on the devi
 
 from __future__ import annotations
 
-import math
 import numbers
 import os
 import warnings
@@ -33,10 +32,7 @@ from .weights import read_config, resolve_model_dir
 if TYPE_CHECKING:
     from .reference_generation import ReferenceEngine
 
-__all__ = ["GPT", "GenerationOutput", "words_to_ft", "MAX_TOP_K", "MAX_BEAMS"]
-
-MAX_TOP_K = 1024
-MAX_BEAMS = 16
+__all__ = ["GPT", "GenerationOutput", "words_to_ft"]
 
 IdsLike = torch.Tensor | Sequence[Sequence[int]]
 # one list of words shared by every row, or one such list per row (see words_to_ft)
@@ -91,7 +87,8 @@ def words_to_ft(words: WordsLike, batch_size: int | None = None,
     Args:
         words: either one list of words shared by every row (``[[5, 6], [7]]``: two words, one
             of two tokens) or one such list per row (``[[[5, 6]], [[7], [8, 9]]]``).
-        batch_size: ``B``; a shared list is repeated ``B`` times (``None``: returns ``[2, L]``).
+        batch_size: ``B``; a shared list is repeated ``B`` times (``None``: a shared list gives
+            ``[2, L]``, per-row lists ``[rows, 2, L]``).
         name: argument name used in error messages.
     Returns:
         int32 ``[B, 2, L]`` (or ``[2, L]``): row 0 holds the words' ids concatenated, row 1 the
@@ -126,7 +123,16 @@ def words_to_ft(words: WordsLike, batch_size: int | None = None,
             pos += len(w)
             ends.append(pos)
         out[r, 1, : len(ends)] = torch.tensor(ends, dtype=torch.int32)
-    return out[0] if batch_size is None else out
+    return out[0] if batch_size is None and not per_row else out
+
+
+def _tensor(name: str, value) -> torch.Tensor:
+    """A number or a list of numbers as a tensor (its dtype, shape and values are the engine's
+    to check); ValueError naming the argument when it is neither."""
+    try:
+        return torch.as_tensor(value)
+    except (TypeError, ValueError, RuntimeError, OverflowError):
+        raise ValueError(f"{name} must be a number or a list of numbers, got {value!r}") from None
 
 
 def _cuda_available() -> bool:
@@ -352,84 +358,46 @@ class GPT:
             return ids, lengths
         return ids.to(self.device), lengths.to(self.device)
 
-    def _per_row(self, name: str, value, batch: int, dtype: torch.dtype, check, rule: str
-                 ) -> torch.Tensor:
-        values = list(value) if isinstance(value, (list, tuple)) else [value]
-        if isinstance(value, (list, tuple)) and len(values) != batch:
-            raise ValueError(f"{name} has {len(values)} per-row values for a batch of {batch}")
-        for v in values:
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or (
-                    not dtype.is_floating_point and not isinstance(v, int)):
-                kind = "a number" if dtype.is_floating_point else "an int"
-                raise ValueError(f"{name} must be {kind} or a list of them, got {v!r}")
-            # NaN passes no comparison and inf most, and either one silently ruins the logits.
-            if isinstance(v, float) and not math.isfinite(v):
-                raise ValueError(f"{name} must be finite, got {v}")
-            if not check(v):
-                raise ValueError(f"{name} must be {rule}, got {v}")
-        t = torch.tensor(values, dtype=dtype)
-        return t[0] if len(values) == 1 and not isinstance(value, (list, tuple)) else t
-
     def _options(self, batch: int, max_new_tokens: int, *, do_sample, top_k, top_p, temperature,
                  repetition_penalty, presence_penalty, frequency_penalty, min_length, num_beams,
                  length_penalty, diversity_rate, stop_words, bad_words, end_id, seed,
                  return_log_probs, return_cum_log_probs=0, stacklevel: int = 3
                  ) -> dict[str, torch.Tensor]:
+        """The arguments as the engine's options dict, checked and normalised by its rules
+        (:meth:`_checked`). Here Python values only become tensors (and ``do_sample`` picks
+        ``top_k``/``top_p``/``seed``)."""
         # max_new_tokens was checked by the caller, before the inputs (_check_new_tokens).
-        if not isinstance(num_beams, int) or not 1 <= num_beams <= MAX_BEAMS:
-            raise ValueError(f"num_beams must be in [1, {MAX_BEAMS}], got {num_beams!r}")
-        if num_beams > 1 and do_sample:
-            raise ValueError("num_beams > 1 with do_sample=True (beam sampling) is not supported")
-        if num_beams > 1 and 2 * num_beams > self.vocab_size:
-            raise ValueError(f"num_beams ({num_beams}) needs vocab_size >= {2 * num_beams}")
-        opts: dict[str, torch.Tensor] = {}
-        row = lambda name, v, dt, ok, rule: self._per_row(name, v, batch, dt, ok, rule)  # noqa: E731
-        if top_k is not None:
-            opts["top_k"] = row("top_k", top_k, torch.int32, lambda k: 0 <= k <= MAX_TOP_K,
-                                f"in [0, {MAX_TOP_K}] (0: no top-k filter)")
-        if top_p is not None:
-            opts["top_p"] = row("top_p", top_p, torch.float32, lambda p: 0.0 < p <= 1.0,
-                                "in (0, 1]")
-        opts["temperature"] = row("temperature", temperature, torch.float32, lambda t: t > 0,
-                                  "> 0")
-        opts["repetition_penalty"] = row("repetition_penalty", repetition_penalty,
-                                         torch.float32, lambda p: p > 0, "> 0 (1: off)")
-        opts["presence_penalty"] = row("presence_penalty", presence_penalty, torch.float32,
-                                       lambda p: True, "a number")
-        opts["frequency_penalty"] = row("frequency_penalty", frequency_penalty, torch.float32,
-                                        lambda p: True, "a number")
-        opts["min_length"] = row("min_length", min_length, torch.int32, lambda m: m >= 0, ">= 0")
-        if end_id is not None:
-            opts["end_id"] = row("end_id", end_id, torch.int32,
-                                 lambda e: 0 <= e < self.vocab_size,
-                                 f"a token id in [0, {self.vocab_size})")
         if do_sample:
-            opts.setdefault("top_k", torch.tensor(0, dtype=torch.int32))  # top_k=1: greedy
+            top_k = 0 if top_k is None else top_k  # no filter: top_k=1 is greedy
             if seed is None:  # fresh seeds from torch's generator: torch.manual_seed controls it
-                seed = torch.randint(0, 2**62, (batch,)).tolist()
+                seed = torch.randint(0, 2**62, (batch,))
         else:
             if top_k not in (None, 1) or top_p not in (None, 1.0):
                 warnings.warn("top_k/top_p are ignored without do_sample=True (greedy decoding); "
                               "pass do_sample=True to sample", stacklevel=stacklevel)
-            opts["top_k"] = torch.tensor(1, dtype=torch.int32)
-            opts["top_p"] = torch.tensor(1.0, dtype=torch.float32)
-        if seed is not None:
-            opts["seed"] = row("seed", seed, torch.int64, lambda s: 0 <= s < 2**63, ">= 0")
+            top_k, top_p = 1, 1.0
+        values = dict(top_k=top_k, top_p=top_p, temperature=temperature,
+                      repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
+                      frequency_penalty=frequency_penalty, min_length=min_length, end_id=end_id,
+                      seed=seed, beam_width=num_beams, length_penalty=length_penalty,
+                      diversity_rate=diversity_rate, return_log_probs=int(bool(return_log_probs)),
+                      return_cum_log_probs=return_cum_log_probs)
+        opts = {key: _tensor("num_beams" if key == "beam_width" else key, v)
+                for key, v in values.items() if v is not None}
         for name, words in (("stop_words", stop_words), ("bad_words", bad_words)):
             if words is not None:
-                opts[name] = words_to_ft(words, batch, name)
-        opts["beam_width"] = torch.tensor(num_beams, dtype=torch.int32)
-        for name, value in (("length_penalty", length_penalty),
-                            ("diversity_rate", diversity_rate)):
-            if (isinstance(value, bool) or not isinstance(value, (int, float))
-                    or not math.isfinite(value)):
-                raise ValueError(f"{name} must be a finite number, got {value!r}")
-            opts[name] = torch.tensor(float(value), dtype=torch.float32)
-        opts["return_log_probs"] = torch.tensor(int(bool(return_log_probs)), dtype=torch.int32)
-        if return_cum_log_probs not in (0, 1, 2):
-            raise ValueError(f"return_cum_log_probs must be 0, 1 or 2, got {return_cum_log_probs}")
-        opts["return_cum_log_probs"] = torch.tensor(int(return_cum_log_probs), dtype=torch.int32)
-        return opts
+                opts[name] = words_to_ft(words, name=name)
+        return self._checked(opts, batch)
+
+    def _checked(self, opts: dict[str, torch.Tensor], batch: int) -> dict[str, torch.Tensor]:
+        """``opts`` checked and normalised by the engine's own rules
+        (``torch.ops.warpformer.generation_options``, what ``GptModel.decode`` applies): every
+        option, per-row ones ``[batch]``. Its errors, which name the argument, as ValueError."""
+        try:
+            return torch.ops.warpformer.generation_options(opts, batch, self.vocab_size,
+                                                           self.end_id)
+        except RuntimeError as exc:
+            raise ValueError(str(exc)) from None
 
     # ------------------------------------------------------------------ generation
     def generate(self, input_ids: IdsLike, max_new_tokens: int, *,
@@ -524,9 +492,8 @@ class GPT:
                 and stop_words is None and bad_words is None and seed is None
                 and not return_log_probs and type(return_cum_log_probs) is int
                 and return_cum_log_probs == 0 and (end_id is None or type(end_id) is int)):
-            end = -1 if end_id is None else int(self._per_row(
-                "end_id", end_id, ids.shape[0], torch.int32, lambda e: 0 <= e < self.vocab_size,
-                f"a token id in [0, {self.vocab_size})"))
+            end = -1 if end_id is None else int(self._checked(
+                {"end_id": _tensor("end_id", end_id)}, ids.shape[0])["end_id"][0])
 
             def greedy(engine) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
                 with torch.no_grad():

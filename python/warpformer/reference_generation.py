@@ -29,50 +29,22 @@ import torch
 
 from .reference import GptReference
 
-__all__ = ["ReferenceEngine", "OPTION_KEYS", "parse_ft_words"]
+__all__ = ["ReferenceEngine", "parse_ft_words"]
 
-# key -> (dtype, per-row?, default)
-OPTION_KEYS: dict[str, tuple[torch.dtype, bool, float]] = {
-    "end_id": (torch.int32, True, -1),
-    "top_k": (torch.int32, True, 1),
-    "top_p": (torch.float32, True, 1.0),
-    "temperature": (torch.float32, True, 1.0),
-    "repetition_penalty": (torch.float32, True, 1.0),
-    "presence_penalty": (torch.float32, True, 0.0),
-    "frequency_penalty": (torch.float32, True, 0.0),
-    "min_length": (torch.int32, True, 0),
-    "seed": (torch.int64, True, 0),
-    "beam_width": (torch.int32, False, 1),
-    "length_penalty": (torch.float32, False, 1.0),
-    "diversity_rate": (torch.float32, False, 0.0),
-    "return_log_probs": (torch.int32, False, 0),
-    "return_cum_log_probs": (torch.int32, False, 0),
-}
 _WORD_KEYS = ("bad_words", "stop_words")
 _NEG = -1.0e9
 
 
-def parse_ft_words(t: torch.Tensor, batch: int, name: str) -> list[list[list[int]]]:
-    """FT's ``[B, 2, L]`` / ``[2, L]`` word list (integer, int32 as built by
-    :func:`warpformer.gpt.words_to_ft`; row 0 concatenated ids, row 1 end offsets, -1 padded)
-    -> per row of the ``batch``, a list of token lists. ``name`` is used in error messages."""
-    if t.dim() == 2:
-        t = t.unsqueeze(0).expand(batch, -1, -1)
-    if t.dim() != 3 or t.shape[0] != batch or t.shape[1] != 2:
-        raise RuntimeError(f"{name} must have shape [B, 2, L] or [2, L] with B = {batch}, "
-                           f"got {list(t.shape)}")
-    rows: list[list[list[int]]] = []
-    for ids, offsets in t.tolist():
-        words, start = [], 0
-        for end in offsets:
-            if end < 0:
-                break
-            if not start < end <= len(ids):
-                raise RuntimeError(f"{name}: offsets must be increasing and within the id row")
-            words.append(ids[start:end])
-            start = end
-        rows.append(words)
-    return rows
+def parse_ft_words(t: torch.Tensor, batch: int) -> list[list[list[int]]]:
+    """FT's ``[B, 2, L]`` / ``[2, L]`` word list, as ``generation_options`` checked it (row 0
+    concatenated ids, row 1 end offsets, -1 padded) -> per row of the ``batch``, a list of token
+    lists."""
+    rows = t.expand(batch, -1, -1) if t.dim() == 2 else t
+    words = []
+    for ids, offsets in rows.tolist():
+        ends = offsets[: next((i for i, e in enumerate(offsets) if e < 0), len(offsets))]
+        words.append([ids[start:end] for start, end in zip([0] + ends, ends, strict=False)])
+    return words
 
 
 @dataclass
@@ -97,57 +69,16 @@ class _Options:
     stop_words: list[list[list[int]]]
 
     @classmethod
-    def parse(cls, options: dict[str, torch.Tensor], batch: int, default_end: int) -> _Options:
-        unknown = set(options) - set(OPTION_KEYS) - set(_WORD_KEYS)
-        if unknown:
-            raise RuntimeError(f"unknown decode option(s) {sorted(unknown)}; known: "
-                               f"{sorted(OPTION_KEYS) + list(_WORD_KEYS)}")
-        values: dict = {}
-        for key, (dtype, per_row, default) in OPTION_KEYS.items():
-            t = options.get(key)
-            if t is None:
-                v = [default] * batch if per_row else default
-            else:
-                if not isinstance(t, torch.Tensor):
-                    raise RuntimeError(f"option {key} must be a tensor")
-                if t.dtype.is_floating_point != dtype.is_floating_point:
-                    raise RuntimeError(f"option {key} must have dtype {dtype}, got {t.dtype}")
-                if per_row:
-                    if t.dim() == 0:
-                        v = [t.item()] * batch
-                    elif t.shape == (batch,):
-                        v = t.tolist()
-                    else:
-                        raise RuntimeError(f"option {key} must have shape [{batch}] or [], got "
-                                           f"{list(t.shape)}")
-                else:
-                    if t.numel() != 1:
-                        raise RuntimeError(f"option {key} is a scalar, got shape "
-                                           f"{list(t.shape)}")
-                    v = t.item()
-            values[key] = v
-        values["end_id"] = [default_end if e < 0 else int(e) for e in values["end_id"]]
+    def parse(cls, options: dict[str, torch.Tensor], batch: int, vocab: int,
+              default_end: int) -> _Options:
+        """``options`` checked and normalised by the C++ engine's own rules
+        (``torch.ops.warpformer.generation_options``; RuntimeError naming the option)."""
+        checked = torch.ops.warpformer.generation_options(options, batch, vocab, default_end)
+        values = {key: t.tolist() for key, t in checked.items() if key not in _WORD_KEYS}
         for key in _WORD_KEYS:
-            t = options.get(key)
-            values[key] = [[] for _ in range(batch)] if t is None else parse_ft_words(
-                t.cpu(), batch, key)
-        o = cls(**values)
-        o.check()
-        return o
-
-    def check(self) -> None:
-        rules = [
-            ("top_k", all(0 <= k <= 1024 for k in self.top_k), "in [0, 1024]"),
-            ("top_p", all(0.0 < p <= 1.0 for p in self.top_p), "in (0, 1]"),
-            ("temperature", all(t > 0 for t in self.temperature), "> 0"),
-            ("repetition_penalty", all(p > 0 for p in self.repetition_penalty), "> 0"),
-            ("min_length", all(m >= 0 for m in self.min_length), ">= 0"),
-            ("beam_width", 1 <= self.beam_width <= 16, "in [1, 16]"),
-            ("return_cum_log_probs", self.return_cum_log_probs in (0, 1, 2), "0, 1 or 2"),
-        ]
-        for key, ok, rule in rules:
-            if not ok:
-                raise RuntimeError(f"option {key} must be {rule}, got {getattr(self, key)}")
+            values[key] = (parse_ft_words(checked[key], batch) if key in checked
+                           else [[] for _ in range(batch)])
+        return cls(**values)
 
     @property
     def penalties(self) -> bool:
@@ -264,10 +195,8 @@ class ReferenceEngine:
             input_ids: integer ``[B, S]`` right padded (int32 in the engine's contract).
             input_lengths: integer ``[B]`` prompt lengths in ``[1, S]``.
             output_len: tokens to generate, >= 1.
-            options: ``docs/GENERATION_API.md``'s option dict (keys of :data:`OPTION_KEYS`: the
-                per-row ones a scalar or a ``[B]`` tensor, float or integer as listed there;
-                beam_width, length_penalty, diversity_rate and the return_* flags scalars; plus
-                ``stop_words``/``bad_words`` in FT's ``[B, 2, L]`` / ``[2, L]`` format).
+            options: ``docs/GENERATION_API.md``'s option dict, checked by the C++ engine's own
+                rules (``torch.ops.warpformer.generation_options``).
         """
         self._state = None
         if output_len < 1:
@@ -279,10 +208,8 @@ class ReferenceEngine:
         B, S = ids.shape
         if bool((lengths < 1).any()) or bool((lengths > S).any()):
             raise RuntimeError(f"input_lengths must be in [1, {S}], got {lengths.tolist()}")
-        o = _Options.parse(options, B, self.config.end_id)
+        o = _Options.parse(options, B, self.config.vocab_size, self.config.end_id)
         W, N, c = o.beam_width, output_len, self.config
-        if 2 * W > c.vocab_size:
-            raise RuntimeError(f"beam_width {W} needs vocab_size >= {2 * W}")
         total = S + N
         dt = self.model.w["wte"].dtype
         caches = [(torch.zeros(B, total, c.head_num, c.size_per_head, dtype=dt, device=dev),

@@ -204,7 +204,8 @@ def test_session_misuse_raises_and_recovers(tiny):
         model.decode(ids, lens, 4, opts(topk=3))
     with pytest.raises(RuntimeError, match=r"option 'top_p' must be in \(0, 1\], got 1.5"):
         model.decode(ids, lens, 4, opts(top_p=1.5))
-    with pytest.raises(RuntimeError, match=r"top_k must be 1 .* when beam_width > 1"):
+    with pytest.raises(RuntimeError, match=r"option 'top_k' must be 1 .* when 'beam_width' "
+                                           r"\(num_beams\) > 1"):
         model.decode(ids, lens, 4, opts(beam_width=2, top_k=5))
     # TorchScript callers reach the engine without warpformer.GPT's checks: NaN or inf options
     # are refused here too (a NaN presence penalty used to yield token 0 forever).
