@@ -1,18 +1,20 @@
 """The prompt pass's matrix products alone: how close to the GEMM rate a prompt pass could come if
 everything but its products were free.
 
-For each model shape, prompt batch (``BxL``: B prompts of L tokens) and prefill group size, it
-lists the cuBLASLt products the engine runs for the prompt (``warpformer.gemm_tune``'s shapes: the
-four per layer at each group's token count, and the lm_head on the last tokens unless there are
-at most ``GEMV_LM_HEAD_ROWS`` of them, which the engine's GEMV runs), times each with
-cuBLASLt's heuristic choice and with the fastest of its first ``--max-algos`` candidates
-(``warpformer.gemm_tune.tune``: a CUDA graph of back-to-back launches on random operands), and
-sums them per prompt pass. The sums are set against those products' flops and the fp16 GEMM rate
-(8192^3 ``torch.matmul``) measured in the same run. With the lm_head on cuBLASLt (more than 8
-prompts) the flops are ``bench_generate.py``'s prompt flops, and the "% of GEMM rate" column is
-the ceiling of its ``prefill_pct_gemm`` for that configuration. Group sizes other than the
-engine's default are what the ``prefill_tokens`` engine option would give (the engine built with
-its default ``cuda_graphs=True``, so a one-group pass runs at its prompt graph's padded count).
+For each model shape, prompt batch (``BxL``: B prompts of L tokens) and prefill group size, the
+engine says which cuBLASLt products the prompt runs: ``warpformer.gemm_tune.collect_shapes``
+builds the model of that shape (its converted config, random weights) with the ``prefill_tokens``
+engine option set to the group size and the default ``cuda_graphs=True`` (so a one-group pass
+runs at its prompt graph's padded count), runs the prompt and reads the shapes it planned;
+products the engine's GEMV runs (the lm_head of at most 8 prompts) are not among them. Each
+shape is timed with cuBLASLt's heuristic choice and with the fastest of its first
+``--max-algos`` candidates (``warpformer.gemm_tune.tune``: a CUDA graph of back-to-back
+launches on random operands), and the times are summed per prompt pass, each as often as the
+pass runs that product (:func:`pass_products` says what is counted). The sums are set against
+those products' flops and the fp16 GEMM rate (8192^3 ``torch.matmul``) measured in the same
+run. With the lm_head on cuBLASLt (more than 8 prompts) and no padded rows the flops are
+``bench_generate.py``'s prompt flops, and the "% of GEMM rate" column is the ceiling of its
+``prefill_pct_gemm`` for that configuration.
 
     python benchmarks/bench_gemm_shapes.py --models gpt2-medium,bloom-560m,gpt-j-6b \\
         --cases 64x128,8x80 --groups 2048,4096,8192
@@ -24,8 +26,9 @@ on the values).
 from __future__ import annotations
 
 import argparse
+import math
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,32 +37,19 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
-from warpformer.gemm_tune import (  # noqa: E402
-    GemmShape,
-    ModelDims,
-    layer_shapes,
-    logits_shapes,
-    prompt_pass_rows,
-)
-
-# The engine runs a transposed ([n, k]) lm_head of at most this many rows on its GEMV, not on
-# cuBLASLt (kernels::kGemvPreferredRowsNK, 16-bit types).
-GEMV_LM_HEAD_ROWS = 8
-
-# Each family's MLP activation, lm_head bias and residual form (as the converters set them).
-_FAMILY = {
-    "gpt2": ("gelu_tanh", False, False),
-    "bloom": ("gelu_tanh", False, False),
-    "opt": ("relu", False, False),
-    "gptj": ("gelu_tanh", True, True),
-}
+from warpformer.config import GptConfig  # noqa: E402
+from warpformer.gemm_tune import GemmShape, collect_shapes, tune  # noqa: E402
+from warpformer.weights import weight_specs  # noqa: E402
 
 
-def model_dims(shape: common.ModelShape) -> ModelDims:
-    """The GEMM-deciding dimensions and switches of a benchmark model shape."""
-    activation, lm_head_bias, parallel = _FAMILY[shape.family]
-    return ModelDims(shape.hidden, shape.inter, shape.vocab, parallel_residual=parallel,
-                     activation=activation, lm_head_bias=lm_head_bias)
+def gpt_config(shape: common.ModelShape) -> GptConfig:
+    """The engine's config of ``shape``: what warpformer.converters makes of its HF config (one
+    GPU, fp16), as the checkpoint bench_generate.py converts holds it."""
+    from warpformer.converters import REGISTRY
+    from warpformer.converters.mapping import ConfigDict
+
+    hf = ConfigDict(common.hf_config(shape).to_dict(), shape.name)
+    return REGISTRY[common.hf_class(shape.family).__name__].make_config(hf, 1, "fp16")
 
 
 @dataclass(frozen=True)
@@ -85,19 +75,53 @@ def parse_cases(text: str) -> list[Case]:
     return cases
 
 
-def prompt_products(shape: common.ModelShape, case: Case,
-                    group_tokens: int) -> tuple[list[int], list[tuple[GemmShape, int]]]:
-    """The groups' row counts (a one-group pass's padded count when it runs as a prompt graph)
-    and every cuBLASLt product of one prompt pass with its count:
-    ``layers`` per group for the layer products, once for the logits of the last tokens (but not
-    a transposed lm_head of at most ``GEMV_LM_HEAD_ROWS`` rows: the engine's GEMV runs it)."""
-    dims = model_dims(shape)
-    groups = prompt_pass_rows([case.length] * case.batch, group_tokens, dims)
+def pass_products(planned: list[GemmShape], config: GptConfig,
+                  case: Case) -> tuple[list[int], list[tuple[GemmShape, int]]]:
+    """The row counts of a prompt pass's groups, and its cuBLASLt products each with the number
+    of times the pass runs it, from the distinct shapes the engine planned for the pass
+    (``planned``: ``collect_shapes``' "prompt" shapes for ``case``, on ``config``).
+
+    What is counted: the engine runs the groups one after another, each through every layer
+    (a layer's products at the group's row count, once per layer: ``config.num_layer`` times),
+    then the lm_head once over every prompt's last token (the one transposed product). A layer
+    product is named after its weight in the engine's weight table (:func:`weight_specs`, found
+    by its full ``[k, n]``); a product that is neither (OPT-350m's project_in/out), or a layer
+    with two weights of one shape (one plan for two products a layer), stops the benchmark.
+
+    The engine plans each distinct shape once, so how many groups ran at a row count is not in
+    its list. The groups share the B x L prompt tokens: one row count at or above B x L is one
+    group (padded for a prompt graph); below, the groups of equal prompts are all alike but the
+    last, which holds the rest (``GptModel::plan_prefill``). Row counts that do not add up to
+    the tokens that way stop the benchmark."""
+    weights = {name[len("layers.0."):-len(".weight")]: (spec.shape[0], math.prod(spec.shape[1:]))
+               for name, spec in weight_specs(config).items()
+               if spec.layer == 0 and name.endswith(".weight") and len(spec.shape) > 1}
+    layer = {kn: name for name, kn in weights.items()}
+    if len(layer) < len(weights):
+        raise SystemExit(f"bench_gemm_shapes: two of a layer's weights have one shape {weights}")
+    rows = sorted({s.m for s in planned if not s.transposed}, reverse=True)
+    tokens = case.batch * case.length
+    rest = tokens - sum(rows[1:])  # the tokens of the groups of the largest count
+    if len(rows) == 1 and rows[0] >= tokens:
+        groups = rows
+    elif len(rows) in (1, 2) and rest >= rows[0] and rest % rows[0] == 0:
+        groups = [rows[0]] * (rest // rows[0]) + rows[1:]
+    elif rows:
+        raise SystemExit(f"bench_gemm_shapes: {case.label}'s {tokens} prompt tokens are not "
+                         f"groups of the planned row counts {rows}")
+    else:
+        groups = []  # every layer product on the GEMV
     products: list[tuple[GemmShape, int]] = []
-    for tokens in groups:
-        products += [(s, shape.layers) for s in layer_shapes(dims, tokens, "context")]
-    products += [(s, 1) for s in logits_shapes(dims, case.batch, "context")
-                 if not (s.transposed and s.m <= GEMV_LM_HEAD_ROWS)]
+    order = {kn: i for i, kn in enumerate(weights.values())}  # the table's: QKV first
+    for s in sorted(planned, key=lambda s: (s.transposed, -s.m, order.get((s.k, s.n), 0))):
+        if s.transposed:
+            products.append((replace(s, what="lm_head"), 1))
+        elif (s.k, s.n) in layer:
+            products.append((replace(s, what=layer[(s.k, s.n)]),
+                             config.num_layer * groups.count(s.m)))
+        else:
+            raise SystemExit(f"bench_gemm_shapes: {s} is neither a layer's product nor the "
+                             f"lm_head")
     return groups, products
 
 
@@ -147,19 +171,24 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("bench_gemm_shapes: needs a CUDA device")
-    import warpformer  # noqa: F401  (registers the ops)
-    from warpformer.gemm_tune import tune
-
     gpu = common.gpu_name()
     rate = common.gemm_tflops()
     common.log(f"{gpu}: fp16 GEMM rate {rate:.0f} TFLOP/s (8192^3 torch.matmul)")
     times: dict[tuple, tuple[float, float]] = {}  # shared: models of equal widths share shapes
     shape_rows, pass_rows, records = [], [], []
     for shape in args.shapes:
+        config = gpt_config(shape)
         listed: set[tuple] = set()
         for case in args.case_list:
             for g in args.groups:
-                groups, products = prompt_products(shape, case, g)
+                planned = [s for s in collect_shapes(config, case.batch, 1, case.length,
+                                                     prefill_tokens=g) if s.what == "prompt"]
+                torch.cuda.empty_cache()  # the collecting instance's buffers
+                groups, products = pass_products(planned, config, case)
+                if not products:
+                    common.log(f"{shape.name} {case.label}: the GEMV runs every product of the "
+                               f"prompt; nothing to time")
+                    continue
                 todo = [s for s, _ in products if s.key() not in times]
                 for s, _, best, heur in tune(list({s.key(): s for s in todo}.values()),
                                              torch.float16, args.max_algos, args.reps):

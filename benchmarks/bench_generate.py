@@ -306,11 +306,10 @@ def tuning_file(config, cfg: tuple[int, int, int], out_dir: Path,
     """A `warpformer gemm-tune` file for this model and configuration (fp16, beam 1; ``warm``:
     timed as `gemm-tune --warm-weights` does); returns (path, number of shapes where a
     non-default algorithm measured faster)."""
-    from warpformer.gemm_tune import ModelDims, gemm_shapes, tune, write_tuning_file
+    from warpformer.gemm_tune import collect_shapes, tune, write_tuning_file
 
     B, n_in, _ = cfg
-    dims = ModelDims.from_config(config)
-    results = tune(gemm_shapes(dims, B, 1, n_in), torch.float16, max_algos=16, reps=10,
+    results = tune(collect_shapes(config, B, 1, n_in), torch.float16, max_algos=16, reps=10,
                    cold_bytes=0 if warm else None)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / (f"gemm_tuning_{config.hidden_size}x{config.num_layer}_B{B}_in{n_in}"

@@ -1,197 +1,169 @@
-"""GEMM tuning: the shape list mirrors the engine's GEMM calls; CLI argument rules; file format."""
+"""GEMM tuning on the CPU: the engine's plan lines as shapes, the model the CLI arguments
+describe, one tensor-parallel rank's widths, the rounded row counts, the file format.
+(tests/gpu/test_gemm_tune_engine.py checks the shapes against an engine's plans.)"""
 
 from __future__ import annotations
 
 import argparse
 
 import pytest
+import torch
 
-from warpformer.cli import main
-from warpformer.config import GptConfig
+import warpformer  # noqa: F401  (the engine's weight table)
+import warpformer.gemm_tune as gemm_tune
+from warpformer.cli import build_parser, main
+from warpformer.config import ConfigError, GptConfig
 from warpformer.gemm_tune import (
     MAX_WEIGHT_COPIES,
+    SHAPE_LAYERS,
     GemmShape,
-    ModelDims,
-    activation_bytes_per_token,
-    decode_rows,
-    dims_from_args,
-    ffn_in_epilogue,
-    gemm_shapes,
+    config_from_args,
     heuristic_rows,
+    one_gpu_config,
+    parse_plan_line,
     parse_prompt_rows,
-    prefill_group_tokens,
-    prefill_groups,
-    prompt_graph_tokens,
-    prompt_pass_rows,
+    rank_shapes,
     row_buckets,
     weight_copies,
+    write_tuning_file,
 )
 
 
-def test_shapes_gpt2_like() -> None:
-    dims = ModelDims(hidden=1024, inter=4096, vocab=50257)
-    shapes = gemm_shapes(dims, batch=8, beam=1, max_input_len=128)
-    keys = {(s.m, s.n, s.k, s.transposed, s.epilogue, s.accumulate) for s in shapes}
-    assert (1024, 3072, 1024, False, "none", False) in keys      # context QKV, 8 * 128 tokens
-    # FFN in: tanh-GELU on cuBLASLt's epilogue (16-bit types)
-    assert (1024, 4096, 1024, False, "bias_gelu_tanh", False) in keys
-    assert (8, 4096, 1024, False, "bias_gelu_tanh", False) in keys
-    assert (8, 50264, 1024, True, "none", False) in keys         # lm_head, V padded to 8s
-    assert len(keys) == len(shapes)                                # deduplicated
-    # fp32 keeps warpformer's GELU kernel
-    ffn_in = {s.epilogue for s in gemm_shapes(dims, 8, 1, 128, dtype_bytes=4)
-              if s.what.endswith("ffn in")}
-    assert ffn_in == {"none"}
-    assert ffn_in_epilogue(dims) == "bias_gelu_tanh"
-    assert ffn_in_epilogue(dims, dtype_bytes=4) == "none"
-    erf = ModelDims(hidden=1024, inter=4096, vocab=50257, activation="gelu_erf")
-    assert ffn_in_epilogue(erf) == "none"
+def _args(*argv: str) -> argparse.Namespace:
+    return build_parser().parse_args(["gemm-tune", *argv])
 
 
-def test_shapes_follow_switches_and_tp() -> None:
-    gptj = ModelDims(hidden=4096, inter=16384, vocab=50400, tensor_para_size=2,
-                     parallel_residual=True, lm_head_bias=True)
-    s = {(x.what, x.m): x for x in gemm_shapes(gptj, batch=1, beam=4, max_input_len=16)}
-    assert s[("decode ffn out", 4)] == GemmShape(4, 4096, 8192, accumulate=True,
-                                                 what="decode ffn out")
-    assert s[("decode qkv", 4)].n == 3 * 2048
-    assert s[("decode lm_head", 4)].epilogue == "bias"
-    # The lm_head: each rank's slice, ceil(V / tp) (all of V on one GPU) rounded up to 8s.
-    assert s[("decode lm_head", 4)].n == 25200
-    for tp, n in ((1, 50264), (2, 25136), (4, 12568)):
-        dims = ModelDims(hidden=1024, inter=4096, vocab=50257, tensor_para_size=tp)
-        lm = [x for x in gemm_shapes(dims, 2, 2, 16) if x.what == "decode lm_head"]
-        assert [(x.n, x.k, x.transposed) for x in lm] == [(n, 1024, True)]
-    opt350 = ModelDims(hidden=1024, inter=4096, vocab=50272, word_embed_proj_dim=512,
-                       activation="relu")
-    t = {x.what: x for x in gemm_shapes(opt350, batch=2, beam=3, max_input_len=8)}
-    assert t["context ffn in"].epilogue == "bias_relu"
-    assert (t["decode project_out"].m, t["decode project_out"].n) == (6, 512)
-    assert (t["decode lm_head"].n, t["decode lm_head"].k) == (50272, 512)
-    assert t["context project_in"].m == 16
+def test_plan_lines_parse_into_shapes() -> None:
+    """gemm_plan_shapes() lines (Gemm::plan_shapes: the tuning file's key columns)."""
+    assert parse_plan_line("float16 144 3072 1024 0 none 0") == GemmShape(144, 3072, 1024)
+    s = parse_plan_line("bfloat16 9 50264 1024 1 bias 0", "generation")
+    assert s == GemmShape(9, 50264, 1024, True, "bias", False, "generation")
+    assert s.key() == (9, 50264, 1024, True, "bias", False)
+    s = parse_plan_line("float32 16 4096 16384 0 none 1")
+    assert (s.accumulate, s.epilogue, s.transposed) == (True, "none", False)
+    assert parse_plan_line("float16 8 4096 1024 0 bias_gelu_tanh 0").epilogue == "bias_gelu_tanh"
+    for bad in ("", "float16 144 3072 1024 0 none", "fp16 144 3072 1024 0 none 0",
+                "float16 144 3072 -1 0 none 0", "float16 144 3072 1024 2 none 0",
+                "float16 144 3072 1024 0 none 0 7", "float16 1.5 3072 1024 0 none 0"):
+        with pytest.raises(ValueError, match="not a gemm_plan_shapes"):
+            parse_plan_line(bad)
 
 
-def test_prefill_groups_mirror_the_engine() -> None:
-    # Same batches as the GPU tests of GptModel::plan_prefill (tests/gpu/test_gpt_engine.py).
-    assert prefill_groups([500, 3, 480, 500, 1, 500, 497, 250, 500], 1024) == [983, 1001, 747, 500]
-    assert prefill_groups([1023, 2, 2500, 1, 900, 1200], 1024) == [1023, 2, 2500, 901, 1200]
-    assert prefill_groups([300, 260, 300, 10, 300, 300, 280, 300], 1024) == [860, 890, 300]
-    assert prefill_groups([128] * 64, 2048) == [2048] * 4
-    assert prefill_groups([7], 2048) == [7]
-    gptj = ModelDims(hidden=4096, inter=16384, vocab=50400, parallel_residual=True)
-    gpt2m = ModelDims(hidden=1024, inter=4096, vocab=50257)
-    opt13 = ModelDims(hidden=2048, inter=8192, vocab=50272, activation="relu")
-    opt350 = ModelDims(hidden=1024, inter=4096, vocab=50272, word_embed_proj_dim=512,
-                       activation="relu", pre_layernorm=False)
-    # GptModel::activation_bytes_per_token: x, n, p (+ y post-norm), max(qkv + q + a, MLP hidden)
-    # (+ OPT-350m's embedding), 2 bytes each in fp16.
-    assert activation_bytes_per_token(gpt2m) == 2 * (3 * 1024 + 5 * 1024) == 16384
-    assert activation_bytes_per_token(opt350) == 2 * (4 * 1024 + 5 * 1024 + 512)
-    assert activation_bytes_per_token(gptj, 4) == 4 * (3 * 4096 + 5 * 4096)
-    tp2 = ModelDims(hidden=4096, inter=16384, vocab=50400, tensor_para_size=2)
-    # the local heads' region (5 x 2048) against the local MLP hidden (8192); x, n, p stay whole
-    assert activation_bytes_per_token(tp2) == 2 * (3 * 4096 + 5 * 2048)
-    # 4,096-token groups while they hold at most 64 MiB of activations, else 2,048.
-    assert prefill_group_tokens(gpt2m) == 4096  # exactly 64 MiB
-    assert prefill_group_tokens(gpt2m, dtype_bytes=4) == 2048
-    for dims in (gptj, opt13, opt350):
-        assert prefill_group_tokens(dims) == 2048, dims
-    # Batch 64 x 128: gpt-j-6b's prompt runs as four 2048-token groups, gpt2-medium's as two of
-    # 4096.
-    for dims, want in ((gptj, {2048}), (gpt2m, {4096})):
-        ctx = {s.m for s in gemm_shapes(dims, batch=64, beam=1, max_input_len=128)
-               if s.what == "context qkv"}
-        assert ctx == want
-    # The prefill_tokens engine option replaces the engine's choice.
-    assert prefill_group_tokens(gpt2m, prefill_tokens=1000) == 1000
-    assert prefill_group_tokens(gptj, prefill_tokens=1000) == 1000
-    ctx = {s.m for s in gemm_shapes(gpt2m, batch=8, beam=1, max_input_len=300,
-                                    group_tokens=1000) if s.what == "context qkv"}
-    assert ctx == {900, 600}  # 8 x 300 tokens as groups of 3, 3 and 2 sequences
-    with pytest.raises(ValueError, match="prefill_tokens must be a positive"):
-        prefill_group_tokens(gpt2m, prefill_tokens=-3)
-
-
-def test_cli_requires_dimensions(capsys) -> None:
+def test_cli_requires_dimensions() -> None:
     with pytest.raises(SystemExit, match="give --model-dir, or all of --head-num"):
         main(["gemm-tune", "--batch-size", "2"])
     with pytest.raises(SystemExit, match="--batch-size must be >= 1"):
         main(["gemm-tune", "--batch-size", "0", "--head-num", "2"])
     with pytest.raises(SystemExit, match="--pipeline-para-size must be >= 1"):
         main(["gemm-tune", "--pipeline-para-size", "0", "--head-num", "2"])
+    with pytest.raises(SystemExit, match="--prefill-tokens must be >= 1"):
+        main(["gemm-tune", "--prefill-tokens", "0", "--head-num", "2"])
 
 
-def test_decode_rows_mirror_the_pipeline_split() -> None:
-    """GptModel::decode_micro_batches / decode_steps_split: with P stages, no beam and at least P
-    rows, runs of decode steps go as P micro-batches of rows [m * rows // P, (m+1) * rows // P);
-    the first step and short runs keep all rows. gemm_shapes lists both, the lm_head's too."""
-    one = ModelDims(hidden=1024, inter=4096, vocab=50257)
-    pp2 = ModelDims(hidden=1024, inter=4096, vocab=50257, pipeline_para_size=2)
-    pp4 = ModelDims(hidden=1024, inter=4096, vocab=50257, pipeline_para_size=4)
-    assert decode_rows(8, 1, one) == [8]
-    assert decode_rows(8, 1, pp2) == [4, 8]
-    assert decode_rows(5, 1, pp2) == [2, 3, 5]
-    assert decode_rows(6, 1, pp4) == [1, 2, 6]
-    assert decode_rows(3, 1, pp4) == [3]  # fewer rows than stages: no split
-    assert decode_rows(8, 2, pp2) == [8]  # beam search steps whole
-    ms = {s.m for s in gemm_shapes(pp2, 5, 1, 16) if s.what == "decode qkv"}
-    assert ms == {2, 3, 5}
-    assert {s.m for s in gemm_shapes(pp2, 5, 1, 16) if s.transposed} >= {2, 3, 5}
+def test_size_arguments_describe_the_model() -> None:
+    """FT's gpt_gemm sizes become the GptConfig the tuner builds an engine of."""
+    c = config_from_args(_args("--head-num", "16", "--size-per-head", "64", "--inter-size",
+                               "4096", "--vocab-size", "50257", "--activation-type", "relu"))
+    assert (c.hidden_size, c.inter_size, c.vocab_size, c.tensor_para_size) == \
+        (1024, 4096, 50257, 1)
+    assert (c.activation_type, c.num_layer, c.layernorm_type) == \
+        ("relu", SHAPE_LAYERS, "pre_layernorm")
+    assert not c.parallel_residual and not c.word_embed_proj_dim
+    c = config_from_args(_args("--head-num", "32", "--size-per-head", "128", "--inter-size",
+                               "16384", "--vocab-size", "50400", "--tensor-para-size", "4"))
+    assert (c.head_num, c.tensor_para_size, c.activation_type) == (32, 4, "gelu_tanh")
+    with pytest.raises(ConfigError, match="head_num .* divisible by tensor_para_size"):
+        config_from_args(_args("--head-num", "6", "--size-per-head", "64", "--inter-size",
+                               "1536", "--vocab-size", "100", "--tensor-para-size", "4"))
 
 
-def test_pipeline_size_reaches_the_dims() -> None:
-    """--pipeline-para-size (FT's gpt_gemm has none; the stage count is a runtime choice) reaches
-    ModelDims from the size arguments and from a checkpoint's config alike."""
-    args = argparse.Namespace(model_dir=None, head_num=16, size_per_head=64, inter_size=4096,
-                              vocab_size=50257, tensor_para_size=None, activation_type="gelu_tanh",
-                              pipeline_para_size=2)
-    assert dims_from_args(args) == ModelDims(1024, 4096, 50257, pipeline_para_size=2)
-    cfg = GptConfig(head_num=16, size_per_head=64, inter_size=4096, vocab_size=50257,
-                    num_layer=2, max_pos_seq_len=1024)
-    assert ModelDims.from_config(cfg, None, 2).pipeline_para_size == 2
-    assert ModelDims.from_config(cfg).pipeline_para_size == 1
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without "
+                                                      "a GPU")
+def test_cli_needs_a_gpu() -> None:
+    with pytest.raises(SystemExit, match="needs a CUDA device"):
+        main(["gemm-tune", "--head-num", "2", "--size-per-head", "64", "--inter-size", "512",
+              "--vocab-size", "100"])
 
 
-def test_prompt_pass_rows_mirror_the_engine() -> None:
-    """GptModel::prompt_graph_tokens: a one-group pass on one GPU past 8 tokens runs padded to a
-    multiple of 16 up to 128 tokens and of 64 beyond (the GPU tests see these m in the plans);
-    several groups, tensor parallelism and cuda_graphs=False keep exact counts."""
-    one = ModelDims(hidden=1024, inter=4096, vocab=50257)
-    tp2 = ModelDims(hidden=1024, inter=4096, vocab=50257, tensor_para_size=2)
-    pp2 = ModelDims(hidden=1024, inter=4096, vocab=50257, pipeline_para_size=2)
-    assert [prompt_graph_tokens(t, one) for t in (1, 8, 9, 16, 17, 128, 129, 640, 641, 4000)] \
-        == [0, 0, 16, 16, 32, 128, 192, 640, 704, 4032]
-    assert prompt_graph_tokens(100, tp2) == 0
-    assert prompt_graph_tokens(100, pp2) == 0
-    assert prompt_pass_rows([1000] * 4, 4096, one) == [4032]
-    assert prompt_pass_rows([1000] * 4, 4096, tp2) == [4000]
-    assert prompt_pass_rows([1000] * 4, 4096, pp2) == [4000]
-    assert {s.m for s in gemm_shapes(pp2, 8, 1, 81) if s.what == "context qkv"} == {648}
-    assert prompt_pass_rows([1000] * 4, 2048, one) == [2000, 2000]
-    ms = {s.m for s in gemm_shapes(one, 8, 1, 81) if s.what == "context qkv"}
-    assert ms == {704}  # 648 tokens
-    # --prompt-rows covers the padded counts too: a 150-token pass runs at 192 rows, a 50-token
-    # one at 64, outside the exact counts' buckets.
-    for (lo, hi), padded in (((129, 176), 192), ((1, 50), 64)):
-        ms = {s.m for s in gemm_shapes(one, 1, 1, 16, prompt_rows=(lo, hi))
-              if s.what == "context ffn out"}
-        assert padded in ms and padded not in row_buckets(lo, hi)
-        assert set(row_buckets(lo, hi)) <= ms
-    assert prompt_pass_rows([1000] * 4, 4096, one, cuda_graphs=False) == [4000]
-    ms = {s.m for s in gemm_shapes(one, 1, 1, 16, prompt_rows=(129, 176), cuda_graphs=False)
-          if s.what == "context ffn out"}
-    assert ms == {16} | set(row_buckets(129, 176))
+def test_config_from_a_converted_checkpoint(tmp_path) -> None:
+    """--model-dir takes the checkpoint's config.ini (every switch that decides the products),
+    at --tensor-para-size when given."""
+    import transformers
+
+    from warpformer.converters import convert
+
+    opt = transformers.OPTConfig(vocab_size=300, hidden_size=64, num_attention_heads=2,
+                                 num_hidden_layers=1, ffn_dim=128, word_embed_proj_dim=32,
+                                 do_layer_norm_before=False, max_position_embeddings=64,
+                                 bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    gptj = transformers.GPTJConfig(vocab_size=300, n_embd=64, n_head=2, n_layer=1,
+                                   rotary_dim=16, n_positions=64, bos_token_id=1,
+                                   eos_token_id=2)
+    for name, cfg, tp in (("opt", opt, 1), ("gptj", gptj, 2)):
+        transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / name)
+        convert(tmp_path / name, tmp_path / f"{name}-wf", tp, "fp16")
+    c = config_from_args(_args("--model-dir", str(tmp_path / "opt-wf"), "--tensor-para-size",
+                               "2"))
+    assert (c.hidden_size, c.inter_size, c.vocab_size, c.tensor_para_size,
+            c.word_embed_proj_dim) == (64, 128, 300, 2, 32)
+    assert (c.parallel_residual, c.activation_type, c.has_lm_head_bias, c.layernorm_type) == \
+        (False, "relu", False, "post_layernorm")
+    c = config_from_args(_args("--model-dir", str(tmp_path / "gptj-wf")))  # the checkpoint's tp
+    assert (c.hidden_size, c.inter_size, c.tensor_para_size, c.word_embed_proj_dim) == \
+        (64, 256, 2, 0)
+    assert (c.parallel_residual, c.activation_type, c.has_lm_head_bias, c.rotary_embedding_dim) \
+        == (True, "gelu_tanh", True, 16)
+    c = config_from_args(_args("--model-dir", str(tmp_path / "gptj-wf"), "--tensor-para-size",
+                               "1"))
+    assert c.tensor_para_size == 1
 
 
-def test_group_tokens_override() -> None:
-    dims = ModelDims(hidden=1024, inter=4096, vocab=50257)
-    ms = {s.m for s in gemm_shapes(dims, 64, 1, 128, group_tokens=8192) if s.what == "context qkv"}
-    assert ms == {8192}
-    ms = {s.m for s in gemm_shapes(dims, 64, 1, 128, group_tokens=1000) if s.what == "context qkv"}
-    assert ms == set(prefill_groups([128] * 64, 1000))
-    for bad in (0, -5):
-        with pytest.raises(ValueError, match="group_tokens must be >= 1"):
-            gemm_shapes(dims, 64, 1, 128, group_tokens=bad)
+def test_one_gpu_config() -> None:
+    """The collecting model: one GPU, at most SHAPE_LAYERS layers (all run the same products), a
+    position table long enough for the workload; the rest as given."""
+    big = GptConfig(head_num=32, size_per_head=128, inter_size=16384, num_layer=28,
+                    vocab_size=50400, max_pos_seq_len=2048, tensor_para_size=4,
+                    parallel_residual=True, has_lm_head_bias=True)
+    c = one_gpu_config(big, 3000)
+    assert (c.tensor_para_size, c.num_layer, c.max_pos_seq_len) == (1, SHAPE_LAYERS, 3000)
+    assert (c.hidden_size, c.inter_size, c.parallel_residual, c.has_lm_head_bias) == \
+        (4096, 16384, True, True)
+    assert one_gpu_config(big, 100).max_pos_seq_len == 2048
+    rotary = GptConfig(head_num=2, size_per_head=64, inter_size=512, num_layer=1, vocab_size=100,
+                       has_positional_encoding=False, rotary_embedding_dim=32)
+    c = one_gpu_config(rotary, 5000)
+    assert (c.num_layer, c.max_pos_seq_len) == (1, 0)
+
+
+def test_rank_shapes_narrow_what_tensor_parallelism_splits() -> None:
+    """One rank of tp = 2: QKV and MLP-in keep k = hidden and halve n, attention-out and MLP-out
+    halve k; the lm_head multiplies ceil(V / 2) rows rounded up to 8s; OPT-350m's project_in/out
+    are whole on every rank; epilogue, accumulation and m stay."""
+    h, inter, v = 256, 1024, 1001
+    gptj = GptConfig(head_num=4, size_per_head=64, inter_size=inter, num_layer=1, vocab_size=v,
+                     has_positional_encoding=False, rotary_embedding_dim=32,
+                     parallel_residual=True, tensor_para_size=2, has_lm_head_bias=True)
+    full = [GemmShape(144, 3 * h, h, what="prompt"), GemmShape(144, h, h),
+            GemmShape(144, inter, h, epilogue="bias_gelu_tanh"),
+            GemmShape(144, h, inter, accumulate=True), GemmShape(9, 1008, h, True, "bias")]
+    got = {s.key() for s in rank_shapes(full, gptj)}
+    assert got == {(144, 3 * h // 2, h, False, "none", False),
+                   (144, h, h // 2, False, "none", False),
+                   (144, inter // 2, h, False, "bias_gelu_tanh", False),
+                   (144, h, inter // 2, False, "none", True),
+                   (9, 504, h, True, "bias", False)}
+    assert rank_shapes(full[:1], gptj)[0].what == "prompt"
+    opt350 = GptConfig(head_num=2, size_per_head=64, inter_size=512, num_layer=1, vocab_size=1000,
+                       max_pos_seq_len=64, word_embed_proj_dim=64, activation_type="relu",
+                       layernorm_type="post_layernorm", tensor_para_size=2)
+    project = [GemmShape(16, 128, 64), GemmShape(16, 64, 128)]
+    assert {s.key() for s in rank_shapes(project, opt350)} == {s.key() for s in project}
+    # An MLP as wide as the residual: its MLP-in [h, h] (n split) and the attention-out [h, h]
+    # (k split) look alike at full width; the rank gets both.
+    square = GptConfig(head_num=2, size_per_head=64, inter_size=128, num_layer=1, vocab_size=100,
+                       max_pos_seq_len=64, tensor_para_size=2)
+    assert {(s.n, s.k) for s in rank_shapes([GemmShape(16, 128, 128)], square)} == \
+        {(128, 64), (64, 128)}
 
 
 def test_rounded_row_counts_mirror_the_engine() -> None:
@@ -210,10 +182,6 @@ def test_rounded_row_counts_mirror_the_engine() -> None:
 
 
 def test_prompt_rows_option() -> None:
-    dims = ModelDims(hidden=1024, inter=4096, vocab=50257)
-    ms = {s.m for s in gemm_shapes(dims, 8, 1, 80, prompt_rows=(256, 700))
-          if s.what == "context ffn out"}
-    assert ms == {640} | set(row_buckets(256, 700))
     assert parse_prompt_rows(None) is None
     assert parse_prompt_rows("256:2048") == (256, 2048)
     for bad in ("256", "0:4", "9:8", "a:b", "1:2:3", ":5"):
@@ -241,30 +209,67 @@ def test_weight_copies_span_the_cold_bytes() -> None:
         weight_copies(4096, -1)
 
 
-def test_dims_from_a_converted_checkpoint(tmp_path) -> None:
-    """ModelDims.from_config takes the switches that decide the shapes from config.ini."""
-    import transformers
+def test_tuning_file_format(tmp_path) -> None:
+    """The fingerprint line, a header, then one line per shape: the plan line's key columns
+    (dtype as the file spells it), the chosen index and the two timings."""
+    path = tmp_path / "gemm.tsv"
+    results = [(GemmShape(144, 3072, 1024, what="prompt"), 3, 10.5, 12.25),
+               (GemmShape(9, 50264, 1024, True, "bias"), 0, 7.0, 7.0),
+               (GemmShape(9, 1024, 4096, accumulate=True), 1, 2.125, 3.0)]
+    write_tuning_file(str(path), "fp16", results, fingerprint="gpu=Test_GPU;cublaslt=1")
+    assert path.read_text().splitlines() == [
+        "# fingerprint gpu=Test_GPU;cublaslt=1",
+        "# dtype m n k transposed epilogue accumulate algo_index best_us heuristic_us",
+        "fp16 144 3072 1024 0 none 0 3 10.50 12.25",
+        "fp16 9 50264 1024 1 bias 0 0 7.00 7.00",
+        "fp16 9 1024 4096 0 none 1 1 2.12 3.00",
+    ]
+    assert list(tmp_path.iterdir()) == [path]  # written through a temporary, then renamed
+    # A data line's key columns are a plan line's with the file's dtype name.
+    for line, (shape, *_) in zip(path.read_text().splitlines()[2:], results, strict=True):
+        assert parse_plan_line("float16 " + " ".join(line.split()[1:7])).key() == shape.key()
 
-    from warpformer.converters import convert
-    from warpformer.weights import read_config
 
-    opt = transformers.OPTConfig(vocab_size=300, hidden_size=64, num_attention_heads=2,
-                                 num_hidden_layers=1, ffn_dim=128, word_embed_proj_dim=32,
-                                 do_layer_norm_before=False, max_position_embeddings=64,
-                                 bos_token_id=1, eos_token_id=2, pad_token_id=0)
-    gptj = transformers.GPTJConfig(vocab_size=300, n_embd=64, n_head=2, n_layer=1,
-                                   rotary_dim=16, n_positions=64, bos_token_id=1,
-                                   eos_token_id=2)
-    for name, cfg, tp in (("opt", opt, 1), ("gptj", gptj, 2)):
-        transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / name)
-        convert(tmp_path / name, tmp_path / f"{name}-wf", tp, "fp16")
-    d = ModelDims.from_config(read_config(tmp_path / "opt-wf"), tensor_para_size=2)
-    assert (d.hidden, d.inter, d.vocab, d.tensor_para_size, d.word_embed_proj_dim) == \
-        (64, 128, 300, 2, 32)
-    assert (d.parallel_residual, d.activation, d.lm_head_bias, d.pre_layernorm) == \
-        (False, "relu", False, False)
-    d = ModelDims.from_config(read_config(tmp_path / "gptj-wf"))  # the checkpoint's TP size
-    assert (d.hidden, d.inter, d.tensor_para_size, d.word_embed_proj_dim) == (64, 256, 2, 0)
-    assert ModelDims.from_config(read_config(tmp_path / "gptj-wf"), 1).tensor_para_size == 1
-    assert (d.parallel_residual, d.activation, d.lm_head_bias, d.pre_layernorm) == \
-        (True, "gelu_tanh", True, True)
+def test_run_drives_the_engine_with_the_given_workload(monkeypatch, tmp_path, capsys) -> None:
+    """The CLI's workload and engine options reach collect_shapes (which builds and runs the
+    engine), its shapes reach tune, and the results the file; no GPU needed to check the wiring."""
+    calls = {}
+    shape = GemmShape(144, 384, 128, what="prompt")
+
+    def collect(config, batch, beam, max_input_len, **options):
+        calls["collect"] = (config, batch, beam, max_input_len, options)
+        return [shape]
+
+    def timed(shapes, dtype, max_algos, reps, cold_bytes=None):
+        calls["tune"] = (shapes, dtype, max_algos, reps, cold_bytes)
+        return [(shapes[0], 2, 5.0, 10.0)]
+
+    monkeypatch.setattr(gemm_tune, "collect_shapes", collect)
+    monkeypatch.setattr(gemm_tune, "tune", timed)
+    monkeypatch.setattr(gemm_tune, "write_tuning_file",
+                        lambda *args: calls.setdefault("write", args))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    out = str(tmp_path / "gemm.tsv")
+    assert main(["gemm-tune", "--head-num", "2", "--size-per-head", "64", "--inter-size", "512",
+                 "--vocab-size", "1000", "--batch-size", "9", "--beam-width", "2",
+                 "--max-input-len", "16", "--data-type", "bf16", "--prefill-tokens", "256",
+                 "--no-cuda-graphs", "--prompt-rows", "129:176", "--pipeline-para-size", "2",
+                 "--max-algos", "4", "--reps", "3", "--warm-weights", "--output", out]) == 0
+    config, batch, beam, n_in, options = calls["collect"]
+    assert (config.hidden_size, config.inter_size, config.vocab_size) == (128, 512, 1000)
+    assert (batch, beam, n_in) == (9, 2, 16)
+    assert options == {"dtype": torch.bfloat16, "cuda_graphs": False, "prefill_tokens": 256,
+                       "prompt_rows": (129, 176), "pipeline_para_size": 2}
+    assert calls["tune"] == ([shape], torch.bfloat16, 4, 3, 0)
+    assert calls["write"] == (out, "bf16", [(shape, 2, 5.0, 10.0)])
+    printed = capsys.readouterr().out
+    assert "prompt" in printed and "2.00x" in printed and f"wrote 1 shapes to {out}" in printed
+    # Defaults: the engine's own group size, CUDA graphs, cold weights.
+    main(["gemm-tune", "--head-num", "2", "--size-per-head", "64", "--inter-size", "512",
+          "--vocab-size", "1000", "--output", out])
+    assert calls["collect"][1:4] == (1, 1, 128)
+    assert calls["collect"][4] == {"dtype": torch.float16, "cuda_graphs": True,
+                                   "prefill_tokens": None, "prompt_rows": None,
+                                   "pipeline_para_size": 1}
+    assert calls["tune"][4] is None

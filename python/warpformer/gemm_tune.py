@@ -3,12 +3,20 @@ and write the fastest choice per shape to a tuning file.
 
 Arguments follow FasterTransformer's ``gpt_gemm`` (batch, beam, max input length, heads, head
 size, inter size, vocab, data type, tensor-parallel size); ``--model-dir`` takes the dimensions and
-architecture switches from a converted checkpoint instead. The engine reads the file from the
-``gemm_config`` engine option (``GPT.from_pretrained(..., gemm_config=PATH)``) or from
-``$WARPFORMER_GEMM_CONFIG``; shapes absent from it, or a file made on another GPU or cuBLASLt
-version, fall back to cuBLASLt's heuristic with a one-line warning. Each candidate is timed with
-its weight read from DRAM (copies spanning twice the L2 cache, taken in turn), as a model's pass
-reads it; ``--warm-weights`` times one copy instead.
+architecture switches from a converted checkpoint instead. The shapes are the engine's own: the
+tuner builds a ``torch.classes.warpformer.GptModel`` of those dimensions with random weights on the
+GPU, runs the workload described (a prompt pass of the batch, then generation steps at its batch
+and beam width) and reads the cuBLASLt shapes the instance planned (``gemm_plan_shapes()``).
+Products the GEMV kernels run are not among them, and need no tuning. A tensor- or
+pipeline-parallel model, which one GPU cannot run, is stood in for by the one-GPU model
+(:func:`collect_shapes`).
+
+The engine reads the file from the ``gemm_config`` engine option
+(``GPT.from_pretrained(..., gemm_config=PATH)``) or from ``$WARPFORMER_GEMM_CONFIG``; shapes
+absent from it, or a file made on another GPU or cuBLASLt version, fall back to cuBLASLt's
+heuristic with a one-line warning. Each candidate is timed with its weight read from DRAM (copies
+spanning twice the L2 cache, taken in turn), as a model's pass reads it; ``--warm-weights`` times
+one copy instead.
 
 File format (text): ``# fingerprint gpu=<name>;cublaslt=<version>`` then one line per shape:
 ``dtype m n k transposed epilogue accumulate algo_index best_us heuristic_us``, where algo_index
@@ -18,29 +26,27 @@ is the position of the chosen algorithm in cuBLASLt's heuristic list for that sh
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import math
 import os
 from dataclasses import dataclass
 
 import torch
 
-from warpformer.config import GptConfig
-from warpformer.config import local_vocab as config_local_vocab
+from warpformer.config import GptConfig, local_vocab
+from warpformer.weights import DTYPES, weight_specs
 
-__all__ = ["EXACT_ROWS", "MAX_PREFILL_GROUP_TOKENS", "MAX_WEIGHT_COPIES",
-           "PREFILL_ACTIVATION_BYTES", "PREFILL_GROUP_TOKENS", "GemmShape", "ModelDims",
-           "activation_bytes_per_token", "add_arguments", "decode_rows",
-           "default_cold_bytes", "ffn_in_epilogue", "gemm_shapes", "heuristic_rows",
-           "layer_shapes", "local_vocab", "logits_shapes", "parse_prompt_rows",
-           "prefill_group_tokens", "prefill_groups", "prompt_graph_tokens", "prompt_pass_rows",
-           "row_buckets", "run", "tune", "weight_copies"]
-
-_TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+__all__ = ["GENERATION_STEPS", "MAX_WEIGHT_COPIES", "SHAPE_LAYERS", "GemmShape", "add_arguments",
+           "collect_shapes", "config_from_args", "default_cold_bytes", "heuristic_rows",
+           "one_gpu_config", "parse_plan_line", "parse_prompt_rows", "random_weights",
+           "rank_shapes", "row_buckets", "run", "tune", "weight_copies", "write_tuning_file"]
 
 
 @dataclass(frozen=True)
 class GemmShape:
     """One GEMM of the engine: ``out[m, n] = in[m, k] @ W`` (W ``[k, n]``, or ``[n, k]`` when
-    ``transposed``), with a cuBLASLt epilogue and optional accumulation into ``out``."""
+    ``transposed``), with a cuBLASLt epilogue and optional accumulation into ``out``; ``what``
+    says which part of the workload planned it (a label only)."""
 
     m: int
     n: int
@@ -55,46 +61,29 @@ class GemmShape:
         return (self.m, self.n, self.k, self.transposed, self.epilogue, self.accumulate)
 
 
-@dataclass(frozen=True)
-class ModelDims:
-    """The dimensions and switches that decide the engine's GEMM shapes."""
-
-    hidden: int
-    inter: int
-    vocab: int
-    tensor_para_size: int = 1
-    word_embed_proj_dim: int = 0
-    parallel_residual: bool = False
-    activation: str = "gelu_tanh"  # the MLP's: gelu_tanh, gelu_erf, relu or silu
-    lm_head_bias: bool = False
-    pre_layernorm: bool = True  # False: OPT-350m's post-norm layers
-    # Pipeline stages the layers are run on (a runtime choice, not the checkpoint's): with more
-    # than one, prompts run at their exact token counts (no prompt graphs) and greedy or sampled
-    # decode steps also at micro-batch row counts (decode_rows).
-    pipeline_para_size: int = 1
-
-    @classmethod
-    def from_config(cls, c: GptConfig, tensor_para_size: int | None = None,
-                    pipeline_para_size: int = 1) -> ModelDims:
-        """The dimensions and switches of a converted checkpoint's ``GptConfig``, at the
-        checkpoint's tensor-parallel size unless ``tensor_para_size`` says otherwise, run on
-        ``pipeline_para_size`` stages."""
-        tp = c.tensor_para_size if tensor_para_size is None else tensor_para_size
-        return cls(c.hidden_size, c.inter_size, c.vocab_size, tp,
-                   c.word_embed_proj_dim, c.parallel_residual, c.activation_type,
-                   c.has_lm_head_bias, c.layernorm_type == "pre_layernorm", pipeline_para_size)
+def parse_plan_line(line: str, what: str = "") -> GemmShape:
+    """One line of ``GptModel.gemm_plan_shapes()`` (``Gemm::plan_shapes``: the tuning file's key
+    columns, ``"float16 m n k transposed epilogue accumulate"``) as a :class:`GemmShape`
+    labelled ``what``; ValueError quoting the line for anything else."""
+    fields = line.split()
+    if (len(fields) == 7 and fields[0] in ("float32", "float16", "bfloat16")
+            and all(f.isdigit() for f in fields[1:4]) and fields[4] in ("0", "1")
+            and fields[6] in ("0", "1") and fields[5].replace("_", "").isalpha()):
+        _, m, n, k, transposed, epilogue, accumulate = fields
+        return GemmShape(int(m), int(n), int(k), transposed == "1", epilogue, accumulate == "1",
+                         what)
+    raise ValueError(f"not a gemm_plan_shapes() line (dtype m n k transposed epilogue "
+                     f"accumulate): {line!r}")
 
 
-# Gemm::kExactRows (csrc/core/gemm.h): products of more rows borrow the algorithm chosen for
-# their row count rounded up (heuristic_rows), which a tuning file's entry for that count sets.
-EXACT_ROWS = 64
-
-
+# heuristic_rows and row_buckets describe how the engine reads a tuning file (which entry serves
+# which row count), not the workload it runs: --prompt-rows uses them to pick entries that serve
+# whole ranges of prompt lengths.
 def heuristic_rows(m: int) -> int:
-    """The row count whose algorithm an ``m``-row product uses (mirrors ``Gemm::heuristic_rows``):
-    ``m`` itself up to ``EXACT_ROWS``, else ``m`` rounded up to a multiple of
+    """The row count whose tuning-file entry an ``m``-row product uses (``Gemm::heuristic_rows``):
+    ``m`` itself up to 64 (``Gemm::kExactRows``), else ``m`` rounded up to a multiple of
     ``max(16, bit_ceil(m) / 16)``."""
-    if m <= EXACT_ROWS:
+    if m <= 64:
         return m
     step = max(16, (1 << (m - 1).bit_length()) // 16)
     return -(-m // step) * step
@@ -113,195 +102,189 @@ def row_buckets(lo: int, hi: int) -> list[int]:
     return out
 
 
-# GptModel's prefill groups (csrc/models/gpt/gpt_model.h): whole sequences of at most
-# PREFILL_GROUP_TOKENS tokens together, doubled up to MAX_PREFILL_GROUP_TOKENS while the group's
-# activations fit PREFILL_ACTIVATION_BYTES; the prefill_tokens engine option overrides.
-PREFILL_GROUP_TOKENS = 2048
-MAX_PREFILL_GROUP_TOKENS = 4096
-PREFILL_ACTIVATION_BYTES = 64 << 20
+# ---------------------------------------------------------------------- asking the engine
+# Decode steps the workload runs after the prompt: the first token comes from the prompt's
+# logits, the next steps run the layers at batch x beam rows (the later ones from a step graph).
+GENERATION_STEPS = 3
+# Layers of the model the shapes are collected on: every layer runs the same products, so a
+# deep model's list is a two-layer model's (a first and a last layer) at a fraction of the
+# memory and of the time its random weights take to draw.
+SHAPE_LAYERS = 2
 
 
-def activation_bytes_per_token(dims: ModelDims, dtype_bytes: int = 2) -> int:
-    """The engine's activation bytes per prompt token of a group (mirrors
-    ``GptModel::activation_bytes_per_token``): x, n and p; y for post-norm layers; the larger of
-    the qkv / q / attention-output region and the MLP hidden; OPT-350m's narrow embedding."""
-    tp = dims.tensor_para_size
-    h, lh, li = dims.hidden, dims.hidden // tp, dims.inter // tp
-    words = (3 if dims.pre_layernorm else 4) * h + max(5 * lh, li) + dims.word_embed_proj_dim
-    return words * dtype_bytes
+def one_gpu_config(config: GptConfig, seq_len: int) -> GptConfig:
+    """The model the shapes are collected on: ``config`` on one GPU (``tensor_para_size`` 1), with
+    at most ``SHAPE_LAYERS`` layers and, for learned positions, a table of at least ``seq_len``
+    rows (positions are an embedding, not a product)."""
+    positions = config.max_pos_seq_len
+    if config.has_positional_encoding:
+        positions = max(positions, seq_len)
+    return dataclasses.replace(config, tensor_para_size=1,
+                               num_layer=min(config.num_layer, SHAPE_LAYERS),
+                               max_pos_seq_len=positions)
 
 
-def prefill_group_tokens(dims: ModelDims, dtype_bytes: int = 2,
-                         prefill_tokens: int | None = None) -> int:
-    """The engine's prefill group size in tokens for this model and element size (mirrors
-    ``GptModel::prefill_group_size``): ``prefill_tokens`` (the engine option) when given, else
-    ``PREFILL_GROUP_TOKENS`` doubled while twice as many tokens' activations fit
-    ``PREFILL_ACTIVATION_BYTES``, up to ``MAX_PREFILL_GROUP_TOKENS``."""
-    if prefill_tokens is not None:
-        if isinstance(prefill_tokens, bool) or not isinstance(prefill_tokens, int) \
-                or prefill_tokens < 1:
-            raise ValueError(f"prefill_tokens must be a positive number of tokens, got "
-                             f"{prefill_tokens!r}")
-        return prefill_tokens
-    tokens = PREFILL_GROUP_TOKENS
-    per_token = activation_bytes_per_token(dims, dtype_bytes)
-    while tokens < MAX_PREFILL_GROUP_TOKENS and 2 * tokens * per_token <= PREFILL_ACTIVATION_BYTES:
-        tokens *= 2
-    return tokens
+def random_weights(config: GptConfig, dtype: torch.dtype,
+                   device: int = 0) -> dict[str, torch.Tensor]:
+    """Tensor-parallel rank 0's weights of ``config`` (names and shapes from the engine's table,
+    :func:`warpformer.weights.weight_specs`) on ``cuda:<device>`` in ``dtype``: normal values of
+    standard deviation 0.02, norm gains 1. The optional ``lm_head.weight`` is left out (the head
+    is tied to ``wte``: the same product)."""
+    gen = torch.Generator(device=f"cuda:{device}").manual_seed(0)
+    out = {}
+    for name, spec in weight_specs(config).items():
+        if spec.optional:
+            continue
+        t = torch.empty(spec.shard_shape(config.tensor_para_size), dtype=dtype,
+                        device=f"cuda:{device}")
+        if name.endswith("layernorm.weight"):
+            t.fill_(1.0)
+        else:
+            t.normal_(0.0, 0.02, generator=gen)
+        out[name] = t
+    return out
 
 
-def ffn_in_epilogue(dims: ModelDims, dtype_bytes: int = 2) -> str:
-    """The cuBLASLt epilogue of the engine's MLP-in product at prompt sizes (``Gemm::run_act``):
-    ReLU always rides on it, tanh-GELU for 16-bit types, other activations run as a kernel after
-    a plain product."""
-    if dims.activation == "relu":
-        return "bias_relu"
-    if dims.activation == "gelu_tanh" and dtype_bytes == 2:
-        return "bias_gelu_tanh"
-    return "none"
+def _build(config: GptConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype,
+           max_batch: int, max_seq_len: int, cuda_graphs: bool,
+           prefill_tokens: int | None) -> torch.ScriptObject:
+    from warpformer.models.gpt import build_gpt_model
+    from warpformer.options import EngineOptions
+
+    return build_gpt_model(config, weights, dtype=dtype, max_batch=max_batch,
+                           max_seq_len=max_seq_len,
+                           options=EngineOptions(cuda_graphs=cuda_graphs,
+                                                 prefill_tokens=prefill_tokens))
 
 
-def prefill_groups(lengths: list[int], size: int) -> list[int]:
-    """Token counts of the groups the engine runs a prompt batch of ``lengths`` in, for group
-    size ``size`` (mirrors ``GptModel::plan_prefill``): as few groups as ``size`` allows, each
-    closed once it reaches total / groups tokens or when the next sequence would exceed ``size``."""
-    total = sum(lengths)
-    n = -(-total // size)
-    target = -(-total // n)
-    groups: list[int] = []
-    cur = 0
-    for i, length in enumerate(lengths):
-        if cur and cur + length > size:
-            groups.append(cur)
-            cur = 0
-        cur += length
-        if cur >= target and i + 1 < len(lengths):
-            groups.append(cur)
-            cur = 0
-    groups.append(cur)
-    return groups
+def _note(found: dict[tuple, GemmShape], lines: set[str], what: str, rounded: bool = False) -> None:
+    """Add the shapes of ``lines`` not in ``found`` yet, labelled ``what``; ``rounded``: at the
+    row count whose tuning-file entry serves them (heuristic_rows)."""
+    for line in sorted(lines):
+        s = parse_plan_line(line, what)
+        if rounded:
+            s = dataclasses.replace(s, m=heuristic_rows(s.m))
+        found.setdefault(s.key(), s)
 
 
-# kernels::kGemvMaxRows: up to this many rows the products run on the GEMV path.
-GEMV_MAX_ROWS = 8
+def _generation(engine: torch.ScriptObject, batch: int, length: int, beam: int,
+                gen: torch.Generator) -> tuple[set[str], set[str]]:
+    """Generate ``GENERATION_STEPS`` tokens for ``batch`` random prompts of ``length`` tokens at
+    beam width ``beam``; returns the plans made by the prompt pass (decode_start) and by the
+    steps after it. min_length keeps every row from ending early."""
+    vocab = int(engine.vocab_size())
+    ids = torch.randint(0, vocab, (batch, length), dtype=torch.int32, generator=gen)
+    lengths = torch.full((batch,), length, dtype=torch.int32)
+    options = {"beam_width": torch.tensor(beam, dtype=torch.int32),
+               "min_length": torch.tensor(GENERATION_STEPS, dtype=torch.int32)}
+    before = set(engine.gemm_plan_shapes())
+    engine.decode_start(ids, lengths, GENERATION_STEPS, options)
+    prompt = set(engine.gemm_plan_shapes())
+    engine.decode_step(GENERATION_STEPS)
+    engine.decode_finish()
+    return prompt - before, set(engine.gemm_plan_shapes()) - prompt
 
 
-def prompt_graph_tokens(tokens: int, dims: ModelDims, cuda_graphs: bool = True) -> int:
-    """The padded token count a one-group prompt pass of ``tokens`` tokens runs at as a CUDA
-    graph, or 0 when it runs unpadded (mirrors ``GptModel::prompt_graph_tokens``): padded to a
-    multiple of 16 up to 128 tokens, of 64 beyond, on one GPU (``tensor_para_size`` and
-    ``pipeline_para_size`` 1) past ``GEMV_MAX_ROWS`` tokens, unless the engine runs without
-    ``cuda_graphs``."""
-    if (not cuda_graphs or dims.tensor_para_size != 1 or dims.pipeline_para_size != 1
-            or tokens <= GEMV_MAX_ROWS):
-        return 0
-    step = 16 if tokens <= 128 else 64
-    return -(-tokens // step) * step
+def collect_shapes(config: GptConfig, batch: int, beam: int, max_input_len: int, *,
+                   dtype: torch.dtype = torch.float16, cuda_graphs: bool = True,
+                   prefill_tokens: int | None = None, prompt_rows: tuple[int, int] | None = None,
+                   pipeline_para_size: int = 1, device: int = 0) -> list[GemmShape]:
+    """Every distinct cuBLASLt GEMM the engine plans for this workload, as the engine reports it:
+    an instance of ``config`` with random weights (:func:`random_weights`) on ``cuda:<device>``
+    generates for ``batch`` prompts of ``max_input_len`` tokens at beam width ``beam``, with the
+    engine options ``cuda_graphs`` and ``prefill_tokens`` (so the prompt pass is cut into groups,
+    and padded for prompt graphs, exactly as the tuned model's will be), and its
+    ``gemm_plan_shapes()`` are the list (labelled "prompt" and "generation").
+
+    ``prompt_rows`` ``(lo, hi)`` also runs one prompt of each length ``row_buckets(lo, hi)``
+    returns (a one-group pass, padded where it runs as a prompt graph) and, with CUDA graphs, the
+    same on an instance without them (the exact count a group of a several-group pass runs at);
+    those shapes are listed at their rounded row counts (``heuristic_rows``, labelled "prompt
+    rows"), whose entries serve every prompt group of ``lo`` to ``hi`` tokens.
+
+    With ``config.tensor_para_size`` or ``pipeline_para_size`` above 1 the parallel model cannot
+    run on one GPU (its layers and lm_head need NCCL groups of that many ranks, one GPU each); the
+    shapes are then derived from the one-GPU model without CUDA graphs (a parallel model runs its
+    prompts at their exact token counts), narrowed to one rank's widths by :func:`rank_shapes`;
+    with pipeline stages and no beam search, generation also runs at the sizes of the stages'
+    micro-batches. (What the one-GPU model cannot tell: a tensor-parallel rank's default prefill
+    group size, which grows as tensor parallelism splits its activations, can be larger than its
+    own, so a batch of more than 2,048 prompt tokens may be grouped differently unless
+    ``prefill_tokens`` pins the size.)"""
+    tp, pp = config.tensor_para_size, pipeline_para_size
+    lengths = row_buckets(*prompt_rows) if prompt_rows is not None else []
+    one = one_gpu_config(config, max([max_input_len, *lengths]) + GENERATION_STEPS)
+    graphs = cuda_graphs and tp == 1 and pp == 1  # GptModel::prompt_graph_tokens
+    weights = random_weights(one, dtype, device)
+    gen = torch.Generator().manual_seed(0)
+    found: dict[tuple, GemmShape] = {}
+    with torch.cuda.device(device):
+        engine = _build(one, weights, dtype, batch, max_input_len + GENERATION_STEPS, graphs,
+                        prefill_tokens)
+        prompt, steps = _generation(engine, batch, max_input_len, beam, gen)
+        _note(found, prompt, "prompt")
+        _note(found, steps, "generation")
+        if pp > 1 and beam == 1 and batch >= pp:
+            # Session::micro_batches: P stages run greedy or sampled steps after the first as P
+            # micro-batches, rows [i * B // P, (i + 1) * B // P). Generating from one-token
+            # prompts at those batch sizes plans what such a step runs (their prompt pass, one
+            # token a row, runs the same products at the same row count).
+            for rows in sorted({(i + 1) * batch // pp - i * batch // pp for i in range(pp)}):
+                prompt, steps = _generation(engine, rows, 1, 1, gen)
+                _note(found, prompt | steps, "generation (micro-batch)")
+        del engine
+        # One-group passes run at a prompt graph's padded count where there are graphs; the
+        # groups of a several-group pass at their exact counts, as without graphs.
+        instances = ((True, False) if graphs else (False,)) if lengths else ()
+        for with_graphs in instances:
+            engine = _build(one, weights, dtype, 1, max(lengths) + GENERATION_STEPS, with_graphs,
+                            prefill_tokens)
+            for n in lengths:
+                # Read after every prompt: a wide range plans more shapes than the engine's
+                # plan cache keeps (Gemm::kMaxPlans).
+                _note(found, _generation(engine, 1, n, 1, gen)[0], "prompt rows", rounded=True)
+            del engine
+    del weights
+    shapes = list(found.values())
+    return rank_shapes(shapes, config) if tp > 1 else shapes
 
 
-def decode_rows(rows: int, beam: int, dims: ModelDims) -> list[int]:
-    """The row counts a decode step's products run at for ``rows`` rows (``batch * beam``),
-    ascending (mirrors ``GptModel::decode_micro_batches`` and ``decode_steps_split``): ``rows``,
-    and with P > 1 pipeline stages, no beam search and at least P rows, the sizes of the P
-    micro-batches that runs of steps are split into (micro-batch m holds rows
-    ``[m * rows // P, (m + 1) * rows // P)``)."""
-    p = dims.pipeline_para_size
-    counts = {rows}
-    if p > 1 and beam == 1 and rows >= p:
-        counts |= {(m + 1) * rows // p - m * rows // p for m in range(p)}
-    return sorted(counts)
+def rank_shapes(shapes: list[GemmShape], config: GptConfig) -> list[GemmShape]:
+    """One tensor-parallel rank's products, from the one-GPU model's ``shapes`` (``config`` at
+    ``tensor_para_size`` 1, same widths otherwise).
 
-
-def prompt_pass_rows(lengths: list[int], size: int, dims: ModelDims,
-                     cuda_graphs: bool = True) -> list[int]:
-    """The row counts of a prompt pass's layer products, one per group: ``prefill_groups``'
-    token counts, or the padded count of a single group that runs as a prompt graph
-    (``prompt_graph_tokens``)."""
-    groups = prefill_groups(lengths, size)
-    padded = prompt_graph_tokens(groups[0], dims, cuda_graphs) if len(groups) == 1 else 0
-    return [padded] if padded else groups
-
-
-def layer_shapes(dims: ModelDims, m: int, phase: str, dtype_bytes: int = 2) -> list[GemmShape]:
-    """The products of one decoder layer at ``m`` rows (mirroring csrc/layers): QKV,
-    attention-out, FFN-in (its activation on the epilogue where ``ffn_in_epilogue`` says so),
-    FFN-out (accumulating in the parallel-residual form), and OPT-350m's project_in.
-    ``phase`` ("context" or "decode") only labels them."""
-    tp = dims.tensor_para_size
-    h, lh, li = dims.hidden, dims.hidden // tp, dims.inter // tp
-    e = dims.word_embed_proj_dim or h
-    shapes = [GemmShape(m, 3 * lh, h, what=f"{phase} qkv"),
-              GemmShape(m, h, lh, what=f"{phase} attention out"),
-              GemmShape(m, li, h, epilogue=ffn_in_epilogue(dims, dtype_bytes),
-                        what=f"{phase} ffn in"),
-              GemmShape(m, h, li, accumulate=dims.parallel_residual, what=f"{phase} ffn out")]
-    if dims.word_embed_proj_dim:
-        shapes.append(GemmShape(m, h, e, what=f"{phase} project_in"))
-    return shapes
-
-
-def local_vocab(dims: ModelDims) -> int:
-    """The lm_head columns one rank computes (:func:`warpformer.config.local_vocab`)."""
-    return config_local_vocab(dims.vocab, dims.tensor_para_size)
-
-
-def logits_shapes(dims: ModelDims, m: int, phase: str) -> list[GemmShape]:
-    """The products after the last layer at ``m`` rows: OPT-350m's project_out, then the lm_head
-    (``[V, e]``, transposed, its bias as the epilogue; under tensor parallelism each rank's
-    vocabulary slice, ``local_vocab``)."""
-    h, e = dims.hidden, dims.word_embed_proj_dim or dims.hidden
-    shapes = []
-    if dims.word_embed_proj_dim:
-        shapes.append(GemmShape(m, e, h, what=f"{phase} project_out"))
-    shapes.append(GemmShape(m, local_vocab(dims), e, transposed=True,
-                            epilogue="bias" if dims.lm_head_bias else "none",
-                            what=f"{phase} lm_head"))
-    return shapes
-
-
-def gemm_shapes(dims: ModelDims, batch: int, beam: int, max_input_len: int,
-                dtype_bytes: int = 2, group_tokens: int | None = None,
-                prompt_rows: tuple[int, int] | None = None,
-                cuda_graphs: bool = True) -> list[GemmShape]:
-    """Every distinct GEMM the engine runs for this workload: the layers' products
-    (``layer_shapes``) in the context phase at each prefill group's row count (``batch``
-    prompts of ``max_input_len`` tokens, rows as ``prompt_pass_rows`` with groups of
-    ``group_tokens``, default ``prefill_group_tokens(dims, dtype_bytes)``; a single group that
-    runs as a prompt graph at its padded count) and in decode at ``batch * beam`` rows (and
-    pipeline micro-batches', ``decode_rows``); the logits' (``logits_shapes``) at ``batch`` rows
-    after the prompt and at the decode row counts.
-    ``dtype_bytes`` is the element size (it decides the MLP-in epilogue). ``prompt_rows``
-    ``(lo, hi)`` adds the layers' products at every rounded row count of that range
-    (``row_buckets``) and at the rounded padded count of a one-group pass of each length in it
-    (``prompt_graph_tokens``), whose entries serve every prompt group of ``lo`` to ``hi``
-    tokens. ``group_tokens`` and ``cuda_graphs`` are the engine options ``prefill_tokens`` and
-    ``cuda_graphs`` the tuned model will run with."""
-    if group_tokens is not None and group_tokens < 1:
-        raise ValueError(f"group_tokens must be >= 1 (or None for the engine's default), got "
-                         f"{group_tokens}")
-    size = prefill_group_tokens(dims, dtype_bytes) if group_tokens is None else group_tokens
-    shapes: list[GemmShape] = []
-    for tokens in sorted(set(prompt_pass_rows([max_input_len] * batch, size, dims,
-                                              cuda_graphs))):
-        shapes += layer_shapes(dims, tokens, "context", dtype_bytes)
-    if prompt_rows is not None:
-        lo, hi = prompt_rows
-        counts = set(row_buckets(lo, hi))
-        # A one-group pass of m tokens runs its products at its padded count (a prompt graph).
-        counts |= {heuristic_rows(p) for m in range(lo, hi + 1)
-                   if (p := prompt_graph_tokens(m, dims, cuda_graphs))}
-        for rows in sorted(counts):
-            shapes += layer_shapes(dims, rows, "context", dtype_bytes)
-    shapes += logits_shapes(dims, batch, "context")
-    for rows in decode_rows(batch * beam, beam, dims):
-        shapes += layer_shapes(dims, rows, "decode", dtype_bytes)
-        shapes += logits_shapes(dims, rows, "decode")
-    seen: dict[tuple, GemmShape] = {}
+    A rank runs its layers' products with its slice of each weight, so every product narrows as
+    tensor parallelism splits its weight: the weight is found in the engine's weight table
+    (:func:`warpformer.weights.weight_specs`) by its full ``[k, n]`` (``n`` all dimensions past
+    the first) and replaced by its shard's, as the checkpoint's rank files hold it. (A one-GPU
+    model of the rank's head count and MLP width could not stand in: the residual width, which
+    stays whole on every rank, would shrink with them.) The transposed product, the lm_head
+    ``[V, e]``, multiplies the rank's slice of the vocabulary
+    (:func:`warpformer.config.local_vocab`). A product whose full ``[k, n]`` matches weights
+    split differently (equal widths) is listed once per shard shape, and a decode-sized product
+    the rank's GEMV takes (its weight slice small enough for the tensor-core GEMV) may be listed
+    from the one-GPU model's cuBLASLt plan: a line too many only costs its tuning time."""
+    tp = config.tensor_para_size
+    shards: dict[tuple[int, int], set[tuple[int, int]]] = {}
+    for spec in weight_specs(config).values():
+        if len(spec.shape) < 2:
+            continue
+        part = spec.shard_shape(tp)
+        shards.setdefault((spec.shape[0], math.prod(spec.shape[1:])), set()).add(
+            (part[0], math.prod(part[1:])))
+    out: dict[tuple, GemmShape] = {}
     for s in shapes:
-        seen.setdefault(s.key(), s)
-    return list(seen.values())
+        if s.transposed:
+            narrowed = [dataclasses.replace(s, n=local_vocab(config.vocab_size, tp))]
+        else:
+            narrowed = [dataclasses.replace(s, k=k, n=n)
+                        for k, n in sorted(shards.get((s.k, s.n), {(s.k, s.n)}))]
+        for r in narrowed:
+            out.setdefault(r.key(), r)
+    return list(out.values())
 
 
+# ---------------------------------------------------------------------- timing
 # At most this many weight copies per shape (the op's limit on launches per timing is 1,000).
 MAX_WEIGHT_COPIES = 256
 
@@ -364,10 +347,13 @@ def tune(shapes: list[GemmShape], dtype: torch.dtype, max_algos: int = 16, reps:
     return out
 
 
-def write_tuning_file(path: str, dtype_name: str,
-                      results: list[tuple[GemmShape, int, float, float]], device: int = 0) -> None:
-    """Write the tuning file (format in the module docstring)."""
-    lines = [f"# fingerprint {torch.ops.warpformer.gemm_fingerprint(device)}",
+def write_tuning_file(path: str, dtype_name: str, results: list[TuneResult], device: int = 0,
+                      fingerprint: str | None = None) -> None:
+    """Write the tuning file (format in the module docstring), for ``cuda:<device>``'s GPU and
+    cuBLASLt version unless ``fingerprint`` names them."""
+    if fingerprint is None:
+        fingerprint = torch.ops.warpformer.gemm_fingerprint(device)
+    lines = [f"# fingerprint {fingerprint}",
              "# dtype m n k transposed epilogue accumulate algo_index best_us heuristic_us"]
     for s, i, best, heur in results:
         lines.append(f"{dtype_name} {s.m} {s.n} {s.k} {int(s.transposed)} {s.epilogue} "
@@ -378,21 +364,28 @@ def write_tuning_file(path: str, dtype_name: str,
     os.replace(tmp, path)
 
 
-def dims_from_args(args: argparse.Namespace) -> ModelDims:
-    """Model dimensions from ``--model-dir`` or from the FT-style size arguments."""
+# ---------------------------------------------------------------------- command line
+def config_from_args(args: argparse.Namespace) -> GptConfig:
+    """The model to tune for: ``--model-dir``'s ``config.ini`` (at ``--tensor-para-size`` when
+    given), or the FT-style size arguments with ``--activation-type`` (a GPT-2-style model:
+    learned positions, pre-norm layers; only the widths and the activation decide its products).
+    ConfigError (a ValueError) for dimensions the engine refuses, e.g. heads not divisible by
+    the tensor-parallel size."""
+    tp = args.tensor_para_size
     if args.model_dir:
         from warpformer.weights import read_config
 
-        return ModelDims.from_config(read_config(args.model_dir), args.tensor_para_size,
-                                     args.pipeline_para_size)
+        config = read_config(args.model_dir)
+        return config if tp is None else dataclasses.replace(config, tensor_para_size=tp)
     missing = [n for n in ("head_num", "size_per_head", "inter_size", "vocab_size")
                if getattr(args, n) is None]
     if missing:
         raise SystemExit("gemm-tune: give --model-dir, or all of "
                          + ", ".join("--" + m.replace("_", "-") for m in missing))
-    return ModelDims(args.head_num * args.size_per_head, args.inter_size, args.vocab_size,
-                     args.tensor_para_size or 1, activation=args.activation_type,
-                     pipeline_para_size=args.pipeline_para_size)
+    return GptConfig(head_num=args.head_num, size_per_head=args.size_per_head,
+                     inter_size=args.inter_size, num_layer=SHAPE_LAYERS,
+                     vocab_size=args.vocab_size, max_pos_seq_len=args.max_input_len,
+                     tensor_para_size=tp or 1, activation_type=args.activation_type)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -416,14 +409,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vocab-size", type=int,
                    help="vocabulary size (the lm_head product); taken from the checkpoint "
                         "with --model-dir")
-    p.add_argument("--data-type", choices=sorted(_TORCH_DTYPES), default="fp16",
+    p.add_argument("--data-type", choices=sorted(DTYPES), default="fp16",
                    help="the products' data type (default fp16)")
     p.add_argument("--activation-type", choices=("gelu_tanh", "gelu_erf", "relu", "silu"),
                    default="gelu_tanh",
                    help="the MLP's activation (sets the MLP-in product's epilogue); taken from "
                         "the checkpoint with --model-dir")
     p.add_argument("--tensor-para-size", type=int, default=None,
-                   help="tensor-parallel size (default: the checkpoint's with --model-dir, else 1)")
+                   help="tensor-parallel size (default: the checkpoint's with --model-dir, else "
+                        "1); with more than 1, one rank's shapes are derived on one GPU from the "
+                        "one-GPU model's (give --prefill-tokens for the ranks' own prefill group "
+                        "size: their default can be larger than one GPU's)")
     p.add_argument("--pipeline-para-size", type=int, default=1,
                    help="pipeline stages the model will run on (default 1): with more, prompts "
                         "run at their exact token counts rather than padded for prompt graphs, "
@@ -463,29 +459,32 @@ def parse_prompt_rows(text: str | None) -> tuple[int, int] | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Tune and write the file; print per-shape gains."""
+    """Collect the engine's shapes for the workload, tune them, write the file; print per-shape
+    gains."""
     for name in ("batch_size", "beam_width", "max_input_len", "tensor_para_size",
                  "pipeline_para_size", "max_algos", "prefill_tokens"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise SystemExit(f"gemm-tune: --{name.replace('_', '-')} must be >= 1")
     prompt_rows = parse_prompt_rows(args.prompt_rows)
-    dims = dims_from_args(args)
+    config = config_from_args(args)
     if not torch.cuda.is_available():
-        raise SystemExit("gemm-tune: needs a CUDA device (tuning times kernels on the GPU)")
-    import warpformer  # noqa: F401  (registers the ops)
+        raise SystemExit("gemm-tune: needs a CUDA device (it runs the engine and times kernels "
+                         "on the GPU)")
+    import warpformer  # noqa: F401  (registers the ops and classes)
 
-    dtype = _TORCH_DTYPES[args.data_type]
-    shapes = gemm_shapes(dims, args.batch_size, args.beam_width, args.max_input_len,
-                         dtype_bytes=torch.empty(0, dtype=dtype).element_size(),
-                         group_tokens=args.prefill_tokens, prompt_rows=prompt_rows,
-                         cuda_graphs=args.cuda_graphs)
-    results = tune(shapes, _TORCH_DTYPES[args.data_type], args.max_algos, args.reps,
+    dtype = DTYPES[args.data_type]
+    shapes = collect_shapes(config, args.batch_size, args.beam_width, args.max_input_len,
+                            dtype=dtype, cuda_graphs=args.cuda_graphs,
+                            prefill_tokens=args.prefill_tokens, prompt_rows=prompt_rows,
+                            pipeline_para_size=args.pipeline_para_size)
+    torch.cuda.empty_cache()  # the collecting instances' buffers
+    results = tune(shapes, dtype, args.max_algos, args.reps,
                    cold_bytes=0 if args.warm_weights else None)
     write_tuning_file(args.output, args.data_type, results)
-    print(f"{'shape':<28} {'m':>7} {'n':>7} {'k':>7} {'heuristic us':>13} {'tuned us':>9} "
+    print(f"{'shape':<26} {'m':>7} {'n':>7} {'k':>7} {'heuristic us':>13} {'tuned us':>9} "
           f"{'gain':>6}")
     for s, _, best, heur in results:
-        print(f"{s.what:<28} {s.m:>7} {s.n:>7} {s.k:>7} {heur:>13.2f} {best:>9.2f} "
+        print(f"{s.what:<26} {s.m:>7} {s.n:>7} {s.k:>7} {heur:>13.2f} {best:>9.2f} "
               f"{heur / best:>5.2f}x")
     print(f"wrote {len(results)} shapes to {args.output}")
     return 0

@@ -437,23 +437,18 @@ def test_prefill_in_groups_matches_hf_and_single_rows(name, workdir):
 
 def test_prefill_activations_sized_for_one_group(workdir):
     """64 x 128 prompt tokens: the workspace holds one group's activations (4,096 tokens for
-    this model in fp16: GptModel::prefill_group_size, mirrored by gemm_tune), not all 8,192,
-    and a group's are what GptModel::activation_bytes_per_token says (x, n, p and the qkv / q /
-    attention region; y only for 8 rows)."""
-    from warpformer.gemm_tune import ModelDims, activation_bytes_per_token, prefill_group_tokens
-    from warpformer.weights import read_config
-
+    this model in fp16: GptModel::prefill_group_size), not all 8,192, and a group's are the
+    engine's activation bytes per token times 4,096 (x, n, p and the qkv / q / attention region;
+    y only for 8 rows)."""
     hf, path = converted("gpt2", TINY, workdir)
     cfg = hf.config
     model = load_gpt_model(path, dtype=torch.float16, max_batch=64, max_seq_len=136)
     ids, lens = random_batch(cfg.vocab_size, [128] * 64, seed=2)
     model.generate(ids, lens, 8)
     kv = cfg.n_layer * 2 * 64 * 136 * cfg.n_embd * 2
-    dims = ModelDims.from_config(read_config(path))
-    per_token = activation_bytes_per_token(dims)
-    assert per_token == (3 * cfg.n_embd + 5 * cfg.n_embd) * 2
-    group = prefill_group_tokens(dims) * per_token
-    assert prefill_group_tokens(dims) == 4096
+    # GptModel's activation bytes per token: x, n, p and the qkv / q / attention region, fp16
+    per_token = (3 * cfg.n_embd + 5 * cfg.n_embd) * 2
+    group = 4096 * per_token  # GptModel::prefill_group_size: 4,096 tokens fit 64 MiB
     gemm_ws = model.gemm_workspace_bytes()
     assert 0 <= gemm_ws <= 32 << 20
     assert model.memory_bytes() >= kv + gemm_ws  # memory_bytes() counts the cuBLASLt workspace
