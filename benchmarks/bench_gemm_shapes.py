@@ -75,6 +75,14 @@ def parse_cases(text: str) -> list[Case]:
     return cases
 
 
+def prompt_pass(shapes: list[GemmShape], batch: int) -> list[GemmShape]:
+    """A prompt pass's shapes among ``collect_shapes``': the layers' prompt products, and the
+    lm_head over each prompt's last token, which the engine runs with the first generation step
+    (the transposed product of ``batch`` rows)."""
+    return [s for s in shapes
+            if s.what == "prompt" or (s.what == "generation" and s.transposed and s.m == batch)]
+
+
 def pass_products(planned: list[GemmShape], config: GptConfig,
                   case: Case) -> tuple[list[int], list[tuple[GemmShape, int]]]:
     """The row counts of a prompt pass's groups, and its cuBLASLt products each with the number
@@ -181,8 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         listed: set[tuple] = set()
         for case in args.case_list:
             for g in args.groups:
-                planned = [s for s in collect_shapes(config, case.batch, 1, case.length,
-                                                     prefill_tokens=g) if s.what == "prompt"]
+                planned = prompt_pass(collect_shapes(config, case.batch, 1, case.length,
+                                                     prefill_tokens=g), case.batch)
                 torch.cuda.empty_cache()  # the collecting instance's buffers
                 groups, products = pass_products(planned, config, case)
                 if not products:

@@ -190,8 +190,8 @@ def test_bench_gemm_shapes_counts_the_engine_plans(workdir):
     for batch, length, prefill, want in ((4, 100, 256, [200, 200]),
                                          (5, 100, 256, [200, 200, 100]),
                                          (9, 16, None, [192])):
-        planned = [s for s in collect_shapes(config, batch, 1, length, prefill_tokens=prefill)
-                   if s.what == "prompt"]
+        planned = bench.prompt_pass(collect_shapes(config, batch, 1, length,
+                                                   prefill_tokens=prefill), batch)
         groups, products = bench.pass_products(planned, config, bench.Case(batch, length))
         assert groups == want, (batch, length)
         assert {s.what for s, _ in products} == layer | ({"lm_head"} if batch > 8 else set())
