@@ -93,7 +93,6 @@ class CudaContext {
   // caller's: PyTorch's default stream is the legacy one, which cannot be captured into a CUDA
   // graph; and an instance's calls then run in call order whatever streams its callers use.
   cudaStream_t own_stream();
-  bool on_own_stream() const { return own_stream_ != nullptr && stream_ == own_stream_; }
   // Entered: the own stream waits for the caller's work so far and becomes stream(). Left: the
   // caller's stream waits for the work launched meanwhile and becomes stream() again. Never
   // nested (a nested scope would order the real caller after nothing).

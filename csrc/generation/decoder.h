@@ -31,6 +31,8 @@ class Decoder {
  public:
   virtual ~Decoder() = default;
 
+  // How errors name the model's calls (e.g. "GptModel": "GptModel.decode_step: ...").
+  virtual const char* name() const = 0;
   virtual CudaContext& context() = 0;
   virtual DType dtype() const = 0;
   virtual int64_t vocab_size() const = 0;

@@ -133,14 +133,14 @@ size_t Session::layout(char* base) {
 
 void Session::start(const int32_t* ids, const std::vector<int32_t>& lengths, int64_t seq,
                     int64_t output_len, const DecodeOptions& opt, const DecodeOutputs& out) {
-  TORCH_CHECK(!s_.active,
-              "GptModel: a generation session is running; finish it (decode_finish) first");
-  TORCH_CHECK(opt.end_ids != nullptr, "GptModel.decode: end_ids are required");
-  TORCH_CHECK(opt.beam_width >= 1 && opt.beam_width <= kernels::kMaxBeamWidth,
-              "GptModel.decode: beam_width must be in [1, ", kernels::kMaxBeamWidth, "], got ",
+  const char* m = model_->name();
+  TORCH_CHECK(!s_.active, m, ": a generation session is running; finish it (decode_finish) first");
+  TORCH_CHECK(opt.end_ids != nullptr, m, ".decode: end_ids are required");
+  TORCH_CHECK(opt.beam_width >= 1 && opt.beam_width <= kernels::kMaxBeamWidth, m,
+              ".decode: beam_width must be in [1, ", kernels::kMaxBeamWidth, "], got ",
               opt.beam_width);
-  TORCH_CHECK(output_len >= 1, "GptModel.decode: output_len must be >= 1, got ", output_len);
-  TORCH_CHECK(!lengths.empty(), "GptModel.decode: empty batch");
+  TORCH_CHECK(output_len >= 1, m, ".decode: output_len must be >= 1, got ", output_len);
+  TORCH_CHECK(!lengths.empty(), m, ".decode: empty batch");
   drop_graphs(/*unshared_only=*/true);
   const OwnStreamScope scope(ctx_);
   State& s = s_;
@@ -227,9 +227,7 @@ void Session::start(const int32_t* ids, const std::vector<int32_t>& lengths, int
 
 // One decode step after the first: feed each row's newest token at its position.
 void Session::step_body() {
-  State& s = s_;
-  const bool beam = s.beam > 1;
-  const kernels::BeamSearchState& bs = s.beam_state;
+  const State& s = s_;
   model_->step(step_rows(), 0, s.rows, /*exchange=*/true);
   if (model_->last_stage()) select_tokens(0, s.rows);
   share_state();
@@ -303,7 +301,7 @@ void Session::sync_out() {
 
 int64_t Session::step(int64_t max_steps) {
   State& s = s_;
-  TORCH_CHECK(s.active, "GptModel.decode_step: no generation session (call decode_start)");
+  TORCH_CHECK(s.active, model_->name(), ".decode_step: no generation session (call decode_start)");
   const OwnStreamScope scope(ctx_);
   cudaStream_t stream = ctx_.stream();
   int64_t n = 0;
@@ -364,7 +362,8 @@ int64_t Session::step(int64_t max_steps) {
 
 void Session::finish() {
   State& s = s_;
-  TORCH_CHECK(s.active, "GptModel.decode_finish: no generation session (call decode_start)");
+  TORCH_CHECK(s.active, model_->name(),
+              ".decode_finish: no generation session (call decode_start)");
   const OwnStreamScope scope(ctx_);
   if (s.beam > 1 && model_->last_stage()) {  // the other stages receive the outputs below
     kernels::BeamFinalizeParams fp{};
@@ -399,7 +398,7 @@ void Session::finish() {
 
 void Session::abort() {
   State& s = s_;
-  cudaStreamSynchronize(ctx_.own_stream());
+  ctx_.synchronize_own_stream();
   cudaStreamSynchronize(ctx_.stream());
   (void)cudaGetLastError();
   drop_graphs(/*unshared_only=*/false);

@@ -26,8 +26,8 @@ void Session::select_tokens(int64_t r0, int64_t n) {
   const int rows = static_cast<int>(n), V = static_cast<int>(model_->vocab_size());
   const int64_t stride = model_->logits_stride();  // logits row stride (vocab-parallel padding)
   const bool beam = s.beam > 1;
-  TORCH_CHECK(r0 >= 0 && n >= 1 && r0 + n <= s.rows && (!beam || n == s.rows),
-              "GptModel.select_tokens: the rows [", r0, ", ", r0 + n,
+  TORCH_CHECK(r0 >= 0 && n >= 1 && r0 + n <= s.rows && (!beam || n == s.rows), model_->name(),
+              ".select_tokens: the rows [", r0, ", ", r0 + n,
               ") must be a non-empty "
               "range inside the session's ",
               s.rows, " rows",

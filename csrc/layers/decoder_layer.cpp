@@ -1,4 +1,4 @@
-// The GPT-family decoder layer (see decoder_layer.h). The three residual forms:
+// The decoder block (see decoder_layer.h). The three residual forms:
 //
 //   pre-norm, sequential (GPT-2, OPT, BLOOM, NeoX without parallel residual):
 //     x += pending;  qkv = ln1(x) @ Wqkv;  ...;  p = attn @ Wo;

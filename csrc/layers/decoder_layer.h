@@ -58,8 +58,8 @@ struct LayerBuffers {
   void* f;    // [tokens, li]  MLP hidden (may share memory with qkv, q and a)
   void* o;    // [tokens, h]   MLP output (may be the same buffer as p)
   // [min(tokens, kGemvMaxRows), li] the MLP hidden of a parallel-residual layer at decode sizes
-  // (LayerContext::parallel_products): written beside the attention and read together with its
-  // output, so apart from qkv, q, a and the rest; null when the model has no such layers.
+  // (the parallel-MLP paired products, linear.h): written beside the attention and read together
+  // with its output, so apart from qkv, q, a and the rest; null when the model has no such layers.
   void* fj;
   int64_t y_rows;  // rows y holds (checked where a pre-norm layer moves the stream into it)
 };

@@ -348,8 +348,7 @@ void GptModelHolder::attach_pipeline_parallel(const c10::intrusive_ptr<NcclCommH
               "GptModel.attach_pipeline_parallel: the communicator is "
               "on cuda:",
               comm->device(), " but the model is on cuda:", device_);
-  before_attach();
-  model_->set_pipeline_parallel(comm->get());
+  attach(comm, [this](Communicator* c) { model_->set_pipeline_parallel(c); });
   pp_comm_ = comm;
 }
 
@@ -359,15 +358,16 @@ void GptModelHolder::attach_tensor_parallel(const c10::intrusive_ptr<NcclCommHol
               "GptModel.attach_tensor_parallel: the communicator is on "
               "cuda:",
               comm->device(), " but the model is on cuda:", device_);
-  before_attach();
-  model_->set_tensor_parallel(comm->get());
+  attach(comm, [this](Communicator* c) { model_->set_tensor_parallel(c); });
   tp_comm_ = comm;
 }
 
-void GptModelHolder::before_attach() {
+void GptModelHolder::attach(const c10::intrusive_ptr<NcclCommHolder>& comm,
+                            const std::function<void(Communicator*)>& install) {
+  // A session sized its state for the groups it started with (e.g. the pipeline micro-batches).
   TORCH_CHECK(!generation_->active(), "GptModel: cannot attach a communicator during generation");
-  // No step graph may outlive the communicator it baked (nor run on it while it is replaced).
-  model_->context().synchronize_own_stream();
+  install(comm->get());  // validates, waits for the model's stream, then installs
+  // No step graph may outlive the communicator it baked.
   generation_->drop_graphs(/*unshared_only=*/false);
 }
 

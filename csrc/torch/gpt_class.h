@@ -8,6 +8,7 @@
 #include <ATen/core/Tensor.h>
 #include <torch/custom_class.h>
 
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -162,8 +163,10 @@ class GptModelHolder : public torch::CustomClassHolder {
   c10::intrusive_ptr<NcclCommHolder> tp_comm_;
   c10::intrusive_ptr<NcclCommHolder> pp_comm_;
   void check_parallel_ready(const char* op) const;
-  // Before a communicator is attached: refused during generation; the step graphs dropped.
-  void before_attach();
+  // Attaches `comm` through `install` (a GptModel::set_*_parallel): refused during generation;
+  // the step graphs that baked the group before are dropped.
+  void attach(const c10::intrusive_ptr<NcclCommHolder>& comm,
+              const std::function<void(Communicator*)>& install);
   std::unique_ptr<gpt::GptModel> model_;
   std::unique_ptr<generation::Session> generation_;  // drives model_ (declared after it)
   // One call at a time per instance: the model's buffers, plans and session are not safe to

@@ -192,7 +192,8 @@ void GptModel::attach(Communicator* comm, const char* kind, int64_t size, int64_
               comm ? comm->size() : 0, ", rank ", comm ? comm->rank() : -1);
   // Every rank must cut the prompt into the same groups: their sizes are collective counts.
   generation::check_ranks_agree(comm, *ctx_, static_cast<int32_t>(prefill_group_tokens_), kind,
-                                "prefill group size", "pass the same prefill_tokens on every rank");
+                                "prefill group size in tokens",
+                                "pass the same prefill_tokens on every rank");
   // No step graph may outlive the communicator it baked (nor run on it while it is replaced).
   ctx_->synchronize_own_stream();
   prompt_graphs_.clear();

@@ -53,7 +53,8 @@ class GptModel final : public generation::Decoder {
   int64_t max_batch() const { return max_batch_; }
   int64_t max_seq_len() const { return max_seq_len_; }
   // Attach the tensor-parallel group (size tensor_para_size, rank tensor_para_rank); required
-  // before any call when tensor_para_size > 1. Not owned. The caller drops step graphs first.
+  // before any call when tensor_para_size > 1. Not owned. Not during a generation session; the
+  // caller then drops its step graphs (they baked the group before).
   void set_tensor_parallel(Communicator* comm);
   // Attach the pipeline-parallel group (size pipeline_para_size, rank pipeline_para_rank): stages
   // pass hidden states with send/recv; the last stage computes logits. Not owned.
@@ -86,6 +87,7 @@ class GptModel final : public generation::Decoder {
   }
 
   // ---- generation::Decoder ----
+  const char* name() const override { return "GptModel"; }
   CudaContext& context() override { return *ctx_; }
   DType dtype() const override { return dtype_; }
   int64_t vocab_size() const override { return cfg_.vocab_size; }
