@@ -26,7 +26,8 @@ REGISTRY: dict[str, ModuleType] = {}
 
 # HF model_type -> architecture, for config.json files without "architectures".
 _MODEL_TYPES = {"gpt2": "GPT2LMHeadModel", "opt": "OPTForCausalLM", "bloom": "BloomForCausalLM",
-                "gptj": "GPTJForCausalLM", "gpt_neox": "GPTNeoXForCausalLM"}
+                "gptj": "GPTJForCausalLM", "gpt_neox": "GPTNeoXForCausalLM",
+                "t5": "T5ForConditionalGeneration", "mt5": "MT5ForConditionalGeneration"}
 
 
 def register(module: ModuleType) -> None:
@@ -93,9 +94,9 @@ def convert(input_dir: str | os.PathLike[str], output_dir: str | os.PathLike[str
 
 
 def _register_builtin() -> None:
-    from . import hf_bloom, hf_gpt2, hf_gptj, hf_gptneox, hf_opt, megatron
+    from . import hf_bloom, hf_gpt2, hf_gptj, hf_gptneox, hf_opt, hf_t5, megatron
 
-    for module in (hf_gpt2, hf_opt, hf_bloom, hf_gptj, hf_gptneox, megatron):
+    for module in (hf_gpt2, hf_opt, hf_bloom, hf_gptj, hf_gptneox, hf_t5, megatron):
         register(module)
 
 

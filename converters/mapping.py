@@ -64,6 +64,7 @@ class Plan:
     tasks: list[Task]
     source: Any
     description: str = ""
+    file_prefix: str = "model."  # of every file name (weights.file_name)
 
 
 def expand(rules: Sequence[Rule], num_layers: int, prefix: str = "") -> list[Task]:

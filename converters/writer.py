@@ -59,7 +59,7 @@ class Summary:
 
 
 def write_tensor(directory: Path, name: str, tensor: torch.Tensor, spec: WeightSpec, tp: int,
-                 data_type: str) -> tuple[int, int]:
+                 data_type: str, prefix: str = "model.") -> tuple[int, int]:
     """Write ``tensor`` (CPU, full shape ``spec.shape``, any floating dtype) as ``data_type``
     (``"fp32"``/``"fp16"``/``"bf16"``) into ``directory``, split for ``tp`` ranks.
 
@@ -84,7 +84,7 @@ def write_tensor(directory: Path, name: str, tensor: torch.Tensor, spec: WeightS
         else:
             array = piece.numpy()
         array.astype(array.dtype.newbyteorder("<"), copy=False).tofile(
-            directory / file_name(name, spec, rank))
+            directory / file_name(name, spec, rank, prefix))
         total += array.nbytes
     return len(pieces), total
 
@@ -131,7 +131,7 @@ def _run_task(task: Task) -> tuple[str, int, int]:
         raise ConversionError(f"tensor {task.target}: {problem}; built from "
                               f"{describe_sources(names, [t.shape for t in tensors], where)}")
     files, nbytes = write_tensor(_STATE["dir"], task.target, full, spec, _STATE["tp"],
-                                 _STATE["dtype"])
+                                 _STATE["dtype"], _STATE["plan"].file_prefix)
     return task.target, files, nbytes
 
 
@@ -152,7 +152,7 @@ def _verify(plan: Plan, directory: Path, written: set[str], tp: int, data_type: 
         ranks = range(tp) if spec.split_axis is not None else [0]
         expected = int(np.prod(spec.shard_shape(tp))) * itemsize
         for rank in ranks:
-            path = directory / file_name(name, spec, rank)
+            path = directory / file_name(name, spec, rank, plan.file_prefix)
             if not path.is_file() or path.stat().st_size != expected:
                 raise ConversionError(f"{path}: written file is missing or not {expected} bytes")
     unknown = written - set(plan.specs)

@@ -91,11 +91,12 @@ def expected_shapes(config: GptConfig) -> dict[str, tuple[int, ...]]:
     return {name: spec.shard_shape(tp) for name, spec in weight_specs(config).items()}
 
 
-def file_name(name: str, spec: WeightSpec, tp_rank: int) -> str:
-    """On-disk file name of tensor ``name`` for ``tp_rank``."""
+def file_name(name: str, spec: WeightSpec, tp_rank: int, prefix: str = "model.") -> str:
+    """On-disk file name of tensor ``name`` for ``tp_rank`` (FT's GPT files start with
+    ``model.``; its T5 files have no prefix)."""
     if spec.split_axis is None:
-        return f"model.{name}.bin"
-    return f"model.{name}.{tp_rank}.bin"
+        return f"{prefix}{name}.bin"
+    return f"{prefix}{name}.{tp_rank}.bin"
 
 
 def resolve_model_dir(model_dir: str | os.PathLike[str]) -> Path:
