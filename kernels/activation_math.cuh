@@ -15,7 +15,8 @@ __device__ __forceinline__ float activate(float x) {
     return 0.5f * x * (1.f + erff(x * 0.70710678118654752f));
   } else if constexpr (ACT == Activation::kGeluTanh) {
     // 0.5 x (1 + tanh(u)) == x * sigmoid(2u): one fast exp instead of tanhf, which made the
-    // fp16 kernel instruction-bound (~71% of copy bandwidth on H200 with tanhf).
+    // fp16 kernel instruction-bound (benchmarks/HISTORY.md, "Figures moved from code comments
+    // (issue 50)").
     const float u2 = 1.5957691216057308f * (x + 0.044715f * x * x * x);
     return __fdividef(x, 1.f + __expf(-u2));
   } else if constexpr (ACT == Activation::kRelu) {

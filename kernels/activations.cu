@@ -2,7 +2,8 @@
 //
 // Grid: x covers the column vectors of a row, y the rows (striding when rows exceed the grid's
 // y limit). Each thread moves one 16-byte vector per row when cols and the pointers allow it.
-// (Four rows per thread was tried: it lowered gated_act from 83% to 51% of copy bandwidth.)
+// (Four rows per thread was tried and lowered gated_act's bandwidth: benchmarks/HISTORY.md,
+// "Figures moved from code comments (issue 50)".)
 #include "kernels/activation_math.cuh"
 #include "kernels/activations.h"
 #include "kernels/common.cuh"

@@ -155,9 +155,10 @@ __device__ __forceinline__ void wait_for_prior_kernels() {
 // next kernel is meant to be a GEMV, whose weight loads then overlap this kernel: the norms and
 // the decode attention (and its split-KV combine) at 1-2 rows, and the GEMV itself (whatever
 // follows it).
-// Not meant for kernels ahead of cuBLASLt products: there an early start measured ~0.8 ms slower
-// per batch-1 prefill (H200). (Where the gemm ops' 'cublaslt' backend follows a 1-2-row norm,
-// the norm still starts it early; that costs speed, never correctness.)
+// Not meant for kernels ahead of cuBLASLt products: there an early start slowed the batch-1 prefill
+// (benchmarks/HISTORY.md, "Batch-64 prefill: where the other 45% goes"). (Where the gemm ops'
+// 'cublaslt' backend follows a 1-2-row norm, the norm still starts it early; that costs speed,
+// never correctness.)
 __device__ __forceinline__ void start_next_kernel() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");

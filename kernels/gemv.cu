@@ -66,11 +66,11 @@ struct GemvDepth {
 // At 1-2 rows four blocks fit an SM (at most 64 registers a thread): a launch of up to 4 x SMs
 // blocks (GPT-J's QKV + MLP-in pair is 448 tiles on 132 SMs) then runs in one wave. Without the
 // bound the normalising kernel took 66 registers, three blocks per SM, and the pair's last 52
-// blocks ran as a second wave (H200: 74 against 64 us per pair launch). The plain kernel needs
-// the bound too: its two unrolled share loops (second_ready) took it to 126 registers at one row
-// and 151 at two (two blocks per SM). Held to 64, neither kernel spills at one row; at two rows
-// the plain one spills 16-24 bytes and the normalising one 80-84 (sm_90, fp16 and bf16, nvcc 13,
-// ptxas -v).
+// blocks ran as a second wave, which lengthened the pair's launch (benchmarks/HISTORY.md, "Figures
+// moved from ARCHITECTURE.md (issue 50)"). The plain kernel needs the bound too: its two unrolled
+// share loops (second_ready) took it to 126 registers at one row and 151 at two (two blocks per
+// SM). Held to 64, neither kernel spills at one row; at two rows the plain one spills 16-24 bytes
+// and the normalising one 80-84 (sm_90, fp16 and bf16, nvcc 13, ptxas -v).
 template <typename T, int M, bool NORM>
 __global__ void __launch_bounds__(kThreads, M <= 2 ? 4 : 1)
     gemv_kn_kernel(const GemvParams<T> p, int ksplit, int kchunk, const GemvNorm<T> g,

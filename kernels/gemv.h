@@ -23,12 +23,12 @@ namespace warpformer {
 namespace kernels {
 
 constexpr int kGemvMaxRows = 8;
-// Where the GEMV measured faster than cuBLASLt on H200 (benchmarks/bench_kernels.py, fp16 and
-// bf16, gpt2-medium and gpt-j-6b shapes): [k, n] weights up to 2 rows (at 3-4 rows its CUDA-core
-// FMAs, not the weight stream, set the pace, benchmarks/HISTORY.md), and up to 8 rows where the
-// tensor-core kernel runs the shape (gemv_kn_tensor_cores: 16-bit weights of at most 16 MiB,
-// which it streams ahead of the kernel before it; the staged-tile probe, benchmarks/HISTORY.md);
-// [n, k] weights (lm_head) up to 8 rows.
+// Where the GEMV is faster than cuBLASLt (fp16 and bf16, gpt2-medium and gpt-j-6b shapes;
+// benchmarks/HISTORY.md, "Decode-sized GEMV (bench_kernels.py --gemv-only)"): [k, n] weights up
+// to 2 rows (at 3-4 rows its CUDA-core FMAs, not the weight stream, set the pace), and up to 8
+// rows where the tensor-core kernel runs the shape (gemv_kn_tensor_cores: 16-bit weights of at
+// most 16 MiB, which it streams ahead of the kernel before it; benchmarks/HISTORY.md, "The [k, n]
+// GEMV of 3-8 rows on tensor cores"); [n, k] weights (lm_head) up to 8 rows.
 constexpr int kGemvPreferredRowsKN = 2;
 constexpr int kGemvPreferredRowsNK = 8;
 

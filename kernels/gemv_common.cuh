@@ -211,8 +211,8 @@ __device__ __forceinline__ void normalize_rows(const GemvNorm<T>& g, const T* ga
   // (step 1), so only the vectors past them (rows longer than norm_threads vectors) are read
   // again, spread over the block. At 2 rows (the CUDA-core kernel, whose registers hold its
   // first weight loads here) holding them costs spills that outweigh the read: every vector of
-  // the block's columns is read again (H200, run 0807: batch-2 decode 0.669 ms/step held against
-  // 0.651 read again for gpt2-medium).
+  // the block's columns is read again (benchmarks/HISTORY.md, "The normalising prologue forms
+  // every row's statistics at once").
   const bool writer = blockIdx.x == 0;
   auto emit = [&](int m, int c, const float (&xv)[V]) {
     const int64_t row_off = static_cast<int64_t>(m) * k;
@@ -247,8 +247,8 @@ __device__ __forceinline__ void normalize_rows(const GemvNorm<T>& g, const T* ga
 // (the CUDA-core kernel's batch-1 decode), where there are no row groups to form. In this form
 // (the row loop kept rolled) the CUDA-core kernel compiles without spills at its 64 registers; a
 // flat one-row version spilled 32 bytes of the first weight loads, whose stores then waited on
-// those loads ahead of the programmatic-launch wait (batch-1 decode steps ~3% slower, runs
-// 0811-0836).
+// those loads ahead of the programmatic-launch wait and slowed batch-1 decode steps
+// (benchmarks/HISTORY.md, "The normalising prologue forms every row's statistics at once").
 template <typename T, int M>
 __device__ __forceinline__ void normalize_each_row(const GemvNorm<T>& g, const T* gamma,
                                                    const T* beta, int k, int kbeg, int kend,

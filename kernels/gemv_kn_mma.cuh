@@ -13,11 +13,11 @@
 // order and applies the epilogue. Sums in a fixed order: deterministic, and the plain and the
 // normalising launch give the same bits for the same normalised rows.
 //
-// Measured against cuBLASLt at 8 rows on gpt2-medium / bloom-560m's four layer products
-// (the staged-tile probe, benchmarks/HISTORY.md, H200): 3.6 / 2.9 / 3.8 / 4.4 us against 4.6 / 4.1
-// / 5.0 / 6.9 in a chain of calls, which is where the weight-before-wait pays: a whole tile is in
-// flight before the kernel ahead ends. Weights past kKnMmaMaxWeightBytes stay on cuBLASLt, where
-// that overlap matters less and its tiles stream well.
+// At 8 rows it beats cuBLASLt on gpt2-medium / bloom-560m's four layer products in a chain of
+// calls (benchmarks/HISTORY.md, "The [k, n] GEMV of 3-8 rows on tensor cores"), which is where
+// the weight-before-wait pays: a whole tile is in flight before the kernel ahead ends. Weights
+// past kKnMmaMaxWeightBytes stay on cuBLASLt, where that overlap matters less and its tiles
+// stream well.
 #pragma once
 
 #include <algorithm>
@@ -47,11 +47,11 @@ struct KnMmaSplit {
   int tiles = 0, ksplit = 0, kchunk = 0;
 };
 
-// Column tiles and k chunks of a [k, n] product: the largest chunk of 256, 512 or 1,024 rows
-// that divides k, halved while the grid has fewer than kKnMmaMinBlocks blocks and the split
-// stays within a cluster. (The probe's best
-// per shape: whole 1,024-row chunks for the QKV, MLP-in and MLP-out products, 512 for the
-// 1,024 x 1,024 attention-out.)
+// Column tiles and k chunks of a [k, n] product: the largest chunk of 256, 512 or 1,024 rows that
+// divides k, halved while the grid has fewer than kKnMmaMinBlocks blocks and the split stays within
+// a cluster. (For the 1,024-wide models' layer products this picks the chunk that the staged-tile
+// probe timed best per shape: benchmarks/HISTORY.md, "Figures moved from code comments
+// (issue 50)".)
 inline KnMmaSplit kn_mma_split(int n, int k) {
   KnMmaSplit s;
   s.tiles = n / kKnMmaCols;

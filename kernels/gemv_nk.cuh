@@ -118,10 +118,11 @@ __global__ void __launch_bounds__(kNkMmaThreads) gemv_nk_mma_kernel(const GemvPa
     for (int i = 0; i < 4; ++i) acc[t][i] = 0.f;
   }
   const int4 zero = make_int4(0, 0, 0, 0);
-  // One step of kNkMmaUnroll chunks: every weight load of the step is issued before its first
-  // mma, so a lane has 16 x 16 bytes in flight. FULL: the whole step lies inside k, and the loads
-  // carry no range test. (With a test on every load, ptxas sank each load to just before its
-  // mma, leaving 4 in flight: bloom-560m's 8-row lm_head streamed at 62% of copy bandwidth.)
+  // One step of kNkMmaUnroll chunks: every weight load of the step is issued before its first mma,
+  // so a lane has 16 x 16 bytes in flight. FULL: the whole step lies inside k, and the loads carry
+  // no range test. (With a test on every load, ptxas sank each load to just before its mma, leaving
+  // 4 in flight, and the 8-row lm_head streamed well below the copy bandwidth:
+  // benchmarks/HISTORY.md, "bench_lambada.py" and "Figures moved from code comments (issue 50)".)
   auto step = [&](int c0, auto full_tag) {
     constexpr bool full = decltype(full_tag)::value;
     int4 wv[kNkMmaUnroll][kNkMmaTiles][2];

@@ -145,9 +145,10 @@ cudaError_t launch_with_vec(const NormParams<T>& p, cudaStream_t stream) {
 }  // namespace
 
 NormShape norm_shape(int hidden, int vec) {
-  // Favour several vectors per thread over wide blocks: a thread's loads are all issued before
-  // the first reduction, so ITEMS vectors per thread put ITEMS times more bytes in flight per SM
-  // (measured on H200: 1 vector/thread reached ~68% of copy bandwidth on 4096-wide fp16 rows).
+  // Favour several vectors per thread over wide blocks: a thread's loads are all issued before the
+  // first reduction, so ITEMS vectors per thread put ITEMS times more bytes in flight per SM (one
+  // vector per thread left the norms well short of the copy bandwidth: benchmarks/HISTORY.md,
+  // "Figures moved from code comments (issue 50)").
   const int nvec = hidden / vec;
   int items = 1;
   while (items < 8 && ceil_div(nvec, items) > kTargetThreads) items *= 2;

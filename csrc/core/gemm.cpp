@@ -253,13 +253,12 @@ struct BenchObjects {
 }  // namespace
 
 // Each candidate's `reps` launches are captured back to back in one CUDA graph and the replay is
-// timed (median of three replays, divided by reps): the kernels' own time, with the weight as
-// cold as the caller's copies make it. Timing
-// launch by launch between events also counted the host's per-launch work, ~10 us, which
-// swamped the shapes that take 10-40 us (a 2,048 x 1,024 x 1,024 product measured 19 us that
-// way and runs in ~11 inside a prompt pass). The capture runs on a stream of its own, ordered
-// after the context's stream, since that may be the legacy default stream, which cannot be
-// captured.
+// timed (median of three replays, divided by reps): the kernels' own time, with the weight as cold
+// as the caller's copies make it. Timing launch by launch between events also counted the host's
+// per-launch work, which swamped a prompt pass's shorter products (benchmarks/HISTORY.md, "Batch-64
+// prefill: where the other 45% goes", and "Figures moved from code comments (issue 50)"). The
+// capture runs on a stream of its own, ordered after the context's stream, since that may be the
+// legacy default stream, which cannot be captured.
 std::vector<float> Gemm::benchmark(const GemmKey& key, const void* in,
                                    const std::vector<const void*>& weights, const void* bias,
                                    void* out, int max_algos, int reps) {

@@ -17,12 +17,13 @@
 // and the context's workspace grows to what the chosen ones need (CudaContext::
 // reserve_workspace) on their first eager launch. The cache keeps the
 // kMaxPlans most recently used shapes: a long-running server meets a new m with every prompt
-// length, and a dropped shape only costs a re-plan when it comes back. A new m above
-// kExactRows does not pay a heuristic query (0.3-1.5 ms of host time) either: it borrows the
-// algorithm the heuristic chose for m rounded up to a step of 6-12% of m (heuristic_rows), once
-// cuBLASLt has checked it for the exact shape (cublasLtMatmulAlgoCheck); a shape it refuses, or
-// one in a tuning file, is planned exactly. A tuning file's entry for the rounded count itself
-// (gemm-tune --prompt-rows) replaces the heuristic's choice there, for every m it rounds from.
+// length, and a dropped shape only costs a re-plan when it comes back. A new m above kExactRows
+// does not pay a heuristic query (costly host time: benchmarks/HISTORY.md, "Figures moved from
+// ARCHITECTURE.md (issue 50)") either: it borrows the algorithm the heuristic chose for m rounded
+// up to a step of 6-12% of m (heuristic_rows), once cuBLASLt has checked it for the exact shape
+// (cublasLtMatmulAlgoCheck); a shape it refuses, or one in a tuning file, is planned exactly. A
+// tuning file's entry for the rounded count itself (gemm-tune --prompt-rows) replaces the
+// heuristic's choice there, for every m it rounds from.
 #pragma once
 
 #include <cublasLt.h>
@@ -234,11 +235,8 @@ class Gemm {
   // input (the norm then costs no kernel of its own); past it the norms kernel runs first and
   // the product reads its output. Every block of the GEMV forms the statistics of every row
   // (all rows at once) and normalises its k-range of them, work that grows with the rows and,
-  // at one block per SM, is latency-bound: past 6 rows it costs more than the kernel it saves.
-  // Measured on H200 (bench_generate.py, 128 in / 128 out, decode ms/step, fused / norms kernel
-  // first, same process; benchmarks/HISTORY.md, "The normalising prologue forms every row's
-  // statistics at once"): gpt2-medium 0.685 / 0.701 at 4 rows, 0.762 / 0.818 at 5, 0.824 /
-  // 0.833 at 6, 0.836 / 0.821 at 7, 0.857 / 0.795 at 8; bloom-560m alike.
+  // at one block per SM, is latency-bound: past 6 rows it costs more than the kernel it saves
+  // (benchmarks/HISTORY.md, "The normalising prologue forms every row's statistics at once").
   static constexpr int64_t kTensorCoreNormRows = 6;
   bool static_weights_ = false;
   bool norm_fusion_ = true;

@@ -27,7 +27,7 @@ constexpr int64_t kMinSplitSteps = 8;
 // remain (the capture's own step included), or when sessions sharing its graph ran this many
 // eagerly before: capturing launches as much as an eager step does, and instantiating, uploading
 // and destroying the graph come on top, so a graph replayed once or twice costs more than it
-// saves (break-even at about 5 remaining steps; benchmarks/HISTORY.md, "Step graphs").
+// saves (benchmarks/HISTORY.md, "Step graphs").
 constexpr int64_t kMinGraphSteps = 6;
 
 }  // namespace

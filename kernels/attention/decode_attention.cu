@@ -125,17 +125,19 @@ __device__ __forceinline__ void prepare_new_token(const DecodeAttentionParams<T>
 
 // FUSED: the QKV preparation (f) runs first. The fused fields travel as a separate small
 // argument, so that both instantiations address the main parameters alike (a larger parameter
-// struct made the compiler address it through a register and the kernel measurably slower).
+// struct made the compiler address it through a register, which slowed the kernel:
+// benchmarks/HISTORY.md, "Figures moved from ARCHITECTURE.md (issue 50)").
 // EARLY (fused only, launched for 1-2 rows): the GEMV ahead starts the kernel early and the
 // first window's loads come before the wait (below).
 // Blocks per SM: the unfused kernel runs many blocks to an SM at batch 64, bounded to four (55-64
 // registers; the two-pass kernel before took 80 and three blocks without the bound). The fused
 // kernel past 2 rows is bounded to three (60-71 registers): a long context's split keys make
-// several blocks per SM (bloom-560m at 2,048 tokens, 4-8 rows: steps 9-12% faster, H200). The
-// early kernel keeps its registers (91-96, two blocks): bounded to three it was 2.5% slower at
-// one row. None of them spills (sm_90, nvcc 13, ptxas -v). Requesting each window's rows before
-// folding in the one ahead (the early kernel, 115-124 registers) made batch 1 and 2 steps 1-5%
-// slower (benchmarks/HISTORY.md).
+// several blocks per SM, so the third block pays there. The early kernel keeps its registers
+// (91-96, two blocks): bounded to three it was slower at one row (both in benchmarks/HISTORY.md,
+// "LayerNorm's statistics in one reduction; the fused attention past 2 rows at three blocks per
+// SM"). None of them spills (sm_90, nvcc 13, ptxas -v). Requesting each window's rows before
+// folding in the one ahead (the early kernel, 115-124 registers) made batch 1 and 2 steps slower
+// (benchmarks/HISTORY.md, "The decode attention in one pass").
 template <typename T, int D, bool FUSED, bool EARLY>
 __global__ void __launch_bounds__(kThreads, FUSED ? (EARLY ? 2 : 3) : 4)
     decode_attention_kernel(const DecodeAttentionParams<T> p, int splits, int chunk,
@@ -144,10 +146,10 @@ __global__ void __launch_bounds__(kThreads, FUSED ? (EARLY ? 2 : 3) : 4)
   using Row = int4;  // a lane's 16 bytes of a cache row, as loaded (zeros: +0 in every type)
   constexpr int VEC = S::VEC, NVEC = S::NVEC, TPK = S::TPK, NV = S::NV, NGROUPS = S::NGROUPS;
   // Keys in flight per group (each with its value row); a window is NGROUPS x UNROLL keys (128 for
-  // 64-wide 16-bit heads). 8 measured no faster at one row and slower at 8 rows (H200, runs
-  // 1553-1556 in benchmarks/HISTORY.md), with 120 registers for the fused kernel and spills in
-  // bf16. Two vectors per lane (fp32, head_dim 256) take 2, which holds the rows in flight to the
-  // same 8 vectors a lane (with 4 the unfused kernel spilled ~400 bytes).
+  // 64-wide 16-bit heads). 8 was no faster at one row and slower at 8 rows, with 120 registers
+  // for the fused kernel and spills in bf16 (benchmarks/HISTORY.md, "The decode attention's first
+  // window before the wait"). Two vectors per lane (fp32, head_dim 256) take 2, which holds the
+  // rows in flight to the same 8 vectors a lane (with 4 the unfused kernel spilled ~400 bytes).
   constexpr int UNROLL = NV > 1 ? 2 : 4, WINDOW = NGROUPS * UNROLL;
   __shared__ float red[NGROUPS * D];                    // the groups' accumulators, [NGROUPS][D]
   __shared__ float group_m[NGROUPS], group_l[NGROUPS];  // their running maxima and exp-sums

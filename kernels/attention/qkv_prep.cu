@@ -5,9 +5,10 @@
 // rotary_dim/2 frequencies into shared memory; then each thread handles 16-byte vectors of q and k
 // (both elements of a rotation pair are read and written by the same thread), and finally v is
 // copied with 16-byte vectors. Unaligned tensors, or a half-split rotation whose halves are not
-// whole vectors apart, take the element-by-element path (same arithmetic, same bits). The kernel
-// is memory-bound: at 2,048 prompt tokens of a 1,024-wide model it moved the QKV product at about
-// half the copy bandwidth element by element (13 us of the layer's ~130, benchmarks/HISTORY.md).
+// whole vectors apart, take the element-by-element path (same arithmetic, same bits). The kernel is
+// memory-bound, and element by element it moved the QKV product well below the copy bandwidth at
+// prompt sizes, hence the 16-byte vectors (benchmarks/HISTORY.md, "Batch-64 prefill: where the
+// other 45% goes" and "Figures moved from code comments (issue 50)").
 #include "kernels/attention/attention_common.cuh"
 
 namespace warpformer {

@@ -59,8 +59,9 @@ struct GptConfig {
   int64_t local_inter() const { return inter_size / tensor_para_size; }
   // Logits: each rank computes local_vocab() columns, its vocabulary slice (the whole vocabulary
   // without tensor parallelism) padded to a multiple of 8 -- an odd width such as GPT-2's 50,257
-  // puts the lm_head on a cuBLASLt kernel about 6x slower past 8 rows. Logits rows have
-  // vocab_padded() columns, the first vocab_size valid; nothing reads the rest.
+  // puts the lm_head on a much slower cuBLASLt kernel past 8 rows (benchmarks/HISTORY.md, "The
+  // lm_head padded to a multiple of 8"). Logits rows have vocab_padded() columns, the first
+  // vocab_size valid; nothing reads the rest.
   int64_t local_vocab() const {
     const int64_t per = (vocab_size + tensor_para_size - 1) / tensor_para_size;
     return (per + 7) / 8 * 8;

@@ -169,7 +169,9 @@ class GptModel final : public generation::Decoder {
              meta == o.meta && generation == o.generation;
     }
   };
-  // bench_lambada.py's 645 batches make 19 keys, more when a buffer moves.
+  // Room for the LAMBADA-shaped workload's keys, and more when a buffer moves
+  // (benchmarks/HISTORY.md, "Measured: the `[n, k]` GEMV on the layer products, prompts padded to
+  // 32 past 128 tokens, the graphs' memory").
   static constexpr size_t kMaxPromptGraphs = 48;
 
   GptConfig cfg_;
