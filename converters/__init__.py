@@ -3,7 +3,8 @@
 ``convert(input_dir, output_dir, tensor_para_size)`` detects the source (HF ``config.json``
 ``architectures``, or Megatron ``mp_rank_*`` folders), builds that family's declarative plan and
 writes ``output_dir/<tp>-gpu/``. :data:`REGISTRY` maps an architecture name to the module that
-converts it; a module provides ``build_plan``. New families (T5) register with :func:`register`.
+converts it; a module provides ``build_plan``. New families (T5, BART) register with
+:func:`register`.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ REGISTRY: dict[str, ModuleType] = {}
 # HF model_type -> architecture, for config.json files without "architectures".
 _MODEL_TYPES = {"gpt2": "GPT2LMHeadModel", "opt": "OPTForCausalLM", "bloom": "BloomForCausalLM",
                 "gptj": "GPTJForCausalLM", "gpt_neox": "GPTNeoXForCausalLM",
-                "t5": "T5ForConditionalGeneration", "mt5": "MT5ForConditionalGeneration"}
+                "t5": "T5ForConditionalGeneration", "mt5": "MT5ForConditionalGeneration",
+                "bart": "BartForConditionalGeneration", "mbart": "MBartForConditionalGeneration"}
 
 
 def register(module: ModuleType) -> None:
@@ -94,9 +96,9 @@ def convert(input_dir: str | os.PathLike[str], output_dir: str | os.PathLike[str
 
 
 def _register_builtin() -> None:
-    from . import hf_bloom, hf_gpt2, hf_gptj, hf_gptneox, hf_opt, hf_t5, megatron
+    from . import hf_bart, hf_bloom, hf_gpt2, hf_gptj, hf_gptneox, hf_opt, hf_t5, megatron
 
-    for module in (hf_gpt2, hf_opt, hf_bloom, hf_gptj, hf_gptneox, hf_t5, megatron):
+    for module in (hf_gpt2, hf_opt, hf_bloom, hf_gptj, hf_gptneox, hf_t5, hf_bart, megatron):
         register(module)
 
 

@@ -25,7 +25,7 @@ from warpformer.t5_config import T5Config, T5StackConfig, t5_activation_name
 from warpformer.t5_weights import EMBEDDING, LM_HEAD, t5_weight_specs
 
 from .errors import ConversionError
-from .mapping import Plan, Rule, copy, expand, linear, qkv_from_separate, token_id
+from .mapping import Plan, Rule, Task, copy, expand, linear, qkv_from_separate, token_id
 from .sources import HfCheckpoint
 
 ARCHITECTURES = ("T5ForConditionalGeneration", "MT5ForConditionalGeneration")
@@ -133,9 +133,13 @@ class FtT5Output:
         self.config.to_ini(path)
 
 
-def _check_hf_shapes(ckpt: HfCheckpoint, names: list[str]) -> None:
-    """Compare the checkpoint's shapes of ``names`` with those HF's own seq2seq class has for the
-    same ``config.json`` (built on the ``meta`` device); skipped if transformers cannot build it."""
+def check_hf_shapes(ckpt: HfCheckpoint, tasks: list[Task]) -> None:
+    """Compare the checkpoint's shapes of the tensors ``tasks`` read (the first present of each
+    ``a|b`` alternative) with those HF's own seq2seq class has for the same ``config.json``
+    (built on the ``meta`` device); skipped if transformers cannot build it."""
+    present = [next((n for n in s.split("|") if ckpt.shape(n) is not None), None)
+               for t in tasks for s in t.sources]
+    names = [n for n in present if n is not None]
     try:
         import transformers
     except ImportError:
@@ -173,9 +177,7 @@ def build_plan(root: Path, hf: Any, tp: int, data_type: str) -> Plan:
     model, encoder, decoder = _rules(config.decoder.gated, head)
     tasks = (expand(model, 0) + expand(encoder, config.encoder.num_layers)
              + expand(decoder, config.decoder.num_layers))
-    present = [next((n for n in s.split("|") if ckpt.shape(n) is not None), None)
-               for t in tasks for s in t.sources]
-    _check_hf_shapes(ckpt, [n for n in present if n is not None])
+    check_hf_shapes(ckpt, tasks)
     arch = "MT5ForConditionalGeneration" if config.model_type == "mt5" else \
         "T5ForConditionalGeneration"
     return Plan(FtT5Output(config), t5_weight_specs(config), tasks, ckpt, arch, file_prefix="")

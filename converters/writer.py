@@ -70,7 +70,7 @@ def write_tensor(directory: Path, name: str, tensor: torch.Tensor, spec: WeightS
                               f"expects {list(spec.shape)}")
     tensor = tensor.to(DTYPES[data_type])
     if spec.split_axis is None:
-        pieces = [tensor]
+        pieces = [tensor] * (tp if spec.per_rank else 1)
     else:
         if tensor.shape[spec.split_axis] % tp:
             raise ConversionError(f"tensor {name}: axis {spec.split_axis} of shape "
@@ -149,7 +149,7 @@ def _verify(plan: Plan, directory: Path, written: set[str], tp: int, data_type: 
                 continue
             raise ConversionError(f"internal: tensor {name} expected by the format was not "
                                   "written")
-        ranks = range(tp) if spec.split_axis is not None else [0]
+        ranks = range(tp) if spec.ranked else [0]
         expected = int(np.prod(spec.shard_shape(tp))) * itemsize
         for rank in ranks:
             path = directory / file_name(name, spec, rank, plan.file_prefix)

@@ -4,7 +4,6 @@ plain-PyTorch seq2seq reference, checked against HF on tiny random models of eac
 from __future__ import annotations
 
 import configparser
-import json
 import shutil
 from pathlib import Path
 
@@ -13,6 +12,15 @@ import pytest
 import torch
 import transformers
 from _models import randomize
+from _seq2seq import (
+    check_encoder_decoder,
+    check_greedy,
+    converter,
+    edit_ini,
+    edit_json,
+    edit_tensors,
+    save_models,
+)
 
 from warpformer.cli import main
 from warpformer.config import ConfigError
@@ -20,15 +28,6 @@ from warpformer.converters import ConversionError, convert
 from warpformer.reference_seq2seq import Seq2SeqReference
 from warpformer.t5_config import T5Config
 from warpformer.t5_weights import load_t5_weights, t5_weight_specs
-
-
-def _close(actual: torch.Tensor, expected: torch.Tensor, scale: torch.Tensor | None = None
-           ) -> None:
-    """fp32 equality up to summation order: 2e-5 of the largest magnitude of ``scale`` (default
-    ``expected``; a row compared alone is judged on its whole batch's scale)."""
-    top = float((expected if scale is None else scale).abs().max())
-    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=2e-5 * top + 1e-6)
-
 
 LENGTHS = torch.tensor([9, 4, 7])
 NEW_TOKENS = 8
@@ -64,35 +63,13 @@ def _build(name: str) -> transformers.PreTrainedModel:
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     """name -> (HF model, checkpoint dir); checkpoints saved as a v1.1 hub folder looks."""
-    root = tmp_path_factory.mktemp("t5-checkpoints")
-    verbosity = transformers.logging.get_verbosity()
-    transformers.logging.set_verbosity_error()
-    out = {}
-    for name in VARIANTS:
-        model, path = _build(name), root / name
-        model.save_pretrained(path)
-        if VARIANTS[name][2]:
-            cfg = json.loads((path / "config.json").read_text())
-            cfg["tie_word_embeddings"] = False
-            (path / "config.json").write_text(json.dumps(cfg))
-        out[name] = (model, path)
-    transformers.logging.set_verbosity(verbosity)
-    return out
+    return save_models(_build, list(VARIANTS), tmp_path_factory.mktemp("t5-checkpoints"),
+                       lambda name: {"tie_word_embeddings": False} if VARIANTS[name][2] else {})
 
 
 @pytest.fixture(scope="module")
 def converted(models, tmp_path_factory):
-    root = tmp_path_factory.mktemp("t5-converted")
-    cache: dict[tuple[str, int, str], Path] = {}
-
-    def get(name: str, tp: int, data_type: str = "fp32") -> Path:
-        key = (name, tp, data_type)
-        if key not in cache:
-            summary = convert(models[name][1], root / f"{name}-{data_type}", tp, data_type)
-            cache[key] = summary.output_dir
-        return cache[key]
-
-    return get
+    return converter(models, tmp_path_factory.mktemp("t5-converted"), convert)
 
 
 def _inputs(vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -105,52 +82,17 @@ def _inputs(vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_encoder_and_decoder_match_hf(name, tp, models, converted):
     model = models[name][0]
-    ref = Seq2SeqReference.from_dir(converted(name, tp))
-    ids, mask = _inputs(model.config.vocab_size)
-    dec = torch.randint(0, model.config.vocab_size, (3, 5),
-                        generator=torch.Generator().manual_seed(4))
-    dec[:, 0] = model.config.decoder_start_token_id
-    with torch.no_grad():
-        hf_enc = model.get_encoder()(input_ids=ids, attention_mask=mask).last_hidden_state
-        hf_logits = model(input_ids=ids, attention_mask=mask, decoder_input_ids=dec).logits
-    enc = ref.encode(ids, LENGTHS)
-    _close(enc, hf_enc * mask[..., None])
-    _close(ref.decoder_logits(enc, LENGTHS, dec), hf_logits)
-    # Ragged rows equal the same rows run alone.
-    for row, n in enumerate(LENGTHS.tolist()):
-        alone = ref.encode(ids[row:row + 1, :n])
-        _close(enc[row:row + 1, :n], alone, enc)
-        _close(ref.decoder_logits(alone, None, dec[row:row + 1]), hf_logits[row:row + 1],
-               hf_logits)
-
-
-def _clear_prefix(scores: list[torch.Tensor], row: int, margin: float = 1e-3) -> int:
-    """Steps of HF's greedy run before the first whose top-1 / top-2 gap is below ``margin``."""
-    for step, s in enumerate(scores):
-        top = s[row].float().topk(2).values
-        if float(top[0] - top[1]) < margin:
-            return step + 1  # this token may differ; nothing after it is comparable
-    return len(scores)
+    check_encoder_decoder(model, Seq2SeqReference.from_dir(converted(name, tp)),
+                          *_inputs(model.config.vocab_size))
 
 
 @pytest.mark.parametrize("tp", [1, 2])
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_greedy_tokens_match_hf(name, tp, models, converted):
     model = models[name][0]
-    ref = Seq2SeqReference.from_dir(converted(name, tp))
-    ids, mask = _inputs(model.config.vocab_size)
-    with torch.no_grad():  # use_cache=False: HF's cache mis-sizes num_decoder_layers != num_layers
-        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW_TOKENS,
-                             do_sample=False, num_beams=1, use_cache=False, min_length=0,
-                             output_scores=True, return_dict_in_generate=True)
-    hf_tokens = out.sequences[:, 1:]
-    tokens, counts = ref.generate_greedy(ids, LENGTHS, NEW_TOKENS)
-    for row in range(3):
-        n = min(_clear_prefix(out.scores, row), int(counts[row]))
-        assert n >= 1
-        assert tokens[row, :n].tolist() == hf_tokens[row, :n].tolist(), (name, row)
-        alone, count = ref.generate_greedy(ids[row:row + 1, :LENGTHS[row]], None, NEW_TOKENS)
-        assert alone[0].tolist() == tokens[row].tolist() and int(count[0]) == int(counts[row])
+    # use_cache=False: HF's cache mis-sizes num_decoder_layers != num_layers
+    check_greedy(model, Seq2SeqReference.from_dir(converted(name, tp)),
+                 *_inputs(model.config.vocab_size), NEW_TOKENS, use_cache=False)
 
 
 def test_layout_names_split_and_config(models, converted):
@@ -238,17 +180,9 @@ def _copy_checkpoint(models, name: str, tmp_path: Path) -> Path:
     return shutil.copytree(models[name][1], tmp_path / "ckpt")
 
 
-def _edit_tensors(path: Path, edit) -> None:
-    from safetensors.torch import load_file, save_file
-
-    sd = load_file(path / "model.safetensors")
-    edit(sd)
-    save_file(sd, path / "model.safetensors", metadata={"format": "pt"})
-
-
 def test_missing_tensor_is_named(models, tmp_path):
     path = _copy_checkpoint(models, "t5v11-gated-gelu", tmp_path)
-    _edit_tensors(path, lambda sd: sd.pop("decoder.block.1.layer.1.EncDecAttention.k.weight"))
+    edit_tensors(path, lambda sd: sd.pop("decoder.block.1.layer.1.EncDecAttention.k.weight"))
     with pytest.raises(ConversionError, match=r"lacks tensor 'decoder\.block\.1\.layer\.1\."
                                               r"EncDecAttention\.k\.weight'"):
         convert(path, tmp_path / "out", 1)
@@ -257,7 +191,7 @@ def test_missing_tensor_is_named(models, tmp_path):
 
 def test_untied_head_must_be_present(models, tmp_path):
     path = _copy_checkpoint(models, "t5v11-gated-gelu", tmp_path)
-    _edit_tensors(path, lambda sd: sd.pop("lm_head.weight"))
+    edit_tensors(path, lambda sd: sd.pop("lm_head.weight"))
     with pytest.raises(ConversionError, match=r"lacks tensor 'lm_head\.weight'"):
         convert(path, tmp_path / "out", 1)
 
@@ -265,7 +199,7 @@ def test_untied_head_must_be_present(models, tmp_path):
 def test_wrong_shape_is_named(models, tmp_path):
     path = _copy_checkpoint(models, "ul2-gated-silu", tmp_path)
     name = "encoder.block.1.layer.1.DenseReluDense.wi_1.weight"
-    _edit_tensors(path, lambda sd: sd.__setitem__(name, torch.zeros(36, 32)))
+    edit_tensors(path, lambda sd: sd.__setitem__(name, torch.zeros(36, 32)))
     with pytest.raises(ConversionError, match=rf"model\.safetensors: tensor '{name}' has shape "
                                               r"\[36, 32\].*expects \[40, 32\]"):
         convert(path, tmp_path / "out", 1)
@@ -279,13 +213,7 @@ def test_wrong_shape_is_named(models, tmp_path):
 ])
 def test_bad_config_json_is_named(change, message, models, tmp_path):
     path = _copy_checkpoint(models, "t5-relu-tied", tmp_path)
-    cfg = json.loads((path / "config.json").read_text())
-    for key, value in change.items():
-        if value is None:
-            del cfg[key]
-        else:
-            cfg[key] = value
-    (path / "config.json").write_text(json.dumps(cfg))
+    edit_json(path, change)
     with pytest.raises(ConversionError, match=message):
         convert(path, tmp_path / "out", 4)
 
@@ -299,20 +227,11 @@ def test_bad_config_json_is_named(change, message, models, tmp_path):
     ("structure", "position_embedding_type", "absolute",
      r"\[structure\] position_embedding_type 'absolute'"),
     ("decoder", "num_heads", "x", r"\[decoder\] num_heads must be an integer"),
-    ("encoder", "weight_data_type", "int3", r"weight_data_type must be one of"),
+    ("encoder,decoder", "weight_data_type", "int3", r"weight_data_type must be one of"),
 ])
 def test_bad_config_ini_is_named(section, key, value, message, converted, tmp_path):
     path = shutil.copytree(converted("t5-relu-tied", 1), tmp_path / "1-gpu")
-    ini = configparser.ConfigParser()
-    ini.read(path / "config.ini")
-    if value is None:
-        del ini[section][key]
-    else:
-        ini[section][key] = value
-    if section == "encoder" and key == "weight_data_type":
-        ini["decoder"][key] = value
-    with open(path / "config.ini", "w") as f:
-        ini.write(f)
+    edit_ini(path, section, key, value)
     with pytest.raises(ConfigError, match=rf"config\.ini: {message}"):
         T5Config.from_ini(path / "config.ini")
 

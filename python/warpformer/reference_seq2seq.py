@@ -1,25 +1,30 @@
-"""Plain-PyTorch reference of the encoder-decoder family, reading a converted directory.
+"""Plain-PyTorch reference of the encoder-decoder families, reading a converted directory.
 
-The CPU oracle for the T5 converter and layout (``docs/FORMAT.md``, "T5 family"), computing in
-fp32 from the weights exactly as stored (linear kernels ``[in, out]``, decoder self-attention QKV
-``[d, 3, inner]``, relative attention bias tables ``[heads, buckets]``, ``lm_head`` ``[V, d]``).
+The CPU oracle for the T5 and BART converters and layouts (``docs/FORMAT.md``, "T5 family",
+"BART family"), computing in fp32 from the weights exactly as stored (linear kernels
+``[in, out]``, decoder self-attention QKV ``[d, 3, inner]``, relative attention bias tables
+``[heads, buckets]``, learned position tables ``[positions, d]``, ``lm_head`` ``[V, d]``).
 Tensor-parallel shards are merged on load. The family-specific choices sit in
-:class:`Seq2SeqSpec` (norm, attention score scale, positions, head rescale) so that BART's
-learned positions and biased LayerNorm can be added as further values of those switches; the
-blocks (attention over a cache, cross-attention over a memory, FFN) are shared.
+:class:`Seq2SeqSpec` (norm, positions, norm placement, embedding and final norms, attention score
+scale, head rescale); tensors are found by role through
+:func:`~warpformer.t5_weights.layer_names` / :func:`~warpformer.t5_weights.model_names`, and a
+bias is added wherever the layout has one. The blocks (attention over a cache, cross-attention
+over a memory, FFN) are shared.
 """
 
 from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 
 from .t5_config import T5Config, T5StackConfig
-from .t5_weights import EMBEDDING, LM_HEAD, load_merged_t5_weights, t5_weight_specs
+from .t5_weights import bias_name, layer_names, load_merged_t5_weights, model_names, t5_weight_specs
 
 __all__ = ["Seq2SeqReference", "Seq2SeqSpec", "relative_position_buckets"]
 
@@ -35,22 +40,45 @@ _ACTIVATIONS = {
 class Seq2SeqSpec:
     """Family switches of the reference.
 
-    ``norm``: ``"rms"`` (T5: ``x * rsqrt(mean(x^2) + eps) * w``, no mean, no bias).
-    ``positions``: ``"relative"`` (T5 bucketed bias added to the attention scores).
-    ``score_scale``: factor on ``q . k`` (T5: 1, its init folds ``d_kv ** -0.5`` into Q).
-    ``head_scale``: factor on the decoder output before ``lm_head`` (T5 tied: ``d_model ** -0.5``).
+    ``norm``: ``"rms"`` (T5: ``x * rsqrt(mean(x^2) + eps) * w``, no mean, no bias) or ``"layer"``
+    (BART: LayerNorm with bias). ``positions``: ``"relative"`` (T5 bucketed bias added to the
+    attention scores) or ``"learned"`` (BART: a table row added to the embedding; HF's offset of
+    2 rows is dropped by the converter, as FT does, so row ``p`` is position ``p``).
+    ``pre_norm``: norm before each sublayer (T5, mBART) or after the residual add (BART).
+    ``embedding_norm``: a norm on the embeddings (BART's ``layernorm_embedding``).
+    ``final_norm``: a norm after the last layer of each stack (T5, mBART).
+    ``scaled_scores``: scores are ``q . k * d_kv ** -0.5`` (BART) or ``q . k`` (T5, its init folds
+    the scale into Q). ``head_scale``: factor on the decoder output before ``lm_head`` (T5 tied:
+    ``d_model ** -0.5``). BART's ``sqrt(d_model)`` embedding scale (``scale_embedding``) is
+    folded into the ``embed_tokens`` files by the converter (FT's layout), so none is applied
+    here; ``final_logits_bias`` is added when the layout has it.
     """
 
     norm: str
     positions: str
-    score_scale: float
     head_scale: float
+    pre_norm: bool = True
+    embedding_norm: bool = False
+    final_norm: bool = True
+    scaled_scores: bool = False
+
+    @classmethod
+    def for_config(cls, config: T5Config) -> Seq2SeqSpec:
+        """The spec of ``config``'s family."""
+        return cls.for_bart(config) if config.is_bart else cls.for_t5(config)
 
     @classmethod
     def for_t5(cls, config: T5Config) -> Seq2SeqSpec:
         """T5 / v1.1 / mT5 / UL2."""
         scale = config.d_model ** -0.5 if config.tie_word_embeddings else 1.0
-        return cls(norm="rms", positions="relative", score_scale=1.0, head_scale=scale)
+        return cls(norm="rms", positions="relative", head_scale=scale)
+
+    @classmethod
+    def for_bart(cls, config: T5Config) -> Seq2SeqSpec:
+        """BART (post-LN) and mBART (pre-LN with final norms); head tied without rescale."""
+        return cls(norm="layer", positions="learned", head_scale=1.0,
+                   pre_norm=config.pre_layernorm, embedding_norm=True,
+                   final_norm=config.pre_layernorm, scaled_scores=True)
 
 
 def relative_position_buckets(relative: torch.Tensor, bidirectional: bool, num_buckets: int,
@@ -94,7 +122,8 @@ class Seq2SeqReference(torch.nn.Module):
                 raise ValueError(f"weight {name} has shape {list(weights[name].shape)}, "
                                  f"expected {list(spec.shape)}")
         self.config = config
-        self.spec = Seq2SeqSpec.for_t5(config)
+        self.spec = Seq2SeqSpec.for_config(config)
+        self.names = model_names(config)
         self.w = {k: v.float() for k, v in weights.items()}
 
     @classmethod
@@ -106,33 +135,101 @@ class Seq2SeqReference(torch.nn.Module):
 
     # ------------------------------------------------------------------ building blocks
     def _norm(self, x: torch.Tensor, name: str, eps: float) -> torch.Tensor:
-        if self.spec.norm != "rms":
-            raise ValueError(f"norm {self.spec.norm!r} is not implemented")
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * self.w[name]
+        if self.spec.norm == "rms":
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * self.w[name]
+        if self.spec.norm == "layer":
+            w = self.w[name]
+            return F.layer_norm(x, w.shape, w, self.w[bias_name(name)], eps)
+        raise ValueError(f"norm {self.spec.norm!r} is not implemented")
 
-    def _ffn(self, x: torch.Tensor, prefix: str, stack: T5StackConfig) -> torch.Tensor:
-        act = _ACTIVATIONS[stack.activation]
-        h = act(x @ self.w[prefix + "wi.weight"])
-        if stack.gated:
-            h = h * (x @ self.w[prefix + "wi2.weight"])
-        return h @ self.w[prefix + "wo.weight"]
+    def _linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        """``x @ W (+ b)`` with kernel ``name`` ``[in, *out]`` flattened to ``[in, out]``."""
+        w = self.w[name]
+        y = x @ w.reshape(w.shape[0], -1)
+        b = self.w.get(bias_name(name))
+        return y if b is None else y + b.reshape(-1)
 
-    def _position_bias(self, table: str, stack: T5StackConfig, q_pos: torch.Tensor,
+    def _residual(self, x: torch.Tensor, norm: str, eps: float,
+                  block: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """One sublayer: ``x + block(norm(x))`` (pre-norm) or ``norm(x + block(x))``."""
+        if self.spec.pre_norm:
+            return x + block(self._norm(x, norm, eps))
+        return self._norm(x + block(x), norm, eps)
+
+    def _ffn(self, names: dict[str, str], stack: T5StackConfig, x: torch.Tensor) -> torch.Tensor:
+        h = _ACTIVATIONS[stack.activation](self._linear(x, names["ffn_in"]))
+        if "ffn_gate" in names:
+            h = h * self._linear(x, names["ffn_gate"])
+        return self._linear(h, names["ffn_out"])
+
+    def _embed(self, stack_name: str, ids: torch.Tensor, pos: torch.Tensor,
+               stack: T5StackConfig) -> torch.Tensor:
+        """Embeddings ``[B, T, d]`` of ``ids`` ``[B, T]`` at positions ``pos`` ``[T]``."""
+        x = F.embedding(ids, self.w[self.names[f"{stack_name}_embedding"]])
+        if self.spec.positions == "learned":
+            table = self.w[self.names[f"{stack_name}_positions"]]
+            if int(pos[-1]) >= table.shape[0]:
+                raise ValueError(f"{stack_name} position {int(pos[-1])} is beyond "
+                                 f"max_pos_seq_len ({table.shape[0]})")
+            x = x + table[pos]
+        if self.spec.embedding_norm:
+            x = self._norm(x, self.names[f"{stack_name}_embedding_norm"],
+                           stack.layer_norm_epsilon)
+        return x
+
+    def _finish(self, stack_name: str, x: torch.Tensor, stack: T5StackConfig) -> torch.Tensor:
+        if self.spec.final_norm:
+            x = self._norm(x, self.names[f"{stack_name}_final_norm"], stack.layer_norm_epsilon)
+        return x
+
+    def _position_bias(self, stack_name: str, stack: T5StackConfig, q_pos: torch.Tensor,
                        k_pos: torch.Tensor, bidirectional: bool) -> torch.Tensor:
-        """``[heads, Tq, Tk]`` bias for query positions ``q_pos`` ``[Tq]`` and keys ``k_pos``."""
+        """``[heads, Tq, Tk]`` bias for query positions ``q_pos`` ``[Tq]`` and keys ``k_pos``
+        (a zero scalar for learned positions)."""
+        if self.spec.positions != "relative":
+            return torch.zeros((), device=q_pos.device)
         buckets = relative_position_buckets(k_pos[None, :] - q_pos[:, None], bidirectional,
                                             stack.relative_attention_num_buckets,
                                             stack.relative_attention_max_distance)
-        return self.w[table][:, buckets]
+        return self.w[self.names[f"{stack_name}_positions"]][:, buckets]
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
                 allowed: torch.Tensor) -> torch.Tensor:
         """``q`` ``[B, Tq, n, dk]``, ``k``/``v`` ``[B, Tk, n, dk]``, ``bias`` broadcastable to
         ``[B, n, Tq, Tk]``, ``allowed`` bool broadcastable to it -> ``[B, Tq, n * dk]``."""
-        scores = torch.einsum("bqnd,bknd->bnqk", q, k) * self.spec.score_scale + bias
-        probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+        scores = torch.einsum("bqnd,bknd->bnqk", q, k)
+        if self.spec.scaled_scores:
+            scores = scores * q.shape[-1] ** -0.5
+        probs = torch.softmax((scores + bias).masked_fill(~allowed, float("-inf")), dim=-1)
         out = torch.einsum("bnqk,bknd->bqnd", probs, v)
         return out.reshape(out.shape[0], out.shape[1], -1)
+
+    def _encoder_attention(self, names: dict[str, str], stack: T5StackConfig, bias: torch.Tensor,
+                           allowed: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        B, S, _ = h.shape
+        q, k, v = (self._linear(h, names[f"self_{m}"]).view(B, S, stack.num_heads, stack.d_kv)
+                   for m in "qkv")
+        return self._linear(self._attend(q, k, v, bias, allowed), names["self_o"])
+
+    def _cached_attention(self, names: dict[str, str], stack: T5StackConfig,
+                          cache: torch.Tensor, start: int, bias: torch.Tensor,
+                          causal: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """Decoder self-attention of ``h`` ``[B, T, d]`` at positions ``start ..``; its K/V are
+        written into ``cache`` ``[2, B, Tmax, n, dk]``."""
+        B, T, _ = h.shape
+        qkv = self._linear(h, names["self_qkv"])
+        q, k, v = qkv.view(B, T, 3, stack.num_heads, stack.d_kv).unbind(2)
+        cache[0, :, start:start + T], cache[1, :, start:start + T] = k, v
+        a = self._attend(q, cache[0, :, :start + T], cache[1, :, :start + T], bias, causal)
+        return self._linear(a, names["self_o"])
+
+    def _cross_attention(self, names: dict[str, str], stack: T5StackConfig,
+                         memory: tuple[torch.Tensor, torch.Tensor], allowed: torch.Tensor,
+                         h: torch.Tensor) -> torch.Tensor:
+        B, T, _ = h.shape
+        q = self._linear(h, names["cross_q"]).view(B, T, stack.num_heads, stack.d_kv)
+        a = self._attend(q, *memory, torch.zeros((), device=h.device), allowed)
+        return self._linear(a, names["cross_o"])
 
     # ------------------------------------------------------------------ encoder
     @torch.no_grad()
@@ -144,8 +241,8 @@ class Seq2SeqReference(torch.nn.Module):
             input_ids: LongTensor ``[B, S]``, right-padded, ids in ``[0, vocab_size)``.
             input_lengths: IntTensor ``[B]`` of valid lengths in ``[1, S]`` (``None``: all ``S``).
         Returns:
-            FloatTensor ``[B, S, d_model]`` (fp32) after the final norm; rows past a sequence's
-            length are zero.
+            FloatTensor ``[B, S, d_model]`` (fp32) after the last layer (and the final norm
+            where the family has one); rows past a sequence's length are zero.
         """
         c, enc = self.config, self.config.encoder
         B, S = input_ids.shape
@@ -153,33 +250,27 @@ class Seq2SeqReference(torch.nn.Module):
         _check_ids(input_ids, c.vocab_size, "input_ids")
         valid = torch.arange(S, device=input_ids.device)[None, :] < lengths[:, None]  # [B, S]
         pos = torch.arange(S, device=input_ids.device)
-        bias = self._position_bias("encoder.block.0.layer.0.SelfAttention.relative_attention_bias"
-                                   ".weight", enc, pos, pos, bidirectional=True)[None]
+        bias = self._position_bias("encoder", enc, pos, pos, bidirectional=True)[None]
         allowed = valid[:, None, None, :]
-        x = F.embedding(input_ids, self.w[EMBEDDING])
-        n, dk = enc.num_heads, enc.d_kv
+        eps = enc.layer_norm_epsilon
+        x = self._embed("encoder", input_ids, pos, enc)
         for i in range(enc.num_layers):
-            p = f"encoder.block.{i}.layer."
-            h = self._norm(x, p + "0.layer_norm.weight", enc.layer_norm_epsilon)
-            q, k, v = (h @ self.w[p + f"0.SelfAttention.{m}.weight"] for m in "qkv")
-            a = self._attend(q.view(B, S, n, dk), k.view(B, S, n, dk), v.view(B, S, n, dk),
-                             bias, allowed)
-            x = x + a @ self.w[p + "0.SelfAttention.o.weight"]
-            h = self._norm(x, p + "1.layer_norm.weight", enc.layer_norm_epsilon)
-            x = x + self._ffn(h, p + "1.DenseReluDense.", enc)
-        x = self._norm(x, "encoder.final_layer_norm.weight", enc.layer_norm_epsilon)
-        return x * valid[..., None]
+            n = layer_names(c, "encoder", i)
+            x = self._residual(x, n["self_norm"], eps,
+                               partial(self._encoder_attention, n, enc, bias, allowed))
+            x = self._residual(x, n["ffn_norm"], eps, partial(self._ffn, n, enc))
+        return self._finish("encoder", x, enc) * valid[..., None]
 
     # ------------------------------------------------------------------ decoder
     def _memory(self, encoder_output: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Cross-attention K/V ``[B, S, n, dk]`` of every decoder layer, computed once."""
-        dec = self.config.decoder
+        c, dec = self.config, self.config.decoder
         B, S, _ = encoder_output.shape
         out = []
         for i in range(dec.num_layers):
-            p = f"decoder.block.{i}.layer.1.EncDecAttention."
-            k = (encoder_output @ self.w[p + "k.weight"]).view(B, S, dec.num_heads, dec.d_kv)
-            v = (encoder_output @ self.w[p + "v.weight"]).view(B, S, dec.num_heads, dec.d_kv)
+            n = layer_names(c, "decoder", i)
+            k, v = (self._linear(encoder_output, n[f"cross_{m}"]).view(B, S, dec.num_heads,
+                                                                       dec.d_kv) for m in "kv")
             out.append((k, v))
         return out
 
@@ -189,33 +280,27 @@ class Seq2SeqReference(torch.nn.Module):
         """Logits ``[B, T, V]`` of decoder tokens ``[B, T]`` at positions ``start ..``; their
         self-attention K/V are written into ``cache`` (per layer ``[2, B, Tmax, n, dk]``)."""
         c, dec = self.config, self.config.decoder
-        B, T = tokens.shape
-        n, dk = dec.num_heads, dec.d_kv
+        T = tokens.shape[1]
         device = tokens.device
         q_pos = torch.arange(start, start + T, device=device)
         k_pos = torch.arange(start + T, device=device)
-        bias = self._position_bias("decoder.block.0.layer.0.SelfAttention.relative_attention_bias"
-                                   ".weight", dec, q_pos, k_pos, bidirectional=False)[None]
+        bias = self._position_bias("decoder", dec, q_pos, k_pos, bidirectional=False)[None]
         causal = (k_pos[None, :] <= q_pos[:, None])[None, None]  # [1, 1, T, start + T]
         cross_allowed = memory_valid[:, None, None, :]
-        x = F.embedding(tokens, self.w[EMBEDDING])
+        eps = dec.layer_norm_epsilon
+        x = self._embed("decoder", tokens, q_pos, dec)
         for i in range(dec.num_layers):
-            p = f"decoder.block.{i}.layer."
-            h = self._norm(x, p + "0.layer_norm.weight", dec.layer_norm_epsilon)
-            qkv = h @ self.w[p + "0.SelfAttention.qkv.weight"].reshape(c.d_model, -1)
-            q, k, v = qkv.view(B, T, 3, n, dk).unbind(2)
-            cache[i][0, :, start:start + T], cache[i][1, :, start:start + T] = k, v
-            a = self._attend(q, cache[i][0, :, :start + T], cache[i][1, :, :start + T], bias,
-                             causal)
-            x = x + a @ self.w[p + "0.SelfAttention.o.weight"]
-            h = self._norm(x, p + "1.layer_norm.weight", dec.layer_norm_epsilon)
-            q = (h @ self.w[p + "1.EncDecAttention.q.weight"]).view(B, T, n, dk)
-            a = self._attend(q, *memory[i], torch.zeros((), device=device), cross_allowed)
-            x = x + a @ self.w[p + "1.EncDecAttention.o.weight"]
-            h = self._norm(x, p + "2.layer_norm.weight", dec.layer_norm_epsilon)
-            x = x + self._ffn(h, p + "2.DenseReluDense.", dec)
-        x = self._norm(x, "decoder.final_layer_norm.weight", dec.layer_norm_epsilon)
-        return (x * self.spec.head_scale) @ self.w[LM_HEAD].t()
+            n = layer_names(c, "decoder", i)
+            x = self._residual(x, n["self_norm"], eps, partial(
+                self._cached_attention, n, dec, cache[i], start, bias, causal))
+            x = self._residual(x, n["cross_norm"], eps, partial(
+                self._cross_attention, n, dec, memory[i], cross_allowed))
+            x = self._residual(x, n["ffn_norm"], eps, partial(self._ffn, n, dec))
+        x = self._finish("decoder", x, dec)
+        logits = (x * self.spec.head_scale) @ self.w[self.names["lm_head"]].t()
+        if "logits_bias" in self.names:
+            logits = logits + self.w[self.names["logits_bias"]]
+        return logits
 
     def _new_cache(self, batch: int, length: int, device: torch.device) -> list[torch.Tensor]:
         dec = self.config.decoder

@@ -1,12 +1,18 @@
-"""`T5Config`: the configuration of a converted encoder-decoder (T5 family) directory.
+"""`T5Config`: the configuration of a converted encoder-decoder directory (T5 and BART families).
 
-The layout is FasterTransformer's T5 layout (``docs/FORMAT.md``, "T5 family"). ``config.ini``
-holds ``[encoder]`` and ``[decoder]`` (one per stack: HF ``T5Config`` keys, with
-``relative_attention_num_buckets`` renamed ``relative_attention_num_buckets_or_max_pos_seq_len``,
-plus ``weight_data_type``) and ``[structure]`` (``t5_with_bias``, ``use_gated_activation``,
-``position_embedding_type``). FT's converter writes every HF config key as ``str(value)``
-(``True``, ``None``); those spellings are read here, and keys warpformer does not use are kept
-in ``extra`` and written back unchanged.
+The layout is FasterTransformer's encoder-decoder layout (``docs/FORMAT.md``, "T5 family" and
+"BART family"). ``config.ini`` holds ``[encoder]`` and ``[decoder]`` (one per stack: HF
+``T5Config`` keys, with ``relative_attention_num_buckets`` renamed
+``relative_attention_num_buckets_or_max_pos_seq_len``, plus ``weight_data_type``) and
+``[structure]`` (``t5_with_bias``, ``use_gated_activation``, ``position_embedding_type``). FT's
+T5 converter writes every HF config key as ``str(value)`` (``True``, ``None``); those spellings
+are read here, and keys warpformer does not use are kept in ``extra`` and written back unchanged.
+
+The BART family (BART, mBART) is marked as FT's BART converter marks it: ``[encoder]
+model_name = bart`` and ``mbart = true|false``; its stacks carry ``max_pos_seq_len`` (learned
+positions) instead of the relative-attention keys, and ``position_embedding_type`` is
+``absolute``. ``model_type`` (``t5``, ``mt5``, ``bart``, ``mbart``) is the family switch the
+weight table and the reference read.
 """
 
 from __future__ import annotations
@@ -76,6 +82,8 @@ class T5StackConfig:
     """One stack's section (``[encoder]`` or ``[decoder]``) of ``config.ini``.
 
     Weight shapes: ``inner = num_heads * d_kv`` (need not equal ``d_model``), FFN width ``d_ff``.
+    ``max_pos_seq_len``: rows of the learned position table (BART family); 0 for T5's relative
+    positions, whose bucket keys are then the ones used.
     """
 
     vocab_size: int
@@ -89,6 +97,7 @@ class T5StackConfig:
     layer_norm_epsilon: float = 1e-6
     feed_forward_proj: str = "relu"
     dense_act_fn: str = ""
+    max_pos_seq_len: int = 0
     extra: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -112,6 +121,7 @@ class T5StackConfig:
             for key in ("vocab_size", "d_model", "d_kv", "d_ff", "num_layers", "num_heads",
                         "relative_attention_num_buckets", "relative_attention_max_distance"):
                 setattr(self, key, _int(key, getattr(self, key), 1))
+            self.max_pos_seq_len = _int("max_pos_seq_len", self.max_pos_seq_len, 0)
             try:
                 self.layer_norm_epsilon = float(self.layer_norm_epsilon)
             except (TypeError, ValueError):
@@ -125,14 +135,18 @@ class T5StackConfig:
             raise ConfigError(f"[{section}] {exc}") from None
 
     def to_section(self) -> dict[str, str]:
-        """The section's keys as FT writes them (booleans ``True``/``False``)."""
+        """The section's keys as FT writes them (booleans ``True``/``False``); learned positions
+        (``max_pos_seq_len > 0``) replace the relative-attention keys."""
         out = {k: str(v) for k, v in self.extra.items()}
+        if self.max_pos_seq_len:
+            out["max_pos_seq_len"] = str(self.max_pos_seq_len)
+        else:
+            out[_BUCKETS_KEY] = str(self.relative_attention_num_buckets)
+            out["relative_attention_max_distance"] = str(self.relative_attention_max_distance)
         out.update({
             "vocab_size": str(self.vocab_size), "d_model": str(self.d_model),
             "d_kv": str(self.d_kv), "d_ff": str(self.d_ff), "num_layers": str(self.num_layers),
             "num_heads": str(self.num_heads),
-            _BUCKETS_KEY: str(self.relative_attention_num_buckets),
-            "relative_attention_max_distance": str(self.relative_attention_max_distance),
             "layer_norm_epsilon": repr(self.layer_norm_epsilon),
             "feed_forward_proj": self.feed_forward_proj,
             "dense_act_fn": self.dense_act_fn or t5_activation_name(self.feed_forward_proj),
@@ -170,17 +184,24 @@ def t5_activation_name(feed_forward_proj: str) -> str:
 # Keys of [encoder]/[decoder] that describe the model rather than one stack; read from [decoder].
 _MODEL_KEYS = ("pad_token_id", "eos_token_id", "decoder_start_token_id", "tie_word_embeddings",
                "weight_data_type", "tensor_para_size")
-_STRUCTURE_KEYS = ("t5_with_bias", "use_gated_activation", "position_embedding_type")
+_STRUCTURE_KEYS = ("t5_with_bias", "bart_with_bias", "use_gated_activation",
+                   "position_embedding_type")
+# FT's PositionEmbeddingType values, also written as numbers.
+_POSITION_TYPES = {"relative": "relative", "0": "relative", "absolute": "absolute",
+                   "1": "absolute"}
 
 
 @dataclass
 class T5Config:
-    """A converted T5-family model: two stacks and the model-level keys.
+    """A converted encoder-decoder model: two stacks and the model-level keys.
 
-    ``tie_word_embeddings`` keeps FT's (and HF 4's) meaning for T5: the decoder output is scaled
-    by ``d_model ** -0.5`` before ``lm_head`` (original T5); the head itself is always the file
-    ``lm_head.weight.bin``. ``tensor_para_size`` is written in ``[encoder]`` (as FT's Megatron T5
-    converter does); when missing it is the N of the ``<N>-gpu`` folder name.
+    ``model_type`` is the family switch: ``t5``/``mt5`` (relative positions, RMS norm) or
+    ``bart``/``mbart`` (learned positions, LayerNorm with bias, post-LN for BART, pre-LN with
+    final norms for mBART). ``tie_word_embeddings`` keeps FT's (and HF 4's) meaning for T5: the
+    decoder output is scaled by ``d_model ** -0.5`` before ``lm_head`` (original T5); the head
+    itself is always a file of its own. BART never rescales (the key must be false and is not
+    written). ``tensor_para_size`` is written in ``[encoder]`` (as FT's Megatron T5 converter
+    does); when missing it is the N of the ``<N>-gpu`` folder name.
     """
 
     encoder: T5StackConfig
@@ -207,6 +228,22 @@ class T5Config:
         """Model width (both stacks)."""
         return self.decoder.d_model
 
+    @property
+    def is_bart(self) -> bool:
+        """BART family (``bart``, ``mbart``): FT's BART file names and behaviour."""
+        return self.model_type in ("bart", "mbart")
+
+    @property
+    def position_embedding_type(self) -> str:
+        """``relative`` (T5 buckets) or ``absolute`` (BART's learned table)."""
+        return "absolute" if self.is_bart else "relative"
+
+    @property
+    def pre_layernorm(self) -> bool:
+        """Norm before each sublayer and a final norm per stack (T5, mBART), or after the
+        residual add (BART)."""
+        return self.model_type != "bart"
+
     def validate(self) -> None:
         """Cross-stack rules; raises :class:`ConfigError` naming the key."""
         self.encoder.validate("encoder")
@@ -229,19 +266,36 @@ class T5Config:
                                       f"by tensor_para_size ({tp})")
         if self.encoder.gated != self.decoder.gated:
             raise ConfigError("[encoder] and [decoder] disagree on a gated FFN (feed_forward_proj)")
+        self.tie_word_embeddings = _parse_bool("tie_word_embeddings", self.tie_word_embeddings)
+        if self.is_bart:
+            self._validate_bart()
         for key in ("pad_token_id", "eos_token_id", "decoder_start_token_id"):
             value = _int(key, getattr(self, key), 0)
             if value >= self.vocab_size:
                 raise ConfigError(f"[decoder] {key} ({value}) must be in [0, vocab_size="
                                   f"{self.vocab_size})")
             setattr(self, key, value)
-        self.tie_word_embeddings = _parse_bool("tie_word_embeddings", self.tie_word_embeddings)
+
+    def _validate_bart(self) -> None:
+        for name, stack in (("encoder", self.encoder), ("decoder", self.decoder)):
+            if stack.max_pos_seq_len < 1:
+                raise ConfigError(f"[{name}] max_pos_seq_len (rows of the learned position "
+                                  f"table, required for {self.model_type}) must be >= 1, got "
+                                  f"{stack.max_pos_seq_len}")
+            if stack.gated:
+                raise ConfigError(f"[{name}] feed_forward_proj {stack.feed_forward_proj!r}: the "
+                                  "BART family has no gated FFN")
+        if self.tie_word_embeddings:
+            raise ConfigError("tie_word_embeddings (T5's d_model ** -0.5 rescale before lm_head) "
+                              f"does not apply to {self.model_type}")
 
     def structure(self) -> dict[str, str]:
-        """The ``[structure]`` section as FT writes it."""
+        """The ``[structure]`` section as FT writes it (for BART: its T5 layout's keys with the
+        BART values)."""
         out = dict(self.extra_structure)
-        out.update(t5_with_bias="false", use_gated_activation=str(self.decoder.gated).lower(),
-                   position_embedding_type="relative")
+        out["bart_with_bias" if self.is_bart else "t5_with_bias"] = str(self.is_bart).lower()
+        out.update(use_gated_activation=str(self.decoder.gated).lower(),
+                   position_embedding_type=self.position_embedding_type)
         return out
 
     # ------------------------------------------------------------------ config.ini
@@ -250,9 +304,13 @@ class T5Config:
         parser = configparser.ConfigParser()
         common = {"pad_token_id": str(self.pad_token_id), "eos_token_id": str(self.eos_token_id),
                   "decoder_start_token_id": str(self.decoder_start_token_id),
-                  "tie_word_embeddings": str(self.tie_word_embeddings),
                   "model_type": self.model_type, "weight_data_type": self.weight_data_type}
-        parser["encoder"] = {**self.encoder.to_section(), **common, "is_decoder": "False",
+        family = {}
+        if self.is_bart:  # FT's BART converter's keys
+            family = {"model_name": "bart", "mbart": str(self.model_type == "mbart").lower()}
+        else:
+            common["tie_word_embeddings"] = str(self.tie_word_embeddings)
+        parser["encoder"] = {**self.encoder.to_section(), **common, **family, "is_decoder": "False",
                              "tensor_para_size": str(self.tensor_para_size)}
         parser["decoder"] = {**self.decoder.to_section(), **common, "is_decoder": "True"}
         parser["structure"] = self.structure()
@@ -261,7 +319,8 @@ class T5Config:
 
     @classmethod
     def from_ini(cls, path: str | os.PathLike[str]) -> T5Config:
-        """Read a ``config.ini`` written by warpformer or by FT's ``huggingface_t5_ckpt_convert``.
+        """Read a ``config.ini`` written by warpformer or by FT's ``huggingface_t5_ckpt_convert`` /
+        ``huggingface_bart_convert``.
 
         Raises :class:`ConfigError` whose message starts with the file and names the key.
         """
@@ -286,17 +345,24 @@ class T5Config:
     @classmethod
     def _from_sections(cls, path: str | os.PathLike[str], enc: dict[str, str],
                        dec: dict[str, str], structure: dict[str, str]) -> T5Config:
-        if _parse_bool("[structure] t5_with_bias", structure.get("t5_with_bias", "false")):
-            raise ConfigError("[structure] t5_with_bias = true (Megatron/NeMo T5 with biases) is "
-                              "not supported")
-        if _parse_bool("[structure] t5_with_moe", structure.get("t5_with_moe", "0")):
-            raise ConfigError("[structure] t5_with_moe (mixture of experts) is not supported")
-        position = structure.get("position_embedding_type", "relative").strip().lower()
-        if position not in ("relative", "0"):
-            raise ConfigError(f"[structure] position_embedding_type {position!r} is not supported "
-                              "(only 'relative', also written '0')")
+        model_type = dec.get("model_type", enc.get("model_type", "t5")).strip().lower() or "t5"
+        bart = enc.pop("model_name", "").strip().lower() == "bart" or model_type in ("bart",
+                                                                                     "mbart")
+        if bart:
+            mbart = _parse_bool("[encoder] mbart", enc.pop("mbart", str(model_type == "mbart")))
+            model_type = "mbart" if mbart else "bart"
+        _check_structure(structure, bart)
+        defaults = {"pad": 0, "eos": 1}
+        if bart:  # FT's BART converter writes neither; HF's BART values
+            defaults = {"pad": 1, "eos": 2}
+            for section in (enc, dec):
+                section.setdefault("layer_norm_epsilon", "1e-05")
+                section.setdefault("feed_forward_proj", "gelu")
         model = {k: dec.pop(k) for k in _MODEL_KEYS if k in dec}
-        model_type = dec.get("model_type", enc.get("model_type", "t5")).strip() or "t5"
+        # Unset start id: T5 starts with pad, BART with eos (HF's defaults).
+        start_key = "eos" if bart else "pad"
+        start = _token(f"{start_key}_token_id", model.get(f"{start_key}_token_id"),
+                       defaults[start_key])
         tp = enc.pop("tensor_para_size", None) or model.pop("tensor_para_size", None)
         if tp is None:
             match = re.fullmatch(r"(\d+)-gpu", Path(path).resolve().parent.name)
@@ -310,13 +376,14 @@ class T5Config:
         config = cls(
             encoder=T5StackConfig.from_section("encoder", enc),
             decoder=T5StackConfig.from_section("decoder", dec),
-            pad_token_id=_token("[decoder] pad_token_id", model.get("pad_token_id"), 0),
-            eos_token_id=_token("[decoder] eos_token_id", model.get("eos_token_id"), 1),
+            pad_token_id=_token("[decoder] pad_token_id", model.get("pad_token_id"),
+                                defaults["pad"]),
+            eos_token_id=_token("[decoder] eos_token_id", model.get("eos_token_id"),
+                                defaults["eos"]),
             decoder_start_token_id=_token("[decoder] decoder_start_token_id",
-                                          model.get("decoder_start_token_id"),
-                                          _token("pad_token_id", model.get("pad_token_id"), 0)),
-            tie_word_embeddings=_parse_bool("[decoder] tie_word_embeddings",
-                                      model.get("tie_word_embeddings", "true")),
+                                          model.get("decoder_start_token_id"), start),
+            tie_word_embeddings=not bart and _parse_bool("[decoder] tie_word_embeddings",
+                                                         model.get("tie_word_embeddings", "true")),
             weight_data_type=model.get("weight_data_type", "fp32"),
             tensor_para_size=tp,
             model_type=model_type,
@@ -328,3 +395,20 @@ class T5Config:
             raise ConfigError(f"[structure] use_gated_activation = {gated} contradicts "
                               f"feed_forward_proj = {config.decoder.feed_forward_proj!r}")
         return config
+
+
+def _check_structure(structure: dict[str, str], bart: bool) -> None:
+    """Refuse ``[structure]`` values the family does not have; raises :class:`ConfigError`."""
+    flag = "bart_with_bias" if bart else "t5_with_bias"
+    if _parse_bool(f"[structure] {flag}", structure.get(flag, str(bart))) != bart:
+        raise ConfigError(f"[structure] {flag} = {structure[flag]} is not supported ("
+                          + ("BART always has biases)" if bart else
+                             "Megatron/NeMo T5 with biases)"))
+    if _parse_bool("[structure] t5_with_moe", structure.get("t5_with_moe", "0")):
+        raise ConfigError("[structure] t5_with_moe (mixture of experts) is not supported")
+    want = "absolute" if bart else "relative"
+    position = structure.get("position_embedding_type", want).strip().lower()
+    if _POSITION_TYPES.get(position) != want:
+        raise ConfigError(f"[structure] position_embedding_type {position!r} is not supported "
+                          f"for this family (only {want!r}, also written "
+                          f"'{int(want == 'absolute')}')")

@@ -53,7 +53,9 @@ class WeightSpec:
     ranks (``None``: replicated, one file without rank suffix). ``layer`` is the global layer
     index or ``None`` for model-level tensors; ``stage`` says which pipeline stage needs a
     model-level tensor: ``"first"``, ``"last"`` or ``"first+last"``. ``optional`` tensors may be
-    absent (only ``lm_head.weight``: absent means tied to ``wte``).
+    absent (only ``lm_head.weight``: absent means tied to ``wte``). ``per_rank``: a replicated
+    tensor written whole once per rank, with the rank suffix (FT's BART layout names its
+    row-parallel biases that way).
     """
 
     shape: tuple[int, ...]
@@ -61,6 +63,12 @@ class WeightSpec:
     layer: int | None = None
     stage: str = ""
     optional: bool = False
+    per_rank: bool = False
+
+    @property
+    def ranked(self) -> bool:
+        """Whether the files carry a rank suffix (one file per tensor-parallel rank)."""
+        return self.split_axis is not None or self.per_rank
 
     def shard_shape(self, tensor_para_size: int) -> tuple[int, ...]:
         """Shape of one rank's file."""
@@ -94,7 +102,7 @@ def expected_shapes(config: GptConfig) -> dict[str, tuple[int, ...]]:
 def file_name(name: str, spec: WeightSpec, tp_rank: int, prefix: str = "model.") -> str:
     """On-disk file name of tensor ``name`` for ``tp_rank`` (FT's GPT files start with
     ``model.``; its T5 files have no prefix)."""
-    if spec.split_axis is None:
+    if not spec.ranked:
         return f"{prefix}{name}.bin"
     return f"{prefix}{name}.{tp_rank}.bin"
 
