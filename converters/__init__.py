@@ -4,15 +4,20 @@
 ``architectures``, or Megatron ``mp_rank_*`` folders), builds that family's declarative plan and
 writes ``output_dir/<tp>-gpu/``. :data:`REGISTRY` maps an architecture name to the module that
 converts it; a module provides ``build_plan``. New families (T5, BART) register with
-:func:`register`.
+:func:`register`. ``weight_quant`` (GPT family) writes weight-only int8/int4 kernels with their
+scales (:mod:`.quantize`, ``docs/FORMAT.md``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+from warpformer.config import ConfigError, GptConfig, QuantScheme
+from warpformer.weights import stored_specs
 
 from .checks import check_sources
 from .errors import ConversionError
@@ -70,9 +75,11 @@ def detect(input_dir: str | os.PathLike[str]) -> tuple[str, dict[str, Any] | Non
 
 
 def build_plan(input_dir: str | os.PathLike[str], tensor_para_size: int,
-               data_type: str = "fp32", allow_unsafe_pickle: bool = False) -> Plan:
+               data_type: str = "fp32", allow_unsafe_pickle: bool = False,
+               weight_quant: QuantScheme | None = None) -> Plan:
     """The conversion plan (config, expected tensors, tasks) for ``input_dir``, its source
-    tensors checked (:func:`~.checks.check_sources`) so that a bad one fails before any writing."""
+    tensors checked (:func:`~.checks.check_sources`) so that a bad one fails before any writing.
+    ``weight_quant``: quantize the layers' linear kernels (and the head if the scheme says so)."""
     arch, hf = detect(input_dir)
     module = REGISTRY[arch]
     if tensor_para_size < 1:
@@ -82,16 +89,46 @@ def build_plan(input_dir: str | os.PathLike[str], tensor_para_size: int,
                                  allow_unsafe_pickle=allow_unsafe_pickle)
     else:
         plan = module.build_plan(Path(input_dir), hf, tensor_para_size, data_type)
+    if weight_quant is not None:
+        _quantize_plan(plan, arch, weight_quant, data_type)
     check_sources(plan)
     return plan
+
+
+def _quantize_plan(plan: Plan, arch: str, scheme: QuantScheme, data_type: str) -> None:
+    """Make ``plan`` write ``scheme``'s files; a tied head asked for becomes its own task."""
+    if not isinstance(plan.config, GptConfig):
+        raise ConversionError(f"--weight-quant is implemented for the GPT family only; {arch} "
+                              "converts unquantized")
+    if data_type not in ("fp16", "bf16"):
+        raise ConversionError(f"--weight-quant {scheme.mode} needs --data-type fp16 or bf16 (the "
+                              f"compute dtype, which the scales are stored in), got {data_type}: "
+                              "quantizing into an fp32 model is not supported")
+    try:
+        plan.config = plan.config.with_quant(scheme)
+        plan.stored = stored_specs(plan.config)
+    except ConfigError as exc:
+        raise ConversionError(f"--weight-quant {scheme.mode}: {exc}") from None
+    targets = {task.target for task in plan.tasks}
+    if scheme.lm_head and "lm_head.weight" not in targets:
+        wte = next(task for task in plan.tasks if task.target == "wte")
+        plan.tasks.append(dataclasses.replace(wte, target="lm_head.weight"))
 
 
 def convert(input_dir: str | os.PathLike[str], output_dir: str | os.PathLike[str],
             tensor_para_size: int = 1, data_type: str = "fp32", processes: int = 1,
             force: bool = False, progress: bool = False,
-            allow_unsafe_pickle: bool = False) -> Summary:
-    """Convert ``input_dir`` into ``output_dir/<tensor_para_size>-gpu/``; returns a summary."""
-    plan = build_plan(input_dir, tensor_para_size, data_type, allow_unsafe_pickle)
+            allow_unsafe_pickle: bool = False,
+            weight_quant: QuantScheme | str | None = None) -> Summary:
+    """Convert ``input_dir`` into ``output_dir/<tensor_para_size>-gpu/``; returns a summary.
+
+    ``weight_quant``: ``"int8"``, ``"int4"`` or a :class:`~warpformer.config.QuantScheme` (group
+    size, zero points, head) to write weight-only quantized kernels (``data_type`` fp16/bf16)."""
+    try:
+        scheme = QuantScheme.parse(weight_quant)
+    except ConfigError as exc:
+        raise ConversionError(f"--weight-quant: {exc}") from None
+    plan = build_plan(input_dir, tensor_para_size, data_type, allow_unsafe_pickle, scheme)
     return write_plan(plan, output_dir, data_type, processes, force, progress)
 
 

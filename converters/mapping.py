@@ -65,6 +65,8 @@ class Plan:
     source: Any
     description: str = ""
     file_prefix: str = "model."  # of every file name (weights.file_name)
+    # The file table when it differs from ``specs`` (weight-only quantized: stored_specs).
+    stored: dict[str, WeightSpec] | None = None
 
 
 def expand(rules: Sequence[Rule], num_layers: int, prefix: str = "") -> list[Task]:

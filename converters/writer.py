@@ -5,7 +5,9 @@ weight table, casts it and writes one file per rank (split tensors) or one file 
 Everything goes to a temporary folder next to the output, which is renamed into place only after
 every expected tensor has been written and checked, so an interrupted or failed run never leaves a
 folder that looks valid. ``processes > 1`` runs tasks in a spawn-started process pool whose workers
-each open the checkpoint themselves.
+each open the checkpoint themselves. A weight-only quantized plan (``plan.stored``) quantizes each
+layer kernel whole, in the output dtype, before splitting its data and scales
+(:func:`warpformer.weight_quant.quantize_kernel`).
 
 The temporary folder's name carries the host and pid (``.<N>-gpu.tmp-<host>-<pid>-<random>``):
 SIGTERM is turned into an exception so the cleanup runs, and a folder left by a killed run
@@ -34,7 +36,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from warpformer.weights import DTYPES, WeightSpec, file_name
+from warpformer.weight_quant import quantize_kernel
+from warpformer.weights import DTYPES, STORAGE_DTYPES, WeightSpec, file_name, quantized_kernels
 
 from .checks import describe_sources
 from .errors import ConversionError
@@ -60,15 +63,16 @@ class Summary:
 
 def write_tensor(directory: Path, name: str, tensor: torch.Tensor, spec: WeightSpec, tp: int,
                  data_type: str, prefix: str = "model.") -> tuple[int, int]:
-    """Write ``tensor`` (CPU, full shape ``spec.shape``, any floating dtype) as ``data_type``
-    (``"fp32"``/``"fp16"``/``"bf16"``) into ``directory``, split for ``tp`` ranks.
+    """Write ``tensor`` (CPU, full shape ``spec.shape``) as ``spec.dtype`` (a quantized kernel's
+    int8/uint8 files) or else ``data_type`` (``"fp32"``/``"fp16"``/``"bf16"``) into
+    ``directory``, split for ``tp`` ranks.
 
     Returns ``(files, bytes)`` written.
     """
     if tuple(tensor.shape) != spec.shape:
         raise ConversionError(f"tensor {name}: built shape {list(tensor.shape)}, the format "
                               f"expects {list(spec.shape)}")
-    tensor = tensor.to(DTYPES[data_type])
+    tensor = tensor.to(STORAGE_DTYPES[spec.dtype or data_type])
     if spec.split_axis is None:
         pieces = [tensor] * (tp if spec.per_rank else 1)
     else:
@@ -97,10 +101,12 @@ def _init_worker(plan: Plan, directory: Path, tp: int, data_type: str,
                  pool_worker: bool = True) -> None:
     if pool_worker:  # P workers share the cores; the caller's own process keeps its threads
         torch.set_num_threads(1)
-    _STATE.update(reader=plan.source.reader(), plan=plan, dir=directory, tp=tp, dtype=data_type)
+    kernels = {} if plan.stored is None else quantized_kernels(plan.config)
+    _STATE.update(reader=plan.source.reader(), plan=plan, dir=directory, tp=tp, dtype=data_type,
+                  kernels=kernels)
 
 
-def _run_task(task: Task) -> tuple[str, int, int]:
+def _run_task(task: Task) -> list[tuple[str, int, int]]:
     plan: Plan = _STATE["plan"]
     reader = _STATE["reader"]
     spec = plan.specs.get(task.target)
@@ -130,9 +136,15 @@ def _run_task(task: Task) -> tuple[str, int, int]:
     if problem is not None:
         raise ConversionError(f"tensor {task.target}: {problem}; built from "
                               f"{describe_sources(names, [t.shape for t in tensors], where)}")
-    files, nbytes = write_tensor(_STATE["dir"], task.target, full, spec, _STATE["tp"],
-                                 _STATE["dtype"], _STATE["plan"].file_prefix)
-    return task.target, files, nbytes
+    tensors = {task.target: full}
+    axis = _STATE["kernels"].get(task.target)
+    if axis is not None:  # quantize what an unquantized conversion would have written
+        tensors = quantize_kernel(plan.config, task.target, full.to(DTYPES[_STATE["dtype"]]),
+                                  axis)
+    table = plan.stored or plan.specs
+    return [(name, *write_tensor(_STATE["dir"], name, tensor, table[name], _STATE["tp"],
+                                 _STATE["dtype"], plan.file_prefix))
+            for name, tensor in tensors.items()]
 
 
 def _resolve(reader: Any, source: str) -> str:
@@ -142,20 +154,21 @@ def _resolve(reader: Any, source: str) -> str:
 
 
 def _verify(plan: Plan, directory: Path, written: set[str], tp: int, data_type: str) -> None:
-    itemsize = torch.empty((), dtype=DTYPES[data_type]).element_size()
-    for name, spec in plan.specs.items():
+    table = plan.stored or plan.specs
+    for name, spec in table.items():
         if name not in written:
             if spec.optional:
                 continue
             raise ConversionError(f"internal: tensor {name} expected by the format was not "
                                   "written")
         ranks = range(tp) if spec.ranked else [0]
-        expected = int(np.prod(spec.shard_shape(tp))) * itemsize
+        expected = int(np.prod(spec.shard_shape(tp))) * STORAGE_DTYPES[spec.dtype or
+                                                                        data_type].itemsize
         for rank in ranks:
             path = directory / file_name(name, spec, rank, plan.file_prefix)
             if not path.is_file() or path.stat().st_size != expected:
                 raise ConversionError(f"{path}: written file is missing or not {expected} bytes")
-    unknown = written - set(plan.specs)
+    unknown = written - set(table)
     if unknown:
         raise ConversionError(f"internal: wrote tensors outside the format: {sorted(unknown)}")
 
@@ -194,9 +207,8 @@ def write_plan(plan: Plan, output_dir: str | os.PathLike[str], data_type: str = 
             bar = _progress(len(plan.tasks), progress, plan.description)
             if processes == 1:
                 _init_worker(plan, tmp, tp, data_type, pool_worker=False)
-                results = map(_run_task, plan.tasks)
-                for name, files, nbytes in results:
-                    written[name] = (files, nbytes)
+                for results in map(_run_task, plan.tasks):
+                    written.update((name, (files, nbytes)) for name, files, nbytes in results)
                     bar.update(1)
             else:
                 import multiprocessing as mp
@@ -205,8 +217,8 @@ def write_plan(plan: Plan, output_dir: str | os.PathLike[str], data_type: str = 
                 # Leaving the block (SIGTERM's exception too) terminates and joins the workers
                 # before the cleanup below removes the folder they write into.
                 with ctx.Pool(processes, _init_worker, (plan, tmp, tp, data_type)) as pool:
-                    for name, files, nbytes in pool.imap_unordered(_run_task, plan.tasks):
-                        written[name] = (files, nbytes)
+                    for results in pool.imap_unordered(_run_task, plan.tasks):
+                        written.update((name, (files, nbytes)) for name, files, nbytes in results)
                         bar.update(1)
             bar.close()
             _STATE.clear()

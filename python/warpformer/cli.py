@@ -38,6 +38,33 @@ def _convert_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--allow-unsafe-pickle", action="store_true",
                    help="Megatron: allow arbitrary pickled objects (only for trusted files)")
+    p.add_argument("--weight-quant", choices=("int8", "int4"), default=None,
+                   help="GPT family: weight-only quantize the layers' linear weights: int8 per "
+                        "output channel, int4 in groups along the input (needs --data-type fp16 "
+                        "or bf16)")
+    p.add_argument("--quant-group-size", type=int, default=None, metavar="G",
+                   help="int4: input rows per scale, even, dividing each rank's width "
+                        "(default 128)")
+    p.add_argument("--quant-asymmetric", action="store_true",
+                   help="int4: asymmetric, with a zero point per group (default symmetric)")
+    p.add_argument("--quant-lm-head", action="store_true",
+                   help="quantize the lm_head too (default: it stays in --data-type)")
+
+
+def _quant_scheme(args: argparse.Namespace):
+    """The :class:`~warpformer.config.QuantScheme` the convert flags ask for, or ``None``."""
+    from warpformer.config import QuantScheme
+    from warpformer.converters import ConversionError
+
+    if args.weight_quant is None:
+        given = [flag for flag, value in (("--quant-group-size", args.quant_group_size is not None),
+                                          ("--quant-asymmetric", args.quant_asymmetric),
+                                          ("--quant-lm-head", args.quant_lm_head)) if value]
+        if given:
+            raise ConversionError(f"{', '.join(given)} needs --weight-quant int8 or int4")
+        return None
+    return QuantScheme(args.weight_quant, args.quant_group_size, args.quant_asymmetric,
+                       args.quant_lm_head)
 
 
 def _convert_run(args: argparse.Namespace) -> int:
@@ -45,7 +72,8 @@ def _convert_run(args: argparse.Namespace) -> int:
 
     summary = convert(args.input_dir, args.output_dir, args.tensor_para_size, args.data_type,
                       args.processes, args.force, progress=not args.no_progress,
-                      allow_unsafe_pickle=args.allow_unsafe_pickle)
+                      allow_unsafe_pickle=args.allow_unsafe_pickle,
+                      weight_quant=_quant_scheme(args))
     print(summary)
     return 0
 

@@ -8,7 +8,8 @@ from plain dicts, and serialises to the JSON string that the C++ engine takes.
 Files written by FasterTransformer's own converters load too: missing keys take FT's defaults,
 legacy activation names (``Gelu``, ``Relu``) are mapped, booleans may be ``True``/``False`` or
 ``1``/``0``, FT's ``model_variant`` values (``bloom-pre``) are normalised, and the legacy
-``[gptj]``/``[gptneox]`` sections are read as well.
+``[gptj]``/``[gptneox]`` sections are read as well. Weight-only quantized folders carry
+``weight_quant`` and its keys (:class:`QuantScheme`); FT's ``int8_mode`` is read for them.
 """
 
 from __future__ import annotations
@@ -25,11 +26,13 @@ from typing import Any
 __all__ = [
     "ConfigError",
     "GptConfig",
+    "QuantScheme",
     "ACTIVATIONS",
     "DATA_TYPES",
     "LAYERNORM_TYPES",
     "MODEL_VARIANTS",
     "ROTARY_STYLES",
+    "WEIGHT_QUANTS",
     "local_vocab",
     "normalize_activation",
 ]
@@ -52,6 +55,8 @@ LAYERNORM_TYPES = ("pre_layernorm", "post_layernorm")
 ACTIVATIONS = ("gelu_tanh", "gelu_erf", "relu", "silu")
 MODEL_VARIANTS = ("gpt2", "opt", "bloom", "gptj", "gptneox", "megatron")
 ROTARY_STYLES = ("interleaved", "half")
+WEIGHT_QUANTS = ("none", "int8", "int4")
+DEFAULT_GROUP_SIZE = 128
 
 # Accepted spellings (lower-cased) -> canonical activation. FT's "Gelu" kernel is the tanh form.
 _ACTIVATION_ALIASES = {
@@ -117,6 +122,57 @@ def _parse_float(key: str, value: Any) -> float:
         raise ConfigError(f"{key} must be a number, got {value!r}") from None
 
 
+@dataclass(frozen=True)
+class QuantScheme:
+    """A weight-only quantization request or a folder's scheme (``docs/FORMAT.md``).
+
+    ``mode`` ``"int8"`` (per output channel, FT ``int8_mode = 1``) or ``"int4"`` (groups of
+    ``group_size`` input rows; default 128, even). ``asymmetric``: int4 with zero points.
+    ``lm_head``: quantize the output head too (a tied head gets its own quantized copy of
+    ``wte``). Scales are in the compute dtype, fp16 or bf16. Raises :class:`ConfigError` naming
+    the field for a bad value."""
+
+    mode: str
+    group_size: int | None = None
+    asymmetric: bool = False
+    lm_head: bool = False
+
+    def __post_init__(self) -> None:
+        if self.mode not in WEIGHT_QUANTS[1:]:
+            raise ConfigError(f"weight_quant must be one of {', '.join(WEIGHT_QUANTS[1:])}, got "
+                              f"{self.mode!r}")
+        for key in ("asymmetric", "lm_head"):
+            if not isinstance(getattr(self, key), bool):
+                raise ConfigError(f"quant {key} must be True or False, got "
+                                  f"{getattr(self, key)!r}")
+        size = self.group_size
+        if self.mode == "int8":
+            if size not in (None, 0):
+                raise ConfigError(f"quant_group_size ({size}) applies to int4 only: int8 has one "
+                                  "scale per output channel")
+            if self.asymmetric:
+                raise ConfigError("int8 weight-only quantization is symmetric; asymmetric (zero "
+                                  "points) applies to int4 only")
+            object.__setattr__(self, "group_size", 0)
+            return
+        size = DEFAULT_GROUP_SIZE if size is None else size
+        if isinstance(size, bool) or not isinstance(size, int) or size < 2 or size % 2:
+            raise ConfigError(f"quant_group_size must be an even integer >= 2 (two int4 values "
+                              f"share a byte along the input axis), got {size!r}")
+        object.__setattr__(self, "group_size", size)
+
+    @classmethod
+    def parse(cls, value: str | QuantScheme | None) -> QuantScheme | None:
+        """``None``, a mode string (``"int8"``, ``"int4"``: defaults otherwise) or a scheme."""
+        if value is None or isinstance(value, QuantScheme):
+            return value
+        if not isinstance(value, str):
+            raise ConfigError(f"weight_quant must be None, 'int8', 'int4' or a QuantScheme, got "
+                              f"{value!r}")
+        mode = value.strip().lower()
+        return None if mode == "none" else cls(mode)
+
+
 @dataclass
 class GptConfig:
     """Configuration of one converted decoder-only model (``config.ini`` section ``[gpt]``).
@@ -153,6 +209,10 @@ class GptConfig:
     has_lm_head_bias: bool = False
     word_embed_proj_dim: int = 0
     row_parallel_bias_divided: bool = False
+    weight_quant: str = "none"
+    quant_group_size: int = 0
+    quant_asymmetric: bool = False
+    quant_lm_head: bool = False
     extra: dict[str, str] = field(default_factory=dict)
     """Keys of config.ini that warpformer does not use (FT's ``int8`` ...); kept on rewrite."""
 
@@ -164,6 +224,21 @@ class GptConfig:
     def hidden_size(self) -> int:
         """``head_num * size_per_head``."""
         return self.head_num * self.size_per_head
+
+    @property
+    def quant(self) -> QuantScheme | None:
+        """The weight-only quantization of the files, or ``None`` (``weight_quant = none``)."""
+        if self.weight_quant == "none":
+            return None
+        return QuantScheme(self.weight_quant, self.quant_group_size, self.quant_asymmetric,
+                           self.quant_lm_head)
+
+    def with_quant(self, scheme: QuantScheme) -> GptConfig:
+        """A copy of this config whose files are quantized as ``scheme`` says (validated)."""
+        return dataclasses.replace(self, weight_quant=scheme.mode,
+                                   quant_group_size=scheme.group_size,
+                                   quant_asymmetric=scheme.asymmetric,
+                                   quant_lm_head=scheme.lm_head)
 
     @property
     def embedding_dim(self) -> int:
@@ -238,7 +313,29 @@ class GptConfig:
             raise ConfigError(f"start_id ({self.start_id}) must be in [0, vocab_size)")
         if not 0 <= self.end_id < self.vocab_size:
             raise ConfigError(f"end_id ({self.end_id}) must be in [0, vocab_size)")
+        self._validate_quant()
         self.extra = {str(k): str(v) for k, v in dict(self.extra).items()}
+
+    def _validate_quant(self) -> None:
+        self.weight_quant = self.weight_quant.lower()
+        if self.weight_quant not in WEIGHT_QUANTS:
+            raise ConfigError(f"weight_quant must be one of {', '.join(WEIGHT_QUANTS)}, got "
+                              f"{self.weight_quant!r}")
+        if self.weight_quant == "none":
+            for key, default in (("quant_group_size", 0), ("quant_asymmetric", False),
+                                 ("quant_lm_head", False)):
+                if getattr(self, key) != default:
+                    raise ConfigError(f"{key} = {getattr(self, key)} needs weight_quant = int8 "
+                                      "or int4 (it is none)")
+            return
+        scheme = QuantScheme(self.weight_quant, self.quant_group_size or None,
+                             self.quant_asymmetric, self.quant_lm_head)
+        self.quant_group_size = scheme.group_size or 0
+        if self.weight_data_type not in ("fp16", "bf16"):
+            raise ConfigError(f"weight_quant = {self.weight_quant} needs weight_data_type fp16 "
+                              f"or bf16 (the compute dtype, which its scales are stored in), got "
+                              f"{self.weight_data_type}: quantizing into an fp32 model is "
+                              "not supported")
 
     # ------------------------------------------------------------------ dict / JSON
     def to_dict(self) -> dict[str, Any]:
@@ -289,6 +386,9 @@ class GptConfig:
                 section[key] = str(value)
         for key, value in self.extra.items():
             section.setdefault(key, value)
+        section.pop("int8_mode", None)
+        if self.weight_quant == "int8":
+            section["int8_mode"] = "1"  # FT's flag for per-channel weight-only int8
         parser[_SECTION] = section
         with open(path, "w", encoding="utf-8") as f:
             parser.write(f)
@@ -316,6 +416,7 @@ class GptConfig:
             match = re.fullmatch(r"(\d+)-gpu", Path(path).resolve().parent.name)
             values["tensor_para_size"] = match.group(1) if match else "1"
         try:
+            _read_int8_mode(values)
             if section == _SECTION:
                 values.setdefault("model_variant", _infer_variant(values))
             else:
@@ -323,6 +424,23 @@ class GptConfig:
             return cls.from_dict(values, strict=False)
         except ConfigError as exc:
             raise ConfigError(f"{path}: {exc}") from None
+
+
+def _read_int8_mode(values: dict[str, Any]) -> None:
+    """FT's ``int8_mode`` (popped from ``values``): ``1`` means per-channel weight-only int8,
+    ``weight_quant = int8`` when that key is missing; ``0`` means no int8. It must agree with
+    ``weight_quant`` when both are present; FT's ``2`` (SmoothQuant, int8 activations too) is
+    refused."""
+    if "int8_mode" not in values:
+        return
+    mode = _parse_int("int8_mode", values.pop("int8_mode"))
+    if mode not in (0, 1):
+        raise ConfigError(f"int8_mode = {mode} (FT's SmoothQuant, int8 activations) is not "
+                          "supported; warpformer reads int8_mode = 1 (weight-only int8) or 0")
+    quant = str(values.get("weight_quant", "int8" if mode else "none")).strip().lower()
+    values["weight_quant"] = quant
+    if (quant == "int8") != (mode == 1):
+        raise ConfigError(f"int8_mode = {mode} contradicts weight_quant = {quant}")
 
 
 def _infer_variant(values: dict[str, Any]) -> str:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from . import _in_flight
-from .config import GptConfig
+from .config import GptConfig, QuantScheme
 from .options import EngineOptions
 from .weights import read_config, resolve_model_dir
 
@@ -164,7 +164,8 @@ class GPT:
                         max_seq_len: int | None = None, device: str | torch.device | None = None,
                         backend: str = "auto", *, cuda_graphs: bool = True,
                         prefill_tokens: int | None = None, peer_allreduce: bool = True,
-                        gemm_config: str | os.PathLike[str] | None = None) -> GPT:
+                        gemm_config: str | os.PathLike[str] | None = None,
+                        weight_quant: str | QuantScheme | None = None) -> GPT:
         """Load a directory written by ``warpformer convert`` (``OUT`` or ``OUT/<tp>-gpu``).
 
         Args:
@@ -183,6 +184,12 @@ class GPT:
                 the reference with a warning).
             cuda_graphs, prefill_tokens, peer_allreduce, gemm_config: the engine options
                 (:mod:`warpformer.options` documents them; the reference backend has none).
+            weight_quant: ``"int8"``, ``"int4"`` or a :class:`~warpformer.config.QuantScheme`:
+                quantize an fp16/bf16 folder at load, as ``warpformer convert --weight-quant``
+                would. A quantized folder loads as stored (a request must match it: a string its
+                mode, a scheme every field). Quantized weights run on the reference backend
+                only, dequantized (the engine's kernels are issue 52's); the cuda backend
+                refuses them with a ``ValueError``.
         """
         from .models.gpt import default_max_seq_len, dtype_name
 
@@ -195,8 +202,11 @@ class GPT:
                            ("pipeline_para_size", pipeline_para_size), ("max_batch", max_batch)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{arg} must be a positive integer, got {value!r}")
+        from .weight_quant import refuse_engine, resolve_request
+
         path = resolve_model_dir(converted_dir)
         config = read_config(path)
+        scheme = resolve_request(path, config, weight_quant)
         limit = max_seq_len if max_seq_len is not None else default_max_seq_len(config)
         if limit < 2:
             raise ValueError(f"max_seq_len must be >= 2, got {limit}")
@@ -211,11 +221,14 @@ class GPT:
                 backend = "reference"
                 warnings.warn("warpformer: no CUDA device visible; using the plain-PyTorch "
                               "reference backend on CPU (slow, same results)", stacklevel=2)
+        if backend == "cuda":
+            refuse_engine(scheme or config.quant, f"weight_quant={weight_quant!r}" if scheme
+                          else str(path))
         if backend == "reference":
             if parallel:
                 raise ValueError("tensor_para_size/pipeline_para_size > 1 need backend='cuda' "
                                  "(the reference backend merges all shards on one device)")
-            return cls._load_reference(path, config, dtype, max_batch, limit, device)
+            return cls._load_reference(path, config, dtype, max_batch, limit, device, scheme)
         if not _cuda_available():
             raise ValueError("backend='cuda' needs a CUDA device and none is visible; use "
                              "backend='reference' (or 'auto') to run on CPU")
@@ -235,13 +248,20 @@ class GPT:
         return cls(engine, config, "cuda", dtype, device)
 
     @classmethod
-    def _load_reference(cls, path, config, dtype, max_batch, limit, device) -> GPT:
+    def _load_reference(cls, path, config, dtype, max_batch, limit, device, scheme) -> GPT:
         from .reference import GptReference
         from .reference_generation import ReferenceEngine
+        from .weight_quant import quantize_at_load
+        from .weights import load_merged_weights
 
         device = torch.device(device if device is not None else "cpu")
         compute = torch.float32 if (device.type == "cpu" and dtype == torch.float16) else dtype
-        model = GptReference.from_dir(path, dtype=compute, device=device)
+        if scheme is None:  # a quantized folder is dequantized to compute
+            model = GptReference.from_dir(path, dtype=compute, device=device)
+        else:
+            _, dense = load_merged_weights(path, device=device)
+            config, weights = quantize_at_load(config, dense, scheme, compute)
+            model = GptReference(config, weights)
         return cls(ReferenceEngine(model, max_batch, limit), config, "reference", compute, device)
 
     @staticmethod

@@ -97,7 +97,9 @@ class GptReference(torch.nn.Module):
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
     ) -> GptReference:
-        """Load a converted ``<tp>-gpu`` directory (any TP size) computing in ``dtype``."""
+        """Load a converted ``<tp>-gpu`` directory (any TP size) computing in ``dtype``. A
+        weight-only quantized folder runs on its dequantized kernels (``(q - zero) * scale``, see
+        docs/FORMAT.md): the oracle for the engine's quantized kernels."""
         config, weights = load_merged_weights(path, dtype=dtype, device=device)
         return cls(config, weights)
 

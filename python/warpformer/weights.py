@@ -5,10 +5,14 @@ that tensor parallelism splits, from the engine's own table (csrc/models/gpt/gpt
 converters' writer, this loader and :mod:`warpformer.reference` use it. File naming:
 ``model.<name>.bin`` for replicated tensors, ``model.<name>.<tp_rank>.bin`` for split ones;
 headerless little-endian C-order arrays of ``weight_data_type`` (bf16 files hold raw bf16 bits).
+A weight-only quantized folder (``weight_quant`` in ``config.ini``) stores each layer's linear
+kernels as int8 or packed int4 files with scale (and zero-point) files beside them:
+:func:`stored_specs` is its file table.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -18,13 +22,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .config import GptConfig, local_vocab
+from .config import ConfigError, GptConfig, local_vocab
 
 __all__ = [
     "WeightSpec",
     "WeightFileError",
     "DTYPES",
+    "STORAGE_DTYPES",
     "weight_specs",
+    "quantized_kernels",
+    "stored_specs",
     "expected_shapes",
     "file_name",
     "resolve_model_dir",
@@ -39,6 +46,8 @@ DTYPES: dict[str, torch.dtype] = {
     "fp16": torch.float16,
     "bf16": torch.bfloat16,
 }
+# Files' element types: DTYPES plus the quantized kernels' (int8 data; packed int4, zero points).
+STORAGE_DTYPES: dict[str, torch.dtype] = {**DTYPES, "int8": torch.int8, "uint8": torch.uint8}
 
 
 class WeightFileError(RuntimeError):
@@ -55,7 +64,8 @@ class WeightSpec:
     model-level tensor: ``"first"``, ``"last"`` or ``"first+last"``. ``optional`` tensors may be
     absent (only ``lm_head.weight``: absent means tied to ``wte``). ``per_rank``: a replicated
     tensor written whole once per rank, with the rank suffix (FT's BART layout names its
-    row-parallel biases that way).
+    row-parallel biases that way). ``dtype``: the file's element type, a key of
+    :data:`STORAGE_DTYPES`; empty means the folder's ``weight_data_type``.
     """
 
     shape: tuple[int, ...]
@@ -64,6 +74,7 @@ class WeightSpec:
     stage: str = ""
     optional: bool = False
     per_rank: bool = False
+    dtype: str = ""
 
     @property
     def ranked(self) -> bool:
@@ -90,6 +101,79 @@ def weight_specs(config: GptConfig) -> dict[str, WeightSpec]:
     table = json.loads(torch.ops.warpformer.gpt_weight_table(config.to_json()))
     return {e["name"]: WeightSpec(tuple(e["shape"]), e["split"], e["layer"], e["stage"],
                                   e["optional"]) for e in table}
+
+
+# Suffixes of a quantized kernel's companion files: model.<name>_scale / _zero.
+SCALE_SUFFIX, ZERO_SUFFIX = "_scale", "_zero"
+
+
+def quantized_kernels(config: GptConfig) -> dict[str, int]:
+    """``{name: input axis}`` of the tensors ``config.weight_quant`` quantizes: every layer's
+    linear kernel (``[in, *out]``, input axis 0: QKV, attention dense, MLP in and out) and, with
+    ``quant_lm_head``, ``lm_head.weight`` (``[V, e]``, input axis 1). Empty when unquantized."""
+    if config.quant is None:
+        return {}
+    kernels = {name: 0 for name, spec in weight_specs(config).items()
+               if spec.layer is not None and name.endswith(".weight") and len(spec.shape) >= 2}
+    if config.quant_lm_head:
+        kernels["lm_head.weight"] = 1
+    return kernels
+
+
+def stored_specs(config: GptConfig) -> dict[str, WeightSpec]:
+    """The files of a converted folder: :func:`weight_specs`, where ``config.weight_quant`` is set
+    each quantized kernel ``K`` ``[in, *out]`` (input axis 0; ``lm_head`` ``[V, e]`` has it last)
+    becomes ``K`` (int8 ``[in, *out]``, or uint8 ``[in/2, *out]`` packing int4 along the input
+    axis), ``K_scale`` (``[*out]`` for int8, ``[in/G, *out]`` for int4, in the compute dtype) and,
+    for asymmetric int4, ``K_zero`` (uint8, as the scales). Data and int4 scales split as the
+    kernel; int8 scales of a row-parallel kernel are replicated (whole columns).
+
+    Raises :class:`~warpformer.config.ConfigError` naming the tensor, its input width per rank and
+    the group size when an int4 group would not fit in a rank's rows (or the width at all).
+    """
+    specs = weight_specs(config)
+    scheme = config.quant
+    if scheme is None:
+        return specs
+    out: dict[str, WeightSpec] = {}
+    tp = config.tensor_para_size
+    kernels = quantized_kernels(config)
+    for name, spec in specs.items():
+        axis = kernels.get(name)
+        if axis is None:
+            out[name] = spec
+            continue
+        width = spec.shape[axis]
+        split = spec.split_axis
+        splits_input = split is not None and split % len(spec.shape) == axis
+        if scheme.mode == "int4":
+            per_rank = width // tp if splits_input else width
+            if per_rank % scheme.group_size:
+                where = (f"{per_rank} per rank ({width} / tensor_para_size {tp})"
+                         if per_rank != width else str(width))
+                raise ConfigError(
+                    f"int4 group size {scheme.group_size} does not divide the input width "
+                    f"{where} of {name}" + ("; a group must not straddle a rank boundary"
+                                            if per_rank != width else "")
+                    + f": pick a group size that divides {per_rank}")
+            data = _with_axis(spec.shape, axis, width // 2)
+            scale = _with_axis(spec.shape, axis, width // scheme.group_size)
+            out[name] = dataclasses.replace(spec, shape=data, dtype="uint8")
+            scale_split = split
+        else:
+            out[name] = dataclasses.replace(spec, dtype="int8")
+            scale = spec.shape[:axis] + spec.shape[axis + 1:]
+            scale_split = (None if split is None or splits_input
+                           else split if split < 0 else split - (split > axis))
+        companion = dataclasses.replace(spec, shape=scale, split_axis=scale_split)
+        out[name + SCALE_SUFFIX] = companion
+        if scheme.asymmetric:
+            out[name + ZERO_SUFFIX] = dataclasses.replace(companion, dtype="uint8")
+    return out
+
+
+def _with_axis(shape: tuple[int, ...], axis: int, size: int) -> tuple[int, ...]:
+    return shape[:axis] + (size,) + shape[axis + 1:]
 
 
 def expected_shapes(config: GptConfig) -> dict[str, tuple[int, ...]]:
@@ -142,7 +226,8 @@ def _read_raw(path: Path, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.T
     if dtype == torch.bfloat16:
         raw = np.fromfile(path, dtype="<i2")
         return torch.from_numpy(raw).view(torch.bfloat16).reshape(shape)
-    np_dtype = {torch.float32: "<f4", torch.float16: "<f2"}[dtype]
+    np_dtype = {torch.float32: "<f4", torch.float16: "<f2", torch.int8: "i1",
+                torch.uint8: "u1"}[dtype]
     return torch.from_numpy(np.fromfile(path, dtype=np_dtype)).reshape(shape)
 
 
@@ -165,6 +250,9 @@ def load_weights(
     anything is read; a missing or mis-sized file raises :class:`WeightFileError` naming it.
     Without tensor parallelism ``wte`` and ``lm_head.weight`` are views of the first ``V`` rows of
     zero-padded buffers of a multiple of 8 rows, which the engine's lm_head uses in place.
+    A quantized folder gives its files as stored (:func:`stored_specs`): int8 / packed-int4
+    uint8 kernels and zero points keep their integer dtype, scales are cast like every floating
+    tensor; :func:`load_merged_weights` dequantizes.
     """
     root = resolve_model_dir(model_dir)
     config = GptConfig.from_ini(root / "config.ini")
@@ -174,9 +262,11 @@ def load_weights(
     layers = stage_layers(config.num_layer, pp_rank, pipeline_para_size)
     first, last = pp_rank == 0, pp_rank == pipeline_para_size - 1
     file_dtype = DTYPES[config.weight_data_type]
-    itemsize = torch.empty((), dtype=file_dtype).element_size()
 
-    specs = weight_specs(config)
+    try:
+        specs = stored_specs(config)
+    except ConfigError as exc:
+        raise ConfigError(f"{root / 'config.ini'}: {exc}") from None
     tied = not (root / file_name("lm_head.weight", specs["lm_head.weight"], tp_rank)).exists()
     plan: list[tuple[str, Path, tuple[int, ...]]] = []
     for name, spec in specs.items():
@@ -191,29 +281,32 @@ def load_weights(
         plan.append((name, root / file_name(name, spec, tp_rank), spec.shard_shape(tp)))
 
     for name, path, shape in plan:  # verify everything before reading anything
-        expected = int(np.prod(shape)) * itemsize
+        kind = specs[name].dtype or config.weight_data_type
+        expected = int(np.prod(shape)) * STORAGE_DTYPES[kind].itemsize
         if not path.is_file():
             raise WeightFileError(
                 f"missing weight file {path} (tensor {name}, shape {list(shape)} "
-                f"{config.weight_data_type}, {expected} bytes expected)"
+                f"{kind}, {expected} bytes expected)"
             )
         actual = path.stat().st_size
         if actual != expected:
             raise WeightFileError(
                 f"weight file {path} has {actual} bytes, expected {expected} "
-                f"(shape {list(shape)} {config.weight_data_type} per config.ini)"
+                f"(shape {list(shape)} {kind} per config.ini)"
             )
 
     _check_no_extra_layers(root, config)
     out: dict[str, torch.Tensor] = {}
     for name, path, shape in plan:
-        tensor = _read_raw(path, file_dtype, shape)
+        stored = specs[name].dtype
+        tensor = _read_raw(path, STORAGE_DTYPES[stored] if stored else file_dtype, shape)
         if config.row_parallel_bias_divided and _is_row_parallel_bias(name, specs):
             tensor = (tensor.float() * tp).to(file_dtype)  # FT stored bias / tp: undo it
-        to = dtype if dtype is not None else file_dtype
+        to = dtype if dtype is not None and tensor.is_floating_point() else tensor.dtype
         # One GPU's head multiplies local_vocab rows; tensor-parallel ranks copy their padded
-        # slice of it whatever they are given.
-        rows = local_vocab(config.vocab_size) if tp == 1 and name in _VOCAB_ROW_TENSORS else 0
+        # slice of it whatever they are given (a quantized head is not the engine's yet).
+        rows = (local_vocab(config.vocab_size)
+                if tp == 1 and name in _VOCAB_ROW_TENSORS and not stored else 0)
         out[name] = (_in_padded_rows(tensor, rows, to, device) if rows > shape[0]
                      else tensor.to(dtype=to, device=device))
     _check_finite(out, {name: path for name, path, _ in plan},
@@ -281,16 +374,24 @@ def load_merged_weights(
     model_dir: str | os.PathLike[str],
     dtype: torch.dtype | None = None,
     device: str | torch.device = "cpu",
+    dequantize: bool = True,
 ) -> tuple[GptConfig, dict[str, torch.Tensor]]:
     """Load every rank of a converted directory and concatenate split tensors back to their full
     shapes (:func:`weight_specs`, e.g. QKV ``[h, 3, h]``). Returns ``(config, weights)``, the
-    tensors cast to ``dtype`` (default: the file dtype) on ``device``."""
+    tensors cast to ``dtype`` (default: the file dtype) on ``device``. A quantized folder's
+    kernels are dequantized (``(q - zero) * scale`` in fp32, then cast to ``dtype``), unless
+    ``dequantize`` is false: then the full stored tensors of :func:`stored_specs` come back."""
     config = read_config(model_dir)
-    specs = weight_specs(config)
+    specs = stored_specs(config)
     shards = [load_weights(model_dir, r, dtype=dtype, device=device)
               for r in range(config.tensor_para_size)]
     merged: dict[str, torch.Tensor] = {}
     for name, tensor in shards[0].items():
         axis = specs[name].split_axis
         merged[name] = tensor if axis is None else torch.cat([s[name] for s in shards], dim=axis)
+    if dequantize and config.quant is not None:
+        from .weight_quant import dequantize_weights
+
+        target = dtype if dtype is not None else DTYPES[config.weight_data_type]
+        merged = dequantize_weights(config, merged, target)
     return config, merged

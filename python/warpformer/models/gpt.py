@@ -15,6 +15,7 @@ import torch
 
 from warpformer.config import GptConfig
 from warpformer.options import EngineOptions, model_options_json
+from warpformer.weight_quant import refuse_engine
 from warpformer.weights import load_weights, read_config
 
 _DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -52,7 +53,11 @@ def build_gpt_model(config: GptConfig, weights: dict[str, torch.Tensor], *,
             parallel grid (``weights`` must be that rank's shards).
         options: :class:`~warpformer.options.EngineOptions` (CUDA graphs, prefill group size,
             GEMM tuning file; default: all defaults).
+
+    Raises ``ValueError`` for a weight-only quantized config (the engine's quantized kernels
+    are not built yet).
     """
+    refuse_engine(config.quant, f"config weight_quant = {config.weight_quant}")
     limit = max_seq_len if max_seq_len is not None else default_max_seq_len(config)
     text = model_options_json(options or EngineOptions(), max_batch=max_batch, max_seq_len=limit,
                               dtype=dtype_name(dtype), tensor_para_rank=tensor_para_rank,
@@ -78,6 +83,7 @@ def load_gpt_model(model_dir: str | os.PathLike[str], *, dtype: torch.dtype = to
     arguments are those of :func:`build_gpt_model`.
     """
     config = read_config(model_dir)
+    refuse_engine(config.quant, os.fspath(model_dir))
     weights = load_weights(model_dir, tp_rank=tensor_para_rank, pp_rank=pipeline_para_rank,
                            pipeline_para_size=pipeline_para_size, dtype=dtype, device=device)
     return build_gpt_model(config, weights, dtype=dtype, max_batch=max_batch,
