@@ -78,6 +78,19 @@ _SECTION = "gpt"
 _LEGACY_SECTIONS = ("gptj", "gptneox")
 
 
+def read_ini(path: str | os.PathLike[str], **parser_args: Any) -> configparser.ConfigParser:
+    """The parsed ``config.ini`` at ``path``; :class:`ConfigError` naming the file when it is
+    missing or not an ini file. ``parser_args`` go to :class:`configparser.ConfigParser`."""
+    parser = configparser.ConfigParser(**parser_args)
+    try:
+        read = parser.read(path, encoding="utf-8")
+    except configparser.Error as exc:
+        raise ConfigError(f"{path}: not a valid ini file: {exc}") from None
+    if not read:
+        raise ConfigError(f"{path}: config file not found")
+    return parser
+
+
 def normalize_activation(name: str) -> str:
     """Map an activation name (ours, FT's legacy ``Gelu``/``Relu``, case-insensitive) to ours."""
     canon = _ACTIVATION_ALIASES.get(str(name).strip().lower())
@@ -396,13 +409,7 @@ class GptConfig:
     @classmethod
     def from_ini(cls, path: str | os.PathLike[str]) -> GptConfig:
         """Read a ``config.ini`` written by warpformer or by FasterTransformer's converters."""
-        parser = configparser.ConfigParser()
-        try:
-            read = parser.read(path, encoding="utf-8")
-        except configparser.Error as exc:
-            raise ConfigError(f"{path}: not a valid ini file: {exc}") from None
-        if not read:
-            raise ConfigError(f"{path}: config file not found")
+        parser = read_ini(path)
         section = _SECTION if parser.has_section(_SECTION) else next(
             (s for s in _LEGACY_SECTIONS if parser.has_section(s)), None
         )

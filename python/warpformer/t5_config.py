@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import DATA_TYPES, ConfigError, _parse_bool
+from .config import DATA_TYPES, ConfigError, _parse_bool, read_ini
 
 __all__ = ["T5Config", "T5StackConfig", "T5_ACTIVATIONS", "t5_activation"]
 
@@ -324,13 +324,7 @@ class T5Config:
 
         Raises :class:`ConfigError` whose message starts with the file and names the key.
         """
-        parser = configparser.ConfigParser(interpolation=None)
-        try:
-            read = parser.read(path, encoding="utf-8")
-        except configparser.Error as exc:
-            raise ConfigError(f"{path}: not a valid ini file: {exc}") from None
-        if not read:
-            raise ConfigError(f"{path}: config file not found")
+        parser = read_ini(path, interpolation=None)
         try:
             missing = [s for s in ("encoder", "decoder") if not parser.has_section(s)]
             if missing:
