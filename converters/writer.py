@@ -36,7 +36,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from warpformer.weight_quant import quantize_kernel
+# A module import, not a name import: weight_quant imports this package, so either may load first.
+from warpformer import weight_quant
 from warpformer.weights import DTYPES, STORAGE_DTYPES, WeightSpec, file_name, quantized_kernels
 
 from .checks import describe_sources
@@ -139,8 +140,8 @@ def _run_task(task: Task) -> list[tuple[str, int, int]]:
     tensors = {task.target: full}
     axis = _STATE["kernels"].get(task.target)
     if axis is not None:  # quantize what an unquantized conversion would have written
-        tensors = quantize_kernel(plan.config, task.target, full.to(DTYPES[_STATE["dtype"]]),
-                                  axis)
+        tensors = weight_quant.quantize_kernel(plan.config, task.target,
+                                               full.to(DTYPES[_STATE["dtype"]]), axis)
     table = plan.stored or plan.specs
     return [(name, *write_tensor(_STATE["dir"], name, tensor, table[name], _STATE["tp"],
                                  _STATE["dtype"], plan.file_prefix))

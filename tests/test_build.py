@@ -36,3 +36,36 @@ def test_error_message_with_numbers_formats() -> None:
 
     with pytest.raises(RuntimeError, match=r"num_heads must be in \[1, 65535\], got 0"):
         torch.ops.warpformer.alibi_slopes(0)
+
+
+_IMPORT_EACH_FIRST = """
+import importlib, pathlib, sys
+import warpformer
+root = pathlib.Path(warpformer.__file__).parent
+names = sorted(".".join(("warpformer", *p.relative_to(root).with_suffix("").parts))
+               for p in root.rglob("*.py") if p.stem not in ("__init__", "__main__"))
+names += ["warpformer.converters", "warpformer.converters.writer"]
+base = set(sys.modules)
+failed = []
+for name in names:
+    try:
+        importlib.import_module(name)
+    except Exception as exc:
+        failed.append(f"{name}: {type(exc).__name__}: {exc}")
+    for loaded in set(sys.modules) - base:  # the next module starts from the package alone
+        del sys.modules[loaded]
+print(len(names), "modules")
+sys.exit("\\n".join(failed) or None)
+"""
+
+
+def test_every_module_imports_first() -> None:
+    """Each module imports right after the package, before any other warpformer module: an
+    import cycle (weight_quant -> converters -> writer -> weight_quant) broke ``import
+    warpformer.models.gpt`` while the suite, which imported the modules in another order, passed."""
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", _IMPORT_EACH_FIRST], capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert int(run.stdout.split()[0]) > 20, run.stdout
