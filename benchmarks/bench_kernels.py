@@ -1,7 +1,8 @@
 """Kernel benchmark: achieved bandwidth of each warpformer element-wise kernel against the
 device-to-device copy bandwidth measured in the same run, and its time against the PyTorch
 composition it replaces; and the decode-sized GEMV (1 and 8 rows) against cuBLASLt and
-torch.matmul on the weight shapes of gpt2-medium and gpt-j-6b.
+torch.matmul on the weight shapes of gpt2-medium and gpt-j-6b; with --quant, weight-only int8 and
+int4 products against fp16 on the same shapes.
 
 Method: inputs are rotated among several copies whose total exceeds 4x the L2 cache, so the
 numbers are DRAM numbers; each case is warmed up, then timed with CUDA events per call; the
@@ -181,6 +182,65 @@ def gemv_rows(dtype: torch.dtype, quick: bool, copy_gbps: float,
     return out
 
 
+@dataclass
+class QuantRow:
+    matrix: str
+    m: int
+    fp16_us: float
+    int8_us: float
+    int4_us: float
+    int8_pct_copy: float  # the int8 call's bytes (weight, scales, input, output) over its time
+    int4_pct_copy: float
+    int8_speedup: float   # fp16 time / int8 time
+    int4_speedup: float
+
+
+# Rows of the prefill comparison: batch 64 x 128 prompt tokens.
+PREFILL_ROWS = 8192
+
+
+def quant_rows(quick: bool, copy_gbps: float, rows_list: tuple[int, ...]) -> list[QuantRow]:
+    """fp16 against weight-only int8 (per channel) and int4 (group 128) on the [k, n] layer
+    shapes: the GEMV rows of `rows_list` (each backend's 'auto' path) and a batch-64 prefill
+    (PREFILL_ROWS rows: fp16 cuBLASLt against dequantize + cuBLASLt). Each as a CUDA graph of
+    one call per weight copy."""
+    from warpformer.converters.quantize import quantize
+
+    out = []
+    shapes = [s for s in GEMV_SHAPES if not s[3]]
+    if quick:
+        shapes = shapes[:2] + shapes[5:6]
+    for label, n, k, _ in shapes:
+        dense, q8, q4 = [], [], []
+        for _ in range(copies_needed(n * k * 2)):
+            w = torch.randn(k, n, device="cuda") / k ** 0.5
+            dense.append(w.half())
+            q8.append(quantize(w, "int8", 0, torch.float16))
+            q4.append(quantize(w, "int4", 128, torch.float16))
+            del w
+        for m in (*rows_list, PREFILL_ROWS):
+            x = torch.randn(m, k, device="cuda", dtype=torch.float16)
+            calls = {
+                "fp16": [functools.partial(ops.gemm, x, w, None, False, "none", "auto")
+                         for w in dense],
+                "int8": [functools.partial(ops.gemm_quant, x, q.data, q.scale, None, None, 0,
+                                           "none", "auto") for q in q8],
+                "int4": [functools.partial(ops.gemm_quant, x, q.data, q.scale, None, None, 128,
+                                           "none", "auto") for q in q4]}
+            us = {}
+            for name, fns in calls.items():
+                t = time_graph(fns)
+                us[name] = t if t is not None else time_calls(fns)
+            io = (m * k + m * n) * 2
+            pct = [100 * (q.data.numel() + q.scale.numel() * 2 + io) / (us[name] * 1e-6) / 1e9
+                   / copy_gbps for q, name in ((q8[0], "int8"), (q4[0], "int4"))]
+            out.append(QuantRow(label, m, us["fp16"], us["int8"], us["int4"], *pct,
+                                us["fp16"] / us["int8"], us["fp16"] / us["int4"]))
+        del dense, q8, q4
+        torch.cuda.empty_cache()
+    return out
+
+
 def cases(dtype: torch.dtype, quick: bool) -> list[tuple]:
     es = torch.tensor([], dtype=dtype).element_size()
     rows, h = (4096, 4096) if quick else (16384, 4096)
@@ -255,6 +315,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated row counts for the GEMV table (default 1,8)")
     ap.add_argument("--gemv-transposed", action="store_true",
                     help="also time the 1,024-wide layer products with [n, k] weights")
+    ap.add_argument("--quant", action="store_true",
+                    help="also the weight-only int8/int4 table (GEMV rows and a batch-64 prefill)")
+    ap.add_argument("--quant-only", action="store_true", help="only the int8/int4 table")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_kernels: no CUDA device visible; nothing to measure", file=sys.stderr)
@@ -262,7 +325,8 @@ def main(argv: list[str] | None = None) -> int:
     gpu = torch.cuda.get_device_name(0)
     copy_gbps = copy_bandwidth()
     rows: list[Row] = []
-    for dtype in () if args.gemv_only else (torch.float16, torch.bfloat16, torch.float32):
+    for dtype in () if args.gemv_only or args.quant_only else (torch.float16, torch.bfloat16,
+                                                                torch.float32):
         for name, shape, nbytes, make in cases(dtype, args.quick):
             rows.append(bench_case(name, dtype, shape, nbytes, make, copy_gbps))
             torch.cuda.empty_cache()
@@ -274,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {r.kernel} | {r.dtype} | {r.shape} | {r.mbytes:.0f} | {r.wf_us:.1f} | "
               f"{r.gbps:.0f} | {r.pct_copy:.0f}% | {r.torch_us:.1f} | {r.speedup:.2f}x |")
     gemv: list[GemvRow] = []
-    for dtype in (torch.float16, torch.bfloat16):
+    for dtype in () if args.quant_only else (torch.float16, torch.bfloat16):
         gemv += gemv_rows(dtype, args.quick, copy_gbps,
                           tuple(int(t) for t in args.gemv_rows.split(",")),
                           args.gemv_transposed)
@@ -287,11 +351,25 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {g.matrix} | {g.dtype} | {g.m} | {g.mbytes:.1f} | {g.gemv_us:.1f} | "
               f"{g.gbps:.0f} | {g.pct_copy:.0f}% | {g.cublaslt_us:.1f} | {g.torch_us:.1f} | "
               f"{g.speedup_vs_cublaslt:.2f}x |")
+    quant: list[QuantRow] = []
+    if args.quant or args.quant_only:
+        quant = quant_rows(args.quick, copy_gbps, tuple(int(t) for t in args.gemv_rows.split(",")))
+        print(f"\n## Weight-only int8 / int4 (group 128) against fp16 on {gpu} (backend 'auto': "
+              f"the GEMV up to 8 rows, dequantize + cuBLASLt past them; m = {PREFILL_ROWS} is a "
+              "batch-64 prefill; % of copy: the call's own bytes)\n")
+        print("| matrix | m | fp16 us | int8 us | int4 us | int8 % of copy | int4 % of copy | "
+              "int8 vs fp16 | int4 vs fp16 |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for r in quant:
+            print(f"| {r.matrix} | {r.m} | {r.fp16_us:.1f} | {r.int8_us:.1f} | {r.int4_us:.1f} | "
+                  f"{r.int8_pct_copy:.0f}% | {r.int4_pct_copy:.0f}% | {r.int8_speedup:.2f}x | "
+                  f"{r.int4_speedup:.2f}x |")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"gpu": gpu, "copy_gbps": copy_gbps,
                                          "rows": [asdict(r) for r in rows],
-                                         "gemv": [asdict(g) for g in gemv]}, indent=2))
+                                         "gemv": [asdict(g) for g in gemv],
+                                         "quant": [asdict(r) for r in quant]}, indent=2))
     return 0
 
 

@@ -85,16 +85,7 @@ __global__ void __launch_bounds__(kThreads, M <= 2 ? 4 : 1)
   extern __shared__ __align__(16) unsigned char xs_bytes[];
   T* xs = reinterpret_cast<T*>(xs_bytes);
   float* gathered = reinterpret_cast<float*>(xs_bytes + (NORM ? M * kchunk * sizeof(T) : 0));
-  if (ksplit > 1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (blockIdx.y == 0 && threadIdx.x == 0) {
-      init_tx_barrier(&gather_bar, static_cast<uint32_t>((ksplit - 1) * kOut * sizeof(float)));
-    }
-    cluster_arrive_relaxed();
-#else
-    __trap();  // the launcher never splits k without sm_90 code
-#endif
-  }
+  kn_split_begin<kOut>(ksplit, &gather_bar);
 
   // The block's product: p's, or the second one's for the tiles after p's.
   const int tiles1 = (p.n + kTileCols - 1) / kTileCols;
@@ -213,73 +204,14 @@ __global__ void __launch_bounds__(kThreads, M <= 2 ? 4 : 1)
     if (col < n) stream_share(kbeg + s * V, kend);
   }
 
-  // Lanes l, l + 8, l + 16, l + 24 share a column vector: fold them into lane l (< 8).
-#pragma unroll
-  for (int off = 16; off >= kColVecs; off >>= 1) {
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-#pragma unroll
-      for (int e = 0; e < V; ++e) acc[m][e] += __shfl_xor_sync(0xffffffffu, acc[m][e], off);
-    }
-  }
-  if (lane < kColVecs) {
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-#pragma unroll
-      for (int e = 0; e < V; ++e) red[warp][m * kTileCols + lane * V + e] = acc[m][e];
-    }
-  }
-  __syncthreads();
-  // This block's sum of output i over its warps.
-  auto block_part = [&](int i) {
-    float v = 0.f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) v += red[w][i];
-    return v;
-  };
-  auto store = [&](int i, float v) {
+  kn_fold_warps<kColVecs>(acc, red, lane, warp);
+  kn_store_sums(red, ksplit, &gather_bar, gathered, [&](int i, float v) {
     const int m = i / kTileCols, cc = col0 + i % kTileCols;
     if (m < p.m && cc < n) {
       const int64_t idx = static_cast<int64_t>(m) * n + cc;
       out[idx] = from_float<T>(finish(v, bias, act, beta, out, idx, cc));
     }
-  };
-  if (ksplit > 1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    // The launcher sets a (1, ksplit, 1) cluster, so a block's rank is blockIdx.y. Rank 0 adds
-    // the k-ranges in rank order.
-    const unsigned rank = blockIdx.y;
-    cluster_wait();  // rank 0's barrier is initialised (and every block has started)
-    if (rank != 0) {
-      const uint32_t bar = cluster_rank_addr(shared_addr(&gather_bar), 0);
-      const uint32_t dst = cluster_rank_addr(shared_addr(gathered + (rank - 1) * kOut), 0);
-      for (int i = threadIdx.x; i < kOut; i += kThreads) {
-        store_to_rank(dst + i * static_cast<uint32_t>(sizeof(float)), block_part(i), bar);
-      }
-    } else {
-      constexpr int kPer = (kOut + kThreads - 1) / kThreads;
-      float own[kPer];
-#pragma unroll
-      for (int j = 0; j < kPer; ++j) {
-        const int i = threadIdx.x + j * kThreads;
-        own[j] = i < kOut ? block_part(i) : 0.f;
-      }
-      wait_tx_barrier(&gather_bar);
-#pragma unroll
-      for (int j = 0; j < kPer; ++j) {
-        const int i = threadIdx.x + j * kThreads;
-        if (i < kOut) {
-          float v = 0.f;
-          v += own[j];  // from 0 as before the push: a -0 sum still stores +0
-          for (int r = 1; r < ksplit; ++r) v += gathered[(r - 1) * kOut + i];
-          store(i, v);
-        }
-      }
-    }
-#endif
-  } else {
-    for (int i = threadIdx.x; i < kOut; i += kThreads) store(i, block_part(i));
-  }
+  });
   if (p.beside) wait_for_prior_kernels();  // complete only after the kernel it ran beside
 }
 

@@ -143,5 +143,41 @@ template <typename T>
 cudaError_t launch_gemv_sum(const GemvParams<T>& p, const T* in2, const T* weight2, int k2,
                             int device, cudaStream_t stream, bool second_ready = false);
 
+// ---- weight-only quantized weights (kernels/gemv_quant.cu) -----------------------------------
+// A [k, n] weight stored in one of the formats of docs/FORMAT.md, "Weight-only quantized"
+// (python/warpformer/converters/quantize.py writes them): int8, one scale per output column
+// (data int8 [k, n], scale [n]); int4, one scale (and with zero points, one uint8 zero point)
+// per `group` input rows and column (data uint8 [k / 2, n], byte [j, c] holding row 2j in bits 0-3
+// and row 2j + 1 in bits 4-7, two's complement when symmetric; scale and zero [k / group, n]).
+// A weight dequantizes to (q - zero) * scale (zero 0 when symmetric).
+template <typename T>
+struct GemvQuant {
+  const void* data = nullptr;
+  const T* scale = nullptr;
+  const uint8_t* zero = nullptr;  // int4 with zero points only
+  int bits = 8;                   // 8 or 4
+  int group = 0;                  // int4: input rows per scale (ignored for int8)
+};
+
+// out = act(in . dequant(W) + bias) (+ beta * out), W quantized (p.weight is not read; p.transposed
+// and p.beside must be off). The weight streams 16 packed bytes per load and dequantizes in
+// registers (16-bit T only); products accumulate in fp32 over every input row (int8 applies its
+// column scale once per output, int4 its group scale once per group of rows). gemv_quant_supported:
+// 1 <= m <= kGemvMaxRows; n a multiple of 16; k of 8 (int4: of 16 and of group, a multiple of 16);
+// in and data 16-byte aligned, scale (and zero) aligned to 16 columns; the output apart from the
+// input.
+template <typename T>
+bool gemv_quant_supported(const GemvParams<T>& p, const GemvQuant<T>& q);
+
+template <typename T>
+cudaError_t launch_gemv_quant(const GemvParams<T>& p, const GemvQuant<T>& q, int device,
+                              cudaStream_t stream);
+
+// out[k, n] = dequant(W) in T: the dense weight a many-row product hands to the GEMM (the GEMV
+// pays off only for decode-sized rows). Needs n a multiple of 16, k of 8 and (int4) an even group
+// that divides k, data 16-byte aligned and scale (zero) aligned to 16 columns.
+template <typename T>
+cudaError_t launch_dequantize(const GemvQuant<T>& q, int k, int n, T* out, cudaStream_t stream);
+
 }  // namespace kernels
 }  // namespace warpformer

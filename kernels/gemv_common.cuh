@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "kernels/activation_math.cuh"
+#include "kernels/cluster.cuh"
 #include "kernels/common.cuh"
 #include "kernels/gemv.h"
 #include "kernels/norm_math.cuh"
@@ -53,6 +54,105 @@ __device__ __forceinline__ float finish(float v, const T* bias, Activation act, 
 template <typename T>
 __device__ __forceinline__ float finish(float v, const GemvParams<T>& p, int64_t idx, int col) {
   return finish(v, p.bias, p.act, p.beta, p.out, idx, col);
+}
+
+// ---- the [k, n] kernels' tile sums (gemv.cu, gemv_quant.cu) ---------------------------------
+// A block of a [k, n] kernel owns kOut = rows x tile columns outputs; its threads are kColVecs
+// column vectors of E columns x row slices. In a k-split (ksplit > 1) the launcher makes each
+// column tile a (1, ksplit, 1) cluster, blockIdx.y its rank: the other ranks push their block
+// sums into rank 0's shared memory, counted by rank 0's transaction barrier, and rank 0 adds them
+// in rank order, so the sums are deterministic run to run.
+
+// At the kernel's start: rank 0 of a k-split initialises the barrier for the other ranks' sums,
+// and every block arrives at the cluster barrier (kn_store_sums waits on it).
+template <int kOut>
+__device__ __forceinline__ void kn_split_begin(int ksplit, uint64_t* gather_bar) {
+  if (ksplit > 1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (blockIdx.y == 0 && threadIdx.x == 0) {
+      init_tx_barrier(gather_bar, static_cast<uint32_t>((ksplit - 1) * kOut * sizeof(float)));
+    }
+    cluster_arrive_relaxed();
+#else
+    __trap();  // the launchers never split k without sm_90 code
+#endif
+  }
+}
+
+// Lanes l, l + kColVecs, ... of a warp share a column vector: their sums acc[m][e] are folded into
+// lane l (< kColVecs), which writes them to its warp's row of red ([warp][m * tile + l * E + e]).
+// Followed by a barrier, so that red is complete. lane and warp are the thread's (threadIdx.x
+// modulo 32 and divided by 32).
+template <int kColVecs, int M, int E, int kOut>
+__device__ __forceinline__ void kn_fold_warps(float (&acc)[M][E], float (&red)[kWarps][kOut],
+                                              int lane, int warp) {
+  constexpr int kTileCols = kColVecs * E;
+#pragma unroll
+  for (int off = 16; off >= kColVecs; off >>= 1) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+#pragma unroll
+      for (int e = 0; e < E; ++e) acc[m][e] += __shfl_xor_sync(0xffffffffu, acc[m][e], off);
+    }
+  }
+  if (lane < kColVecs) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+#pragma unroll
+      for (int e = 0; e < E; ++e) red[warp][m * kTileCols + lane * E + e] = acc[m][e];
+    }
+  }
+  __syncthreads();
+}
+
+// Each output's total (over the block's warps, and in a k-split over the ranks, added on rank 0)
+// handed to store(i, v), i < kOut. `gathered`: rank 0's [ksplit - 1][kOut] floats of dynamic
+// shared memory.
+template <int kOut, typename Store>
+__device__ __forceinline__ void kn_store_sums(const float (&red)[kWarps][kOut], int ksplit,
+                                              uint64_t* gather_bar, float* gathered,
+                                              Store&& store) {
+  // This block's sum of output i over its warps.
+  auto block_part = [&](int i) {
+    float v = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) v += red[w][i];
+    return v;
+  };
+  if (ksplit > 1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const unsigned rank = blockIdx.y;
+    cluster_wait();  // rank 0's barrier is initialised (and every block has started)
+    if (rank != 0) {
+      const uint32_t bar = cluster_rank_addr(shared_addr(gather_bar), 0);
+      const uint32_t dst = cluster_rank_addr(shared_addr(gathered + (rank - 1) * kOut), 0);
+      for (int i = threadIdx.x; i < kOut; i += kThreads) {
+        store_to_rank(dst + i * static_cast<uint32_t>(sizeof(float)), block_part(i), bar);
+      }
+    } else {
+      constexpr int kPer = (kOut + kThreads - 1) / kThreads;
+      float own[kPer];
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) {
+        const int i = threadIdx.x + j * kThreads;
+        own[j] = i < kOut ? block_part(i) : 0.f;
+      }
+      wait_tx_barrier(gather_bar);
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) {
+        const int i = threadIdx.x + j * kThreads;
+        if (i < kOut) {
+          float v = 0.f;
+          v += own[j];  // from 0 as before the push: a -0 sum still stores +0
+          for (int r = 1; r < ksplit; ++r) v += gathered[(r - 1) * kOut + i];
+          store(i, v);
+        }
+      }
+    }
+#endif
+  } else {
+    for (int i = threadIdx.x; i < kOut; i += kThreads) store(i, block_part(i));
+  }
 }
 
 // The normalising prologue's arguments (launch_gemv_normed): the norm as launch_norm would run

@@ -10,7 +10,7 @@ import torch
 import warpformer  # noqa: F401
 
 OPS = ["layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm", "bias_act", "gated_act",
-       "embedding", "norm_gemm", "norm_gemm_pair", "gemm_sum"]
+       "embedding", "norm_gemm", "norm_gemm_pair", "gemm_sum", "gemm_quant", "dequantize_weight"]
 
 
 @pytest.mark.parametrize("name", OPS)
@@ -242,3 +242,59 @@ def test_norm_gemm_fake_shapes() -> None:
     out, x, n = torch.ops.warpformer.norm_gemm(*norm_gemm_args(
         input=meta(3, 64), norm_weight=meta(64), weight=meta(64, 40)))
     assert out.shape == (3, 40) and x.shape == (3, 64) and n.shape == (3, 64)
+
+
+def _quant_args(**over):
+    """Valid gemm_quant arguments on the CPU (int4, group 32): the checks run before the device."""
+    args = {"input": torch.zeros(2, 64, dtype=torch.float16),
+            "weight": torch.zeros(32, 48, dtype=torch.uint8),
+            "scale": torch.zeros(2, 48, dtype=torch.float16), "zero": None, "bias": None,
+            "group_size": 32, "epilogue": "none", "backend": "auto"}
+    args.update(over)
+    return args
+
+
+@pytest.mark.parametrize("over,message", [
+    ({"weight": torch.zeros(32, 48, dtype=torch.int16)}, "weight must be int8 .* or uint8"),
+    ({"scale": torch.zeros(2, 48)}, "scale must be float16 or bfloat16"),
+    ({"weight": torch.zeros(32, 40, dtype=torch.uint8)}, "positive multiple of 16, got 40"),
+    ({"group_size": 48}, "group_size must be a positive even number that divides"),
+    ({"group_size": 0}, "group_size must be a positive even number"),
+    ({"group_size": 7}, "group_size must be a positive even number"),
+    ({"scale": torch.zeros(4, 48, dtype=torch.float16)}, r"scale.shape\[0\] must be 2"),
+    ({"zero": torch.zeros(2, 48, dtype=torch.int8)}, "zero must be uint8"),
+    ({"input": torch.zeros(2, 64, dtype=torch.bfloat16)}, "input must have dtype Half"),
+    ({"input": torch.zeros(2, 32, dtype=torch.float16)}, r"input.shape\[1\] must be 64"),
+    ({"epilogue": "bias"}, "needs a bias"),
+    ({"bias": torch.zeros(48, dtype=torch.float16)}, "takes no bias"),
+    ({"backend": "cublas"}, "backend must be one of auto, gemv, dequant"),
+    ({"input": torch.zeros(9, 64, dtype=torch.float16), "backend": "gemv"}, "<= 8, got 9"),
+    ({"weight": torch.zeros(32, 48, dtype=torch.int8),
+      "scale": torch.zeros(48, dtype=torch.float16),
+      "zero": torch.zeros(1, 48, dtype=torch.uint8)}, "zero must be None"),
+    ({"weight": torch.zeros(64, 48, dtype=torch.int8),
+      "scale": torch.zeros(2, 48, dtype=torch.float16)}, "scale must be 1-dimensional"),
+])
+def test_gemm_quant_argument_errors(over, message) -> None:
+    with pytest.raises(RuntimeError, match=message):
+        torch.ops.warpformer.gemm_quant(**_quant_args(**over))
+
+
+def test_gemm_quant_valid_arguments_reach_the_device_check() -> None:
+    """Everything valid on the CPU: the op's last check asks for CUDA tensors."""
+    with pytest.raises(RuntimeError, match="weight must be a CUDA tensor"):
+        torch.ops.warpformer.gemm_quant(**_quant_args())
+    with pytest.raises(RuntimeError, match="group_size must be"):
+        torch.ops.warpformer.dequantize_weight(torch.zeros(32, 48, dtype=torch.uint8),
+                                               torch.zeros(2, 48, dtype=torch.float16), None, 7)
+
+
+def test_gemm_quant_fakes() -> None:
+    out = torch.ops.warpformer.gemm_quant(meta(3, 64), meta(32, 48, dtype=torch.uint8),
+                                          meta(2, 48), None, None, 32)
+    assert out.shape == (3, 48)
+    dense = torch.ops.warpformer.dequantize_weight(meta(32, 48, dtype=torch.uint8), meta(2, 48),
+                                                   None, 32)
+    assert dense.shape == (64, 48) and dense.dtype == torch.float16
+    dense8 = torch.ops.warpformer.dequantize_weight(meta(64, 48, dtype=torch.int8), meta(48))
+    assert dense8.shape == (64, 48)

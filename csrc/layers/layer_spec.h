@@ -55,17 +55,24 @@ struct LayerSpec {
   void check() const;
 };
 
-// How a Linear's weight is stored. Dense: the model dtype, [in, out] (or [out, in] where the
-// product says transposed). Quantised formats add values here, with their scales in Linear.
-enum class WeightFormat { kDense };
+// How a Linear's weight is stored (docs/FORMAT.md). Dense: the model dtype, [in, out] (or
+// [out, in] where the product says transposed). Weight-only quantized (16-bit models): kInt8,
+// int8 [in, out] with one scale per output column; kInt4, uint8 [in / 2, out] (two input rows a
+// byte) with a scale (and optionally a uint8 zero point) per `group` input rows and column.
+enum class WeightFormat { kDense, kInt8, kInt4 };
 
-// One weight of a product, out = in @ weight (+ bias), as device pointers of the model dtype.
+// One weight of a product, out = in @ weight (+ bias), as device pointers (bias and scales of the
+// model dtype).
 struct Linear {
-  const void* weight = nullptr;  // [in, out]
+  const void* weight = nullptr;  // see WeightFormat
   const void* bias = nullptr;    // [out] or null
-  const void* scales = nullptr;  // per-format scales (null for kDense)
+  const void* scales = nullptr;  // kInt8: [out]; kInt4: [in / group, out]; null for kDense
+  const void* zeros = nullptr;   // kInt4 with zero points: uint8 [in / group, out]
   WeightFormat format = WeightFormat::kDense;
   int64_t in = 0, out = 0;
+  int64_t group = 0;  // kInt4: input rows per scale
+
+  bool quantized() const { return format != WeightFormat::kDense; }
 };
 
 // A norm's parameters: gamma (and beta for LayerNorm; null for RMSNorm or no bias).

@@ -5,6 +5,7 @@
 #include <cuda_fp16.h>
 
 #include <climits>
+#include <utility>
 
 #include "csrc/core/check.h"
 #include "csrc/core/gemm_params.h"
@@ -36,7 +37,76 @@ bool try_gemv_sum(const Gemm& gemm, DType dtype, const void* in1, const void* w1
   });
 }
 
+// The quantized GEMV's parameters for lin (quantized) at m rows.
+template <typename T>
+std::pair<kernels::GemvParams<T>, kernels::GemvQuant<T>> quant_params(
+    const Gemm& gemm, const Linear& lin, const void* in, const void* out, int64_t m,
+    kernels::Activation act, float beta) {
+  kernels::GemvParams<T> p = gemv_params<T>(in, nullptr, lin.bias, const_cast<void*>(out), m,
+                                            lin.out, lin.in, gemm.static_weights());
+  p.act = act;
+  p.beta = beta;
+  kernels::GemvQuant<T> q;
+  q.data = lin.weight;
+  q.scale = static_cast<const T*>(lin.scales);
+  q.zero = static_cast<const uint8_t*>(lin.zeros);
+  q.bits = lin.format == WeightFormat::kInt8 ? 8 : 4;
+  q.group = static_cast<int>(lin.group);
+  return {p, q};
+}
+
+bool quant_gemv_runs(const Gemm& gemm, DType dtype, const Linear& lin, const void* in,
+                     const void* out, int64_t m, bool launch, kernels::Activation act, float beta) {
+  // Past a few rows the dense GEMV gives way to the GEMM; the quantized one does not: a
+  // dequantized weight costs more traffic than the whole product at up to kGemvMaxRows rows.
+  // (GemvPolicy::kNever still means "never the GEMV": the gemm ops' cuBLASLt backend.)
+  const int64_t max_rows = gemm.gemv_max_rows(false) == 0 ? 0 : kernels::kGemvMaxRows;
+  if (m < 1 || m > max_rows || lin.in > INT_MAX || lin.out > INT_MAX) return false;
+  const CudaContext& ctx = gemm.context();
+  return WF_DISPATCH_FLOATING(dtype, "linear_forward", [&] {
+    using T = scalar_t;
+    const auto [p, q] = quant_params<T>(gemm, lin, in, out, m, act, beta);
+    if (!kernels::gemv_quant_supported(p, q)) return false;
+    if (launch) WF_CUDA_CHECK(kernels::launch_gemv_quant(p, q, ctx.device(), ctx.stream()));
+    return true;
+  });
+}
+
 }  // namespace
+
+void linear_forward(Gemm& gemm, DType dtype, const Linear& lin, const void* in, void* out,
+                    int64_t m, kernels::Activation act, float beta, void* scratch) {
+  TORCH_CHECK(m >= 0 && lin.in > 0 && lin.out > 0, "linear_forward: bad sizes m=", m,
+              " in=", lin.in, " out=", lin.out);
+  if (m == 0) return;
+  if (!lin.quantized()) {
+    gemm.run_act(dtype, in, lin.weight, lin.bias, out, m, lin.out, lin.in, act, beta);
+    return;
+  }
+  if (quant_gemv_runs(gemm, dtype, lin, in, out, m, true, act, beta)) return;
+  TORCH_CHECK(scratch != nullptr, "linear_forward: a quantized product of ", m,
+              " rows needs scratch for the dequantized weight");
+  const CudaContext& ctx = gemm.context();
+  WF_DISPATCH_FLOATING(dtype, "linear_forward", [&] {
+    using T = scalar_t;
+    const auto [p, q] = quant_params<T>(gemm, lin, in, out, m, act, beta);
+    (void)p;
+    WF_CUDA_CHECK(kernels::launch_dequantize(q, static_cast<int>(lin.in), static_cast<int>(lin.out),
+                                             static_cast<T*>(scratch), ctx.stream()));
+  });
+  // The scratch is written by the kernel just before the product: a GEMV there must not read
+  // its weight ahead of that kernel, as it does with static weights.
+  const bool static_weights = gemm.static_weights();
+  gemm.set_static_weights(false);
+  gemm.run_act(dtype, in, scratch, lin.bias, out, m, lin.out, lin.in, act, beta);
+  gemm.set_static_weights(static_weights);
+}
+
+bool linear_gemv(const Gemm& gemm, DType dtype, const Linear& lin, const void* in, const void* out,
+                 int64_t m) {
+  return lin.quantized() &&
+         quant_gemv_runs(gemm, dtype, lin, in, out, m, false, kernels::Activation::kIdentity, 0.f);
+}
 
 bool product_sum(Gemm& gemm, DType dtype, const void* in1, const void* w1, int64_t k1,
                  const void* in2, const void* w2, int64_t k2, void* out, int64_t m, int64_t n,

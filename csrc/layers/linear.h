@@ -11,6 +11,19 @@
 namespace warpformer {
 namespace layers {
 
+// out[m, lin.out] = act(in[m, lin.in] @ W + bias) (+ beta * out) for a Linear of any format.
+// Dense: Gemm::run_act. Quantized: the quantized GEMV (kernels::launch_gemv_quant) at up to
+// kernels::kGemvMaxRows rows where it runs the shape; otherwise the weight is dequantized into
+// `scratch` (lin.in * lin.out elements of dtype, 16-byte aligned; required then) and multiplied
+// by the GEMM, which at many rows costs a small part of the product.
+void linear_forward(Gemm& gemm, DType dtype, const Linear& lin, const void* in, void* out,
+                    int64_t m, kernels::Activation act = kernels::Activation::kIdentity,
+                    float beta = 0.f, void* scratch = nullptr);
+
+// Whether linear_forward of a quantized `lin` at m rows runs the GEMV (needs no scratch).
+bool linear_gemv(const Gemm& gemm, DType dtype, const Linear& lin, const void* in, const void* out,
+                 int64_t m);
+
 // One output of normed_pair: out[m, n] = act(norm(x) @ weight[k, n] + bias[n]).
 struct PairedProduct {
   const void* weight = nullptr;  // [k, n]

@@ -51,6 +51,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_gemm_pair(
 // kernels::launch_gemv_sum) or two products, the second accumulating ('separate').
 at::Tensor gemm_sum(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& input2,
                     const at::Tensor& weight2, const std::string& backend);
+// act(input @ dequant(weight) + bias) for a weight-only quantized weight (docs/FORMAT.md: int8
+// weight + scale [n]; int4 uint8 weight [k / 2, n] + scale (+ zero) [k / group_size, n]) through
+// layers::linear_forward. backend: auto (the quantized GEMV up to 8 rows, else dequantize + GEMM),
+// gemv, or dequant.
+at::Tensor gemm_quant(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& scale,
+                      const OptTensor& zero, const OptTensor& bias, int64_t group_size,
+                      const std::string& epilogue, const std::string& backend);
+// The dense [k, n] weight of scale's dtype (the kernel the many-row products use).
+at::Tensor dequantize_weight(const at::Tensor& weight, const at::Tensor& scale,
+                             const OptTensor& zero, int64_t group_size);
 // Median microseconds of each of cuBLASLt's first max_algos heuristic candidates for the shape.
 at::Tensor gemm_benchmark(const at::Tensor& input, const at::Tensor& weight, const OptTensor& bias,
                           bool transposed, const std::string& epilogue, bool accumulate,

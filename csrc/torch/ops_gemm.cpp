@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "csrc/core/activation.h"
+#include "csrc/core/check.h"
 #include "csrc/core/gemm.h"
 #include "csrc/layers/linear.h"
 #include "csrc/torch/ops.h"
@@ -21,6 +22,13 @@
 namespace warpformer {
 namespace ops {
 namespace {
+
+// A contiguous tensor at a 16-byte aligned address (a copy of a misaligned view), as the
+// engine's buffers are: cuBLASLt's plans and the GEMV's vector loads assume it.
+at::Tensor aligned_contiguous(const at::Tensor& t) {
+  at::Tensor c = t.contiguous();
+  return reinterpret_cast<std::uintptr_t>(c.data_ptr()) % 16 == 0 ? c : c.clone();
+}
 
 GemmEpilogue parse_epilogue(const std::string& s, const char* op) {
   GemmEpilogue e = GemmEpilogue::kNone;
@@ -59,7 +67,7 @@ GemmArgs check_gemm(const char* op, const at::Tensor& input, const at::Tensor& w
   if (bias.has_value()) check_cuda(*bias, op, "bias", input, "input");
   GemmArgs a;
   a.key = GemmKey{m, n, k, to_dtype(input.scalar_type(), op, "input"), epi, accumulate, transposed};
-  a.in = input.contiguous();
+  a.in = aligned_contiguous(input);
   a.w = weight.contiguous();
   if (bias.has_value()) a.bias = bias->contiguous();
   return a;
@@ -72,32 +80,38 @@ std::shared_ptr<CudaContext> context_for(const at::Tensor& t) {
                                        torch_cuda_allocator(), Gemm::kMaxWorkspaceBytes);
 }
 
+// An epilogue of the gemm ops: every one runs through the activation after the bias, like the
+// engine's MLP. (The tuner's gemm_benchmark keeps cuBLASLt's own epilogue set.)
+struct OpEpilogue {
+  const char* name;
+  kernels::Activation act;
+  bool bias;
+};
+
+const OpEpilogue* parse_op_epilogue(const std::string& epilogue, const char* op) {
+  using A = kernels::Activation;
+  static constexpr OpEpilogue kEpilogues[] = {
+      {"none", A::kIdentity, false},          {"bias", A::kIdentity, true},
+      {"bias_gelu_tanh", A::kGeluTanh, true}, {"bias_gelu_erf", A::kGeluErf, true},
+      {"bias_relu", A::kRelu, true},          {"bias_silu", A::kSilu, true}};
+  const OpEpilogue* found = nullptr;
+  for (const OpEpilogue& e : kEpilogues) {
+    if (epilogue == e.name) found = &e;
+  }
+  TORCH_CHECK(found != nullptr, op,
+              ": epilogue must be one of none, bias, bias_gelu_tanh, bias_gelu_erf, bias_relu, "
+              "bias_silu; got '",
+              epilogue, "'");
+  return found;
+}
+
 }  // namespace
 
 at::Tensor gemm(const at::Tensor& input, const at::Tensor& weight, const OptTensor& bias,
                 bool transposed, const std::string& epilogue, const std::string& backend,
                 const OptTensor& residual) {
   const char* op = "warpformer.gemm";
-  // Every epilogue runs through Gemm::run_act like the engine's MLP: the activation after the
-  // bias. (The tuner's gemm_benchmark keeps cuBLASLt's own epilogue set.)
-  struct OpEpilogue {
-    const char* name;
-    kernels::Activation act;
-    bool bias;
-  };
-  using A = kernels::Activation;
-  static constexpr OpEpilogue kEpilogues[] = {
-      {"none", A::kIdentity, false},          {"bias", A::kIdentity, true},
-      {"bias_gelu_tanh", A::kGeluTanh, true}, {"bias_gelu_erf", A::kGeluErf, true},
-      {"bias_relu", A::kRelu, true},          {"bias_silu", A::kSilu, true}};
-  const OpEpilogue* epi = nullptr;
-  for (const OpEpilogue& e : kEpilogues) {
-    if (epilogue == e.name) epi = &e;
-  }
-  TORCH_CHECK(epi != nullptr, op,
-              ": epilogue must be one of none, bias, bias_gelu_tanh, bias_gelu_erf, bias_relu, "
-              "bias_silu; got '",
-              epilogue, "'");
+  const OpEpilogue* epi = parse_op_epilogue(epilogue, op);
   const kernels::Activation act = epi->act;
   const std::string lt_epilogue = epi->bias ? "bias" : "none";
   TORCH_CHECK(
@@ -426,6 +440,136 @@ at::Tensor gemm_benchmark(const at::Tensor& input, const at::Tensor& weight, con
       at::empty({static_cast<int64_t>(t.size())}, at::TensorOptions().dtype(at::kFloat));
   std::copy(t.begin(), t.end(), res.data_ptr<float>());
   return res;
+}
+
+namespace {
+
+// A quantized weight's tensors checked against the rules of docs/FORMAT.md and the GEMV's
+// (kernels::gemv_quant_supported), as a Linear without pointers; dtypes and shapes only.
+layers::Linear check_quant_weight(const char* op, const at::Tensor& weight, const at::Tensor& scale,
+                                  const OptTensor& zero, int64_t group_size) {
+  layers::Linear lin;
+  check_dim(weight, 2, op, "weight");
+  TORCH_CHECK(weight.scalar_type() == at::kChar || weight.scalar_type() == at::kByte, op,
+              ": weight must be int8 (int8 format) or uint8 (int4, two rows a byte), got ",
+              weight.scalar_type());
+  TORCH_CHECK(scale.scalar_type() == at::kHalf || scale.scalar_type() == at::kBFloat16, op,
+              ": scale must be float16 or bfloat16 (quantized weights serve 16-bit models), got ",
+              scale.scalar_type());
+  const bool int8 = weight.scalar_type() == at::kChar;
+  lin.format = int8 ? layers::WeightFormat::kInt8 : layers::WeightFormat::kInt4;
+  lin.in = int8 ? weight.size(0) : 2 * weight.size(0);
+  lin.out = weight.size(1);
+  TORCH_CHECK(lin.out > 0 && lin.out % 16 == 0, op,
+              ": weight.shape[1] (the output width) must be a positive multiple of 16, got ",
+              lin.out);
+  TORCH_CHECK(lin.in > 0 && lin.in % 8 == 0, op, ": the input width (weight.shape[0]",
+              int8 ? "" : " * 2", ") must be a positive multiple of 8, got ", lin.in);
+  if (int8) {
+    TORCH_CHECK(!zero.has_value(), op, ": int8 weights are symmetric; zero must be None");
+    check_dim(scale, 1, op, "scale");
+    check_size(scale, 0, lin.out, op, "scale", "weight.shape[1] (one scale per output column)");
+  } else {
+    TORCH_CHECK(group_size > 0 && group_size % 2 == 0 && lin.in % group_size == 0, op,
+                ": group_size must be a positive even number that divides the input width ", lin.in,
+                ", got ", group_size);
+    lin.group = group_size;
+    check_dim(scale, 2, op, "scale");
+    check_size(scale, 0, lin.in / group_size, op, "scale", "input width / group_size");
+    check_size(scale, 1, lin.out, op, "scale", "weight.shape[1]");
+    if (zero.has_value()) {
+      TORCH_CHECK(zero->scalar_type() == at::kByte, op, ": zero must be uint8, got ",
+                  zero->scalar_type());
+      check_dim(*zero, 2, op, "zero");
+      check_size(*zero, 0, lin.in / group_size, op, "zero", "scale.shape[0]");
+      check_size(*zero, 1, lin.out, op, "zero", "weight.shape[1]");
+    }
+  }
+  return lin;
+}
+
+// check_quant_weight's tensors on one CUDA device (after every other check of the op).
+void check_quant_devices(const char* op, const at::Tensor& weight, const at::Tensor& scale,
+                         const OptTensor& zero) {
+  check_cuda(weight, op, "weight");
+  check_cuda(scale, op, "scale", weight, "weight");
+  if (zero.has_value()) check_cuda(*zero, op, "zero", weight, "weight");
+}
+
+}  // namespace
+
+at::Tensor gemm_quant(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& scale,
+                      const OptTensor& zero, const OptTensor& bias, int64_t group_size,
+                      const std::string& epilogue, const std::string& backend) {
+  const char* op = "warpformer.gemm_quant";
+  const OpEpilogue* epi = parse_op_epilogue(epilogue, op);
+  TORCH_CHECK(backend == "auto" || backend == "gemv" || backend == "dequant", op,
+              ": backend must be one of auto, gemv, dequant; got '", backend, "'");
+  TORCH_CHECK(epi->bias == bias.has_value(), op, ": epilogue '", epilogue, "' ",
+              epi->bias ? "needs a bias" : "takes no bias; use epilogue 'bias' to add it");
+  check_dim(input, 2, op, "input");
+  layers::Linear lin = check_quant_weight(op, weight, scale, zero, group_size);
+  check_dtype(input, scale.scalar_type(), op, "input", "the dtype of scale");
+  check_size(input, 1, lin.in, op, "input", "the weight's input width");
+  const int64_t m = input.size(0);
+  TORCH_CHECK(m > 0, op, ": input has no rows");
+  TORCH_CHECK(backend != "gemv" || m <= kernels::kGemvMaxRows, op,
+              ": backend 'gemv' needs input.shape[0] <= ", kernels::kGemvMaxRows, ", got ", m);
+  if (bias.has_value()) {
+    check_dtype(*bias, input.scalar_type(), op, "bias", "the dtype of input");
+    check_dim(*bias, 1, op, "bias");
+    check_size(*bias, 0, lin.out, op, "bias", "weight.shape[1]");
+  }
+  check_quant_devices(op, weight, scale, zero);
+  check_cuda(input, op, "input", weight, "weight");
+  if (bias.has_value()) check_cuda(*bias, op, "bias", weight, "weight");
+  const at::Tensor w = aligned_contiguous(weight), sc = aligned_contiguous(scale);
+  const OptTensor z = zero.has_value() ? OptTensor(aligned_contiguous(*zero)) : OptTensor();
+  const OptTensor b = contiguous(bias);
+  const at::Tensor in = aligned_contiguous(input);
+  lin.weight = w.data_ptr();
+  lin.scales = sc.data_ptr();
+  lin.zeros = z.has_value() ? z->data_ptr() : nullptr;
+  lin.bias = b.has_value() ? b->data_ptr() : nullptr;
+  const c10::cuda::CUDAGuard guard(input.device());
+  auto ctx = context_for(in);
+  Gemm g(ctx.get());
+  if (backend == "dequant") g.set_gemv_policy(Gemm::GemvPolicy::kNever);
+  const DType dtype = to_dtype(in.scalar_type(), op, "input");
+  at::Tensor out = at::empty({m, lin.out}, in.options());
+  at::Tensor scratch;
+  if (!layers::linear_gemv(g, dtype, lin, in.data_ptr(), out.data_ptr(), m)) {
+    TORCH_CHECK(backend != "gemv", op, ": backend 'gemv' cannot run this product (it needs ",
+                "the input width a multiple of 8, and for int4 the input width and group_size ",
+                "multiples of 16)");
+    scratch = at::empty({lin.in, lin.out}, in.options());
+  }
+  layers::linear_forward(g, dtype, lin, in.data_ptr(), out.data_ptr(), m, epi->act, 0.f,
+                         scratch.defined() ? scratch.data_ptr() : nullptr);
+  return out;
+}
+
+at::Tensor dequantize_weight(const at::Tensor& weight, const at::Tensor& scale,
+                             const OptTensor& zero, int64_t group_size) {
+  const char* op = "warpformer.dequantize_weight";
+  layers::Linear lin = check_quant_weight(op, weight, scale, zero, group_size);
+  check_quant_devices(op, weight, scale, zero);
+  const at::Tensor w = aligned_contiguous(weight), sc = aligned_contiguous(scale);
+  const OptTensor z = zero.has_value() ? OptTensor(aligned_contiguous(*zero)) : OptTensor();
+  const c10::cuda::CUDAGuard guard(weight.device());
+  at::Tensor out = at::empty({lin.in, lin.out}, sc.options());
+  WF_DISPATCH_FLOATING(to_dtype(sc.scalar_type(), op, "scale"), op, [&] {
+    using T = scalar_t;
+    kernels::GemvQuant<T> q;
+    q.data = w.data_ptr();
+    q.scale = static_cast<const T*>(sc.data_ptr());
+    q.zero = z.has_value() ? static_cast<const uint8_t*>(z->data_ptr()) : nullptr;
+    q.bits = lin.format == layers::WeightFormat::kInt8 ? 8 : 4;
+    q.group = static_cast<int>(lin.group);
+    WF_CUDA_CHECK(kernels::launch_dequantize(q, static_cast<int>(lin.in), static_cast<int>(lin.out),
+                                             static_cast<T*>(out.data_ptr()), current_stream(w)));
+  });
+  return out;
 }
 
 std::string gemm_fingerprint(int64_t device) {

@@ -75,6 +75,14 @@ TORCH_LIBRARY(warpformer, m) {
   m.def(
       "gemm_sum(Tensor input, Tensor weight, Tensor input2, Tensor weight2, "
       "str backend='joined') -> Tensor");
+  // act(input @ dequant(weight) + bias) for weight-only int8 / int4 weights (docs/FORMAT.md).
+  // backend: auto (the quantized GEMV up to 8 rows, else dequantize + GEMM), gemv, dequant.
+  m.def(
+      "gemm_quant(Tensor input, Tensor weight, Tensor scale, Tensor? zero=None, Tensor? bias=None, "
+      "int group_size=0, str epilogue='none', str backend='auto') -> Tensor");
+  m.def(
+      "dequantize_weight(Tensor weight, Tensor scale, Tensor? zero=None, int group_size=0) -> "
+      "Tensor");
   // Median us of each of cuBLASLt's first max_algos candidates for this shape (gemm-tune);
   // weight may be copies stacked [copies, ...], taken in turn by the timed launches.
   m.def(
@@ -273,6 +281,8 @@ TORCH_LIBRARY(warpformer, m) {
   m.impl("norm_gemm_pair", &wo::norm_gemm_pair);                 \
   m.impl("gemm_sum", &wo::gemm_sum);                             \
   m.impl("gemm_benchmark", &wo::gemm_benchmark);                 \
+  m.impl("gemm_quant", &wo::gemm_quant);                         \
+  m.impl("dequantize_weight", &wo::dequantize_weight);           \
   m.impl("beam_log_softmax", &wo::beam_log_softmax);             \
   m.impl("beam_search_init", &wo::beam_search_init);             \
   m.impl("beam_search_step", &wo::beam_search_step);             \

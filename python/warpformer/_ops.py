@@ -86,3 +86,19 @@ def _norm_gemm_fake(input, residual, input_bias, norm_weight, norm_bias, norm, e
     out = input.new_empty((input.shape[0], weight.shape[1]))
     return out, torch.empty_like(input, memory_format=torch.contiguous_format), \
         torch.empty_like(input, memory_format=torch.contiguous_format)
+
+
+@register_fake("warpformer::gemm_quant")
+def _gemm_quant_fake(input, weight, scale, zero=None, bias=None, group_size=0, epilogue="none",
+                     backend="auto"):
+    torch._check(input.dim() == 2, lambda: "warpformer.gemm_quant: input must be 2-dimensional")
+    torch._check(weight.dim() == 2, lambda: "warpformer.gemm_quant: weight must be 2-dimensional")
+    return input.new_empty((input.shape[0], weight.shape[1]))
+
+
+@register_fake("warpformer::dequantize_weight")
+def _dequantize_weight_fake(weight, scale, zero=None, group_size=0):
+    op = "warpformer.dequantize_weight"
+    torch._check(weight.dim() == 2, lambda: f"{op}: weight must be 2-dimensional")
+    rows = weight.shape[0] if weight.dtype == torch.int8 else 2 * weight.shape[0]
+    return scale.new_empty((rows, weight.shape[1]))
