@@ -171,6 +171,19 @@ def _variants(text: str) -> list[str]:
     return names
 
 
+# Bytes per weight of the layers' matrices in each quantized format, scales included (int8: one
+# scale per output column, negligible; int4: a 2-byte scale per 128 weights).
+QUANT_WEIGHT_BYTES = {"int8": 1.0, "int4": 0.5 + 2 / 128}
+
+
+def _quant_modes(text: str) -> list[str]:
+    modes = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [m for m in modes if m not in QUANT_WEIGHT_BYTES]
+    if bad:
+        raise argparse.ArgumentTypeError(f"--weight-quant takes int8 and int4, got {bad}")
+    return modes
+
+
 def _models(text: str) -> list[ModelShape]:
     try:
         return parse_models(text)
@@ -210,6 +223,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help=f"converted models are cached here (default {DEFAULT_CACHE_DIR})")
     ap.add_argument("--out-dir", type=Path, default=DEFAULT_RESULTS_DIR,
                     help="JSON + markdown results go here (default benchmarks/results)")
+    ap.add_argument("--weight-quant", type=_quant_modes, default=[],
+                    help="also time the weights quantized at load: a comma list of int8 "
+                         "(per channel) and int4 (group 128); rows warpformer-int8/-int4, their "
+                         "floors on the quantized bytes, their tokens against fp16 warpformer's")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true",
                     help="4 layers per model, batches 1 and 64, fewer repeats, 100 s HF budget")
@@ -374,8 +391,10 @@ def agreement(ours: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
 def derive(row: Row, shape: ModelShape, copy_gbps: float, gemm_rate: float | None) -> None:
     """Decode ms/step, tokens/s, floors and GEMM efficiency from the measured times."""
     B, n_in, n_out = row.config
+    quant = row.engine.rsplit("-", 1)[-1] if row.engine.startswith("warpformer-") else ""
     bw, comp, floor = decode_floor_ms(shape, B, mean_decode_context(n_in, n_out), copy_gbps,
-                                      gemm_rate)
+                                      gemm_rate,
+                                      layer_weight_bytes=QUANT_WEIGHT_BYTES.get(quant))
     row.floor_bw_ms, row.floor_compute_ms, row.floor_ms = bw, comp, floor
     if gemm_rate:
         row.decode_gemm_ceiling_pct = 100 * comp / floor
@@ -652,10 +671,11 @@ def bench_model(args: argparse.Namespace, shape: ModelShape, cfgs: list[tuple[in
             new_row("warpformer", cfg).error = f"load: {short_error(exc)}"
         free_gpu()
         return rows
+    wf_tokens: dict[tuple[int, int, int], torch.Tensor | None] = {}
     for cfg in cfgs:
         row = new_row("warpformer", cfg)
-        toks = _guard(row, run_warpformer, weights, config, shape, row,
-                      _prompts(shape, cfg, args.seed), args.repeats)
+        toks = wf_tokens[cfg] = _guard(row, run_warpformer, weights, config, shape, row,
+                                       _prompts(shape, cfg, args.seed), args.repeats)
         ref = hf_tokens.get(cfg)
         if toks is not None and ref is not None:
             row.agree_first_token_pct, row.agree_prefix_pct = agreement(toks, ref)
@@ -666,9 +686,42 @@ def bench_model(args: argparse.Namespace, shape: ModelShape, cfgs: list[tuple[in
             row = new_row(f"warpformer-{variant}", cfg)
             _guard(row, run_warpformer, weights, config, shape, row,
                    _prompts(shape, cfg, args.seed), args.repeats, variant, args.out_dir)
+    if args.weight_quant:
+        bench_quantized(args, shape, cfgs, weights, config, new_row, wf_tokens)
     del weights
     free_gpu()
     return rows
+
+
+def bench_quantized(args, shape: ModelShape, cfgs, weights, config, new_row,
+                    fp16_tokens: dict) -> None:
+    """The --weight-quant rows: the fp16 weights quantized at load (on the GPU, one tensor at a
+    time from a CPU copy, so that the peak memory is the quantized model's), timed as
+    run_warpformer times fp16, tokens compared with fp16 warpformer's."""
+    from warpformer.config import QuantScheme
+    from warpformer.weight_quant import quantize_weights
+
+    host = {name: t.cpu() for name, t in weights.items()}
+    weights.clear()
+    free_gpu()
+    for mode in args.weight_quant:
+        scheme = QuantScheme(mode)
+        try:
+            qconfig, stored = quantize_weights(config, host, scheme, device="cuda")
+        except Exception as exc:  # noqa: BLE001 - record and go on
+            for cfg in cfgs:
+                new_row(f"warpformer-{mode}", cfg).error = f"quantize: {short_error(exc)}"
+            continue
+        for cfg in cfgs:
+            row = new_row(f"warpformer-{mode}", cfg)
+            toks = _guard(row, run_warpformer, stored, qconfig, shape, row,
+                          _prompts(shape, cfg, args.seed), args.repeats)
+            ref = fp16_tokens.get(cfg)
+            if toks is not None and ref is not None:
+                row.agree_first_token_pct, row.agree_prefix_pct = agreement(toks, ref)
+                row.note = "agreement: with fp16 warpformer's tokens"
+        del stored
+        free_gpu()
 
 
 def _prompts(shape: ModelShape, cfg: tuple[int, int, int], seed: int) -> torch.Tensor:

@@ -203,15 +203,19 @@ def mean_decode_context(input_len: int, output_len: int) -> float:
 
 
 def decode_floor_ms(shape: ModelShape, batch: int, context: float, copy_gbps: float,
-                    gemm_tflops: float | None = None,
-                    dtype_bytes: int = 2) -> tuple[float, float, float]:
+                    gemm_tflops: float | None = None, dtype_bytes: int = 2,
+                    layer_weight_bytes: float | None = None) -> tuple[float, float, float]:
     """(bandwidth floor, compute floor, floor) of one decode step in ms.
 
-    Bandwidth: (weights read + KV cache read at ``context`` tokens per row) / copy bandwidth.
+    Bandwidth: (weights read + KV cache read at ``context`` tokens per row) / copy bandwidth;
+    ``layer_weight_bytes``: bytes per weight of the layers' matrices when they are stored
+    otherwise (weight-only int8 / int4 with their scales), the rest in ``dtype_bytes``.
     Compute: 2 * gemm_params * batch flops / the measured GEMM rate (0 when unknown). Activations
     and logits traffic are left out (< 3% of the bytes at batch 64 for these models).
     """
     nbytes = shape.decode_read_params() * dtype_bytes
+    if layer_weight_bytes is not None:
+        nbytes += shape.layers * shape.layer_gemm_params() * (layer_weight_bytes - dtype_bytes)
     nbytes += shape.kv_bytes_per_token(dtype_bytes) * batch * context
     bw_ms = nbytes / (copy_gbps * 1e9) * 1e3
     comp_ms = 0.0

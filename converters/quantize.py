@@ -85,6 +85,14 @@ def _storable_scale(scale: torch.Tensor, dtype: torch.dtype, name: str) -> torch
     return stored
 
 
+def _over(x: torch.Tensor, k: int) -> torch.Tensor:
+    """``x / k`` as an element-wise division by a tensor: CUDA divides by a Python scalar as a
+    multiplication by its reciprocal, which rounds some quotients differently from the CPU, and
+    the quantizer must give the same bytes on every device (the converter quantizes on the CPU,
+    ``from_pretrained(weight_quant=...)`` on the GPU)."""
+    return x / torch.full_like(x, k)
+
+
 def _divide(w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """``w / scale`` with 0 where the scale is 0 (an all-zero column or group)."""
     return w / torch.where(scale == 0, torch.ones_like(scale), scale)
@@ -95,7 +103,7 @@ def quantize_int8(w: torch.Tensor, scale_dtype: torch.dtype = torch.float16,
     """Per-output-channel symmetric int8 of ``w`` ``[in, *out]`` (any floating dtype): data int8
     ``[in, *out]``, scale ``[*out]`` in ``scale_dtype``. ``name`` is used in error messages."""
     w = _check_input(w, name)
-    scale = _storable_scale(w.abs().amax(dim=0) / _INT8_MAX, scale_dtype, name)
+    scale = _storable_scale(_over(w.abs().amax(dim=0), _INT8_MAX), scale_dtype, name)
     q = torch.round(_divide(w, scale.float())).clamp_(-_INT8_MAX, _INT8_MAX)
     return Quantized(q.to(torch.int8), scale)
 
@@ -147,13 +155,13 @@ def quantize_int4(w: torch.Tensor, group_size: int = 128,
     if asymmetric:
         lo = groups.amin(dim=1).clamp(max=0)
         hi = groups.amax(dim=1).clamp(min=0)
-        scale = _storable_scale((hi - lo) / _INT4_LEVELS, scale_dtype, name)
+        scale = _storable_scale(_over(hi - lo, _INT4_LEVELS), scale_dtype, name)
         step = scale.float()
         zero = torch.round(_divide(-lo, step)).clamp_(0, _INT4_LEVELS)
         q = torch.round(_divide(groups, step[:, None])) + zero[:, None]
         q = q.clamp_(0, _INT4_LEVELS).reshape(w.shape)
         return Quantized(pack_int4(q), scale, zero.to(torch.uint8))
-    scale = _storable_scale(groups.abs().amax(dim=1) / _INT4_MAX, scale_dtype, name)
+    scale = _storable_scale(_over(groups.abs().amax(dim=1), _INT4_MAX), scale_dtype, name)
     q = torch.round(_divide(groups, scale.float()[:, None])).clamp_(-_INT4_MAX, _INT4_MAX)
     return Quantized(pack_int4(q.reshape(w.shape).to(torch.int8) & 0x0F), scale)
 

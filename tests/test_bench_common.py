@@ -93,6 +93,25 @@ def test_decode_floor_arithmetic():
     assert floor2 == comp2 > bw2  # a slow enough GEMM rate makes the step compute-bound
 
 
+def test_quantized_floor_and_option():
+    """--weight-quant rows: the floor counts the layers' matrices at the format's bytes."""
+    s = common.ModelShape("toy", "bloom", 64, 4, 2, 256, 1000, 0)
+    dense, _, _ = common.decode_floor_ms(s, batch=1, context=10, copy_gbps=1000.0)
+    for mode, per in bench_generate.QUANT_WEIGHT_BYTES.items():
+        bw, _, _ = common.decode_floor_ms(s, 1, 10, 1000.0, layer_weight_bytes=per)
+        saved = s.layers * s.layer_gemm_params() * (2 - per)
+        assert bw == pytest.approx(dense - saved / 1e12 * 1e3), mode
+    args = bench_generate.parse_args(["--weight-quant", "int8,int4", "--dry-run"])
+    assert args.weight_quant == ["int8", "int4"]
+    with pytest.raises(SystemExit):
+        bench_generate.parse_args(["--weight-quant", "int3"])
+    row = bench_generate.Row("toy", "warpformer-int4", 1, 10, 10)
+    bench_generate.derive(row, s, 1000.0, None)
+    assert row.floor_bw_ms == pytest.approx(common.decode_floor_ms(
+        s, 1, common.mean_decode_context(10, 10), 1000.0,
+        layer_weight_bytes=bench_generate.QUANT_WEIGHT_BYTES["int4"])[0])
+
+
 @pytest.mark.parametrize("name,design_ms", [("gpt2-medium", 0.165), ("bloom-560m", 0.26),
                                             ("opt-1.3b", 0.61), ("gpt-j-6b", 2.81)])
 def test_floor_agrees_with_design_table(name, design_ms):

@@ -1,6 +1,7 @@
 """Weight-only int8/int4 (issue 52), the CPU half: the quantizer's round trip, the converter's
 files and TP split, the loader and the reference oracle on the dequantized weights, and every bad
-request's message. (The engine's quantized kernels and their GPU oracle tests are still to come.)"""
+request's message, and the engine's checks of quantized weights that need no GPU (its oracle
+tests: tests/gpu/test_gemm_quant.py, tests/gpu/test_quant_engine.py)."""
 
 from __future__ import annotations
 
@@ -381,22 +382,22 @@ def test_loader_errors(quantized, converted, tmp_path):
     with pytest.raises(ValueError, match=r"holds int4 \(group 16\) weights"):
         GPT.from_pretrained(quantized("gpt2", "int4"), backend="reference",
                             weight_quant=QuantScheme("int4", 32))
-    for folder, request in ((int8, None), (fp16, "int8")):
-        with pytest.raises(ValueError, match="quantized kernels, which are not built yet "
-                                             r"\(issue 52\); use backend='reference'"):
-            GPT.from_pretrained(folder, backend="cuda", weight_quant=request)
+    with pytest.raises(ValueError, match="quantizes at load on one GPU; for tensor or pipeline "
+                                         "parallelism convert with warpformer convert"):
+        GPT.from_pretrained(fp16, backend="cuda", weight_quant="int8", tensor_para_size=2)
+    with pytest.raises(ValueError, match=r"a quantized lm_head \(quant_lm_head\) runs on the "
+                                         "reference backend only"):
+        GPT.from_pretrained(fp16, backend="cuda", weight_quant=QuantScheme("int8", lm_head=True))
+    with pytest.raises(ValueError, match="weight-only int8 weights run in float16 or bfloat16 on "
+                                         "the cuda backend, not float32"):
+        GPT.from_pretrained(int8, backend="cuda", dtype=torch.float32)
     with pytest.raises(ValueError, match="quantizes an fp16 or bf16 folder .* holds fp32"):
         GPT.from_pretrained(converted("gpt2", 1, "fp32"), backend="reference", weight_quant="int8")
     with pytest.raises(ValueError, match="weight_quant must be one of int8, int4, got 'int2'"):
         GPT.from_pretrained(fp16, backend="reference", weight_quant="int2")
     with pytest.raises(ValueError, match="group size 128 does not divide the input width 32"):
         GPT.from_pretrained(fp16, backend="reference", weight_quant="int4")
-    from warpformer.models.gpt import build_gpt_model, load_gpt_model
 
-    with pytest.raises(ValueError, match="not built yet"):
-        load_gpt_model(int8, device="cpu")
-    with pytest.raises(ValueError, match="not built yet"):
-        build_gpt_model(read_config(int8), {})
     # a damaged folder: a missing scale file, a config asking for fp32 scales
     broken = shutil.copytree(int8, tmp_path / "1-gpu")
     (broken / "model.layers.0.mlp.dense_h_to_4h.weight_scale.0.bin").unlink()
@@ -407,6 +408,48 @@ def test_loader_errors(quantized, converted, tmp_path):
                                                     "weight_data_type = fp32"))
     with pytest.raises(ConfigError, match="needs weight_data_type fp16 or bf16"):
         read_config(broken)
+
+
+def _engine_model(scheme: QuantScheme) -> tuple[GptConfig, dict[str, torch.Tensor]]:
+    """A config the engine accepts (head size 32) and its stored tensors under `scheme`, on the
+    CPU in fp16."""
+    from warpformer.weight_quant import quantize_weights
+    from warpformer.weights import weight_specs
+
+    config = GptConfig(head_num=2, size_per_head=32, inter_size=256, num_layer=1, vocab_size=128,
+                       max_pos_seq_len=64, weight_data_type="fp16")
+    gen = torch.Generator().manual_seed(0)
+    dense = {name: (torch.randn(spec.shape, generator=gen) * 0.02).half()
+             for name, spec in weight_specs(config).items() if not spec.optional}
+    return quantize_weights(config, dense, scheme)
+
+
+def test_engine_checks_quantized_weights_before_the_device():
+    """The engine's own checks, which need no GPU: every weight valid, then the device; fp32 and
+    a quantized head refused; a kernel of the wrong kind named."""
+    from warpformer.models.gpt import build_gpt_model
+
+    for scheme in (QuantScheme("int8"), QuantScheme("int4", 32, True)):
+        config, stored = _engine_model(scheme)
+        assert stored["layers.0.attention.dense.weight"].dtype == (
+            torch.int8 if scheme.mode == "int8" else torch.uint8)
+        with pytest.raises(RuntimeError, match="weight 'wte' must be a CUDA tensor"):
+            build_gpt_model(config, stored)
+        with pytest.raises(RuntimeError, match=f"weight_quant = {scheme.mode} serves float16 and "
+                                               "bfloat16 models; got dtype float32"):
+            build_gpt_model(config, stored, dtype=torch.float32)
+    config, stored = _engine_model(QuantScheme("int8"))
+    name = "layers.0.mlp.dense_h_to_4h.weight"
+    with pytest.raises(RuntimeError, match=f"weight '{name}' must be int8 \\(weight_quant = "
+                                           "int8\\), got Float"):
+        build_gpt_model(config, {**stored, name: stored[name].float()})
+    with pytest.raises(RuntimeError, match="weight 'layers.0.mlp.dense_h_to_4h.weight_scale' "
+                                           "must have shape"):
+        build_gpt_model(config, {**stored, name + "_scale": stored[name + "_scale"][:-1]})
+    head, stored = _engine_model(QuantScheme("int8", lm_head=True))
+    with pytest.raises(RuntimeError, match="quant_lm_head: the engine runs the lm_head in the "
+                                           "model's dtype"):
+        build_gpt_model(head, stored)
 
 
 def test_table_names_the_kernels():

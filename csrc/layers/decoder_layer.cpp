@@ -24,6 +24,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "csrc/core/check.h"
@@ -45,18 +46,32 @@ struct NormSpec {
   void* out;
 };
 
-// out[tokens, n] = in @ W (+ beta * out), summed over the tensor-parallel group.
-void product(const LayerContext& lc, const void* in, const void* weight, void* out, int64_t tokens,
-             int64_t n, int64_t k, float beta = 0.f) {
-  lc.gemm->run(lc.dtype, in, weight, nullptr, out, tokens, n, k, GemmEpilogue::kNone, beta);
-  all_reduce_if_parallel(lc.comm, out, tokens * n, lc.dtype, lc.ctx->stream());
+// The Linear without its bias: products whose bias a later residual add or norm applies.
+Linear without_bias(Linear l) {
+  l.bias = nullptr;
+  return l;
+}
+
+// out = act(in @ W + bias) (+ beta * out) on this rank (layers::linear_forward, the block's
+// dequantizing scratch at hand).
+void run_linear(const LayerContext& lc, const LayerBuffers& b, const Linear& w, const void* in,
+                void* out, int64_t tokens, kernels::Activation act = kernels::Activation::kIdentity,
+                float beta = 0.f) {
+  linear_forward(*lc.gemm, lc.dtype, w, in, out, tokens, act, beta, b.wq);
+}
+
+// out[tokens, n] = in @ W (+ beta * out) without W's bias, summed over the tensor-parallel group.
+void product(const LayerContext& lc, const LayerBuffers& b, const void* in, const Linear& w,
+             void* out, int64_t tokens, float beta = 0.f) {
+  run_linear(lc, b, without_bias(w), in, out, tokens, kernels::Activation::kIdentity, beta);
+  all_reduce_if_parallel(lc.comm, out, tokens * w.out, lc.dtype, lc.ctx->stream());
 }
 
 // product(), then `nm` over its rows (one norms kernel with the residual and bias adds).
-void product_then_norm(const LayerContext& lc, const void* in, const void* weight, void* out,
-                       int64_t tokens, int64_t n, int64_t k, const NormSpec& nm) {
-  product(lc, in, weight, out, tokens, n, k);
-  norm_rows(lc, nm.kind, nm.w, out, nm.residual, nm.residual_out, nm.bias, nm.out, tokens, n);
+void product_then_norm(const LayerContext& lc, const LayerBuffers& b, const void* in,
+                       const Linear& w, void* out, int64_t tokens, const NormSpec& nm) {
+  product(lc, b, in, w, out, tokens);
+  norm_rows(lc, nm.kind, nm.w, out, nm.residual, nm.residual_out, nm.bias, nm.out, tokens, w.out);
 }
 
 // The residual-stream buffer that is not `x` (the two alternate, see ResidualStream).
@@ -97,12 +112,21 @@ void stream_written(const GemmNormedInput& in, ResidualStream* s) {
 
 // out = act(norm(stream) @ W + bias) for a pre-norm layer (stream_input). beside: see
 // Gemm::run_normed.
+// A quantized weight takes the norms kernel and then its product (the normalising GEMV streams
+// dense weights only).
 void normed_product(const LayerContext& lc, ResidualStream* s, const LayerBuffers& b,
                     const void* gamma, const void* beta, void* normed, bool keep_normed,
-                    const void* weight, const void* bias, void* out, int64_t tokens, int64_t n,
-                    kernels::Activation act, bool beside = false) {
+                    const Linear& w, void* out, int64_t tokens, kernels::Activation act,
+                    bool beside = false) {
   const GemmNormedInput in = stream_input(lc, *s, b, tokens, gamma, beta, normed, keep_normed);
-  lc.gemm->run_normed(lc.dtype, in, weight, bias, out, tokens, n, lc.spec->hidden, act, beside);
+  if (w.quantized()) {
+    norm_rows(lc, in.kind, NormWeights{gamma, beta}, in.input, in.residual, in.residual_out,
+              in.input_bias, normed, tokens, lc.spec->hidden);
+    run_linear(lc, b, w, normed, out, tokens, act);
+  } else {
+    lc.gemm->run_normed(lc.dtype, in, w.weight, w.bias, out, tokens, w.out, lc.spec->hidden, act,
+                        beside);
+  }
   stream_written(in, s);
 }
 
@@ -126,6 +150,7 @@ void finish_stream(const LayerContext& lc, const LayerBuffers& b, int64_t tokens
 bool paired_products(const LayerContext& lc, const LayerWeights& w, const LayerBuffers& b,
                      int64_t tokens, ResidualStream* s) {
   const LayerSpec& c = *lc.spec;
+  if (w.qkv.quantized() || w.fc1.quantized()) return false;
   const bool shared_norm = (c.mlp == MlpPlacement::kParallelSharedNorm);
   const GemmNormedInput in = stream_input(lc, *s, b, tokens, w.ln1.gamma, w.ln1.beta, b.n, false);
   PairedProduct qkv;
@@ -151,17 +176,15 @@ bool paired_products(const LayerContext& lc, const LayerWeights& w, const LayerB
 void post_norm_layer(const LayerContext& lc, const LayerWeights& w, const LayerBuffers& b,
                      int64_t tokens, const AttentionInputs& ai, const NextNorm& next) {
   const LayerSpec& c = *lc.spec;
-  const int64_t h = c.hidden, lh = c.q_width(), li = c.inter;
   const kernels::NormKind ln = c.norm;
-  lc.gemm->run(lc.dtype, b.x, w.qkv.weight, nullptr, b.qkv, tokens, 3 * lh, h);
+  run_linear(lc, b, without_bias(w.qkv), b.x, b.qkv, tokens);
   self_attention(lc, AttentionIO{b.qkv, w.qkv.bias, b.q, b.a}, tokens, ai);
-  product_then_norm(lc, b.a, w.dense.weight, b.p, tokens, h, lh,
+  product_then_norm(lc, b, b.a, w.dense, b.p, tokens,
                     NormSpec{ln, w.ln1, w.dense.bias, b.x, b.x, b.y});
-  lc.gemm->run_act(lc.dtype, b.y, w.fc1.weight, w.fc1.bias, b.f, tokens, li, h, c.activation);
-  product_then_norm(lc, b.f, w.fc2.weight, b.o, tokens, h, li,
-                    NormSpec{ln, w.ln2, w.fc2.bias, b.y, b.y, b.x});
+  run_linear(lc, b, w.fc1, b.y, b.f, tokens, c.activation);
+  product_then_norm(lc, b, b.f, w.fc2, b.o, tokens, NormSpec{ln, w.ln2, w.fc2.bias, b.y, b.y, b.x});
   if (next.kind != kernels::NormKind::kAddOnly) {
-    norm_rows(lc, next.kind, next.w, b.x, nullptr, nullptr, nullptr, b.n, tokens, h);
+    norm_rows(lc, next.kind, next.w, b.x, nullptr, nullptr, nullptr, b.n, tokens, c.hidden);
   }
 }
 
@@ -175,9 +198,11 @@ void layer_forward(const LayerContext& lc, const LayerWeights& w, const LayerBuf
     post_norm_layer(lc, w, b, tokens, ai, next);
     return;
   }
-  const int64_t h = c.hidden, lh = c.q_width(), li = c.inter;
+  const int64_t lh = c.q_width(), li = c.inter;
   using kernels::Activation;
-  const bool decode_sized = c.parallel_mlp() && b.fj != nullptr && tokens <= kernels::kGemvMaxRows;
+  // Quantized weights run each product on its own (the joined GEMV launches stream dense ones).
+  const bool decode_sized =
+      c.parallel_mlp() && b.fj != nullptr && tokens <= kernels::kGemvMaxRows && !w.quantized();
 
   // Attention block: qkv = ln1(x) @ Wqkv, the pending adds applied on the way; with paired
   // products the MLP-in product runs in the same launch. The parallel form with one shared norm
@@ -185,8 +210,8 @@ void layer_forward(const LayerContext& lc, const LayerWeights& w, const LayerBuf
   const bool paired = decode_sized && paired_products(lc, w, b, tokens, s);
   const bool shared_norm = c.parallel_mlp() && (c.mlp == MlpPlacement::kParallelSharedNorm);
   if (!paired) {
-    normed_product(lc, s, b, w.ln1.gamma, w.ln1.beta, b.n, shared_norm, w.qkv.weight, nullptr,
-                   b.qkv, tokens, 3 * lh, Activation::kIdentity);
+    normed_product(lc, s, b, w.ln1.gamma, w.ln1.beta, b.n, shared_norm, without_bias(w.qkv), b.qkv,
+                   tokens, Activation::kIdentity);
   }
   self_attention(lc, AttentionIO{b.qkv, w.qkv.bias, b.q, b.a}, tokens, ai);
 
@@ -198,34 +223,35 @@ void layer_forward(const LayerContext& lc, const LayerWeights& w, const LayerBuf
     // accumulating.
     const bool beside = decode_sized;
     void* const f = beside ? b.fj : b.f;
-    if (!beside) lc.gemm->run(lc.dtype, b.a, w.dense.weight, nullptr, b.p, tokens, h, lh);
+    if (!beside) run_linear(lc, b, without_bias(w.dense), b.a, b.p, tokens);
     if (paired) {
       // the MLP hidden is in bufs.fj already
+    } else if (shared_norm && beside) {
+      lc.gemm->run_act(lc.dtype, b.n, w.fc1.weight, w.fc1.bias, f, tokens, li, c.hidden,
+                       c.activation, 0.f, beside);
     } else if (shared_norm) {
-      lc.gemm->run_act(lc.dtype, b.n, w.fc1.weight, w.fc1.bias, f, tokens, li, h, c.activation, 0.f,
-                       beside);
+      run_linear(lc, b, w.fc1, b.n, f, tokens, c.activation);
     } else {  // ln2 of the stream (materialised by the QKV product); n is free as scratch
-      normed_product(lc, s, b, w.ln2.gamma, w.ln2.beta, b.n, false, w.fc1.weight, w.fc1.bias, f,
-                     tokens, li, c.activation, beside);
+      normed_product(lc, s, b, w.ln2.gamma, w.ln2.beta, b.n, false, w.fc1, f, tokens, c.activation,
+                     beside);
     }
     if (beside) {
-      product_sum(*lc.gemm, lc.dtype, b.a, w.dense.weight, lh, f, w.fc2.weight, li, b.p, tokens, h,
-                  paired);
-      all_reduce_if_parallel(lc.comm, b.p, tokens * h, lc.dtype, lc.ctx->stream());
+      product_sum(*lc.gemm, lc.dtype, b.a, w.dense.weight, lh, f, w.fc2.weight, li, b.p, tokens,
+                  c.hidden, paired);
+      all_reduce_if_parallel(lc.comm, b.p, tokens * c.hidden, lc.dtype, lc.ctx->stream());
     } else {
-      product(lc, f, w.fc2.weight, b.p, tokens, h, li, 1.f);
+      product(lc, b, f, w.fc2, b.p, tokens, 1.f);
     }
     finish_stream(lc, b, tokens, next, b.p, w.residual_bias, s);
     return;
   }
 
   // Sequential: x += p + bo; f = act(ln2(x) @ W1 + b1); pending = f @ W2, b2.
-  product(lc, b.a, w.dense.weight, b.p, tokens, h, lh);
+  product(lc, b, b.a, w.dense, b.p, tokens);
   s->delta = b.p;
   s->bias = w.dense.bias;
-  normed_product(lc, s, b, w.ln2.gamma, w.ln2.beta, b.n, false, w.fc1.weight, w.fc1.bias, b.f,
-                 tokens, li, c.activation);
-  product(lc, b.f, w.fc2.weight, b.o, tokens, h, li);
+  normed_product(lc, s, b, w.ln2.gamma, w.ln2.beta, b.n, false, w.fc1, b.f, tokens, c.activation);
+  product(lc, b, b.f, w.fc2, b.o, tokens);
   finish_stream(lc, b, tokens, next, b.o, w.fc2.bias, s);
 }
 
@@ -238,7 +264,16 @@ void decoder_layer_forward(const LayerContext& lc, const LayerWeights& w, const 
   layer_forward(lc, w, bufs, tokens, attn, next, stream);
 }
 
-LayerBuffers carve_layer_buffers(const LayerSpec& spec, DType dtype, int64_t t, Carver* carver) {
+int64_t LayerWeights::largest_quantized() const {
+  int64_t most = 0;
+  for (const Linear* l : {&qkv, &dense, &fc1, &fc2}) {
+    if (l->quantized()) most = std::max(most, l->in * l->out);
+  }
+  return most;
+}
+
+LayerBuffers carve_layer_buffers(const LayerSpec& spec, DType dtype, int64_t t, Carver* carver,
+                                 int64_t quantized_elems) {
   const int64_t h = spec.hidden, lh = spec.q_width(), li = spec.inter;
   const size_t es = dtype_size(dtype);
   Carver& c = *carver;
@@ -268,6 +303,7 @@ LayerBuffers carve_layer_buffers(const LayerSpec& spec, DType dtype, int64_t t, 
   b.fj = spec.parallel_mlp() && spec.pre_norm()
              ? c.take(std::min<int64_t>(t, kernels::kGemvMaxRows) * li * es)
              : nullptr;
+  b.wq = quantized_elems > 0 ? c.take(quantized_elems * es) : nullptr;
   return b;
 }
 

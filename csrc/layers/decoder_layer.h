@@ -26,6 +26,12 @@ struct LayerWeights {
   Linear fc2;       // [inter, hidden]
   // dense.bias + fc2.bias, for the parallel form's one residual add (null when neither exists)
   const void* residual_bias = nullptr;
+
+  bool quantized() const {
+    return qkv.quantized() || dense.quantized() || fc1.quantized() || fc2.quantized();
+  }
+  // Elements of the largest of the block's quantized weights (its dequantized size), 0 if none.
+  int64_t largest_quantized() const;
 };
 
 // The residual stream of a pre-norm model between the products of a step: x + delta (+ bias),
@@ -61,12 +67,16 @@ struct LayerBuffers {
   // (the parallel-MLP paired products, linear.h): written beside the attention and read together
   // with its output, so apart from qkv, q, a and the rest; null when the model has no such layers.
   void* fj;
+  // [largest quantized weight] a quantized weight dequantized for a product the quantized GEMV
+  // does not run (layers::linear_forward's scratch); null when the weights are not quantized.
+  void* wq;
   int64_t y_rows;  // rows y holds (checked where a pre-norm layer moves the stream into it)
 };
 
-// The block's buffers for `tokens` rows carved from `carver`, overlapping where the block allows.
-LayerBuffers carve_layer_buffers(const LayerSpec& spec, DType dtype, int64_t tokens,
-                                 Carver* carver);
+// The block's buffers for `tokens` rows carved from `carver`, overlapping where the block allows;
+// quantized_elems: LayerWeights::largest_quantized() of the model's blocks (0: no wq).
+LayerBuffers carve_layer_buffers(const LayerSpec& spec, DType dtype, int64_t tokens, Carver* carver,
+                                 int64_t quantized_elems = 0);
 
 // Runs one layer over `tokens` rows. `stream` is the residual stream on entry and is updated.
 // Pre-norm layers: see ResidualStream; unless next.defer, on exit bufs.x holds the stream and

@@ -5,6 +5,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <sstream>
 #include <vector>
 
@@ -38,6 +39,7 @@ struct Spec {
   std::string name;
   std::vector<int64_t> shape;
   bool optional;
+  std::string dtype;  // "" (the model's), "int8" or "uint8" (quantized kernels, zero points)
 };
 
 std::vector<Spec> rank_specs(const gpt::GptConfig& c) {
@@ -47,7 +49,7 @@ std::vector<Spec> rank_specs(const gpt::GptConfig& c) {
                             ? w.layer >= c.first_layer() && w.layer < c.end_layer()
                             : (c.first_stage() && w.stage.find("first") != std::string::npos) ||
                                   (c.last_stage() && w.stage.find("last") != std::string::npos);
-    if (wanted) s.push_back({w.name, w.shard_shape(c.tensor_para_size), w.optional});
+    if (wanted) s.push_back({w.name, w.shard_shape(c.tensor_para_size), w.optional, w.dtype});
   }
   return s;
 }
@@ -63,16 +65,27 @@ GptModelHolder::GptModelHolder(const std::string& config,
   const std::string& dtype = options_.dtype;
   gpt::GptConfig cfg = gpt::GptConfig::from_json(
       config, options_.tensor_para_rank, options_.pipeline_para_size, options_.pipeline_para_rank);
+  // The head is a transposed product ([vocab, hidden]) the quantized kernels do not cover.
+  TORCH_CHECK(!cfg.quant_lm_head, kOp,
+              ": quant_lm_head: the engine runs the lm_head in the model's dtype; convert "
+              "without --quant-lm-head (or use backend='reference')");
   const std::vector<Spec> specs = rank_specs(cfg);
   const bool need_wte =
       cfg.first_stage() || (cfg.last_stage() && !weights.contains("lm_head.weight"));
 
   // Presence, kind and shape of every weight first (these checks need no GPU), then devices.
   std::vector<std::pair<std::string, at::Tensor>> chosen;
-  auto check = [&](const std::string& name, const std::vector<int64_t>& shape) {
+  auto check = [&](const std::string& name, const std::vector<int64_t>& shape,
+                   const std::string& stored = "") {
     const at::Tensor& t = weights.at(name);
-    TORCH_CHECK(t.is_floating_point(), kOp, ": weight '", name, "' must be a floating tensor, got ",
-                t.scalar_type());
+    if (stored.empty()) {
+      TORCH_CHECK(t.is_floating_point(), kOp, ": weight '", name,
+                  "' must be a floating tensor, got ", t.scalar_type());
+    } else {
+      const c10::ScalarType want = stored == "int8" ? at::kChar : at::kByte;
+      TORCH_CHECK(t.scalar_type() == want, kOp, ": weight '", name, "' must be ", stored,
+                  " (weight_quant = ", cfg.weight_quant, "), got ", t.scalar_type());
+    }
     TORCH_CHECK(t.sizes().vec() == shape, kOp, ": weight '", name, "' must have shape ",
                 shape_str(shape), " for tensor_para_size ", cfg.tensor_para_size, ", got ",
                 shape_str(t.sizes().vec()));
@@ -85,18 +98,24 @@ GptModelHolder::GptModelHolder(const std::string& config,
                   cfg.end_layer() - 1);
       continue;
     }
-    check(s.name, s.shape);
+    check(s.name, s.shape, s.dtype);
   }
   if (need_wte && !cfg.first_stage()) {
     TORCH_CHECK(weights.contains("wte"), kOp,
                 ": missing weight 'wte' (needed by the tied lm_head)");
     check("wte", {cfg.vocab_size, cfg.embed_dim()});
   }
-  const std::string& ref_name = chosen.front().first;
-  const at::Tensor& ref = chosen.front().second;
+  // The first floating weight gives the default dtype and the device (every stage has norms).
+  auto first_float = std::find_if(chosen.begin(), chosen.end(),
+                                  [](const auto& c) { return c.second.is_floating_point(); });
+  TORCH_CHECK(first_float != chosen.end(), kOp, ": no floating weight among the weights given");
+  const std::string& ref_name = first_float->first;
+  const at::Tensor& ref = first_float->second;
   // Arguments before devices: a bad dtype string is reported wherever the weights live.
   const DType dt = dtype.empty() ? to_dtype(ref.scalar_type(), kOp, ref_name.c_str())
                                  : parse_dtype(dtype, "GptModel: dtype");
+  TORCH_CHECK(!cfg.quantized() || dt != DType::kFloat32, kOp, ": weight_quant = ", cfg.weight_quant,
+              " serves float16 and bfloat16 models; got dtype float32");
   TORCH_CHECK(ref.is_cuda(), kOp, ": weight '", ref_name, "' must be a CUDA tensor, got device ",
               ref.device(), " (load weights with device='cuda')");
   device_ = ref.device().index();
@@ -105,7 +124,10 @@ GptModelHolder::GptModelHolder(const std::string& config,
     TORCH_CHECK(t.is_cuda() && t.device().index() == device_, kOp, ": weight '", name, "' is on ",
                 t.device(), " but '", ref_name, "' is on cuda:", device_,
                 "; all weights must be on one GPU");
-    owned_[name] = t.to(st).contiguous();
+    at::Tensor own = t.is_floating_point() ? t.to(st).contiguous() : t.contiguous();
+    // The quantized kernels load 16 bytes at a time: a view at another offset is copied.
+    if (reinterpret_cast<std::uintptr_t>(own.data_ptr()) % 16 != 0) own = own.clone();
+    owned_[name] = own;
   }
 
   auto ptr = [&](const std::string& name) -> const void* {
@@ -177,10 +199,18 @@ GptModelHolder::GptModelHolder(const std::string& config,
     const int64_t h = cfg.hidden(), lh = cfg.local_hidden(), li = cfg.local_inter();
     auto linear = [&](const std::string& name, int64_t in, int64_t out) {
       layers::Linear l;
-      l.weight = ptr(p + name + ".weight");
+      const std::string weight = p + name + ".weight";
+      l.weight = ptr(weight);
       l.bias = ptr(p + name + ".bias");
       l.in = in;
       l.out = out;
+      if (cfg.quantized()) {
+        l.format =
+            cfg.weight_quant == "int8" ? layers::WeightFormat::kInt8 : layers::WeightFormat::kInt4;
+        l.scales = ptr(weight + gpt::kScaleSuffix);
+        l.zeros = ptr(weight + gpt::kZeroSuffix);
+        l.group = cfg.weight_quant == "int4" ? cfg.quant_group_size : 0;
+      }
       return l;
     };
     layers::LayerWeights lw;

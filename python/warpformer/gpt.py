@@ -187,9 +187,9 @@ class GPT:
             weight_quant: ``"int8"``, ``"int4"`` or a :class:`~warpformer.config.QuantScheme`:
                 quantize an fp16/bf16 folder at load, as ``warpformer convert --weight-quant``
                 would. A quantized folder loads as stored (a request must match it: a string its
-                mode, a scheme every field). Quantized weights run on the reference backend
-                only, dequantized (the engine's kernels are issue 52's); the cuda backend
-                refuses them with a ``ValueError``.
+                mode, a scheme every field). The cuda backend runs the quantized kernels (fp16 /
+                bf16, the head unquantized; quantizing at load on one GPU, a converted folder
+                for tensor or pipeline parallelism); the reference runs the dequantized weights.
         """
         from .models.gpt import default_max_seq_len, dtype_name
 
@@ -202,7 +202,7 @@ class GPT:
                            ("pipeline_para_size", pipeline_para_size), ("max_batch", max_batch)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{arg} must be a positive integer, got {value!r}")
-        from .weight_quant import refuse_engine, resolve_request
+        from .weight_quant import resolve_request
 
         path = resolve_model_dir(converted_dir)
         config = read_config(path)
@@ -221,9 +221,19 @@ class GPT:
                 backend = "reference"
                 warnings.warn("warpformer: no CUDA device visible; using the plain-PyTorch "
                               "reference backend on CPU (slow, same results)", stacklevel=2)
-        if backend == "cuda":
-            refuse_engine(scheme or config.quant, f"weight_quant={weight_quant!r}" if scheme
-                          else str(path))
+        quant = scheme or config.quant
+        if backend == "cuda" and quant is not None:
+            if scheme is not None and parallel:
+                raise ValueError(f"weight_quant={weight_quant!r} quantizes at load on one GPU; "
+                                 "for tensor or pipeline parallelism convert with warpformer "
+                                 "convert --weight-quant and load that folder")
+            if quant.lm_head:
+                raise ValueError("a quantized lm_head (quant_lm_head) runs on the reference "
+                                 "backend only: the engine's head stays in the model dtype; "
+                                 "quantize without lm_head or use backend='reference'")
+            if dtype == torch.float32:
+                raise ValueError(f"weight-only {quant.mode} weights run in float16 or bfloat16 "
+                                 "on the cuda backend, not float32")
         if backend == "reference":
             if parallel:
                 raise ValueError("tensor_para_size/pipeline_para_size > 1 need backend='cuda' "
@@ -240,12 +250,31 @@ class GPT:
         if parallel:
             engine = cls._load_distributed(path, dtype, tensor_para_size, pipeline_para_size,
                                            max_batch, limit, options)
+        elif scheme is not None:
+            engine, config = cls._load_quantized(path, config, scheme, dtype, device, max_batch,
+                                                 limit, options)
         else:
             from .models.gpt import load_gpt_model
 
             engine = load_gpt_model(path, dtype=dtype, device=device, max_batch=max_batch,
                                     max_seq_len=limit, options=options)
         return cls(engine, config, "cuda", dtype, device)
+
+    @staticmethod
+    def _load_quantized(path, config, scheme, dtype, device, max_batch, limit, options):
+        """The engine on an fp16/bf16 folder quantized at load: ``(engine, quantized config)``."""
+        from .models.gpt import build_gpt_model
+        from .weight_quant import quantize_weights
+        from .weights import load_merged_weights
+
+        # Dense weights stay on the CPU; each tensor is quantized on the GPU as it goes, so the
+        # GPU never holds the dense model (a model that fits only quantized still loads).
+        _, dense = load_merged_weights(path, device="cpu")
+        config, stored = quantize_weights(config, dense, scheme, device=device)
+        del dense
+        engine = build_gpt_model(config, stored, dtype=dtype, max_batch=max_batch,
+                                 max_seq_len=limit, options=options)
+        return engine, config
 
     @classmethod
     def _load_reference(cls, path, config, dtype, max_batch, limit, device, scheme) -> GPT:

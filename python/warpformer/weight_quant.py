@@ -4,9 +4,9 @@
 :mod:`warpformer.converters.quantize` the quantizer; this module joins them per tensor, for the
 converter (:func:`quantize_kernel` on each full kernel before the TP split), the loader
 (:func:`dequantize_weights`: the reference backend runs on the dequantized weights, the oracle
-the engine's quantized kernels will be checked against) and ``GPT.from_pretrained(...,
-weight_quant=...)`` (:func:`resolve_request`, :func:`quantize_at_load`). The CUDA engine has no
-quantized kernels yet: :func:`refuse_engine` says so.
+the engine's quantized kernels are checked against) and ``GPT.from_pretrained(...,
+weight_quant=...)`` (:func:`resolve_request`; :func:`quantize_weights` for the engine, which
+takes the stored tensors, :func:`quantize_at_load` for the reference).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from warpformer.converters.quantize import Quantized, dequantize, quantize
 from .config import ConfigError, GptConfig, QuantScheme
 from .weights import DTYPES, SCALE_SUFFIX, ZERO_SUFFIX, quantized_kernels, stored_specs
 
-__all__ = ["quantize_kernel", "dequantize_weights", "quantize_at_load", "resolve_request",
-           "refuse_engine"]
+__all__ = ["quantize_kernel", "dequantize_weights", "quantize_at_load", "quantize_weights",
+           "resolve_request"]
 
 
 def quantize_kernel(config: GptConfig, name: str, tensor: torch.Tensor, input_axis: int
@@ -76,8 +76,20 @@ def quantize_at_load(config: GptConfig, weights: dict[str, torch.Tensor], scheme
                      dtype: torch.dtype) -> tuple[GptConfig, dict[str, torch.Tensor]]:
     """Quantize a dense fp16/bf16 folder's full weights (``load_merged_weights``, file dtype) as
     ``warpformer convert --weight-quant`` would and return ``(config with the scheme, dequantized
-    weights in dtype)``. A tied head quantized (``scheme.lm_head``) becomes its own
-    ``lm_head.weight``, as the converter writes it."""
+    weights in dtype)``: the reference backend's weights."""
+    quantized, stored = quantize_weights(config, weights, scheme)
+    dense = dequantize_weights(quantized, stored, dtype)
+    return quantized, {name: t.to(dtype) for name, t in dense.items()}
+
+
+def quantize_weights(config: GptConfig, weights: dict[str, torch.Tensor], scheme: QuantScheme,
+                     device: torch.device | str | None = None
+                     ) -> tuple[GptConfig, dict[str, torch.Tensor]]:
+    """``(config with the scheme, the stored tensors)`` of full dense weights quantized as the
+    converter would (:func:`~warpformer.weights.stored_specs` names and shapes; the engine's input
+    at one rank), each tensor moved to ``device`` first when given (quantizing on the GPU from a
+    CPU copy holds one dense tensor there at a time). A tied head quantized (``scheme.lm_head``)
+    becomes its own ``lm_head.weight``, as the converter writes it."""
     quantized = config.with_quant(scheme)
     stored_specs(quantized)  # the group-size rule, naming the tensor
     weights = dict(weights)
@@ -86,12 +98,13 @@ def quantize_at_load(config: GptConfig, weights: dict[str, torch.Tensor], scheme
     stored: dict[str, torch.Tensor] = {}
     kernels = quantized_kernels(quantized)
     for name, tensor in weights.items():
+        if device is not None:
+            tensor = tensor.to(device)
         if name in kernels:
             stored.update(quantize_kernel(quantized, name, tensor, kernels[name]))
         else:
             stored[name] = tensor
-    dense = dequantize_weights(quantized, stored, dtype)
-    return quantized, {name: t.to(dtype) for name, t in dense.items()}
+    return quantized, stored
 
 
 def resolve_request(path: os.PathLike[str] | str, config: GptConfig,
@@ -133,14 +146,3 @@ def _describe(scheme: QuantScheme) -> str:
         return "int8 (per-channel)"
     return (f"int4 (group {scheme.group_size}"
             + (", asymmetric" if scheme.asymmetric else "") + ")")
-
-
-def refuse_engine(quantized: QuantScheme | None, what: str) -> None:
-    """``ValueError`` when ``quantized`` is set: the CUDA engine cannot run quantized weights yet
-    (``what`` names the source: the folder or the ``weight_quant`` argument)."""
-    if quantized is not None:
-        raise ValueError(
-            f"{what}: {_describe(quantized)} weight-only quantization needs the CUDA engine's "
-            "quantized kernels, which are not built yet (issue 52); use backend='reference' to "
-            "run on the dequantized weights (the plain-PyTorch oracle), or give the engine an "
-            "unquantized folder")

@@ -98,9 +98,20 @@ def weight_specs(config: GptConfig) -> dict[str, WeightSpec]:
     engine's own (``torch.ops.warpformer.gpt_weight_table``, csrc/models/gpt/gpt_weights.h), so
     the converters, this loader, the reference backend and the engine's checks cannot disagree.
     """
-    table = json.loads(torch.ops.warpformer.gpt_weight_table(config.to_json()))
+    if config.quant is not None:
+        config = dataclasses.replace(config, weight_quant="none", quant_group_size=0,
+                                     quant_asymmetric=False, quant_lm_head=False)
+    return _engine_table(config)
+
+
+def _engine_table(config: GptConfig) -> dict[str, WeightSpec]:
+    """The engine's weight table for ``config`` (its stored form when quantized)."""
+    try:
+        table = json.loads(torch.ops.warpformer.gpt_weight_table(config.to_json()))
+    except RuntimeError as exc:  # the table's rules (an int4 group per rank) as a config error
+        raise ConfigError(str(exc).splitlines()[0]) from None
     return {e["name"]: WeightSpec(tuple(e["shape"]), e["split"], e["layer"], e["stage"],
-                                  e["optional"]) for e in table}
+                                  e["optional"], dtype=e["dtype"] or "") for e in table}
 
 
 # Suffixes of a quantized kernel's companion files: model.<name>_scale / _zero.
@@ -113,11 +124,9 @@ def quantized_kernels(config: GptConfig) -> dict[str, int]:
     ``quant_lm_head``, ``lm_head.weight`` (``[V, e]``, input axis 1). Empty when unquantized."""
     if config.quant is None:
         return {}
-    kernels = {name: 0 for name, spec in weight_specs(config).items()
-               if spec.layer is not None and name.endswith(".weight") and len(spec.shape) >= 2}
-    if config.quant_lm_head:
-        kernels["lm_head.weight"] = 1
-    return kernels
+    return {name: 1 if name == "lm_head.weight" else 0
+            for name, spec in stored_specs(config).items()
+            if spec.dtype in ("int8", "uint8") and not name.endswith(ZERO_SUFFIX)}
 
 
 def stored_specs(config: GptConfig) -> dict[str, WeightSpec]:
@@ -126,54 +135,13 @@ def stored_specs(config: GptConfig) -> dict[str, WeightSpec]:
     becomes ``K`` (int8 ``[in, *out]``, or uint8 ``[in/2, *out]`` packing int4 along the input
     axis), ``K_scale`` (``[*out]`` for int8, ``[in/G, *out]`` for int4, in the compute dtype) and,
     for asymmetric int4, ``K_zero`` (uint8, as the scales). Data and int4 scales split as the
-    kernel; int8 scales of a row-parallel kernel are replicated (whole columns).
+    kernel; int8 scales of a row-parallel kernel are replicated (whole columns). The engine's
+    table (csrc/models/gpt/gpt_weights.h), like :func:`weight_specs`.
 
     Raises :class:`~warpformer.config.ConfigError` naming the tensor, its input width per rank and
     the group size when an int4 group would not fit in a rank's rows (or the width at all).
     """
-    specs = weight_specs(config)
-    scheme = config.quant
-    if scheme is None:
-        return specs
-    out: dict[str, WeightSpec] = {}
-    tp = config.tensor_para_size
-    kernels = quantized_kernels(config)
-    for name, spec in specs.items():
-        axis = kernels.get(name)
-        if axis is None:
-            out[name] = spec
-            continue
-        width = spec.shape[axis]
-        split = spec.split_axis
-        splits_input = split is not None and split % len(spec.shape) == axis
-        if scheme.mode == "int4":
-            per_rank = width // tp if splits_input else width
-            if per_rank % scheme.group_size:
-                where = (f"{per_rank} per rank ({width} / tensor_para_size {tp})"
-                         if per_rank != width else str(width))
-                raise ConfigError(
-                    f"int4 group size {scheme.group_size} does not divide the input width "
-                    f"{where} of {name}" + ("; a group must not straddle a rank boundary"
-                                            if per_rank != width else "")
-                    + f": pick a group size that divides {per_rank}")
-            data = _with_axis(spec.shape, axis, width // 2)
-            scale = _with_axis(spec.shape, axis, width // scheme.group_size)
-            out[name] = dataclasses.replace(spec, shape=data, dtype="uint8")
-            scale_split = split
-        else:
-            out[name] = dataclasses.replace(spec, dtype="int8")
-            scale = spec.shape[:axis] + spec.shape[axis + 1:]
-            scale_split = (None if split is None or splits_input
-                           else split if split < 0 else split - (split > axis))
-        companion = dataclasses.replace(spec, shape=scale, split_axis=scale_split)
-        out[name + SCALE_SUFFIX] = companion
-        if scheme.asymmetric:
-            out[name + ZERO_SUFFIX] = dataclasses.replace(companion, dtype="uint8")
-    return out
-
-
-def _with_axis(shape: tuple[int, ...], axis: int, size: int) -> tuple[int, ...]:
-    return shape[:axis] + (size,) + shape[axis + 1:]
+    return _engine_table(config) if config.quant is not None else weight_specs(config)
 
 
 def expected_shapes(config: GptConfig) -> dict[str, tuple[int, ...]]:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from _models import hf_greedy, make_hf
+from _models import ENGINE_TINY, hf_greedy, make_hf
 
 import warpformer  # noqa: F401
 from warpformer.converters import convert
@@ -27,40 +27,7 @@ from warpformer.weights import load_weights, read_config
 
 pytestmark = pytest.mark.gpu
 
-# Tiny shapes (head sizes the kernels support: 32, 48, ..., 256 as FT's, a few of them here).
-TINY = {
-    "gpt2": lambda: transformers.GPT2Config(vocab_size=1000, n_embd=128, n_head=2, n_layer=2,
-                                            n_positions=512, bos_token_id=1, eos_token_id=2),
-    "opt": lambda: transformers.OPTConfig(vocab_size=1000, hidden_size=128, num_attention_heads=2,
-                                          num_hidden_layers=2, ffn_dim=512,
-                                          max_position_embeddings=512, word_embed_proj_dim=128,
-                                          pad_token_id=1, bos_token_id=2, eos_token_id=2),
-    "opt-350m-style": lambda: transformers.OPTConfig(
-        vocab_size=1000, hidden_size=128, num_attention_heads=2, num_hidden_layers=2,
-        ffn_dim=512, max_position_embeddings=512, word_embed_proj_dim=64,
-        do_layer_norm_before=False, pad_token_id=1, bos_token_id=2, eos_token_id=2),
-    "bloom": lambda: transformers.BloomConfig(vocab_size=1000, hidden_size=192, n_head=3,
-                                              n_layer=2, bos_token_id=1, eos_token_id=2),
-    "gptj": lambda: transformers.GPTJConfig(vocab_size=1000, n_embd=256, n_head=4, n_layer=2,
-                                            rotary_dim=32, n_positions=512, bos_token_id=1,
-                                            eos_token_id=2),
-    "gptneox-parallel": lambda: transformers.GPTNeoXConfig(
-        vocab_size=1000, hidden_size=160, num_attention_heads=2, num_hidden_layers=2,
-        intermediate_size=640, max_position_embeddings=512, rotary_pct=0.25,
-        use_parallel_residual=True, bos_token_id=1, eos_token_id=2),
-    "gptneox-sequential": lambda: transformers.GPTNeoXConfig(
-        vocab_size=1000, hidden_size=160, num_attention_heads=2, num_hidden_layers=2,
-        intermediate_size=640, max_position_embeddings=512, rotary_pct=0.25,
-        use_parallel_residual=False, bos_token_id=1, eos_token_id=2),
-    # Pythia-14m's widths: 32-wide heads with 8 rotary dims.
-    "pythia-head32": lambda: transformers.GPTNeoXConfig(
-        vocab_size=1000, hidden_size=128, num_attention_heads=4, num_hidden_layers=2,
-        intermediate_size=512, max_position_embeddings=512, rotary_pct=0.25,
-        use_parallel_residual=True, bos_token_id=1, eos_token_id=2),
-    "gpt2-head160": lambda: transformers.GPT2Config(vocab_size=1000, n_embd=320, n_head=2,
-                                                    n_layer=2, n_positions=512, bos_token_id=1,
-                                                    eos_token_id=2),
-}
+TINY = ENGINE_TINY
 
 # Real widths (gpt2-medium, bloom-560m, opt-1.3b, gpt-j-6b, pythia-2.8b) with 2 layers, so the
 # GEMM shapes, head counts and rotary widths of the real models are exercised in little time.

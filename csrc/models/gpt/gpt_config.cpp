@@ -64,6 +64,10 @@ GptConfig GptConfig::from_json(const std::string& json, int64_t tensor_para_rank
   c.has_attention_bias = j.get_bool("has_attention_bias", true);
   c.has_lm_head_bias = j.get_bool("has_lm_head_bias", false);
   c.word_embed_proj_dim = j.get_int("word_embed_proj_dim", 0);
+  c.weight_quant = j.get_string("weight_quant", "none");
+  c.quant_group_size = j.get_int("quant_group_size", 0);
+  c.quant_asymmetric = j.get_bool("quant_asymmetric", false);
+  c.quant_lm_head = j.get_bool("quant_lm_head", false);
   c.tensor_para_rank = tensor_para_rank;
   c.pipeline_para_size = pipeline_para_size;
   c.pipeline_para_rank = pipeline_para_rank;
@@ -104,6 +108,15 @@ GptConfig GptConfig::from_json(const std::string& json, int64_t tensor_para_rank
               ": parallel_residual needs layernorm_type = pre_layernorm");
   TORCH_CHECK(c.end_id >= 0 && c.end_id < c.vocab_size, kWhat, ": end_id (", c.end_id,
               ") must be in [0, vocab_size)");
+  TORCH_CHECK(c.weight_quant == "none" || c.weight_quant == "int8" || c.weight_quant == "int4",
+              kWhat, ": weight_quant must be none, int8 or int4, got '", c.weight_quant, "'");
+  TORCH_CHECK(
+      c.weight_quant == "int4" ? c.quant_group_size >= 2 && c.quant_group_size % 2 == 0
+                               : c.quant_group_size == 0 && !c.quant_asymmetric,
+      kWhat, ": quant_group_size (", c.quant_group_size, ") and quant_asymmetric apply to ",
+      "int4 only, whose group size is an even integer >= 2 (weight_quant = ", c.weight_quant, ")");
+  TORCH_CHECK(c.quantized() || !c.quant_lm_head, kWhat,
+              ": quant_lm_head needs weight_quant int8 or int4");
   return c;
 }
 

@@ -45,6 +45,13 @@ struct GptConfig {
   bool has_attention_bias = true;
   bool has_lm_head_bias = false;
   int64_t word_embed_proj_dim = 0;
+  // Weight-only quantization of the layers' linear kernels (docs/FORMAT.md): "none", "int8" (per
+  // output column) or "int4" (quant_group_size input rows per scale; zero points when
+  // asymmetric); quant_lm_head quantizes the head too.
+  std::string weight_quant = "none";
+  int64_t quant_group_size = 0;
+  bool quant_asymmetric = false;
+  bool quant_lm_head = false;
 
   // this rank
   int64_t tensor_para_rank = 0;
@@ -53,6 +60,7 @@ struct GptConfig {
 
   // derived
   int64_t hidden() const { return head_num * size_per_head; }
+  bool quantized() const { return weight_quant != "none"; }
   int64_t embed_dim() const { return word_embed_proj_dim > 0 ? word_embed_proj_dim : hidden(); }
   int64_t local_heads() const { return head_num / tensor_para_size; }
   int64_t local_hidden() const { return local_heads() * size_per_head; }

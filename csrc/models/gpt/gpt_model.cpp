@@ -101,7 +101,10 @@ size_t GptModel::layout(void* base, int64_t t, int64_t rows, layers::LayerBuffer
   const int64_t h = cfg_.hidden(), e = cfg_.embed_dim();
   const size_t es = dtype_size(dtype_);
   Carver c(base);
-  const layers::LayerBuffers b = layers::carve_layer_buffers(spec_, dtype_, t, &c);
+  // Every block has the same shapes: the first one's largest quantized weight sizes the
+  // dequantizing scratch of all.
+  const int64_t quantized = w_.layers.empty() ? 0 : w_.layers.front().largest_quantized();
+  const layers::LayerBuffers b = layers::carve_layer_buffers(spec_, dtype_, t, &c, quantized);
   Scratch sc{};
   sc.emb = cfg_.word_embed_proj_dim > 0 ? c.take(t * e * es) : nullptr;
   sc.last_rows = c.take(rows * std::max(h, e) * es);

@@ -1,6 +1,10 @@
 #include "csrc/models/gpt/gpt_weights.h"
 
+#include <c10/util/Exception.h>
+
 #include <sstream>
+#include <string>
+#include <utility>
 
 namespace warpformer {
 namespace gpt {
@@ -13,6 +17,66 @@ std::vector<int64_t> WeightEntry::shard_shape(int64_t tp) const {
   }
   return s;
 }
+
+namespace {
+
+// The stored form of the dense table `dense` under c's weight-only quantization (weight_table).
+std::vector<WeightEntry> quantized_table(const GptConfig& c, std::vector<WeightEntry> dense) {
+  const bool int4 = c.weight_quant == "int4";
+  const int64_t g = c.quant_group_size, tp = c.tensor_para_size;
+  std::vector<WeightEntry> out;
+  for (WeightEntry& e : dense) {
+    const bool layer_kernel = e.layer >= 0 && e.shape.size() >= 2 && e.name.size() > 7 &&
+                              e.name.compare(e.name.size() - 7, 7, ".weight") == 0;
+    const bool head = c.quant_lm_head && e.name == "lm_head.weight";
+    if (!layer_kernel && !head) {
+      out.push_back(std::move(e));
+      continue;
+    }
+    const size_t axis = head ? 1 : 0;  // the input axis
+    const int64_t width = e.shape[axis];
+    const int nd = static_cast<int>(e.shape.size());
+    const bool replicated = e.split_axis == WeightEntry::kReplicated;
+    const bool splits_input =
+        !replicated && ((e.split_axis % nd) + nd) % nd == static_cast<int>(axis);
+    WeightEntry scale = e;
+    if (int4) {
+      const int64_t per_rank = splits_input ? width / tp : width;
+      if (per_rank % g != 0) {
+        std::string where = std::to_string(width);
+        if (per_rank != width) {
+          where = std::to_string(per_rank) + " per rank (" + std::to_string(width) +
+                  " / tensor_para_size " + std::to_string(tp) + ")";
+        }
+        TORCH_CHECK(false, "int4 group size ", g, " does not divide the input width ", where,
+                    " of ", e.name,
+                    per_rank != width ? "; a group must not straddle a rank boundary" : "",
+                    ": pick a group size that divides ", per_rank);
+      }
+      scale.shape[axis] = width / g;
+      e.shape[axis] = width / 2;
+      e.dtype = "uint8";
+    } else {
+      scale.shape.erase(scale.shape.begin() + static_cast<int64_t>(axis));
+      if (replicated || splits_input) {
+        scale.split_axis = WeightEntry::kReplicated;
+      } else if (e.split_axis > static_cast<int>(axis)) {
+        scale.split_axis = e.split_axis - 1;
+      }
+      e.dtype = "int8";
+    }
+    scale.name = e.name + kScaleSuffix;
+    WeightEntry zero = scale;
+    zero.name = e.name + kZeroSuffix;
+    zero.dtype = "uint8";
+    out.push_back(std::move(e));
+    out.push_back(std::move(scale));
+    if (int4 && c.quant_asymmetric) out.push_back(std::move(zero));
+  }
+  return out;
+}
+
+}  // namespace
 
 std::vector<WeightEntry> weight_table(const GptConfig& c) {
   const int64_t h = c.hidden(), i = c.inter_size, v = c.vocab_size, e = c.embed_dim();
@@ -61,7 +125,7 @@ std::vector<WeightEntry> weight_table(const GptConfig& c) {
   }
   model("lm_head.weight", {v, e}, "last", /*optional=*/true);
   if (c.has_lm_head_bias) model("lm_head.bias", {v}, "last");
-  return t;
+  return c.quantized() ? quantized_table(c, std::move(t)) : t;
 }
 
 std::string weight_table_json(const std::vector<WeightEntry>& table) {
@@ -84,7 +148,12 @@ std::string weight_table_json(const std::vector<WeightEntry>& table) {
       os << w.layer;
     }
     os << ", \"stage\": \"" << w.stage << "\", \"optional\": " << (w.optional ? "true" : "false")
-       << "}";
+       << ", \"dtype\": ";
+    if (w.dtype.empty()) {
+      os << "null}";
+    } else {
+      os << "\"" << w.dtype << "\"}";
+    }
   }
   os << "]";
   return os.str();

@@ -15,7 +15,6 @@ import torch
 
 from warpformer.config import GptConfig
 from warpformer.options import EngineOptions, model_options_json
-from warpformer.weight_quant import refuse_engine
 from warpformer.weights import load_weights, read_config
 
 _DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -45,7 +44,8 @@ def build_gpt_model(config: GptConfig, weights: dict[str, torch.Tensor], *,
         config: the model's :class:`~warpformer.config.GptConfig`.
         weights: ``{name: tensor}`` as returned by :func:`warpformer.weights.load_weights`
             (per-rank shapes, e.g. QKV ``[h, 3, h/tp]``), CUDA tensors of any floating dtype
-            (converted to ``dtype``).
+            (converted to ``dtype``); a weight-only quantized config's kernels as stored
+            (:func:`warpformer.weights.stored_specs`: int8 / uint8 data and zero points).
         dtype: inference dtype (fp32, fp16 or bf16).
         max_batch: the largest batch a call may use.
         max_seq_len: the largest input + output length (default: :func:`default_max_seq_len`).
@@ -54,10 +54,9 @@ def build_gpt_model(config: GptConfig, weights: dict[str, torch.Tensor], *,
         options: :class:`~warpformer.options.EngineOptions` (CUDA graphs, prefill group size,
             GEMM tuning file; default: all defaults).
 
-    Raises ``ValueError`` for a weight-only quantized config (the engine's quantized kernels
-    are not built yet).
+    A quantized config needs ``dtype`` float16 or bfloat16 and an unquantized head
+    (``quant_lm_head`` off); the engine refuses others naming the rule.
     """
-    refuse_engine(config.quant, f"config weight_quant = {config.weight_quant}")
     limit = max_seq_len if max_seq_len is not None else default_max_seq_len(config)
     text = model_options_json(options or EngineOptions(), max_batch=max_batch, max_seq_len=limit,
                               dtype=dtype_name(dtype), tensor_para_rank=tensor_para_rank,
@@ -83,7 +82,6 @@ def load_gpt_model(model_dir: str | os.PathLike[str], *, dtype: torch.dtype = to
     arguments are those of :func:`build_gpt_model`.
     """
     config = read_config(model_dir)
-    refuse_engine(config.quant, os.fspath(model_dir))
     weights = load_weights(model_dir, tp_rank=tensor_para_rank, pp_rank=pipeline_para_rank,
                            pipeline_para_size=pipeline_para_size, dtype=dtype, device=device)
     return build_gpt_model(config, weights, dtype=dtype, max_batch=max_batch,
