@@ -95,11 +95,15 @@ void linear_forward(Gemm& gemm, DType dtype, const Linear& lin, const void* in, 
                                              static_cast<T*>(scratch), ctx.stream()));
   });
   // The scratch is written by the kernel just before the product: a GEMV there must not read
-  // its weight ahead of that kernel, as it does with static weights.
-  const bool static_weights = gemm.static_weights();
+  // its weight ahead of that kernel, as it does with static weights (restored however run_act
+  // ends).
+  struct DynamicWeights {
+    Gemm& gemm;
+    bool was;
+    ~DynamicWeights() { gemm.set_static_weights(was); }
+  } scope{gemm, gemm.static_weights()};
   gemm.set_static_weights(false);
   gemm.run_act(dtype, in, scratch, lin.bias, out, m, lin.out, lin.in, act, beta);
-  gemm.set_static_weights(static_weights);
 }
 
 bool linear_gemv(const Gemm& gemm, DType dtype, const Linear& lin, const void* in, const void* out,
