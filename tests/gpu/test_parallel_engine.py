@@ -1,7 +1,8 @@
 """Tensor and pipeline parallelism of the engine: TP=2, PP=2 (and TP=4, TP=2 x PP=2 on 4 GPUs)
 give the TP=1 tokens — exactly in fp32, for >= 99% of positions in fp16 — for GPT-2, BLOOM and
-GPT-J shapes, for greedy, beam search and seeded sampling; logits agree. Each configuration runs
-under torchrun (and one under mpirun) in a subprocess."""
+GPT-J shapes, for greedy, beam search and seeded sampling; logits agree; and weight-only int8 /
+int4 shards at TP=2 give TP=1's tokens. Each configuration runs under torchrun (and one under
+mpirun) in a subprocess."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import transformers
 from _models import ARCH_CLASSES
 
 import warpformer
+from warpformer.config import QuantScheme
 from warpformer.converters import convert
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
@@ -210,6 +212,36 @@ def test_parallel_equals_single_gpu(name, tp, pp, checkpoints, tmp_path):
     # only), so its error against fp32 stays within a small factor of TP=1's.
     assert errp <= 3 * err1 + 1e-3, report
     assert agree >= 0.99, report
+
+
+@pytest.fixture(scope="module")
+def quantized(checkpoints):
+    """(name, "int8" | "int4") -> converted root (1-gpu, 2-gpu) of the peaked model in fp16 with
+    weight-only quantized layers (int4: groups of 32, which divide every rank's input rows)."""
+    out = {}
+    for name in ("gpt2", "gptj"):
+        for key, scheme in (("int8", QuantScheme("int8")), ("int4", QuantScheme("int4", 32))):
+            root = checkpoints[name].parent / f"{name}-{key}"
+            for tp in (1, 2):
+                convert(checkpoints[name].parent / f"{name}-hf", root, tp, "fp16",
+                        weight_quant=scheme)
+            out[name, key] = root
+    return out
+
+
+@pytest.mark.parametrize("key", ["int8", "int4"])
+@pytest.mark.parametrize("name", ["gpt2", "gptj"])
+def test_quantized_tensor_parallel_equals_single_gpu(name, key, quantized, tmp_path):
+    """TP=2 over quantized shards (int4 scales split with their rows, int8 scales of the
+    row-parallel products replicated) gives TP=1's greedy tokens and logits within fp16
+    rounding: every rank multiplies its own slice of the same dequantized weights."""
+    ref = single(quantized[name, key], "fp16", tmp_path / "ref.pt")
+    prompts_file(tmp_path / "par.pt")
+    par = launch(quantized[name, key], 2, 1, "fp16", tmp_path / "par.pt")
+    agree = float((par["greedy"] == ref["greedy"]).float().mean())
+    err = float((par["logits"] - ref["logits"]).abs().max() / ref["logits"].abs().max())
+    assert agree >= 0.99, f"{name} {key}: greedy positions equal to TP=1: {agree:.2%}"
+    assert err <= 1e-2, f"{name} {key}: logits relative error {err:.3g}"
 
 
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun not installed")
