@@ -253,6 +253,11 @@ class GptConfig:
                                    quant_asymmetric=scheme.asymmetric,
                                    quant_lm_head=scheme.lm_head)
 
+    def without_quant(self) -> GptConfig:
+        """A copy of this config describing the same weights unquantized (the dense table)."""
+        return dataclasses.replace(self, weight_quant="none", quant_group_size=0,
+                                   quant_asymmetric=False, quant_lm_head=False)
+
     @property
     def embedding_dim(self) -> int:
         """Width of ``wte``/``lm_head`` rows: ``word_embed_proj_dim`` if set, else hidden size."""

@@ -12,7 +12,6 @@ kernels as int8 or packed int4 files with scale (and zero-point) files beside th
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import re
@@ -99,8 +98,7 @@ def weight_specs(config: GptConfig) -> dict[str, WeightSpec]:
     the converters, this loader, the reference backend and the engine's checks cannot disagree.
     """
     if config.quant is not None:
-        config = dataclasses.replace(config, weight_quant="none", quant_group_size=0,
-                                     quant_asymmetric=False, quant_lm_head=False)
+        config = config.without_quant()
     return _engine_table(config)
 
 

@@ -13,7 +13,6 @@ architecture: GPT-2 (pre-norm, learned positions), OPT-350m's post-norm, BLOOM (
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
@@ -59,11 +58,6 @@ def folders(tmp_path_factory):
     return get
 
 
-def _dense_config(config):
-    return dataclasses.replace(config, weight_quant="none", quant_group_size=0,
-                               quant_asymmetric=False, quant_lm_head=False)
-
-
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).abs().max() / b.double().abs().max())
 
@@ -76,8 +70,8 @@ def test_logits_match_the_dequantized_reference(folders, arch, key):
     stored = load_weights(folder, device="cuda")
     engine = build_gpt_model(config, stored, dtype=torch.float16, max_batch=4, max_seq_len=64)
     dense = {k: v.float() for k, v in dequantize_weights(config, stored, torch.float32).items()}
-    reference = GptReference(_dense_config(config), dense)
-    dense_engine = build_gpt_model(_dense_config(config), {k: v.half() for k, v in dense.items()},
+    reference = GptReference(config.without_quant(), dense)
+    dense_engine = build_gpt_model(config.without_quant(), {k: v.half() for k, v in dense.items()},
                                    dtype=torch.float16, max_batch=4, max_seq_len=64)
     g = torch.Generator().manual_seed(1)
     for lengths in ([20, 13, 7], [5], [1, 1]):  # 40 rows: dequantize + GEMM; 5, 2: the GEMV
