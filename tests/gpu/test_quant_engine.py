@@ -6,8 +6,8 @@ architecture: GPT-2 (pre-norm, learned positions), OPT-350m's post-norm, BLOOM (
   at most 2x as far off as the dense fp16 engine on those same dequantized weights, in a prompt
   pass of 40 rows (weights dequantized into scratch, then the GEMM) and of 5 and 2 rows (the
   quantized GEMV; with int4 groups of 8, which it cannot step, the scratch and the GEMM again);
-- greedy tokens (CUDA graphs, decode steps on the GEMV) equal the fp32 reference's on the
-  dequantized weights (peaked models);
+- greedy tokens (CUDA graphs, decode steps on the GEMV) are the fp32 reference's argmax on the
+  dequantized weights, teacher-forced, up to fp16 rounding (peaked models);
 - quantizing at load (``from_pretrained(weight_quant=...)``) gives the converted folder's tokens.
 """
 
@@ -88,7 +88,11 @@ def test_logits_match_the_dequantized_reference(folders, arch, key):
 
 @pytest.mark.parametrize("key", ["int8", "int4-asym", "int4-g8"])
 @pytest.mark.parametrize("arch", list(SHAPES))
-def test_greedy_tokens_equal_the_reference(folders, arch, key):
+def test_greedy_tokens_are_the_references_argmax(folders, arch, key):
+    """Every token the quantized fp16 engine picks (CUDA graphs, decode steps on the GEMV) is the
+    fp32 reference's argmax on the same dequantized weights, teacher-forced on the engine's own
+    sequence, up to fp16 rounding: where the reference's top two are closer than that, either
+    pick is right (a near tie in a random model, not a bug). Most positions must match exactly."""
     folder = folders(arch, key)
     gpt = GPT.from_pretrained(folder, backend="cuda", dtype=torch.float16, max_batch=4,
                               max_seq_len=96)
@@ -97,8 +101,18 @@ def test_greedy_tokens_equal_the_reference(folders, arch, key):
     g = torch.Generator().manual_seed(2)
     rows = [torch.randint(3, 1000, (n,), generator=g).tolist() for n in (9, 17, 4)]
     got = gpt.generate(rows, 24).tokens
-    want = ref.generate(rows, 24).tokens
-    assert got == want
+    seqs = [r + t[0] for r, t in zip(rows, got, strict=True)]
+    logits = ref.logits(seqs)
+    exact = total = 0
+    for b, (row, toks) in enumerate(zip(rows, got, strict=True)):
+        step = logits[b, len(row) - 1:len(row) - 1 + len(toks[0])]
+        chosen = step.gather(1, torch.tensor(toks[0], device=step.device)[:, None])[:, 0]
+        gap = step.max(1).values - chosen
+        tol = 1e-2 * float(step.abs().max())
+        assert float(gap.max()) <= tol, (b, gap.tolist(), tol)
+        exact += int((gap == 0).sum())
+        total += len(toks[0])
+    assert exact >= 0.9 * total, (exact, total)
 
 
 def test_quantizing_at_load_equals_the_converted_folder(folders):
