@@ -73,15 +73,6 @@ constexpr size_t kn_mma_smem(const KnMmaSplit& s) {
          static_cast<size_t>(s.ksplit) * kKnMmaOut * sizeof(float);
 }
 
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(shared_addr(dst)), "l"(src)
-               : "memory");
-#else
-  __trap();
-#endif
-}
-
 // M: the rows the normalising prologue forms (NORM); the plain kernel is instantiated once with
 // M = kGemvMaxRows and reads p.m of them. `ksplit` blocks of a (1, ksplit, 1) cluster share a
 // column tile; blockIdx.y is the rank.
@@ -117,7 +108,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       cp_async16(wt + r * kKnMmaRowBytes + j * 16,
                  p.weight + static_cast<int64_t>(kbeg + r) * p.n + n0 + j * V);
     }
-    asm volatile("cp.async.commit_group;" ::: "memory");
+    cp_async_commit();
   };
   if (p.prefetch_weight) stage_weight();
   if constexpr (NORM) {
@@ -147,7 +138,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int r = rows + c / (kchunk / V), j = c % (kchunk / V);
     *reinterpret_cast<int4*>(xs + r * xstride + j * V) = make_int4(0, 0, 0, 0);
   }
-  asm volatile("cp.async.wait_group 0;" ::: "memory");
+  cp_async_wait<0>();
   __syncthreads();
 
   // 3. Warp (tile, half): output columns tile * 16.., k rows of its half of the chunk.

@@ -1,25 +1,37 @@
 // The GEMV over weight-only quantized weights (gemv.h, "weight-only quantized weights") and their
 // dequantization for many-row products.
 //
-// The [k, n] GEMV's scheme (gemv.cu) with a packed weight (16-bit models only): a block owns a
-// tile of 8 column vectors of 16 bytes (128 columns: int8 and int4 both pack 16 columns into 16
-// bytes of a stored row) and a range of stored rows; its 256 threads are 32 row slices x 8 column
-// vectors, each streaming 8 stored rows per step (8 input rows for int8, 16 for int4). Bytes
-// become floats by the exponent trick (a byte placed in the mantissa of 2^23, then 2^23 plus the
-// offset subtracted: one byte permute and one add, where an integer-to-float conversion issues at
-// an eighth of the FMA rate). int8 leaves its per-column scale to the epilogue; int4 applies its
-// group's scale per step (a thread's 16 input rows of a step lie in one group): to the step's
-// partial sums at 1-2 rows, to each weight past them (where the registers for partial sums are
-// not there). The sums are reduced as gemv.cu's are: shuffles over a warp's 4 slices, the
-// block's 8 warps in shared memory, and the blocks of a k-split (sm_90 clusters) through rank 0's
-// shared memory, added in rank order, so results are deterministic run to run.
+// The product runs on tensor cores (mma.sync m16n8k16, fp32 accumulation) for 1 to 8 rows: the
+// weight is the mma's "a" (16 output columns x 16 input rows), the input rows its "b" (8 columns,
+// rows past p.m zero). Packed bytes become "a" registers of exact small integers in 16-bit form
+// with two or three integer/half instructions per pair of weights, so the dequantization costs
+// about the same at 8 rows as at one (the CUDA-core design spent an FMA per weight and row).
+//
+// A block owns 128 output columns, 8 chunks of 16 (lane group g = lane / 4 streams chunk g), and a
+// range of stored rows split evenly over its 8 warps (contiguous, so an int4 group's scale is
+// applied once per group to a warp's partial sums). Each warp step covers 16 input rows: lane
+// (g, q) copies the 16-byte vectors of its chunk in the stored rows the mma fragment needs (int4:
+// rows q and 4 + q, each byte holding input rows 2r and 2r + 1 of one column; int8: rows 2q, 2q +
+// 1, 8 + 2q, 9 + 2q) and the two input pairs of its "b" registers. The copies go through a
+// per-thread ring of shared memory with cp.async, several steps ahead, so the weight stream does
+// not stall on the arithmetic; a thread reads back only what it copied, so the ring needs no
+// barriers.
+//
+// fp16: a byte or nibble placed in the mantissa of 1024 (0x64xx) reads 1024 + value exactly, and
+// one half2 subtraction leaves the integer (a byte permute, a lop3 and the subtraction per pair).
+// bf16 has too few mantissa bits for bytes and goes through fp32 (2^23 + value), then packs. Sums
+// are reduced over the warps in shared memory and over a k-split's blocks (sm_90 clusters) through
+// rank 0, in rank order, so results are deterministic run to run.
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cluster.cuh"
 #include "kernels/common.cuh"
 #include "kernels/gemv.h"
 #include "kernels/gemv_common.cuh"
+#include "kernels/mma.cuh"
 
 namespace warpformer {
 namespace kernels {
@@ -28,30 +40,27 @@ using namespace gemv_impl;  // NOLINT(build/namespaces): the GEMV family's share
 
 namespace {
 
-constexpr int kColVecs = 8;   // 16-byte column vectors per tile
-constexpr int kVecCols = 16;  // columns of one 16-byte vector of packed bytes
-constexpr int kTileCols = kColVecs * kVecCols;
-constexpr int kSlices = kThreads / kColVecs;  // row slices per block
-constexpr int kRows = 8;                      // stored rows a thread streams per step
-constexpr int kStep = kSlices * kRows;        // stored rows a block streams per step
-constexpr int kMaxSplit = 8;                  // portable cluster size
-constexpr float kMagic = 8388608.f;           // 2^23: a byte b in its mantissa reads 2^23 + b
+constexpr int kTileCols = 128;       // a block's output columns
+constexpr int kChunkCols = 16;       // a lane group's columns: one 16-byte vector of packed bytes
+constexpr int kVecCols = 16;         // columns of one 16-byte vector (the dequantize kernel's unit)
+constexpr int kMaxSplit = 8;         // portable cluster size
+constexpr float kMagic = 8388608.f;  // 2^23: a byte b in its mantissa reads 2^23 + b
 
-// Blocks of 256 threads an SM holds at M rows (the launch bound, so that the registers fit).
-__host__ __device__ constexpr int blocks_per_sm(int m, int bits) {
-  return m == 1 && bits == 8 ? 3 : (m <= 2 ? 2 : 1);
-}
+// Per format: 16-byte weight vectors a thread copies per warp step, stored rows per warp step
+// (16 input rows) and ring stages (enough bytes in flight per SM at two blocks an SM).
+template <int BITS>
+struct QuantStep {
+  static constexpr int kVecs = BITS == 8 ? 4 : 2;
+  static constexpr int kRows = BITS == 8 ? 16 : 8;
+  static constexpr int kStages = BITS == 8 ? 3 : 4;
+  static constexpr int kStageBytes = kVecs * 16 + 8;  // + the two 4-byte input pairs
+  static constexpr size_t kRingBytes = static_cast<size_t>(kStages) * kStageBytes * kThreads;
+};
 
 // 2^23 + byte J of w.
 template <int J>
 __device__ __forceinline__ float byte_float(uint32_t w) {
   return __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7540u | J));
-}
-
-// Input element k of row m as a float (0 for the rows past p.m of a rounded-up instantiation).
-template <typename T>
-__device__ __forceinline__ float input_at(const GemvParams<T>& p, int m, int k) {
-  return m < p.m ? to_float(p.in[static_cast<int64_t>(m) * p.k + k]) : 0.f;
 }
 
 // Sixteen values of T (scales) from 16-column-aligned memory, as floats.
@@ -67,144 +76,261 @@ __device__ __forceinline__ void load16(const T* src, float (&dst)[kVecCols]) {
   }
 }
 
+__device__ __forceinline__ uint32_t half2_bits(__half2 v) {
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+__device__ __forceinline__ __half2 bits_half2(uint32_t v) {
+  return *reinterpret_cast<const __half2*>(&v);
+}
+
+// (a & b) ^ c in one instruction (the compiler splits it into two).
+__device__ __forceinline__ uint32_t and_xor(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t r;
+  asm("lop3.b32 %0, %1, %2, %3, 0x6a;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+  return r;
+}
+
+// An "a" register of int8 weights: byte P of w0 (input row k) and of w1 (row k + 1), one column.
+// fp16: (1024 + (q ^ 0x80)) - 1152 = q; bf16: through fp32.
+template <typename T, int P>
+__device__ __forceinline__ uint32_t int8_pair(uint32_t w0, uint32_t w1) {
+  if constexpr (std::is_same_v<T, __half>) {
+    const uint32_t t = __byte_perm(w0, w1, P | ((4 + P) << 8));
+    const uint32_t r = and_xor(t, 0x00FF00FFu, 0x64806480u);
+    return half2_bits(__hadd2(bits_half2(r), bits_half2(0xE480E480u)));  // - (1024 + 128)
+  } else {
+    const float lo = byte_float<P>(w0 ^ 0x80808080u) - (kMagic + 128.f);
+    const float hi = byte_float<P>(w1 ^ 0x80808080u) - (kMagic + 128.f);
+    return pack2<T>(lo, hi);
+  }
+}
+
+// An "a" register of int4 weights: byte P of w holds input rows 2r (bits 0-3) and 2r + 1 (bits
+// 4-7) of one column; w4 is w >> 4. Symmetric nibbles have their sign bit flipped (q + 8 in
+// 0..15); `add_h` is the half2 -(1024 + z) twice (z = 8 when symmetric) and `add_f` 2^23 + z.
+template <typename T, bool ZERO, int P>
+__device__ __forceinline__ uint32_t int4_pair(uint32_t w, uint32_t w4, uint32_t add_h,
+                                              float add_f) {
+  if constexpr (std::is_same_v<T, __half>) {
+    const uint32_t t = __byte_perm(w, w4, P | ((4 + P) << 8));  // lo nibble, then hi nibble
+    const uint32_t r = and_xor(t, 0x000F000Fu, ZERO ? 0x64006400u : 0x64086408u);
+    return half2_bits(__hadd2(bits_half2(r), bits_half2(add_h)));
+  } else {
+    const uint32_t b = ((ZERO ? w : w ^ 0x88888888u) >> (8 * P)) & 0xFFu;
+    const float lo = __uint_as_float(0x4B000000u | (b & 0xFu)) - add_f;
+    const float hi = __uint_as_float(0x4B000000u | (b >> 4)) - add_f;
+    return pack2<T>(lo, hi);
+  }
+}
+
+// M: the output rows the block reduces (p.m rounded up to 1, 2, 4 or 8; the mma always forms 8).
+// `ksplit` blocks of a (1, ksplit, 1) cluster share a column tile; blockIdx.y is the rank, and
+// `kchunk` (a multiple of 8 warp steps) its stored rows.
 template <typename T, int M, int BITS, bool ZERO>
-__global__ void __launch_bounds__(kThreads, blocks_per_sm(M, BITS))
+__global__ void __launch_bounds__(kThreads, 2)
     gemv_quant_kernel(const GemvParams<T> p, const GemvQuant<T> q, int ksplit, int kchunk) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  using S = QuantStep<BITS>;
+  constexpr int V = S::kVecs, D = S::kStages;
   constexpr int kOut = M * kTileCols;
-  __shared__ float red[kWarps][kOut];
-  __shared__ __align__(8) uint64_t gather_bar;       // rank 0 of a k-split: the other ranks' sums
-  extern __shared__ __align__(16) float gathered[];  // rank 0: [ksplit - 1][kOut]
+  static_assert(kWarps * kOut * sizeof(float) <= S::kRingBytes, "the sums reuse the ring");
+  // Dynamic: the ring (weights [D][V][kThreads] vectors, then inputs [D][2][kThreads] words),
+  // and on rank 0 of a k-split the other ranks' sums [ksplit - 1][kOut].
+  extern __shared__ __align__(16) unsigned char smem[];
+  int4* const wring = reinterpret_cast<int4*>(smem);
+  uint32_t* const xring = reinterpret_cast<uint32_t*>(smem + D * V * kThreads * 16);
+  float* const gathered = reinterpret_cast<float*>(smem + S::kRingBytes);
+  __shared__ __align__(8) uint64_t gather_bar;
   kn_split_begin<kOut>(ksplit, &gather_bar);
-  const int n = p.n;
+
+  const int n = p.n, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, qd = lane & 3;
   const int rows = BITS == 8 ? p.k : p.k / 2;  // stored rows
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int c = threadIdx.x % kColVecs, s = threadIdx.x / kColVecs;
-  const int col0 = blockIdx.x * kTileCols, col = col0 + c * kVecCols;
-  const int kbeg = blockIdx.y * kchunk, kend = min(rows, kbeg + kchunk);
+  const int chunk = blockIdx.x * kTileCols + g * kChunkCols;
+  const bool col_ok = chunk < n, row_ok = g < p.m;
+  const int wchunk = kchunk / kWarps;
+  const int wbeg = min(rows, blockIdx.y * kchunk + warp * wchunk);
+  const int steps = (min(rows, min(blockIdx.y * kchunk + kchunk, wbeg + wchunk)) - wbeg) / S::kRows;
   const uint8_t* const data = static_cast<const uint8_t*>(q.data);
 
-  float acc[M][kVecCols];
+  // This thread's source addresses at step 0 and their advance per step (zero for a lane past
+  // the columns or rows, whose copies read nothing and fill zeros).
+  const int64_t wstep = col_ok ? static_cast<int64_t>(S::kRows) * n : 0;
+  const int xstep = row_ok ? 16 : 0;
+  const uint8_t* const wsrc =
+      col_ok ? data + static_cast<int64_t>(wbeg + (BITS == 8 ? 2 * qd : qd)) * n + chunk : data;
+  const T* const xsrc =
+      row_ok ? p.in + static_cast<int64_t>(g) * p.k + wbeg * (BITS == 8 ? 1 : 2) + 2 * qd : p.in;
+  const uint32_t wbytes = col_ok ? 16u : 0u, xbytes = row_ok ? 4u : 0u;
+  int voff[V];  // byte offset of vector v's stored row
 #pragma unroll
-  for (int m = 0; m < M; ++m) {
+  for (int v = 0; v < V; ++v)
+    voff[v] = col_ok ? (BITS == 8 ? (v >> 1) * 8 + (v & 1) : v * 4) * n : 0;
+  auto copy_weights = [&](const uint8_t* src, int slot) {
 #pragma unroll
-    for (int e = 0; e < kVecCols; ++e) acc[m][e] = 0.f;
-  }
-  auto load_step = [&](int r0, int4(&wv)[kRows]) {
-#pragma unroll
-    for (int i = 0; i < kRows; ++i) {
-      wv[i] = load_stream(data + static_cast<int64_t>(r0 + i) * n + col);
+    for (int v = 0; v < V; ++v) {
+      cp_async16_zfill(wring + (slot * V + v) * kThreads + tid, src + voff[v], wbytes);
     }
   };
-  // acc[m][e] += x[m][k] * w[k][col + e] over the step's stored rows r0 .. r0 + kRows - 1.
-  auto fma_step = [&](int r0, const int4(&wv)[kRows]) {
-    if constexpr (BITS == 8) {
+  auto copy_inputs = [&](const T* src, int slot) {
+    const int h8 = row_ok ? 8 : 0;
+    cp_async4_zfill(xring + (slot * 2) * kThreads + tid, src, xbytes);
+    cp_async4_zfill(xring + (slot * 2 + 1) * kThreads + tid, src + h8, xbytes);
+  };
+
+  // Weights are static: the first stages' copies go out before the wait for the kernel ahead.
+  if (p.prefetch_weight) {
 #pragma unroll
-      for (int i = 0; i < kRows; ++i) {
-        float x[M];
+    for (int st = 0; st < D; ++st) {
+      if (st < steps) copy_weights(wsrc + st * wstep, st);
+    }
+  }
+  wait_for_prior_kernels();
+  start_next_kernel();
 #pragma unroll
-        for (int m = 0; m < M; ++m) x[m] = input_at(p, m, r0 + i);
-        const uint32_t* words = reinterpret_cast<const uint32_t*>(&wv[i]);
+  for (int st = 0; st < D; ++st) {
+    if (st < steps) {
+      if (!p.prefetch_weight) copy_weights(wsrc + st * wstep, st);
+      copy_inputs(xsrc + st * xstep, st);
+    }
+    cp_async_commit();
+  }
+
+  // acc[j]: mma j's outputs, columns chunk + 2j (d0, d1) and + 1 (d2, d3), rows 2q and 2q + 1.
+  // int4 accumulates a group in part[] and adds it scaled.
+  constexpr int kParts = BITS == 4 ? 8 : 1;
+  float acc[8][4], part[kParts][4];
 #pragma unroll
-        for (int w = 0; w < 4; ++w) {
-          const uint32_t b = words[w] ^ 0x80808080u;  // q + 128, unsigned
-          const float v[4] = {byte_float<0>(b), byte_float<1>(b), byte_float<2>(b),
-                              byte_float<3>(b)};
+  for (int j = 0; j < 8; ++j) {
 #pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const float wq = v[j] - (kMagic + 128.f);
+    for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+  }
 #pragma unroll
-            for (int m = 0; m < M; ++m) acc[m][4 * w + j] = fmaf(x[m], wq, acc[m][4 * w + j]);
-          }
-        }
-      }
+  for (int j = 0; j < kParts; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) part[j][e] = 0.f;
+  }
+  uint32_t add_h[ZERO ? kChunkCols : 1];
+  float add_f[ZERO ? kChunkCols : 1];
+  add_h[0] = 0xE408E408u;  // -1032 twice
+  add_f[0] = kMagic + 8.f;
+  int group = -1;
+  auto flush = [&]() {  // acc += part * the group's scales
+    if (group < 0) return;
+    float sc[kChunkCols];
+    if (col_ok) {
+      load16(q.scale + static_cast<int64_t>(group) * n + chunk, sc);
     } else {
-      // The step's 16 input rows share a group: its scales (and zero points) for the 16 columns.
-      const int64_t g = static_cast<int64_t>(2 * r0 / q.group) * n + col;
-      float scale[kVecCols], offset[kVecCols];
-      load16(q.scale + g, scale);
-      if constexpr (ZERO) {
-        const int4 zv = *reinterpret_cast<const int4*>(q.zero + g);
-        const uint8_t* z = reinterpret_cast<const uint8_t*>(&zv);
 #pragma unroll
-        for (int e = 0; e < kVecCols; ++e) offset[e] = kMagic + static_cast<float>(z[e]);
-      } else {
+      for (int e = 0; e < kChunkCols; ++e) sc[e] = 0.f;
+    }
 #pragma unroll
-        for (int e = 0; e < kVecCols; ++e) offset[e] = kMagic + 8.f;  // nibbles as q + 8
+    for (int j = 0; j < kParts; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        acc[j][e] = fmaf(part[j][e], sc[2 * j + (e >> 1)], acc[j][e]);
+        part[j][e] = 0.f;
       }
-      // At 1-2 rows the step's sums of (q - zero) * x are scaled once; past them each weight is.
-      constexpr bool kPartial = M <= 2;
-      float part[kPartial ? M : 1][kVecCols];
-      if constexpr (kPartial) {
+    }
+  };
+
+  const uint8_t* wnext = wsrc + D * wstep;
+  const T* xnext = xsrc + D * xstep;
+  int group_end = 0;  // int4: the input row where the current group ends
+  // Unrolled by the ring's depth, so that each slot's shared-memory offsets are constants.
+  for (int st0 = 0; st0 < steps; st0 += D) {
 #pragma unroll
-        for (int m = 0; m < M; ++m) {
+    for (int slot = 0; slot < D; ++slot) {
+      const int st = st0 + slot;
+      if (st >= steps) break;
+      cp_async_wait<D - 1>();
+      int4 wv[V];
 #pragma unroll
-          for (int e = 0; e < kVecCols; ++e) part[m][e] = 0.f;
-        }
-      }
+      for (int v = 0; v < V; ++v) wv[v] = wring[(slot * V + v) * kThreads + tid];
+      const uint32_t b0 = xring[(slot * 2) * kThreads + tid];
+      const uint32_t b1 = xring[(slot * 2 + 1) * kThreads + tid];
+      if constexpr (BITS == 4) {
+        const int k0 = 2 * (wbeg + st * S::kRows);
+        if (k0 >= group_end) {  // warp-uniform: a new group's scales (and zero points)
+          flush();
+          group = k0 / q.group;
+          group_end = (group + 1) * q.group;
+          if constexpr (ZERO) {
+            uint32_t zw[4] = {0u, 0u, 0u, 0u};
+            if (col_ok) {
+              const int4 z =
+                  *reinterpret_cast<const int4*>(q.zero + static_cast<int64_t>(group) * n + chunk);
+              zw[0] = z.x, zw[1] = z.y, zw[2] = z.z, zw[3] = z.w;
+            }
 #pragma unroll
-      for (int i = 0; i < kRows; ++i) {
-        float x0[M], x1[M];
-#pragma unroll
-        for (int m = 0; m < M; ++m) {
-          x0[m] = input_at(p, m, 2 * (r0 + i));
-          x1[m] = input_at(p, m, 2 * (r0 + i) + 1);
-        }
-        const uint32_t* words = reinterpret_cast<const uint32_t*>(&wv[i]);
-#pragma unroll
-        for (int w = 0; w < 4; ++w) {
-          const uint32_t b = ZERO ? words[w] : words[w] ^ 0x88888888u;
-          const uint32_t lo = b & 0x0F0F0F0Fu, hi = (b >> 4) & 0x0F0F0F0Fu;
-          const float vl[4] = {byte_float<0>(lo), byte_float<1>(lo), byte_float<2>(lo),
-                               byte_float<3>(lo)};
-          const float vh[4] = {byte_float<0>(hi), byte_float<1>(hi), byte_float<2>(hi),
-                               byte_float<3>(hi)};
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const int e = 4 * w + j;
-            if constexpr (kPartial) {
-              const float w0 = vl[j] - offset[e], w1 = vh[j] - offset[e];
-#pragma unroll
-              for (int m = 0; m < M; ++m) part[m][e] = fmaf(x1[m], w1, fmaf(x0[m], w0, part[m][e]));
-            } else {
-              const float w0 = (vl[j] - offset[e]) * scale[e];
-              const float w1 = (vh[j] - offset[e]) * scale[e];
-#pragma unroll
-              for (int m = 0; m < M; ++m) acc[m][e] = fmaf(x1[m], w1, fmaf(x0[m], w0, acc[m][e]));
+            for (int e = 0; e < kChunkCols; ++e) {
+              const uint32_t z = (zw[e / 4] >> (8 * (e % 4))) & 0xFFu;
+              add_h[e] = (0xE400u | z) * 0x10001u;  // -(1024 + z) twice
+              add_f[e] = kMagic + static_cast<float>(z);
             }
           }
         }
       }
-      if constexpr (kPartial) {
+      const uint32_t* w = reinterpret_cast<const uint32_t*>(wv);  // [V][4] words
 #pragma unroll
-        for (int m = 0; m < M; ++m) {
-#pragma unroll
-          for (int e = 0; e < kVecCols; ++e) acc[m][e] = fmaf(part[m][e], scale[e], acc[m][e]);
+      for (int j = 0; j < 8; ++j) {
+        uint32_t a[4];
+        // Byte 2j of a vector is column chunk + 2j: word j / 2, byte (2j) % 4; 2j + 1 the next.
+        if constexpr (BITS == 8) {
+          if (j % 2 == 0) {
+            a[0] = int8_pair<T, 0>(w[0 * 4 + j / 2], w[1 * 4 + j / 2]);
+            a[1] = int8_pair<T, 1>(w[0 * 4 + j / 2], w[1 * 4 + j / 2]);
+            a[2] = int8_pair<T, 0>(w[2 * 4 + j / 2], w[3 * 4 + j / 2]);
+            a[3] = int8_pair<T, 1>(w[2 * 4 + j / 2], w[3 * 4 + j / 2]);
+          } else {
+            a[0] = int8_pair<T, 2>(w[0 * 4 + j / 2], w[1 * 4 + j / 2]);
+            a[1] = int8_pair<T, 3>(w[0 * 4 + j / 2], w[1 * 4 + j / 2]);
+            a[2] = int8_pair<T, 2>(w[2 * 4 + j / 2], w[3 * 4 + j / 2]);
+            a[3] = int8_pair<T, 3>(w[2 * 4 + j / 2], w[3 * 4 + j / 2]);
+          }
+          mma_16816<T>(acc[j], a[0], a[1], a[2], a[3], b0, b1);
+        } else {
+          const int e0 = ZERO ? 2 * j : 0, e1 = ZERO ? 2 * j + 1 : 0;
+          const uint32_t v0 = w[j / 2], v1 = w[4 + j / 2], v04 = v0 >> 4, v14 = v1 >> 4;
+          if (j % 2 == 0) {
+            a[0] = int4_pair<T, ZERO, 0>(v0, v04, add_h[e0], add_f[e0]);
+            a[1] = int4_pair<T, ZERO, 1>(v0, v04, add_h[e1], add_f[e1]);
+            a[2] = int4_pair<T, ZERO, 0>(v1, v14, add_h[e0], add_f[e0]);
+            a[3] = int4_pair<T, ZERO, 1>(v1, v14, add_h[e1], add_f[e1]);
+          } else {
+            a[0] = int4_pair<T, ZERO, 2>(v0, v04, add_h[e0], add_f[e0]);
+            a[1] = int4_pair<T, ZERO, 3>(v0, v04, add_h[e1], add_f[e1]);
+            a[2] = int4_pair<T, ZERO, 2>(v1, v14, add_h[e0], add_f[e0]);
+            a[3] = int4_pair<T, ZERO, 3>(v1, v14, add_h[e1], add_f[e1]);
+          }
+          mma_16816<T>(part[j % kParts], a[0], a[1], a[2], a[3], b0, b1);
         }
       }
-    }
-  };
-
-  // Weights are static: the first step's loads go out before the wait for the kernel ahead.
-  int r = kbeg + s * kRows;
-  const bool early = p.prefetch_weight && col < n && r < kend;
-  int4 first[kRows];
-  if (early) load_step(r, first);
-  wait_for_prior_kernels();
-  start_next_kernel();
-  if (col < n) {
-    if (early) {
-      fma_step(r, first);
-      r += kStep;
-    }
-#pragma unroll(M <= 2 ? 2 : 1)
-    for (; r < kend; r += kStep) {
-      int4 wv[kRows];
-      load_step(r, wv);
-      fma_step(r, wv);
+      // The slot's registers are consumed (the mma above read them): refill it D steps ahead.
+      if (st + D < steps) {
+        copy_weights(wnext, slot);
+        copy_inputs(xnext, slot);
+      }
+      cp_async_commit();
+      wnext += wstep;
+      xnext += xstep;
     }
   }
+  if constexpr (BITS == 4) flush();
+  cp_async_wait<0>();
+  __syncthreads();  // every warp is past the ring: its sums reuse it
 
-  kn_fold_warps<kColVecs>(acc, red, lane, warp);
+  float (&red)[kWarps][kOut] = *reinterpret_cast<float (*)[kWarps][kOut]>(smem);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int m = 2 * qd + (e & 1);
+      if (m < M) red[warp][m * kTileCols + g * kChunkCols + 2 * j + (e >> 1)] = acc[j][e];
+    }
+  }
+  __syncthreads();
+  const int col0 = blockIdx.x * kTileCols;
   kn_store_sums(red, ksplit, &gather_bar, gathered, [&](int i, float v) {
     const int m = i / kTileCols, cc = col0 + i % kTileCols;
     if (m < p.m && cc < n) {
@@ -213,6 +339,9 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm(M, BITS))
       p.out[idx] = from_float<T>(finish(v, p, idx, cc));
     }
   });
+#else
+  __trap();  // launchers run it only on sm_80+ code (gemv_quant_supported)
+#endif
 }
 
 // out[r', c .. c + 15] for one 16-byte vector of stored row r (int4: input rows 2r and 2r + 1).
@@ -270,8 +399,14 @@ __global__ void dequantize_kernel(const GemvQuant<T> q, int k, int n, T* out) {
 }
 
 struct Split {
-  int tiles, ksplit, kchunk;  // kchunk: stored rows per k-split block, a multiple of kRows
+  int tiles, ksplit, kchunk;  // kchunk: stored rows per k-split block, a multiple of 8 warp steps
 };
+
+template <int BITS>
+size_t quant_smem(int m, int ksplit) {
+  return QuantStep<BITS>::kRingBytes +
+         static_cast<size_t>(ksplit - 1) * m * kTileCols * sizeof(float);
+}
 
 template <typename T>
 Split quant_split(const GemvParams<T>& p, const GemvQuant<T>& q, int device) {
@@ -279,19 +414,16 @@ Split quant_split(const GemvParams<T>& p, const GemvQuant<T>& q, int device) {
       code_arch(reinterpret_cast<const void*>(gemv_quant_kernel<__half, 1, 8, false>));
   const DeviceCaps caps = device_caps(device);
   const int rows = q.bits == 8 ? p.k : p.k / 2;
+  const int step = kWarps * (q.bits == 8 ? QuantStep<8>::kRows : QuantStep<4>::kRows);
   const int tiles = ceil_div(p.n, kTileCols);
   int ksplit = 1;
   if (arch >= 90 && caps.major >= 9) {
-    // The k-split whose blocks fill the SMs' slots most evenly: blocks / (waves * slots), so that
-    // no short last wave runs on a few SMs (the smaller split on a tie); a power of two (clusters
-    // of other sizes leave a GPC's SMs unfilled), each split at least one block step of rows,
-    // and the split's gather within the 48 KiB a block may use without opting in to more.
-    const int rows_m = p.m == 5 ? 6 : (p.m == 7 ? 8 : p.m);  // the instantiation's rows
-    const size_t out_bytes = static_cast<size_t>(rows_m) * kTileCols * sizeof(float);
-    const size_t static_bytes = kWarps * out_bytes + sizeof(uint64_t) + 128;
-    const int smem_split = 1 + static_cast<int>((48 * 1024 - static_bytes) / out_bytes);
-    const int most = std::max(1, std::min({kMaxSplit, rows / kStep, smem_split}));
-    const int slots = std::max(1, blocks_per_sm(p.m, q.bits) * caps.sms);
+    // The k-split whose blocks fill the SMs' slots (two blocks an SM) most evenly: blocks /
+    // (waves * slots), so that no short last wave runs on a few SMs (the smaller split on a tie);
+    // a power of two (clusters of other sizes leave a GPC's SMs unfilled), each split at least
+    // one block step of rows.
+    const int most = std::max(1, std::min(kMaxSplit, rows / step));
+    const int slots = std::max(1, 2 * caps.sms);
     double best = 0.0;
     for (int s = 1; s <= most; s *= 2) {
       const int blocks = tiles * s;
@@ -302,19 +434,29 @@ Split quant_split(const GemvParams<T>& p, const GemvQuant<T>& q, int device) {
       }
     }
   }
-  const int kchunk = ceil_div(ceil_div(rows, ksplit), kRows) * kRows;
+  const int kchunk = ceil_div(ceil_div(rows, ksplit), step) * step;
   return Split{tiles, ceil_div(rows, kchunk), kchunk};
 }
 
 template <typename T, int M, int BITS, bool ZERO>
 cudaError_t launch_quant_rows(const GemvParams<T>& p, const GemvQuant<T>& q, int device,
                               cudaStream_t stream) {
+  // Opt in to more than 48 KiB of shared memory once per device (a bit per device ordinal).
+  static std::atomic<uint64_t> opted{0};
+  const uint64_t bit = device >= 0 && device < 64 ? uint64_t(1) << device : 0;
+  if (bit == 0 || (opted.load(std::memory_order_acquire) & bit) == 0) {
+    const cudaError_t err = cudaFuncSetAttribute(gemv_quant_kernel<T, M, BITS, ZERO>,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 static_cast<int>(quant_smem<BITS>(M, kMaxSplit)));
+    if (err != cudaSuccess) return err;
+    opted.fetch_or(bit, std::memory_order_acq_rel);
+  }
   const Split s = quant_split(p, q, device);
   LaunchShape shape;
   shape.block = dim3(kThreads);
   shape.grid = dim3(static_cast<unsigned>(s.tiles), static_cast<unsigned>(s.ksplit), 1);
   shape.cluster_y = static_cast<unsigned>(s.ksplit);
-  shape.smem = static_cast<size_t>(s.ksplit - 1) * M * kTileCols * sizeof(float);
+  shape.smem = quant_smem<BITS>(M, s.ksplit);
   return launch_kernel(shape, stream, gemv_quant_kernel<T, M, BITS, ZERO>, p, q, s.ksplit,
                        s.kchunk);
 }
@@ -325,10 +467,8 @@ cudaError_t launch_quant_format(const GemvParams<T>& p, const GemvQuant<T>& q, i
   switch (p.m) {
     case 1: return launch_quant_rows<T, 1, BITS, ZERO>(p, q, device, stream);
     case 2: return launch_quant_rows<T, 2, BITS, ZERO>(p, q, device, stream);
-    case 3: return launch_quant_rows<T, 3, BITS, ZERO>(p, q, device, stream);
+    case 3:
     case 4: return launch_quant_rows<T, 4, BITS, ZERO>(p, q, device, stream);
-    case 5:
-    case 6: return launch_quant_rows<T, 6, BITS, ZERO>(p, q, device, stream);
     default: return launch_quant_rows<T, 8, BITS, ZERO>(p, q, device, stream);
   }
 }
@@ -347,22 +487,27 @@ bool weight_supported(int bits, int group, int k, int n, const void* data, const
 
 template <typename T>
 bool gemv_quant_supported(const GemvParams<T>& p, const GemvQuant<T>& q) {
-  if (sizeof(T) != 2) return false;  // quantized weights serve 16-bit models only
-  if (p.m < 1 || p.m > kGemvMaxRows || p.transposed || p.beside || p.out == nullptr ||
-      p.in == nullptr || !aligned_to(p.in, 16) ||
-      !weight_supported(q.bits, q.group, p.k, p.n, q.data, q.scale, q.zero, sizeof(T))) {
-    return false;
+  if constexpr (sizeof(T) != 2) {
+    return false;  // quantized weights serve 16-bit models only
+  } else {
+    // Tensor cores: sm_80+ code on an sm_80+ device (asked once, like the other GEMVs).
+    static const int arch =
+        code_arch(reinterpret_cast<const void*>(gemv_quant_kernel<T, 1, 8, false>));
+    if (arch < 80) return false;
+    if (p.m < 1 || p.m > kGemvMaxRows || p.transposed || p.beside || p.out == nullptr ||
+        p.in == nullptr || !aligned_to(p.in, 16) ||
+        !weight_supported(q.bits, q.group, p.k, p.n, q.data, q.scale, q.zero, sizeof(T))) {
+      return false;
+    }
+    // Whole warp steps of 16 input rows, each inside one int4 group.
+    if (p.k % 16 != 0 || (q.bits == 4 && q.group % 16 != 0)) return false;
+    // Every block reads all of the input while others write their outputs.
+    const auto a0 = reinterpret_cast<std::uintptr_t>(p.in);
+    const auto b0 = reinterpret_cast<std::uintptr_t>(p.out);
+    const size_t in_bytes = static_cast<size_t>(p.m) * p.k * sizeof(T);
+    const size_t out_bytes = static_cast<size_t>(p.m) * p.n * sizeof(T);
+    return !(a0 < b0 + out_bytes && b0 < a0 + in_bytes);
   }
-  // Whole steps of kRows stored rows, each inside one int4 group.
-  if (q.bits == 8 ? p.k % kRows != 0 : (p.k % (2 * kRows) != 0 || q.group % (2 * kRows) != 0)) {
-    return false;
-  }
-  // Every block reads all of the input while others write their outputs.
-  const auto a0 = reinterpret_cast<std::uintptr_t>(p.in);
-  const auto b0 = reinterpret_cast<std::uintptr_t>(p.out);
-  const size_t in_bytes = static_cast<size_t>(p.m) * p.k * sizeof(T);
-  const size_t out_bytes = static_cast<size_t>(p.m) * p.n * sizeof(T);
-  return !(a0 < b0 + out_bytes && b0 < a0 + in_bytes);
 }
 
 template <typename T>

@@ -1,9 +1,10 @@
-// Tensor-core helpers (sm_80+) for 16-bit operands with fp32 accumulation: mma.sync m16n8k16 and
-// ldmatrix loads of 8 x 8 tiles from shared memory. Which elements of a tile each lane holds is
-// given in the PTX ISA, "Matrix fragments for mma.m16n8k16": for lane (g, q) = (lane / 4,
-// lane % 4), an "a" register pair holds row g (or g + 8), columns 2q, 2q + 1 (or + 8); "b" holds
-// column g, rows 2q, 2q + 1 (or + 8); the accumulator holds rows g and g + 8, columns 2q, 2q + 1.
-// Device code built for an older architecture traps; launchers check the device first.
+// Tensor-core helpers (sm_80+) for 16-bit operands with fp32 accumulation: mma.sync m16n8k16,
+// ldmatrix loads of 8 x 8 tiles from shared memory and the asynchronous copies that fill it. Which
+// elements of a tile each lane holds is given in the PTX ISA, "Matrix fragments for mma.m16n8k16":
+// for lane (g, q) = (lane / 4, lane % 4), an "a" register pair holds row g (or g + 8), columns 2q,
+// 2q + 1 (or + 8); "b" holds column g, rows 2q, 2q + 1 (or + 8); the accumulator holds rows g and g
+// + 8, columns 2q, 2q + 1. Device code built for an older architecture traps; launchers check the
+// device first.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -61,6 +62,52 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
   }
 #else
   __trap();
+#endif
+}
+
+// Asynchronous copies global -> shared (sm_80+), grouped per thread: cp_async_commit() closes a
+// group, cp_async_wait<N>() returns once at most N of the thread's groups are still in flight.
+// The _zfill forms copy `bytes` (0 or the full size) and fill the rest of the destination with
+// zeros, so a lane past the data still takes part without reading out of bounds.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(shared_addr(dst)), "l"(src)
+               : "memory");
+#else
+  __trap();
+#endif
+}
+
+__device__ __forceinline__ void cp_async16_zfill(void* dst, const void* src, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(shared_addr(dst)), "l"(src),
+               "r"(bytes)
+               : "memory");
+#else
+  __trap();
+#endif
+}
+
+__device__ __forceinline__ void cp_async4_zfill(void* dst, const void* src, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(shared_addr(dst)), "l"(src),
+               "r"(bytes)
+               : "memory");
+#else
+  __trap();
+#endif
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 #endif
 }
 

@@ -540,8 +540,8 @@ at::Tensor gemm_quant(const at::Tensor& input, const at::Tensor& weight, const a
   at::Tensor scratch;
   if (!layers::linear_gemv(g, dtype, lin, in.data_ptr(), out.data_ptr(), m)) {
     TORCH_CHECK(backend != "gemv", op, ": backend 'gemv' cannot run this product (it needs ",
-                "the input width a multiple of 8, and for int4 the input width and group_size ",
-                "multiples of 16)");
+                "the input width a multiple of 16, for int4 a group_size that is one too, and ",
+                "a GPU of compute capability 8.0 or newer)");
     scratch = at::empty({lin.in, lin.out}, in.options());
   }
   layers::linear_forward(g, dtype, lin, in.data_ptr(), out.data_ptr(), m, epi->act, 0.f,
