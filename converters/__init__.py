@@ -34,7 +34,9 @@ REGISTRY: dict[str, ModuleType] = {}
 _MODEL_TYPES = {"gpt2": "GPT2LMHeadModel", "opt": "OPTForCausalLM", "bloom": "BloomForCausalLM",
                 "gptj": "GPTJForCausalLM", "gpt_neox": "GPTNeoXForCausalLM",
                 "t5": "T5ForConditionalGeneration", "mt5": "MT5ForConditionalGeneration",
-                "bart": "BartForConditionalGeneration", "mbart": "MBartForConditionalGeneration"}
+                "bart": "BartForConditionalGeneration", "mbart": "MBartForConditionalGeneration",
+                "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+                "qwen2": "Qwen2ForCausalLM"}
 
 
 def register(module: ModuleType) -> None:
@@ -133,9 +135,10 @@ def convert(input_dir: str | os.PathLike[str], output_dir: str | os.PathLike[str
 
 
 def _register_builtin() -> None:
-    from . import hf_bart, hf_bloom, hf_gpt2, hf_gptj, hf_gptneox, hf_opt, hf_t5, megatron
+    from . import hf_bart, hf_bloom, hf_gpt2, hf_gptj, hf_gptneox, hf_llama, hf_opt, hf_t5, megatron
 
-    for module in (hf_gpt2, hf_opt, hf_bloom, hf_gptj, hf_gptneox, hf_t5, hf_bart, megatron):
+    for module in (hf_gpt2, hf_opt, hf_bloom, hf_gptj, hf_gptneox, hf_llama, hf_t5, hf_bart,
+                   megatron):
         register(module)
 
 

@@ -121,9 +121,9 @@ def test_ft_legacy_gptneox_tp2_marks_divided_biases(tmp_path):
     (dict(has_positional_encoding="maybe"), r"has_positional_encoding must be a boolean"),
     (dict(max_pos_seq_len=0), r"max_pos_seq_len must be positive when has_positional_encoding"),
     (dict(parallel_shared_layernorm=True), r"requires parallel_residual = 1"),
-    (dict(parallel_residual=True, layernorm_type="post_layernorm"), r"requires layernorm_type"),
+    (dict(parallel_residual=True, layernorm_type="post_layernorm"), r"requires a pre-norm"),
     (dict(end_id=96), r"end_id \(96\) must be in \[0, vocab_size\)"),
-    (dict(model_variant="llama"), r"model_variant must be one of"),
+    (dict(model_variant="falcon"), r"model_variant must be one of"),
 ])
 def test_validation_messages(kw, message):
     with pytest.raises(ConfigError, match=message):

@@ -174,15 +174,16 @@ def _no_leftovers(out: Path) -> None:
 def test_unsupported_architecture(tmp_path):
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "config.json").write_text(json.dumps(
-        {"architectures": ["LlamaForCausalLM"], "model_type": "llama"}))
+        {"architectures": ["FalconForCausalLM"], "model_type": "falcon"}))
     with pytest.raises(ConversionError) as err:
         convert(tmp_path / "in", tmp_path / "out", 1)
     msg = str(err.value)
-    assert "'LlamaForCausalLM'" in msg and "supported:" in msg
+    assert "'FalconForCausalLM'" in msg and "supported:" in msg
     for arch in supported_architectures():
         assert arch in msg
     assert {"GPT2LMHeadModel", "OPTForCausalLM", "BloomForCausalLM", "GPTJForCausalLM",
-            "GPTNeoXForCausalLM", "Megatron-LM GPT"} <= set(supported_architectures())
+            "GPTNeoXForCausalLM", "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
+            "Megatron-LM GPT"} <= set(supported_architectures())
 
 
 def test_head_num_not_divisible(checkpoint, tmp_path):

@@ -31,6 +31,7 @@ __all__ = [
     "DATA_TYPES",
     "LAYERNORM_TYPES",
     "MODEL_VARIANTS",
+    "ROPE_SCALING_TYPES",
     "ROTARY_STYLES",
     "WEIGHT_QUANTS",
     "local_vocab",
@@ -51,9 +52,10 @@ class ConfigError(ValueError):
 
 
 DATA_TYPES = ("fp32", "fp16", "bf16")
-LAYERNORM_TYPES = ("pre_layernorm", "post_layernorm")
+LAYERNORM_TYPES = ("pre_layernorm", "post_layernorm", "rmsnorm")
+ROPE_SCALING_TYPES = ("none", "linear", "dynamic", "llama3", "yarn")
 ACTIVATIONS = ("gelu_tanh", "gelu_erf", "relu", "silu")
-MODEL_VARIANTS = ("gpt2", "opt", "bloom", "gptj", "gptneox", "megatron")
+MODEL_VARIANTS = ("gpt2", "opt", "bloom", "gptj", "gptneox", "megatron", "llama")
 ROTARY_STYLES = ("interleaved", "half")
 WEIGHT_QUANTS = ("none", "int8", "int4")
 DEFAULT_GROUP_SIZE = 128
@@ -226,6 +228,21 @@ class GptConfig:
     quant_group_size: int = 0
     quant_asymmetric: bool = False
     quant_lm_head: bool = False
+    # LLaMA-style decoders (docs/FORMAT.md, "LLaMA-style decoders").
+    kv_head_num: int = 0
+    use_gated_activation: bool = False
+    has_attention_out_bias: bool = True
+    has_mlp_bias: bool = True
+    sliding_window: int = 0
+    rope_scaling_type: str = "none"
+    rope_scaling_factor: float = 1.0
+    rope_scaling_original_max_position: int = 0
+    rope_scaling_low_freq_factor: float = 1.0
+    rope_scaling_high_freq_factor: float = 4.0
+    rope_scaling_beta_fast: float = 32.0
+    rope_scaling_beta_slow: float = 1.0
+    rope_scaling_attention_factor: float = 1.0
+    rope_scaling_truncate: bool = True
     extra: dict[str, str] = field(default_factory=dict)
     """Keys of config.ini that warpformer does not use (FT's ``int8`` ...); kept on rewrite."""
 
@@ -257,6 +274,26 @@ class GptConfig:
         """A copy of this config describing the same weights unquantized (the dense table)."""
         return dataclasses.replace(self, weight_quant="none", quant_group_size=0,
                                    quant_asymmetric=False, quant_lm_head=False)
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads: ``kv_head_num``, or ``head_num`` (multi-head attention) when 0."""
+        return self.kv_head_num or self.head_num
+
+    @property
+    def grouped_query(self) -> bool:
+        """Fewer key/value heads than query heads: QKV files hold each rank's Q, K, V heads."""
+        return self.kv_heads != self.head_num
+
+    @property
+    def local_kv_heads(self) -> int:
+        """Key/value heads one rank holds: ``kv_heads / tp``, or one (replicated) when fewer."""
+        return max(1, self.kv_heads // self.tensor_para_size)
+
+    @property
+    def rmsnorm(self) -> bool:
+        """Pre-norm blocks whose norms are RMSNorm (a weight, no bias)."""
+        return self.layernorm_type == "rmsnorm"
 
     @property
     def embedding_dim(self) -> int:
@@ -294,6 +331,7 @@ class GptConfig:
             "model_variant": MODEL_VARIANTS,
             "rotary_style": ROTARY_STYLES,
         }
+        choices["rope_scaling_type"] = ROPE_SCALING_TYPES
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed:
                 raise ConfigError(
@@ -323,8 +361,10 @@ class GptConfig:
                 "max_pos_seq_len must be positive when has_positional_encoding = 1 "
                 f"(it is the row count of model.wpe.bin), got {self.max_pos_seq_len}"
             )
-        if self.parallel_residual and self.layernorm_type != "pre_layernorm":
-            raise ConfigError("parallel_residual = 1 requires layernorm_type = pre_layernorm")
+        if self.parallel_residual and self.layernorm_type == "post_layernorm":
+            raise ConfigError("parallel_residual = 1 requires a pre-norm layernorm_type "
+                              "(pre_layernorm or rmsnorm)")
+        self._validate_llama_keys()
         if self.parallel_shared_layernorm and not self.parallel_residual:
             raise ConfigError("parallel_shared_layernorm = 1 requires parallel_residual = 1")
         if not 0 <= self.start_id < self.vocab_size:
@@ -333,6 +373,33 @@ class GptConfig:
             raise ConfigError(f"end_id ({self.end_id}) must be in [0, vocab_size)")
         self._validate_quant()
         self.extra = {str(k): str(v) for k, v in dict(self.extra).items()}
+
+    def _validate_llama_keys(self) -> None:
+        tp, kv = self.tensor_para_size, self.kv_head_num
+        if kv < 0 or (kv and self.head_num % kv):
+            raise ConfigError(f"kv_head_num ({kv}) must divide head_num ({self.head_num}) "
+                              "(0: as many as head_num)")
+        if kv and kv % tp and tp % kv:
+            raise ConfigError(f"kv_head_num ({kv}) and tensor_para_size ({tp}) must divide one "
+                              "another: key/value heads are split over the ranks, or each rank "
+                              "holds a copy of one")
+        if self.sliding_window < 0:
+            raise ConfigError(f"sliding_window must be >= 0 (0: none), got {self.sliding_window}")
+        kind = self.rope_scaling_type
+        if kind == "none":
+            return
+        if not self.rotary_embedding_dim:
+            raise ConfigError(f"rope_scaling_type = {kind} needs rotary_embedding_dim > 0")
+        if self.rope_scaling_factor <= 0:
+            raise ConfigError(f"rope_scaling_factor must be positive, got "
+                              f"{self.rope_scaling_factor}")
+        if kind in ("dynamic", "llama3", "yarn") and self.rope_scaling_original_max_position <= 0:
+            raise ConfigError(f"rope_scaling_type = {kind} needs "
+                              "rope_scaling_original_max_position > 0 (the pretraining context)")
+        if kind == "llama3" and (self.rope_scaling_high_freq_factor
+                                 <= self.rope_scaling_low_freq_factor):
+            raise ConfigError("rope_scaling_high_freq_factor must exceed "
+                              "rope_scaling_low_freq_factor (llama3)")
 
     def _validate_quant(self) -> None:
         self.weight_quant = self.weight_quant.lower()

@@ -12,7 +12,10 @@ set by :class:`~warpformer.config.GptConfig` switches:
 * pre-LN ``x + f(LN(x))``, or post-LN (OPT-350m) ``LN(x + f(x))`` where ``input_layernorm`` follows
   attention and ``post_attention_layernorm`` follows the MLP;
 * parallel residual ``x + attn(LN1(x)) + mlp(LN2(x))`` (NeoX), with ``LN2 = LN1`` when
-  ``parallel_shared_layernorm`` (GPT-J).
+  ``parallel_shared_layernorm`` (GPT-J);
+* LLaMA-style: RMSNorm (``layernorm_type = rmsnorm``), a gated MLP ``act(x G) * (x U) D``,
+  grouped-query attention (``kv_head_num``; each rank's Q, K, V heads side by side in the QKV
+  files), a sliding window, rotary scaling (``rope_scaling_type``) and optional biases.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import torch.nn.functional as F
 from .config import GptConfig
 from .weights import load_merged_weights, weight_specs
 
-__all__ = ["GptReference", "alibi_slopes"]
+__all__ = ["GptReference", "alibi_slopes", "rope_frequencies"]
 
 _ACTIVATIONS = {
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
@@ -45,11 +48,50 @@ def alibi_slopes(num_heads: int) -> torch.Tensor:
     return torch.tensor(base + extra, dtype=torch.float32)
 
 
-def _rotate(x: torch.Tensor, pos: torch.Tensor, dim: int, style: str, base: float) -> torch.Tensor:
-    """Rotate the first ``dim`` dims of ``x`` ``[B, T, n, d]`` by positions ``pos`` ``[B, T]``."""
-    inv_freq = 1.0 / base ** (torch.arange(0, dim, 2, dtype=torch.float32, device=x.device) / dim)
+def rope_frequencies(config: GptConfig, seq_len: int) -> tuple[torch.Tensor, float]:
+    """The rotary inverse frequencies ``[dim / 2]`` (fp32, CPU) and the factor on cos/sin, as
+    transformers computes them for ``config.rope_scaling_type`` (``seq_len``: the positions seen
+    so far plus one, which only "dynamic" reads)."""
+    c, dim = config, config.rotary_embedding_dim
+    kind, factor, base = c.rope_scaling_type, c.rope_scaling_factor, c.rotary_base
+    orig = c.rope_scaling_original_max_position
+    if kind == "dynamic" and seq_len > orig:
+        base = base * ((factor * seq_len / orig) - (factor - 1)) ** (dim / (dim - 2))
+    inv_freq = 1.0 / base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim)
+    if kind == "linear":
+        return inv_freq / factor, 1.0
+    if kind == "llama3":
+        low, high = orig / c.rope_scaling_low_freq_factor, orig / c.rope_scaling_high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low, inv_freq / factor, inv_freq)
+        smooth = (orig / wavelen - c.rope_scaling_low_freq_factor) / (
+            c.rope_scaling_high_freq_factor - c.rope_scaling_low_freq_factor)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < high) * ~(wavelen > low)
+        return torch.where(medium, smoothed, scaled), 1.0
+    if kind == "yarn":
+        def correction_dim(rotations: float) -> float:
+            return dim * math.log(orig / (rotations * 2 * math.pi)) / (2 * math.log(base))
+        lo, hi = correction_dim(c.rope_scaling_beta_fast), correction_dim(c.rope_scaling_beta_slow)
+        if c.rope_scaling_truncate:
+            lo, hi = math.floor(lo), math.ceil(hi)
+        lo, hi = max(lo, 0), min(hi, dim - 1)
+        hi = hi + 0.001 if lo == hi else hi
+        ramp = ((torch.arange(dim // 2, dtype=torch.float32) - lo) / (hi - lo)).clamp(0, 1)
+        pos_freqs = base ** (torch.arange(0, dim, 2).float() / dim)
+        extrapolate = 1 - ramp
+        inv = (1.0 / (factor * pos_freqs)) * (1 - extrapolate) + (1.0 / pos_freqs) * extrapolate
+        return inv, c.rope_scaling_attention_factor
+    return inv_freq, 1.0
+
+
+def _rotate(x: torch.Tensor, pos: torch.Tensor, dim: int, style: str,
+            freqs: tuple[torch.Tensor, float]) -> torch.Tensor:
+    """Rotate the first ``dim`` dims of ``x`` ``[B, T, n, d]`` by positions ``pos`` ``[B, T]``,
+    ``freqs`` being :func:`rope_frequencies`' inverse frequencies and cos/sin factor."""
+    inv_freq, scale = freqs[0].to(x.device), freqs[1]
     angle = pos.to(torch.float32)[..., None] * inv_freq  # [B, T, dim/2]
-    cos, sin = angle.cos()[:, :, None, :], angle.sin()[:, :, None, :]  # [B, T, 1, dim/2]
+    cos, sin = (angle.cos() * scale)[:, :, None, :], (angle.sin() * scale)[:, :, None, :]
     rot, rest = x[..., :dim].float(), x[..., dim:]
     if style == "interleaved":
         a, b = rot[..., 0::2], rot[..., 1::2]
@@ -105,8 +147,28 @@ class GptReference(torch.nn.Module):
 
     # ------------------------------------------------------------------ building blocks
     def _ln(self, x: torch.Tensor, name: str) -> torch.Tensor:
-        w, b = self.w[name + ".weight"], self.w[name + ".bias"]
-        return F.layer_norm(x, (x.shape[-1],), w, b, self.config.layernorm_eps)
+        w, eps = self.w[name + ".weight"], self.config.layernorm_eps
+        if self.config.rmsnorm:  # statistics in fp32, scaled in the model dtype (as HF)
+            xf = x.float()
+            xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+            return w * xf.to(x.dtype)
+        return F.layer_norm(x, (x.shape[-1],), w, self.w[name + ".bias"], eps)
+
+    def _split_qkv(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q ``[..., heads, d]`` and k, v ``[..., kv_heads, d]`` from a QKV product (or bias)."""
+        c, d = self.config, self.config.size_per_head
+        lead = qkv.shape[:-1]
+        if not c.grouped_query:
+            return qkv.view(*lead, 3, c.head_num, d).unbind(-3)
+        tp, lq, lkv = c.tensor_para_size, c.head_num // c.tensor_para_size, c.local_kv_heads
+        ranks = qkv.view(*lead, tp, lq + 2 * lkv, d)
+        q = ranks[..., :lq, :].reshape(*lead, c.head_num, d)
+        # A rank's K/V heads are kv heads r * lkv ... (or, replicated, head r * kv / tp): keep
+        # each head once, from the first rank holding it.
+        first = [r for r in range(tp) if (r * c.kv_heads) % tp == 0 or c.kv_heads >= tp]
+        k = ranks[..., first, lq:lq + lkv, :].reshape(*lead, c.kv_heads, d)
+        v = ranks[..., first, lq + lkv:, :].reshape(*lead, c.kv_heads, d)
+        return q, k, v
 
     def _attention(
         self,
@@ -120,13 +182,15 @@ class GptReference(torch.nn.Module):
         at slot ``pos`` and queries attend slots ``<= pos``; without it, the T tokens themselves."""
         c, p = self.config, f"layers.{n}.attention."
         B, T, h = x.shape
-        qkv = x @ self.w[p + "query_key_value.weight"].reshape(h, 3 * h)
+        wqkv = self.w[p + "query_key_value.weight"]
+        qkv = x @ wqkv.reshape(h, -1)
         if c.has_attention_bias:
-            qkv = qkv + self.w[p + "query_key_value.bias"].reshape(3 * h)
-        q, k, v = qkv.view(B, T, 3, c.head_num, c.size_per_head).unbind(2)  # [B, T, n, d] each
+            qkv = qkv + self.w[p + "query_key_value.bias"].reshape(-1)
+        q, k, v = self._split_qkv(qkv)  # [B, T, heads | kv_heads, d]
         if c.rotary_embedding_dim:
-            q = _rotate(q, pos, c.rotary_embedding_dim, c.rotary_style, c.rotary_base)
-            k = _rotate(k, pos, c.rotary_embedding_dim, c.rotary_style, c.rotary_base)
+            freqs = rope_frequencies(c, int(pos.max()) + 1)
+            q = _rotate(q, pos, c.rotary_embedding_dim, c.rotary_style, freqs)
+            k = _rotate(k, pos, c.rotary_embedding_dim, c.rotary_style, freqs)
         if cache is None:
             key_pos = pos
         else:
@@ -134,22 +198,34 @@ class GptReference(torch.nn.Module):
             cache[0][rows, pos], cache[1][rows, pos] = k, v
             k, v = cache
             key_pos = torch.arange(k.shape[1], device=x.device).expand(B, -1)
+        if c.grouped_query:  # each K/V head serves head_num / kv_heads query heads
+            k = k.repeat_interleave(c.head_num // c.kv_heads, dim=2)
+            v = v.repeat_interleave(c.head_num // c.kv_heads, dim=2)
         scores = torch.einsum("bqnd,bknd->bnqk", q, k) / math.sqrt(c.size_per_head)
         if c.use_attention_linear_bias:  # slope * key position (shift-invariant per query row)
             scores = scores + self.slopes.to(scores.dtype)[:, None, None] * key_pos[:, None, None]
         allowed = key_pos[:, None, None, :] <= pos[:, None, :, None]  # [B, 1, T, K]
+        if c.sliding_window:  # the last sliding_window positions, the query's own included
+            allowed = allowed & (key_pos[:, None, None, :] > pos[:, None, :, None]
+                                 - c.sliding_window)
         scores = scores.masked_fill(~allowed, float("-inf"))
         probs = torch.softmax(scores.float(), dim=-1).to(v.dtype)
         out = torch.einsum("bnqk,bknd->bqnd", probs, v).reshape(B, T, h)
         out = out @ self.w[p + "dense.weight"]
-        if c.has_attention_bias:
+        if c.has_attention_bias and c.has_attention_out_bias:
             out = out + self.w[p + "dense.bias"]
         return out
 
     def _mlp(self, x: torch.Tensor, n: int) -> torch.Tensor:
-        p = f"layers.{n}.mlp."
-        x = self.act(x @ self.w[p + "dense_h_to_4h.weight"] + self.w[p + "dense_h_to_4h.bias"])
-        return x @ self.w[p + "dense_4h_to_h.weight"] + self.w[p + "dense_4h_to_h.bias"]
+        c, p = self.config, f"layers.{n}.mlp."
+
+        def product(name: str, t: torch.Tensor) -> torch.Tensor:
+            y = t @ self.w[p + name + ".weight"]
+            return y + self.w[p + name + ".bias"] if c.has_mlp_bias else y
+
+        up = product("dense_h_to_4h", x)
+        hidden = self.act(product("gate", x)) * up if c.use_gated_activation else self.act(up)
+        return product("dense_4h_to_h", hidden)
 
     def _layer(self, x: torch.Tensor, n: int, pos: torch.Tensor, cache) -> torch.Tensor:
         c, p = self.config, f"layers.{n}."
@@ -236,8 +312,8 @@ class GptReference(torch.nn.Module):
         _check_lengths(lengths, B, S)
         c, dt = self.config, self.w["wte"].dtype
         total = S + max_new_tokens
-        caches = [(torch.zeros(B, total, c.head_num, c.size_per_head, dtype=dt, device=device),
-                   torch.zeros(B, total, c.head_num, c.size_per_head, dtype=dt, device=device))
+        caches = [(torch.zeros(B, total, c.kv_heads, c.size_per_head, dtype=dt, device=device),
+                   torch.zeros(B, total, c.kv_heads, c.size_per_head, dtype=dt, device=device))
                   for _ in range(c.num_layer)]
         pad = 0 if end_id is None else end_id
         out = torch.full((B, total), pad, dtype=torch.long, device=device)

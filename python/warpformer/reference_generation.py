@@ -212,8 +212,8 @@ class ReferenceEngine:
         W, N, c = o.beam_width, output_len, self.config
         total = S + N
         dt = self.model.w["wte"].dtype
-        caches = [(torch.zeros(B, total, c.head_num, c.size_per_head, dtype=dt, device=dev),
-                   torch.zeros(B, total, c.head_num, c.size_per_head, dtype=dt, device=dev))
+        caches = [(torch.zeros(B, total, c.kv_heads, c.size_per_head, dtype=dt, device=dev),
+                   torch.zeros(B, total, c.kv_heads, c.size_per_head, dtype=dt, device=dev))
                   for _ in range(c.num_layer)]
         pos = torch.arange(S, device=dev).expand(B, S)
         logits = self.model._run(ids, pos, caches)  # [B, S, V]

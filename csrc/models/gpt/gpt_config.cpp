@@ -43,9 +43,11 @@ GptConfig GptConfig::from_json(const std::string& json, int64_t tensor_para_rank
   c.tensor_para_size = j.get_int("tensor_para_size", 1);
   c.layernorm_eps = j.get_double("layernorm_eps", 1e-5);
   const std::string ln_type = j.get_string("layernorm_type", "pre_layernorm");
-  TORCH_CHECK(ln_type == "pre_layernorm" || ln_type == "post_layernorm", kWhat,
-              ": layernorm_type must be pre_layernorm or post_layernorm, got '", ln_type, "'");
-  c.pre_layernorm = ln_type == "pre_layernorm";
+  TORCH_CHECK(ln_type == "pre_layernorm" || ln_type == "post_layernorm" || ln_type == "rmsnorm",
+              kWhat, ": layernorm_type must be pre_layernorm, post_layernorm or rmsnorm, got '",
+              ln_type, "'");
+  c.pre_layernorm = ln_type != "post_layernorm";
+  c.rmsnorm = ln_type == "rmsnorm";
   c.activation = config_activation(j.get_string("activation_type", "gelu_tanh"));
   c.has_positional_encoding = j.get_bool("has_positional_encoding", true);
   c.has_pre_decoder_layernorm = j.get_bool("has_pre_decoder_layernorm", false);
@@ -68,6 +70,12 @@ GptConfig GptConfig::from_json(const std::string& json, int64_t tensor_para_rank
   c.quant_group_size = j.get_int("quant_group_size", 0);
   c.quant_asymmetric = j.get_bool("quant_asymmetric", false);
   c.quant_lm_head = j.get_bool("quant_lm_head", false);
+  c.kv_head_num = j.get_int("kv_head_num", 0);
+  c.use_gated_activation = j.get_bool("use_gated_activation", false);
+  c.has_attention_out_bias = j.get_bool("has_attention_out_bias", true);
+  c.has_mlp_bias = j.get_bool("has_mlp_bias", true);
+  c.sliding_window = j.get_int("sliding_window", 0);
+  c.rope_scaling_type = j.get_string("rope_scaling_type", "none");
   c.tensor_para_rank = tensor_para_rank;
   c.pipeline_para_size = pipeline_para_size;
   c.pipeline_para_rank = pipeline_para_rank;
@@ -117,6 +125,27 @@ GptConfig GptConfig::from_json(const std::string& json, int64_t tensor_para_rank
       "int4 only, whose group size is an even integer >= 2 (weight_quant = ", c.weight_quant, ")");
   TORCH_CHECK(c.quantized() || !c.quant_lm_head, kWhat,
               ": quant_lm_head needs weight_quant int8 or int4");
+  const int64_t kv = c.kv_head_num, tp = c.tensor_para_size;
+  TORCH_CHECK(kv >= 0 && (kv == 0 || c.head_num % kv == 0), kWhat, ": kv_head_num (", kv,
+              ") must divide head_num (", c.head_num, ")");
+  TORCH_CHECK(kv == 0 || kv % tp == 0 || tp % kv == 0, kWhat, ": kv_head_num (", kv,
+              ") and tensor_para_size (", tp, ") must divide one another");
+  TORCH_CHECK(c.sliding_window >= 0, kWhat, ": sliding_window must be >= 0, got ",
+              c.sliding_window);
+  if (engine) {
+    // Format features whose kernels are not in the engine yet: the reference backend runs them.
+    const char* missing = c.grouped_query()        ? "grouped-query attention (kv_head_num)"
+                          : c.use_gated_activation ? "a gated MLP (use_gated_activation)"
+                          : c.rmsnorm              ? "RMSNorm (layernorm_type = rmsnorm)"
+                          : !c.has_mlp_bias        ? "an MLP without biases (has_mlp_bias = 0)"
+                          : c.has_attention_bias && !c.has_attention_out_bias
+                              ? "QKV biases without an output bias"
+                          : c.sliding_window > 0          ? "a sliding attention window"
+                          : c.rope_scaling_type != "none" ? "rotary scaling (rope_scaling_type)"
+                                                          : nullptr;
+    TORCH_CHECK(missing == nullptr, kWhat, ": ", missing,
+                " is not supported by the CUDA engine yet; backend='reference' runs this model");
+  }
   return c;
 }
 
@@ -126,10 +155,10 @@ layers::LayerSpec layer_spec(const GptConfig& c) {
   layers::LayerSpec s;
   s.hidden = c.hidden();
   s.heads = c.local_heads();
-  s.kv_heads = c.local_heads();
+  s.kv_heads = c.local_kv_heads();
   s.head_dim = c.size_per_head;
   s.inter = c.local_inter();
-  s.norm = kernels::NormKind::kLayerNorm;
+  s.norm = c.rmsnorm ? kernels::NormKind::kRmsNorm : kernels::NormKind::kLayerNorm;
   s.norm_eps = static_cast<float>(c.layernorm_eps);
   s.residual = c.pre_layernorm ? layers::ResidualOrder::kPreNorm : layers::ResidualOrder::kPostNorm;
   s.mlp = !c.parallel_residual          ? MlpPlacement::kSequential

@@ -52,6 +52,17 @@ struct GptConfig {
   int64_t quant_group_size = 0;
   bool quant_asymmetric = false;
   bool quant_lm_head = false;
+  // LLaMA-style decoders (docs/FORMAT.md): RMSNorm pre-norm blocks, a gated MLP (a gate weight
+  // whose activation multiplies the up product), grouped-query attention (kv_head_num key/value
+  // heads; QKV files hold each rank's Q, K, V heads), optional biases, a sliding attention window
+  // and rotary scaling. The engine refuses what its kernels do not run yet (from_json, engine).
+  bool rmsnorm = false;
+  int64_t kv_head_num = 0;  // 0: head_num
+  bool use_gated_activation = false;
+  bool has_attention_out_bias = true;
+  bool has_mlp_bias = true;
+  int64_t sliding_window = 0;
+  std::string rope_scaling_type = "none";
 
   // this rank
   int64_t tensor_para_rank = 0;
@@ -65,6 +76,12 @@ struct GptConfig {
   int64_t local_heads() const { return head_num / tensor_para_size; }
   int64_t local_hidden() const { return local_heads() * size_per_head; }
   int64_t local_inter() const { return inter_size / tensor_para_size; }
+  int64_t kv_heads() const { return kv_head_num > 0 ? kv_head_num : head_num; }
+  bool grouped_query() const { return kv_heads() != head_num; }
+  // Key/value heads of one rank: split over the ranks, or one (a copy) when there are fewer.
+  int64_t local_kv_heads() const {
+    return kv_heads() >= tensor_para_size ? kv_heads() / tensor_para_size : 1;
+  }
   // Logits: each rank computes local_vocab() columns, its vocabulary slice (the whole vocabulary
   // without tensor parallelism) padded to a multiple of 8 -- an odd width such as GPT-2's 50,257
   // puts the lm_head on a much slower cuBLASLt kernel past 8 rows (benchmarks/HISTORY.md, "The

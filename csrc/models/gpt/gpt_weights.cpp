@@ -94,8 +94,17 @@ std::vector<WeightEntry> weight_table(const GptConfig& c) {
   }
   if (c.has_pre_decoder_layernorm) {
     model("pre_decoder_layernorm.weight", {h}, "first");
-    model("pre_decoder_layernorm.bias", {h}, "first");
+    if (!c.rmsnorm) model("pre_decoder_layernorm.bias", {h}, "first");
   }
+  // Grouped-query attention stores each rank's [Q heads | K heads | V heads] side by side (K/V
+  // heads repeated on the ranks that share one), so the "whole" tensor is the ranks' blocks in
+  // order; multi-head attention keeps FT's [h, 3, h] (all Q, then K, then V).
+  const int64_t d = c.size_per_head, tp = c.tensor_para_size;
+  const int64_t qkv_local = (c.local_heads() + 2 * c.local_kv_heads()) * d;
+  const std::vector<int64_t> qkv_shape =
+      c.grouped_query() ? std::vector<int64_t>{h, tp * qkv_local} : std::vector<int64_t>{h, 3, h};
+  const std::vector<int64_t> qkv_bias_shape =
+      c.grouped_query() ? std::vector<int64_t>{tp * qkv_local} : std::vector<int64_t>{3, h};
   for (int64_t n = 0; n < c.num_layer; ++n) {
     const std::string p = "layers." + std::to_string(n) + ".";
     auto layer = [&](const char* name, std::vector<int64_t> shape,
@@ -103,25 +112,29 @@ std::vector<WeightEntry> weight_table(const GptConfig& c) {
       t.push_back({p + name, std::move(shape), split, n, "", false});
     };
     layer("input_layernorm.weight", {h});
-    layer("input_layernorm.bias", {h});
-    layer("attention.query_key_value.weight", {h, 3, h}, -1);
+    if (!c.rmsnorm) layer("input_layernorm.bias", {h});
+    layer("attention.query_key_value.weight", qkv_shape, -1);
     layer("attention.dense.weight", {h, h}, 0);
+    if (c.use_gated_activation) layer("mlp.gate.weight", {h, i}, -1);
     layer("mlp.dense_h_to_4h.weight", {h, i}, -1);
-    layer("mlp.dense_h_to_4h.bias", {i}, -1);
     layer("mlp.dense_4h_to_h.weight", {i, h}, 0);
-    layer("mlp.dense_4h_to_h.bias", {h});
+    if (c.has_mlp_bias) {
+      if (c.use_gated_activation) layer("mlp.gate.bias", {i}, -1);
+      layer("mlp.dense_h_to_4h.bias", {i}, -1);
+      layer("mlp.dense_4h_to_h.bias", {h});
+    }
     if (c.has_attention_bias) {
-      layer("attention.query_key_value.bias", {3, h}, -1);
-      layer("attention.dense.bias", {h});
+      layer("attention.query_key_value.bias", qkv_bias_shape, -1);
+      if (c.has_attention_out_bias) layer("attention.dense.bias", {h});
     }
     if (!c.parallel_shared_layernorm) {
       layer("post_attention_layernorm.weight", {h});
-      layer("post_attention_layernorm.bias", {h});
+      if (!c.rmsnorm) layer("post_attention_layernorm.bias", {h});
     }
   }
   if (c.has_post_decoder_layernorm) {
     model("final_layernorm.weight", {h}, "last");
-    model("final_layernorm.bias", {h}, "last");
+    if (!c.rmsnorm) model("final_layernorm.bias", {h}, "last");
   }
   model("lm_head.weight", {v, e}, "last", /*optional=*/true);
   if (c.has_lm_head_bias) model("lm_head.bias", {v}, "last");

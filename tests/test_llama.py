@@ -1,0 +1,167 @@
+"""LLaMA-style decoders on CPU (issue 54's converters and reference): Llama (grouped-query
+attention, llama3 / yarn / linear / dynamic rotary scaling, optional biases), Mistral (a sliding
+window shorter than the prompt) and Qwen2 (q/k/v biases, tied embeddings), converted at
+tensor_para_size 1, 2 and 4 (K/V heads split over the ranks, and copied when fewer than the ranks),
+equal to HF in fp32: logits, greedy and beam tokens through the reference backend; bad configs and
+the engine's refusal get clear errors."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import transformers
+
+import warpformer  # noqa: F401
+from warpformer.config import ConfigError, GptConfig
+from warpformer.converters import ConversionError, convert
+from warpformer.gpt import GPT
+from warpformer.reference import GptReference
+from warpformer.weights import weight_specs
+
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+               "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 32}
+CASES = {
+    "llama-gqa": ("llama", dict(num_key_value_heads=2)),
+    "llama3-mqa": ("llama", dict(num_key_value_heads=1, rope_parameters=LLAMA3_ROPE)),
+    "llama-yarn-mha": ("llama", dict(num_key_value_heads=4, rope_parameters={
+        "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+        "original_max_position_embeddings": 64})),
+    "llama-linear-biases": ("llama", dict(num_key_value_heads=2, attention_bias=True,
+                                          mlp_bias=True, rope_parameters={
+                                              "rope_type": "linear", "rope_theta": 10000.0,
+                                              "factor": 2.0})),
+    "llama-dynamic": ("llama", dict(num_key_value_heads=2, max_position_embeddings=16,
+                                    rope_parameters={"rope_type": "dynamic",
+                                                     "rope_theta": 10000.0, "factor": 2.0})),
+    "mistral-window": ("mistral", dict(num_key_value_heads=2, sliding_window=5)),
+    "qwen2-tied": ("qwen2", dict(num_key_value_heads=2, tie_word_embeddings=True)),
+}
+_CLASSES = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+            "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+            "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM)}
+
+
+def _hf(name: str) -> transformers.PreTrainedModel:
+    kind, extra = CASES[name]
+    cfg_cls, model_cls = _CLASSES[kind]
+    kw = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+              num_attention_heads=4, max_position_embeddings=256, bos_token_id=1,
+              eos_token_id=2)
+    cfg = cfg_cls(**{**kw, **extra})
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = model_cls(cfg).eval()
+    with torch.no_grad():  # norms and biases away from their initial 1 / 0
+        for n, p in model.named_parameters():
+            if "norm" in n:
+                p.copy_(1 + 0.1 * torch.randn_like(p))
+            elif n.endswith("bias"):
+                p.normal_(0, 0.1)
+        model.lm_head.weight.mul_(8.0)  # peaked logits: greedy and beam without near ties
+    return model
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """name -> (HF model, its saved folder)."""
+    root = tmp_path_factory.mktemp("llama")
+    out = {}
+    for name in CASES:
+        model = _hf(name)
+        model.save_pretrained(root / name)
+        out[name] = (model, root / name)
+    return out
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+@pytest.mark.parametrize("name", list(CASES))
+def test_logits_equal_hf(models, name, tp, tmp_path):
+    model, folder = models[name]
+    ids = torch.randint(3, 128, (2, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = model(ids).logits
+    out = convert(folder, tmp_path, tp, "fp32").output_dir
+    got = GptReference.from_dir(out)(ids)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_config_keys(models, tmp_path):
+    out = convert(models["llama3-mqa"][1], tmp_path, 2, "fp32").output_dir
+    cfg = GptConfig.from_ini(out / "config.ini")
+    assert (cfg.layernorm_type, cfg.kv_head_num, cfg.use_gated_activation) == ("rmsnorm", 1, True)
+    assert (cfg.rope_scaling_type, cfg.rope_scaling_factor) == ("llama3", 8.0)
+    assert cfg.rope_scaling_original_max_position == 32 and cfg.rotary_base == 500000.0
+    assert not cfg.has_attention_bias and not cfg.has_mlp_bias
+    # One K/V head copied on both ranks: each rank's QKV is [h, (2 + 1 + 1) * 16].
+    assert weight_specs(cfg)["layers.0.attention.query_key_value.weight"].shape == (64, 2 * 64)
+    assert (out / "model.layers.0.attention.query_key_value.weight.1.bin").stat().st_size == (
+        64 * 64 * 4)
+    qwen = GptConfig.from_ini(convert(models["qwen2-tied"][1], tmp_path / "q", 1,
+                                      "fp32").output_dir / "config.ini")
+    assert qwen.has_attention_bias and not qwen.has_attention_out_bias
+    specs = weight_specs(qwen)
+    assert "layers.0.attention.dense.bias" not in specs and "lm_head.weight" in specs
+    assert not (tmp_path / "q" / "1-gpu" / "model.lm_head.weight.bin").exists()  # tied
+
+
+@pytest.mark.parametrize("name", ["llama-gqa", "mistral-window", "qwen2-tied", "llama-dynamic"])
+def test_greedy_and_beam_equal_hf(models, name, tmp_path):
+    """Prompts longer than Mistral's window; llama-dynamic generates past its 16 positions, where
+    the dynamic rotary base grows every step as HF's does."""
+    model, folder = models[name]
+    out = convert(folder, tmp_path, 2, "fp32").output_dir
+    gpt = GPT.from_pretrained(out, backend="reference", max_batch=2, max_seq_len=64)
+    g = torch.Generator().manual_seed(2)
+    prompt = torch.randint(3, 128, (1, 11), generator=g)
+    with torch.no_grad():
+        hf = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=12,
+                            do_sample=False, eos_token_id=None, pad_token_id=0)
+    got = gpt.generate([prompt[0].tolist()], 12, end_id=0).tokens[0][0]
+    assert got == hf[0, 11:].tolist()
+    with torch.no_grad():
+        hf_beam = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=8,
+                                 num_beams=3, do_sample=False, eos_token_id=None, pad_token_id=0,
+                                 length_penalty=1.0, early_stopping=True)
+    beam = gpt.generate([prompt[0].tolist()], 8, num_beams=3, end_id=0).tokens[0][0]
+    assert beam == hf_beam[0, 11:].tolist()
+
+
+def test_engine_refuses_what_its_kernels_lack(models, tmp_path):
+    out = convert(models["llama-gqa"][1], tmp_path, 1, "fp32").output_dir
+    # A head size the attention kernels have (the tiny models' 16 is refused first).
+    cfg = dataclasses.replace(GptConfig.from_ini(out / "config.ini"), size_per_head=32)
+    with pytest.raises(RuntimeError, match=r"grouped-query attention \(kv_head_num\) is not "
+                                           r"supported by the CUDA engine yet; "
+                                           r"backend='reference' runs this model"):
+        torch.classes.warpformer.GptModel(cfg.to_json(), {}, "{}")
+    mha = dataclasses.replace(GptConfig.from_ini(convert(
+        models["llama-yarn-mha"][1], tmp_path / "m", 1, "fp32").output_dir / "config.ini"),
+        size_per_head=32)
+    with pytest.raises(RuntimeError, match=r"a gated MLP \(use_gated_activation\)"):
+        torch.classes.warpformer.GptModel(mha.to_json(), {}, "{}")
+
+
+def test_bad_configs_are_named(models, tmp_path):
+    base = dict(head_num=4, size_per_head=16, inter_size=96, num_layer=2, vocab_size=128,
+                layernorm_type="rmsnorm", has_positional_encoding=False)
+    with pytest.raises(ConfigError, match=r"kv_head_num \(3\) must divide head_num \(4\)"):
+        GptConfig(**base, kv_head_num=3)
+    with pytest.raises(ConfigError, match=r"kv_head_num \(2\) and tensor_para_size \(3\)"):
+        GptConfig(**{**base, "head_num": 6, "inter_size": 96}, kv_head_num=2, tensor_para_size=3)
+    with pytest.raises(ConfigError, match="rope_scaling_type = llama3 needs rotary"):
+        GptConfig(**base, rope_scaling_type="llama3", rope_scaling_factor=8.0,
+                  rope_scaling_original_max_position=32)
+    with pytest.raises(ConfigError, match="rope_scaling_type must be one of"):
+        GptConfig(**base, rotary_embedding_dim=16, rope_scaling_type="longrope")
+    model, folder = models["qwen2-tied"]
+    cfg = model.config.to_dict()
+    cfg.update(use_sliding_window=True, sliding_window=4)
+    bad = tmp_path / "qwen-window"
+    model.save_pretrained(bad)
+    transformers.Qwen2Config(**{k: v for k, v in cfg.items() if k != "transformers_version"}
+                             ).save_pretrained(bad)
+    with pytest.raises(ConversionError, match="use_sliding_window"):
+        convert(bad, tmp_path / "out", 1, "fp32")
