@@ -420,17 +420,19 @@ Split quant_split(const GemvParams<T>& p, const GemvQuant<T>& q, int device) {
   if (arch >= 90 && caps.major >= 9) {
     // The k-split whose blocks fill the SMs' slots (two blocks an SM) most evenly: blocks /
     // (waves * slots), so that no short last wave runs on a few SMs (the smaller split on a tie);
-    // a power of two (clusters of other sizes leave a GPC's SMs unfilled), each split at least
-    // one block step of rows.
+    // a power of two once chunks are whole block steps (clusters of other sizes leave a GPC's
+    // SMs unfilled), each split at least one block step of rows.
     const int most = std::max(1, std::min(kMaxSplit, rows / step));
     const int slots = std::max(1, 2 * caps.sms);
     double best = 0.0;
     for (int s = 1; s <= most; s *= 2) {
-      const int blocks = tiles * s;
+      const int split = ceil_div(rows, ceil_div(ceil_div(rows, s), step) * step);
+      if ((split & (split - 1)) != 0) continue;
+      const int blocks = tiles * split;
       const double fill = static_cast<double>(blocks) / (ceil_div(blocks, slots) * slots);
       if (fill > best + 1e-9) {
         best = fill;
-        ksplit = s;
+        ksplit = split;
       }
     }
   }
