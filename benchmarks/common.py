@@ -52,7 +52,7 @@ class ModelShape:
     """Dimensions of one decoder-only model (the real checkpoint's, random weights)."""
 
     name: str
-    family: str  # "gpt2" | "bloom" | "opt" | "gptj"
+    family: str  # "gpt2" | "bloom" | "opt" | "gptj" | "llama"
     hidden: int
     heads: int
     layers: int
@@ -60,6 +60,7 @@ class ModelShape:
     vocab: int
     positions: int  # rows of the learned position table (gpt2/opt); max context otherwise
     rotary_dim: int = 0
+    kv_heads: int = 0  # llama: key/value heads (grouped-query attention); 0 = heads
 
     def with_layers(self, layers: int | None) -> ModelShape:
         """The same widths with ``layers`` decoder layers (None: unchanged)."""
@@ -67,21 +68,31 @@ class ModelShape:
 
     @property
     def tied(self) -> bool:
-        """lm_head shares ``wte`` (all but GPT-J)."""
-        return self.family != "gptj"
+        """lm_head shares ``wte`` (all but GPT-J and Llama)."""
+        return self.family not in ("gptj", "llama")
+
+    @property
+    def kv_width(self) -> int:
+        """Width of one token's K (or V): ``kv_heads * head_dim``, the hidden size for MHA."""
+        return (self.kv_heads or self.heads) * self.head_dim
 
     @property
     def head_dim(self) -> int:
         return self.hidden // self.heads
 
     def layer_gemm_params(self) -> int:
-        """Weights of one layer's matrix products: QKV + attention out (4h^2) and the FFN (2hi)."""
+        """Weights of one layer's matrix products: QKV + attention out (4h^2; Q, K, V of the
+        K/V width and out for Llama) and the FFN (2hi; gate, up and down, 3hi, for Llama)."""
         h, i = self.hidden, self.inter
+        if self.family == "llama":
+            return 2 * h * h + 2 * h * self.kv_width + 3 * h * i
         return 4 * h * h + 2 * h * i
 
     def layer_params(self) -> int:
         """All parameters of one decoder layer (matrices, biases, layernorms)."""
         h, i = self.hidden, self.inter
+        if self.family == "llama":  # no biases, two RMSNorm weights
+            return self.layer_gemm_params() + 2 * h
         if self.family == "gptj":  # no attention biases, one shared layernorm
             return self.layer_gemm_params() + i + h + 2 * h
         # gpt2/bloom: qkv 3h + out h + fc i + fc2 h biases; opt: q,k,v,o 4h + fc i + fc2 h;
@@ -103,11 +114,13 @@ class ModelShape:
         """Parameters as HF counts them (tied weights once)."""
         h = self.hidden
         n = self.embedding_params() + self.position_params() + self.layers * self.layer_params()
-        n += 2 * h  # final layernorm
+        n += h if self.family == "llama" else 2 * h  # final norm (RMSNorm: a weight only)
         if self.family == "bloom":
             n += 2 * h  # word_embeddings_layernorm
         if self.family == "gptj":
             n += self.vocab * h + self.vocab  # untied lm_head with bias
+        if self.family == "llama":
+            n += self.vocab * h  # untied lm_head
         return n
 
     def gemm_params(self) -> int:
@@ -121,8 +134,9 @@ class ModelShape:
         return n if self.tied else n - self.embedding_params()
 
     def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
-        """K and V of one token in every layer."""
-        return 2 * self.layers * self.hidden * dtype_bytes
+        """K and V of one token in every layer (K/V heads only: a quarter of MHA's at
+        ``kv_heads = heads / 4``)."""
+        return 2 * self.layers * self.kv_width * dtype_bytes
 
 
 SHAPES: dict[str, ModelShape] = {s.name: s for s in (
@@ -131,6 +145,8 @@ SHAPES: dict[str, ModelShape] = {s.name: s for s in (
     ModelShape("opt-1.3b", "opt", 2048, 32, 24, 8192, 50272, 2048),
     ModelShape("gpt-j-6b", "gptj", 4096, 16, 28, 16384, 50400, 2048, rotary_dim=64),
     ModelShape("opt-6.7b", "opt", 4096, 32, 32, 16384, 50272, 2048),
+    ModelShape("llama-3-8b", "llama", 4096, 32, 32, 14336, 128256, 131072, rotary_dim=128,
+               kv_heads=8),
 )}
 
 
@@ -160,6 +176,18 @@ def hf_config(shape: ModelShape):
                                       rotary_dim=s.rotary_dim,
                                       bos_token_id=min(50256, s.vocab - 1),
                                       eos_token_id=min(50256, s.vocab - 1))
+    elif s.family == "llama":
+        cfg = transformers.LlamaConfig(vocab_size=s.vocab, hidden_size=s.hidden,
+                                       num_attention_heads=s.heads,
+                                       num_key_value_heads=s.kv_heads or s.heads,
+                                       num_hidden_layers=s.layers, intermediate_size=s.inter,
+                                       max_position_embeddings=s.positions, rms_norm_eps=1e-5,
+                                       rope_parameters={"rope_type": "llama3",
+                                                        "rope_theta": 500000.0, "factor": 8.0,
+                                                        "low_freq_factor": 1.0,
+                                                        "high_freq_factor": 4.0,
+                                                        "original_max_position_embeddings": 8192},
+                                       bos_token_id=128000, eos_token_id=128001)
     else:
         raise ValueError(f"unknown family {s.family!r}")
     cfg.dtype = torch.float16  # recorded in the saved config.json
@@ -170,7 +198,8 @@ def hf_class(family: str):
     import transformers
 
     return {"gpt2": transformers.GPT2LMHeadModel, "bloom": transformers.BloomForCausalLM,
-            "opt": transformers.OPTForCausalLM, "gptj": transformers.GPTJForCausalLM}[family]
+            "opt": transformers.OPTForCausalLM, "gptj": transformers.GPTJForCausalLM,
+            "llama": transformers.LlamaForCausalLM}[family]
 
 
 def positive_ints(text: str) -> list[int]:

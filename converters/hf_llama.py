@@ -84,6 +84,15 @@ MLP_BIAS = [
 LM_HEAD = Rule("lm_head.weight", ("lm_head.weight",), copy)
 
 
+_MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+                "qwen2": "Qwen2ForCausalLM"}
+
+
+def _architecture(hf: dict[str, Any]) -> str:
+    archs = [a for a in hf.get("architectures") or [] if a in ARCHITECTURES]
+    return archs[0] if archs else _MODEL_TYPES.get(hf.get("model_type", ""), ARCHITECTURES[0])
+
+
 def _rope(hf: dict[str, Any], arch: str) -> dict[str, Any]:
     """The ``rope_scaling_*`` keys (and ``rotary_base``) of a HF config: transformers 5's
     ``rope_parameters`` or the legacy ``rope_theta`` / ``rope_scaling``."""
@@ -128,8 +137,11 @@ def _rope(hf: dict[str, Any], arch: str) -> dict[str, Any]:
     return out
 
 
-def make_config(hf: dict[str, Any], tp: int, data_type: str, arch: str) -> GptConfig:
-    """GptConfig for a Llama / Mistral / Qwen2 ``config.json``."""
+def make_config(hf: dict[str, Any], tp: int, data_type: str, arch: str | None = None
+                ) -> GptConfig:
+    """GptConfig for a Llama / Mistral / Qwen2 ``config.json`` (``arch`` read from it when not
+    given)."""
+    arch = arch or _architecture(hf)
     h, n = hf["hidden_size"], hf["num_attention_heads"]
     d = hf.get("head_dim") or h // n
     if n * d != h:
@@ -161,14 +173,9 @@ def make_config(hf: dict[str, Any], tp: int, data_type: str, arch: str) -> GptCo
     )
 
 
-_MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-                "qwen2": "Qwen2ForCausalLM"}
-
-
 def build_plan(root: Path, hf: dict[str, Any], tp: int, data_type: str) -> Plan:
     """Plan converting the LLaMA-style checkpoint under ``root``."""
-    archs = [a for a in hf.get("architectures") or [] if a in ARCHITECTURES]
-    arch = archs[0] if archs else _MODEL_TYPES.get(hf.get("model_type", ""), ARCHITECTURES[0])
+    arch = _architecture(hf)
     cfg = make_config(hf, tp, data_type, arch)
     ckpt = HfCheckpoint.open(root)
     find_prefix(ckpt.keys(), "model.embed_tokens.weight", ("",))

@@ -7,6 +7,7 @@ needs a GPU; the timed paths run on the device machine."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import math
@@ -26,7 +27,8 @@ SHAPES = common.SHAPES
 
 # Parameter counts of the real checkpoints (HF's count, tied weights once).
 KNOWN_PARAMS = {"gpt2-medium": 354_823_168, "bloom-560m": 559_214_592,
-                "opt-1.3b": 1_315_758_080, "gpt-j-6b": 6_050_882_784, "opt-6.7b": 6_658_473_984}
+                "opt-1.3b": 1_315_758_080, "gpt-j-6b": 6_050_882_784, "opt-6.7b": 6_658_473_984,
+                "llama-3-8b": 8_030_261_248}
 
 
 # --------------------------------------------------------------------------- shapes
@@ -62,6 +64,10 @@ def test_with_layers_and_derived_counts():
     assert opt.decode_read_params() == opt.param_count() - 2050 * 2048  # 2 offset rows
     assert SHAPES["bloom-560m"].decode_read_params() == SHAPES["bloom-560m"].param_count()
     assert gpt2.kv_bytes_per_token() == 2 * 24 * 1024 * 2
+    llama = SHAPES["llama-3-8b"]  # 8 K/V heads of 32: a quarter of the MHA cache per token
+    mha = dataclasses.replace(llama, kv_heads=0)
+    assert llama.kv_bytes_per_token() * 4 == mha.kv_bytes_per_token() == 2 * 32 * 4096 * 2
+    assert llama.decode_read_params() == llama.param_count() - 128256 * 4096  # wte gathered
 
 
 def test_parse_models():
@@ -167,7 +173,7 @@ def test_short_error_and_budget():
 # --------------------------------------------------------------------------- bench_generate
 def test_generate_args_defaults_and_quick():
     a = bench_generate.parse_args([])
-    assert [s.name for s in a.shapes] == list(SHAPES)
+    assert [s.name for s in a.shapes] == [n for n in SHAPES if n != "llama-3-8b"]
     assert [s.layers for s in a.shapes] == [24, 24, 24, 28, 32]
     assert a.batches == [1, 8, 64] and a.lengths == [(128, 128), (512, 32)]
     assert (a.repeats, a.hf_repeats, a.hf_compile, a.budget_s) == (5, 3, "target", 330.0)
