@@ -122,6 +122,7 @@ class Row:
     full_length: bool | None = None  # every row produced exactly output_len tokens
     agree_first_token_pct: float | None = None  # warpformer vs HF eager, rows
     agree_prefix_pct: float | None = None  # mean common prefix of the generated tokens
+    logits_rel_err: float | None = None  # --weight-quant rows: prompt logits vs fp16 warpformer's
     total_samples_ms: list[float] = field(default_factory=list)
     prefill_samples_ms: list[float] = field(default_factory=list)
     note: str = ""
@@ -380,6 +381,31 @@ def _fill(row: Row, res: dict[str, Any]) -> None:
         setattr(row, key, val)
     if row.full_length is False:
         row.note = (row.note + "; " if row.note else "") + "SHORT OUTPUT: timings not comparable"
+
+
+# The prompts whose last-position logits compare a quantized engine with fp16 (B, in, out).
+LOGITS_CFG = (4, 128, 1)
+
+
+def last_logits(weights, config, shape: ModelShape, seed: int) -> torch.Tensor:
+    """Last-position logits ``[B, V]`` (fp32, CPU) of the LOGITS_CFG prompts through an engine
+    over ``weights``."""
+    from warpformer.models.gpt import build_gpt_model
+
+    B, n_in, _ = LOGITS_CFG
+    engine = build_gpt_model(config, weights, dtype=torch.float16, max_batch=B,
+                             max_seq_len=n_in + 1)
+    ids = _prompts(shape, LOGITS_CFG, seed).to("cuda")
+    lens = torch.full((B,), n_in, dtype=torch.int32, device="cuda")
+    with torch.no_grad():
+        out = engine.forward(ids, lens)[:, n_in - 1, :shape.vocab].float().cpu()
+    del engine
+    return out
+
+
+def logits_rel_err(ours: torch.Tensor, ref: torch.Tensor) -> float:
+    """max |ours - ref| / max |ref|: the logits' error relative to their range."""
+    return float((ours.double() - ref.double()).abs().max() / ref.double().abs().max())
 
 
 def agreement(ours: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
@@ -689,17 +715,23 @@ def bench_model(args: argparse.Namespace, shape: ModelShape, cfgs: list[tuple[in
             _guard(row, run_warpformer, weights, config, shape, row,
                    _prompts(shape, cfg, args.seed), args.repeats, variant, args.out_dir)
     if args.weight_quant:
-        bench_quantized(args, shape, cfgs, weights, config, new_row, wf_tokens)
+        fp16_logits = None
+        try:
+            fp16_logits = last_logits(weights, config, shape, args.seed)
+        except Exception as exc:  # noqa: BLE001 - the rows still run; the error is logged
+            log(f"[{shape.name}] fp16 logits for the quantized rows: {short_error(exc)}")
+        bench_quantized(args, shape, cfgs, weights, config, new_row, wf_tokens, fp16_logits)
     del weights
     free_gpu()
     return rows
 
 
 def bench_quantized(args, shape: ModelShape, cfgs, weights, config, new_row,
-                    fp16_tokens: dict) -> None:
+                    fp16_tokens: dict, fp16_logits: torch.Tensor | None = None) -> None:
     """The --weight-quant rows: the fp16 weights quantized at load (on the GPU, one tensor at a
     time from a CPU copy, so that the peak memory is the quantized model's), timed as
-    run_warpformer times fp16, tokens compared with fp16 warpformer's."""
+    run_warpformer times fp16, tokens compared with fp16 warpformer's and last-position prompt
+    logits (``fp16_logits``, LOGITS_CFG) with fp16's."""
     from warpformer.config import QuantScheme
     from warpformer.weight_quant import quantize_weights
 
@@ -714,14 +746,23 @@ def bench_quantized(args, shape: ModelShape, cfgs, weights, config, new_row,
             for cfg in cfgs:
                 new_row(f"warpformer-{mode}", cfg).error = f"quantize: {short_error(exc)}"
             continue
+        err = None
+        if fp16_logits is not None:
+            try:
+                err = logits_rel_err(last_logits(stored, qconfig, shape, args.seed), fp16_logits)
+            except Exception as exc:  # noqa: BLE001
+                log(f"[{shape.name}] {mode} logits: {short_error(exc)}")
         for cfg in cfgs:
             row = new_row(f"warpformer-{mode}", cfg)
+            row.logits_rel_err = err
             toks = _guard(row, run_warpformer, stored, qconfig, shape, row,
                           _prompts(shape, cfg, args.seed), args.repeats)
             ref = fp16_tokens.get(cfg)
             if toks is not None and ref is not None:
                 row.agree_first_token_pct, row.agree_prefix_pct = agreement(toks, ref)
                 row.note = "agreement: with fp16 warpformer's tokens"
+            if err is not None:
+                row.note = (row.note + "; " if row.note else "") + f"logits vs fp16: {err:.2e}"
         del stored
         free_gpu()
 

@@ -118,6 +118,16 @@ def test_quantized_floor_and_option():
         layer_weight_bytes=bench_generate.QUANT_WEIGHT_BYTES["int4"])[0])
 
 
+def test_logits_rel_err_of_quantized_rows():
+    """The --weight-quant rows' logits error: max deviation over the reference's range."""
+    ref = torch.tensor([[1.0, -4.0, 2.0], [0.5, 0.0, 3.0]])
+    ours = ref + torch.tensor([[0.0, 0.02, 0.0], [-0.04, 0.0, 0.0]])
+    assert bench_generate.logits_rel_err(ours, ref) == pytest.approx(0.01)
+    assert bench_generate.logits_rel_err(ref, ref) == 0.0
+    assert bench_generate.Row("m", "warpformer-int8", 1, 128, 128).logits_rel_err is None
+    assert bench_generate.LOGITS_CFG[0] >= 1
+
+
 @pytest.mark.parametrize("name,design_ms", [("gpt2-medium", 0.165), ("bloom-560m", 0.26),
                                             ("opt-1.3b", 0.61), ("gpt-j-6b", 2.81)])
 def test_floor_agrees_with_design_table(name, design_ms):
