@@ -4,6 +4,8 @@
 // y limit). Each thread moves one 16-byte vector per row when cols and the pointers allow it.
 // (Four rows per thread was tried and lowered gated_act's bandwidth: benchmarks/HISTORY.md,
 // "Figures moved from code comments (issue 50)".)
+#include <algorithm>
+
 #include "kernels/activation_math.cuh"
 #include "kernels/activations.h"
 #include "kernels/common.cuh"
@@ -78,7 +80,37 @@ cudaError_t launch(T* out, const T* in, const T* bias, int64_t rows, int cols, A
                 : launch_vec<T, 1, GATED>(out, in, bias, rows, cols, act, stream);
 }
 
+template <typename T, int VEC>
+__global__ void mul_kernel(T* out, const T* a, const T* b, int64_t vectors) {
+  wait_for_prior_kernels();
+  for (int64_t v = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; v < vectors;
+       v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float x[VEC], y[VEC];
+    load_vec<T, VEC>(a + v * VEC, x);
+    load_vec<T, VEC>(b + v * VEC, y);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) x[j] *= y[j];
+    store_vec<T, VEC>(out + v * VEC, x);
+  }
+}
+
 }  // namespace
+
+template <typename T>
+cudaError_t launch_mul(T* out, const T* a, const T* b, int64_t elements, cudaStream_t stream) {
+  if (elements < 0 || out == nullptr || a == nullptr || b == nullptr) return cudaErrorInvalidValue;
+  if (elements == 0) return cudaSuccess;
+  constexpr int kVec = 16 / sizeof(T);
+  const bool vec_ok =
+      elements % kVec == 0 && aligned_to(out, 16) && aligned_to(a, 16) && aligned_to(b, 16);
+  const int vec = vec_ok ? kVec : 1;
+  const int64_t vectors = elements / vec;
+  LaunchShape shape;
+  shape.block = dim3(256);
+  shape.grid = dim3(static_cast<unsigned>(std::min<int64_t>((vectors + 255) / 256, 4096)));
+  return vec_ok ? launch_kernel(shape, stream, mul_kernel<T, kVec>, out, a, b, vectors)
+                : launch_kernel(shape, stream, mul_kernel<T, 1>, out, a, b, vectors);
+}
 
 template <typename T>
 cudaError_t launch_bias_act(T* out, const T* in, const T* bias, int64_t rows, int cols,
@@ -96,7 +128,8 @@ cudaError_t launch_gated_act(T* out, const T* in, const T* bias, int64_t rows, i
   template cudaError_t launch_bias_act<T>(T*, const T*, const T*, int64_t, int, Activation,  \
                                           cudaStream_t);                                     \
   template cudaError_t launch_gated_act<T>(T*, const T*, const T*, int64_t, int, Activation, \
-                                           cudaStream_t);
+                                           cudaStream_t);                                    \
+  template cudaError_t launch_mul<T>(T*, const T*, const T*, int64_t, cudaStream_t);
 WF_INSTANTIATE(float)
 WF_INSTANTIATE(__half)
 WF_INSTANTIATE(__nv_bfloat16)

@@ -31,5 +31,10 @@ cudaError_t launch_gated_act(T* out,         // [rows, cols]
                              const T* bias,  // [2 * cols] or null
                              int64_t rows, int cols, Activation act, cudaStream_t stream);
 
+// out[r, c] = a[r, c] * b[r, c] (out may be a): a gated MLP's act(x G) times x U, each already
+// rounded to T as transformers rounds them.
+template <typename T>
+cudaError_t launch_mul(T* out, const T* a, const T* b, int64_t elements, cudaStream_t stream);
+
 }  // namespace kernels
 }  // namespace warpformer

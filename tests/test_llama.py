@@ -130,18 +130,15 @@ def test_greedy_and_beam_equal_hf(models, name, tmp_path):
 
 
 def test_engine_refuses_what_its_kernels_lack(models, tmp_path):
-    out = convert(models["llama-gqa"][1], tmp_path, 1, "fp32").output_dir
-    # A head size the attention kernels have (the tiny models' 16 is refused first).
-    cfg = dataclasses.replace(GptConfig.from_ini(out / "config.ini"), size_per_head=32)
-    with pytest.raises(RuntimeError, match=r"grouped-query attention \(kv_head_num\) is not "
-                                           r"supported by the CUDA engine yet; "
-                                           r"backend='reference' runs this model"):
-        torch.classes.warpformer.GptModel(cfg.to_json(), {}, "{}")
-    mha = dataclasses.replace(GptConfig.from_ini(convert(
-        models["llama-yarn-mha"][1], tmp_path / "m", 1, "fp32").output_dir / "config.ini"),
-        size_per_head=32)
-    with pytest.raises(RuntimeError, match=r"a gated MLP \(use_gated_activation\)"):
-        torch.classes.warpformer.GptModel(mha.to_json(), {}, "{}")
+    for name, feature in (("mistral-window", r"a sliding attention window"),
+                          ("llama-yarn-mha", r"rotary scaling other than linear and llama3 "
+                                             r"\(rope_scaling_type\)")):
+        out = convert(models[name][1], tmp_path / name, 1, "fp32").output_dir
+        # A head size the attention kernels have (the tiny models' 16 is refused first).
+        cfg = dataclasses.replace(GptConfig.from_ini(out / "config.ini"), size_per_head=32)
+        with pytest.raises(RuntimeError, match=feature + r" is not supported by the CUDA engine "
+                                                         r"yet; backend='reference' runs"):
+            torch.classes.warpformer.GptModel(cfg.to_json(), {}, "{}")
 
 
 def test_bad_configs_are_named(models, tmp_path):

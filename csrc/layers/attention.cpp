@@ -39,11 +39,12 @@ void attention(const LayerContext& lc, const AttentionIO& b, int64_t tokens,
                const AttentionInputs& ai) {
   const LayerSpec& c = *lc.spec;
   const int heads = static_cast<int>(c.heads);
+  const int kv_heads = static_cast<int>(c.kv_heads);  // the caches' heads (grouped-query: fewer)
   const int hd = static_cast<int>(c.head_dim);
   cudaStream_t stream = lc.ctx->stream();
 
   const float scale = 1.f / std::sqrt(static_cast<float>(hd));
-  if (ai.decode && ai.fused_prep) {  // one kernel: QKV preparation + attention
+  if (ai.decode && ai.fused_prep && kv_heads == heads) {  // one kernel: QKV prep + attention
     kernels::DecodeAttentionFusedParams<T> p{};
     static_cast<kernels::DecodeAttentionParams<T>&>(p) =
         decode_params<T>(b, tokens, heads, hd, ai, scale);
@@ -72,6 +73,8 @@ void attention(const LayerContext& lc, const AttentionIO& b, int64_t tokens,
   qp.rotary_dim = static_cast<int>(c.rotary_dim);
   qp.rotary_style = c.rotary_style;
   qp.rotary_base = c.rotary_base;
+  qp.kv_heads = kv_heads;
+  qp.rotary_inv_freq = ai.rotary_inv_freq;  // the model's table (scaled rotary included)
   WF_CUDA_CHECK(kernels::launch_qkv_prep(qp, stream));
 
   if (!ai.decode) {
@@ -90,10 +93,12 @@ void attention(const LayerContext& lc, const AttentionIO& b, int64_t tokens,
     p.max_seq = ai.max_seq;
     p.max_seqlen = ai.max_seqlen;
     p.scale = scale;
+    p.kv_heads = kv_heads;
     WF_CUDA_CHECK(kernels::launch_context_attention(p, stream));
   } else {
     kernels::DecodeAttentionParams<T> p = decode_params<T>(b, tokens, heads, hd, ai, scale);
     p.q = static_cast<const T*>(b.q);
+    p.kv_heads = kv_heads;
     WF_CUDA_CHECK(kernels::launch_decode_attention(p, stream));
   }
 }

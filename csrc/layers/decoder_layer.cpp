@@ -28,6 +28,8 @@
 #include <cmath>
 
 #include "csrc/core/check.h"
+#include "csrc/core/dispatch.h"
+#include "kernels/activations.h"
 #include "kernels/attention/attention.h"
 #include "kernels/gemv.h"
 
@@ -156,7 +158,7 @@ bool paired_products(const LayerContext& lc, const LayerWeights& w, const LayerB
   PairedProduct qkv;
   qkv.weight = w.qkv.weight;
   qkv.out = b.qkv;
-  qkv.n = 3 * c.q_width();
+  qkv.n = c.qkv_width();
   PairedProduct mlp;
   mlp.weight = w.fc1.weight;
   mlp.bias = w.fc1.bias;
@@ -250,7 +252,17 @@ void layer_forward(const LayerContext& lc, const LayerWeights& w, const LayerBuf
   product(lc, b, b.a, w.dense, b.p, tokens);
   s->delta = b.p;
   s->bias = w.dense.bias;
-  normed_product(lc, s, b, w.ln2.gamma, w.ln2.beta, b.n, false, w.fc1, b.f, tokens, c.activation);
+  if (c.gated) {  // f = act(n @ G + g) * (n @ U + u), n = ln2(x) kept for the second product
+    normed_product(lc, s, b, w.ln2.gamma, w.ln2.beta, b.n, true, w.gate, b.f, tokens, c.activation);
+    run_linear(lc, b, w.fc1, b.n, b.fu, tokens, kernels::Activation::kIdentity);
+    WF_DISPATCH_FLOATING(lc.dtype, "gated_mlp", [&] {
+      WF_CUDA_CHECK(kernels::launch_mul(
+          static_cast<scalar_t*>(b.f), static_cast<const scalar_t*>(b.f),
+          static_cast<const scalar_t*>(b.fu), tokens * c.inter, lc.ctx->stream()));
+    });
+  } else {
+    normed_product(lc, s, b, w.ln2.gamma, w.ln2.beta, b.n, false, w.fc1, b.f, tokens, c.activation);
+  }
   product(lc, b, b.f, w.fc2, b.o, tokens);
   finish_stream(lc, b, tokens, next, b.o, w.fc2.bias, s);
 }
@@ -266,7 +278,7 @@ void decoder_layer_forward(const LayerContext& lc, const LayerWeights& w, const 
 
 int64_t LayerWeights::largest_quantized() const {
   int64_t most = 0;
-  for (const Linear* l : {&qkv, &dense, &fc1, &fc2}) {
+  for (const Linear* l : {&qkv, &dense, &fc1, &gate, &fc2}) {
     if (l->quantized()) most = std::max(most, l->in * l->out);
   }
   return most;
@@ -290,13 +302,17 @@ LayerBuffers carve_layer_buffers(const LayerSpec& spec, DType dtype, int64_t t, 
   b.o = b.p;
   // qkv, q and the attention output are dead once the attention projection ran, before the
   // MLP hidden is written: one region serves both.
-  const size_t attn_bytes = Carver::align_up(t * 3 * lh * es) + 2 * Carver::align_up(t * lh * es);
-  char* region = static_cast<char*>(c.take(std::max(attn_bytes, Carver::align_up(t * li * es))));
+  const size_t qkv_bytes = Carver::align_up(t * spec.qkv_width() * es);
+  const size_t attn_bytes = qkv_bytes + 2 * Carver::align_up(t * lh * es);
+  const size_t mlp_bytes = Carver::align_up(t * li * es) * (spec.gated ? 2 : 1);
+  char* region = static_cast<char*>(c.take(std::max(attn_bytes, mlp_bytes)));
+  b.fu = nullptr;
   if (region != nullptr) {
     b.qkv = region;
-    b.q = region + Carver::align_up(t * 3 * lh * es);
-    b.a = region + Carver::align_up(t * 3 * lh * es) + Carver::align_up(t * lh * es);
+    b.q = region + qkv_bytes;
+    b.a = region + qkv_bytes + Carver::align_up(t * lh * es);
     b.f = region;
+    if (spec.gated) b.fu = region + Carver::align_up(t * li * es);
   }
   // The MLP hidden of a parallel-residual layer at decode sizes (up to kGemvMaxRows rows): live
   // together with qkv and the attention output, so apart from them.

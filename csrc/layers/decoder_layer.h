@@ -19,16 +19,18 @@ namespace layers {
 // One block's weights on this rank (element type = the model dtype).
 struct LayerWeights {
   NormWeights ln1;  // input norm
-  Linear qkv;       // [hidden, 3 * q_width]
+  Linear qkv;       // [hidden, qkv_width]: Q, then K, then V heads
   Linear dense;     // [q_width, hidden] attention output
   NormWeights ln2;  // post-attention norm (null gamma: the parallel form's shared norm)
-  Linear fc1;       // [hidden, inter]
+  Linear fc1;       // [hidden, inter] (a gated MLP: the "up" product)
+  Linear gate;      // [hidden, inter] a gated MLP's gate (act(x G) * (x U)); null weight otherwise
   Linear fc2;       // [inter, hidden]
   // dense.bias + fc2.bias, for the parallel form's one residual add (null when neither exists)
   const void* residual_bias = nullptr;
 
   bool quantized() const {
-    return qkv.quantized() || dense.quantized() || fc1.quantized() || fc2.quantized();
+    return qkv.quantized() || dense.quantized() || fc1.quantized() || gate.quantized() ||
+           fc2.quantized();
   }
   // Elements of the largest of the block's quantized weights (its dequantized size), 0 if none.
   int64_t largest_quantized() const;
@@ -57,11 +59,12 @@ struct LayerBuffers {
   void* n;    // [tokens, h]   normed rows (scratch; after the last layer its next(x))
   void* y;    // [y_rows, h]   the second residual-stream buffer (pre-norm: y_rows =
               // min(tokens, kGemvMaxRows)); post-norm: [tokens, h], ln1's output
-  void* qkv;  // [tokens, 3 * lh]
+  void* qkv;  // [tokens, spec.qkv_width()]
   void* q;    // [tokens, lh]
   void* a;    // [tokens, lh]  attention output
   void* p;    // [tokens, h]   attention projection (+ MLP output in the parallel form)
   void* f;    // [tokens, li]  MLP hidden (may share memory with qkv, q and a)
+  void* fu;   // [tokens, li]  a gated MLP's up product (beside f in the same region), else null
   void* o;    // [tokens, h]   MLP output (may be the same buffer as p)
   // [min(tokens, kGemvMaxRows), li] the MLP hidden of a parallel-residual layer at decode sizes
   // (the parallel-MLP paired products, linear.h): written beside the attention and read together

@@ -9,13 +9,15 @@ void LayerSpec::check() const {
   TORCH_CHECK(hidden > 0 && heads > 0 && head_dim > 0 && inter > 0,
               "LayerSpec: hidden, heads, head_dim and inter must be positive, got ", hidden, ", ",
               heads, ", ", head_dim, ", ", inter);
-  // The attention kernels read one K/V head per query head.
-  TORCH_CHECK(kv_heads == heads, "LayerSpec: kv_heads (", kv_heads, ") must equal heads (", heads,
-              "): grouped-query attention is not supported by the attention kernels yet");
+  // Grouped-query attention: each K/V head serves heads / kv_heads query heads.
+  TORCH_CHECK(kv_heads > 0 && heads % kv_heads == 0, "LayerSpec: kv_heads (", kv_heads,
+              ") must divide heads (", heads, ")");
   TORCH_CHECK(norm != kernels::NormKind::kAddOnly, "LayerSpec: norm must be LayerNorm or RMSNorm");
   TORCH_CHECK(norm_eps >= 0.f, "LayerSpec: norm_eps must not be negative, got ", norm_eps);
   TORCH_CHECK(pre_norm() || mlp == MlpPlacement::kSequential,
               "LayerSpec: a post-norm block takes a sequential MLP");
+  TORCH_CHECK(!gated || (pre_norm() && mlp == MlpPlacement::kSequential),
+              "LayerSpec: a gated MLP runs in a pre-norm block with a sequential MLP");
   const bool rotary = position == PositionEncoding::kRotary;
   TORCH_CHECK(rotary == (rotary_dim > 0) && rotary == (rotary_style != kernels::RotaryStyle::kNone),
               "LayerSpec: rotary_dim and rotary_style are set exactly when position is rotary");

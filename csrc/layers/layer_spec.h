@@ -43,12 +43,15 @@ struct LayerSpec {
   ResidualOrder residual = ResidualOrder::kPreNorm;
   MlpPlacement mlp = MlpPlacement::kSequential;
   kernels::Activation activation = kernels::Activation::kGeluTanh;
+  bool gated = false;  // MLP hidden act(x G + g) * (x U + u) (LLaMA's SwiGLU); sequential only
   PositionEncoding position = PositionEncoding::kLearned;
   int64_t rotary_dim = 0;
   kernels::RotaryStyle rotary_style = kernels::RotaryStyle::kNone;
   float rotary_base = 10000.f;
 
   int64_t q_width() const { return heads * head_dim; }
+  // One token's QKV product: all Q heads, then K, then V (K/V heads fewer with grouped-query).
+  int64_t qkv_width() const { return (heads + 2 * kv_heads) * head_dim; }
   bool pre_norm() const { return residual == ResidualOrder::kPreNorm; }
   bool parallel_mlp() const { return mlp != MlpPlacement::kSequential; }
   // Throws naming the field when the spec is inconsistent or asks for what the kernels lack.

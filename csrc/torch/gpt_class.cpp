@@ -215,17 +215,26 @@ GptModelHolder::GptModelHolder(const std::string& config,
     };
     layers::LayerWeights lw;
     lw.ln1 = {ptr(p + "input_layernorm.weight"), ptr(p + "input_layernorm.bias")};
-    lw.qkv = linear("attention.query_key_value", h, 3 * lh);
+    lw.qkv = linear("attention.query_key_value", h,
+                    (cfg.local_heads() + 2 * cfg.local_kv_heads()) * cfg.size_per_head);
     lw.dense = linear("attention.dense", lh, h);
     lw.ln2 = {ptr(p + "post_attention_layernorm.weight"), ptr(p + "post_attention_layernorm.bias")};
     lw.fc1 = linear("mlp.dense_h_to_4h", h, li);
+    if (cfg.use_gated_activation) lw.gate = linear("mlp.gate", h, li);
     lw.fc2 = linear("mlp.dense_4h_to_h", li, h);
     if (cfg.parallel_residual) {
-      // One residual add carries both row-parallel biases: precompute their sum.
-      at::Tensor rb = owned_.at(p + "mlp.dense_4h_to_h.bias").clone();
-      if (owned_.count(p + "attention.dense.bias")) rb.add_(owned_.at(p + "attention.dense.bias"));
-      owned_[p + "residual_bias"] = rb;
-      lw.residual_bias = rb.data_ptr();
+      // One residual add carries both row-parallel biases: precompute their sum (none when
+      // neither exists).
+      at::Tensor rb;
+      for (const char* name : {"mlp.dense_4h_to_h.bias", "attention.dense.bias"}) {
+        auto it = owned_.find(p + name);
+        if (it == owned_.end()) continue;
+        rb = rb.defined() ? rb.add_(it->second) : it->second.clone();
+      }
+      if (rb.defined()) {
+        owned_[p + "residual_bias"] = rb;
+        lw.residual_bias = rb.data_ptr();
+      }
     }
     w.layers.push_back(lw);
   }

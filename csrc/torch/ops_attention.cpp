@@ -28,15 +28,18 @@ void check_head_dim(int64_t head_dim, const char* op) {
       op, ": head_dim must be one of ", kernels::kAttentionHeadDimsText, ", got ", head_dim);
 }
 
-// k_cache / v_cache: dtype of `ref`, [slots, heads, max_seq, head_dim], contiguous, same shape.
+// k_cache / v_cache: dtype of `ref`, [slots, kv_heads, max_seq, head_dim], contiguous, same
+// shape, kv_heads dividing the query heads (grouped-query attention; equal for multi-head).
 void check_caches(const char* op, const at::Tensor& k_cache, const at::Tensor& v_cache,
                   c10::ScalarType dtype, const char* dtype_why, int64_t heads, int64_t head_dim) {
   check_dtype(k_cache, dtype, op, "k_cache", dtype_why);
   check_dtype(v_cache, dtype, op, "v_cache", dtype_why);
   check_dim(k_cache, 4, op, "k_cache");
   TORCH_CHECK(v_cache.sizes() == k_cache.sizes(), op, ": v_cache must have k_cache's shape ",
-              k_cache.sizes(), " [slots, heads, max_seq, head_dim], got ", v_cache.sizes());
-  check_size(k_cache, 1, heads, op, "k_cache", "heads");
+              k_cache.sizes(), " [slots, kv_heads, max_seq, head_dim], got ", v_cache.sizes());
+  TORCH_CHECK(k_cache.size(1) > 0 && heads % k_cache.size(1) == 0, op,
+              ": k_cache's heads (dim 1, the key/value heads) must divide the query heads (", heads,
+              "), got shape ", k_cache.sizes());
   check_size(k_cache, 3, head_dim, op, "k_cache", "head_dim");
   TORCH_CHECK(k_cache.size(0) <= INT32_MAX && k_cache.size(2) <= INT32_MAX, op,
               ": k_cache slots and max_seq must be < 2^31, got shape ", k_cache.sizes());
@@ -102,25 +105,45 @@ T* mptr(const at::Tensor& t) {
   return reinterpret_cast<T*>(t.data_ptr());
 }
 
-// qkv [tokens, 3, heads, head_dim] with an optional bias [3, heads, head_dim] of its dtype, and
-// the rotary arguments (shared by qkv_rotary_cache and decode_attention_fused). Returns the style.
-kernels::RotaryStyle check_qkv(const char* op, const at::Tensor& qkv, const OptTensor& bias,
-                               int64_t rotary_dim, const std::string& rotary_style,
-                               double rotary_base) {
+// The head counts of a QKV tensor: [tokens, 3, heads, head_dim] (multi-head attention), or, where
+// `kv_heads` > 0 is given (qkv_rotary_cache: the caches' head count), [tokens, heads + 2 kv_heads,
+// head_dim] (grouped-query attention: Q heads, then K, then V).
+struct QkvHeads {
+  int64_t heads, kv_heads, head_dim;
+  kernels::RotaryStyle style;
+};
+
+// qkv in either layout with an optional bias of its layout without tokens ([3, heads, head_dim]
+// or [heads + 2 kv_heads, head_dim]) and dtype, and the rotary arguments (shared by
+// qkv_rotary_cache and decode_attention_fused, which takes multi-head attention only).
+QkvHeads check_qkv(const char* op, const at::Tensor& qkv, const OptTensor& bias, int64_t rotary_dim,
+                   const std::string& rotary_style, double rotary_base, int64_t kv_heads = 0) {
   check_floating(qkv, op, "qkv");
-  check_dim(qkv, 4, op, "qkv");
-  check_size(qkv, 1, 3, op, "qkv", "[tokens, 3, heads, head_dim]: q, k, v");
-  const int64_t tokens = qkv.size(0), heads = qkv.size(2), head_dim = qkv.size(3);
+  const bool grouped = kv_heads > 0 && qkv.dim() == 3;
+  if (!grouped) {
+    check_dim(qkv, 4, op, "qkv");
+    check_size(qkv, 1, 3, op, "qkv", "[tokens, 3, heads, head_dim]: q, k, v");
+  }
+  const int64_t tokens = qkv.size(0);
+  const int64_t heads = grouped ? qkv.size(1) - 2 * kv_heads : qkv.size(2);
+  const int64_t head_dim = qkv.size(grouped ? 2 : 3);
   TORCH_CHECK(tokens <= INT32_MAX, op, ": qkv has more than 2^31-1 tokens");
   TORCH_CHECK(heads > 0 && heads <= INT32_MAX, op, ": qkv must have at least one head, got shape ",
               qkv.sizes());
+  TORCH_CHECK(!grouped || heads % kv_heads == 0, op, ": qkv [tokens, heads + 2 kv_heads, ",
+              "head_dim] with kv_heads = ", kv_heads, " (k_cache's heads) leaves ", heads,
+              " query heads, which kv_heads must divide; got shape ", qkv.sizes());
   check_head_dim(head_dim, op);
   if (bias.has_value()) {
     check_dtype(*bias, qkv.scalar_type(), op, "bias", "the dtype of qkv");
-    TORCH_CHECK(bias->dim() == 3 && bias->size(0) == 3 && bias->size(1) == heads &&
-                    bias->size(2) == head_dim,
-                op, ": bias must have shape [3, ", heads, ", ", head_dim,
-                "] ([3, heads, head_dim] of qkv), got ", bias->sizes());
+    const bool ok =
+        grouped ? bias->dim() == 2 && bias->size(0) == qkv.size(1) && bias->size(1) == head_dim
+                : bias->dim() == 3 && bias->size(0) == 3 && bias->size(1) == heads &&
+                      bias->size(2) == head_dim;
+    const std::vector<int64_t> want = grouped ? std::vector<int64_t>{qkv.size(1), head_dim}
+                                              : std::vector<int64_t>{3, heads, head_dim};
+    TORCH_CHECK(ok, op, ": bias must have shape ", at::IntArrayRef(want),
+                " (qkv's shape without the tokens), got ", bias->sizes());
   }
   const kernels::RotaryStyle style = parse_rotary_style(rotary_style, op);
   TORCH_CHECK(rotary_dim >= 0 && rotary_dim <= head_dim && rotary_dim % 2 == 0, op,
@@ -128,7 +151,7 @@ kernels::RotaryStyle check_qkv(const char* op, const at::Tensor& qkv, const OptT
   TORCH_CHECK(style != kernels::RotaryStyle::kNone || rotary_dim == 0, op,
               ": rotary_dim must be 0 when rotary_style is 'none', got ", rotary_dim);
   TORCH_CHECK(rotary_base > 0.0, op, ": rotary_base must be > 0, got ", rotary_base);
-  return style;
+  return QkvHeads{heads, grouped ? kv_heads : heads, head_dim, style};
 }
 
 }  // namespace
@@ -138,10 +161,17 @@ at::Tensor qkv_rotary_cache(const at::Tensor& qkv, const OptTensor& bias, at::Te
                             const at::Tensor& token_pos, int64_t rotary_dim,
                             const std::string& rotary_style, double rotary_base) {
   const char* op = "warpformer.qkv_rotary_cache";
-  const kernels::RotaryStyle style =
-      check_qkv(op, qkv, bias, rotary_dim, rotary_style, rotary_base);
-  const int64_t tokens = qkv.size(0), heads = qkv.size(2), head_dim = qkv.size(3);
+  // A 3-dimensional qkv is grouped-query: its K/V head count is the caches'.
+  check_dim(k_cache, 4, op, "k_cache");
+  const QkvHeads qh = check_qkv(op, qkv, bias, rotary_dim, rotary_style, rotary_base,
+                                qkv.dim() == 3 ? k_cache.size(1) : 0);
+  const kernels::RotaryStyle style = qh.style;
+  const int64_t tokens = qkv.size(0), heads = qh.heads, head_dim = qh.head_dim;
   check_caches(op, k_cache, v_cache, qkv.scalar_type(), "the dtype of qkv", heads, head_dim);
+  TORCH_CHECK(qkv.dim() == 3 || k_cache.size(1) == heads, op,
+              ": a [tokens, 3, heads, head_dim] qkv writes caches of its heads (", heads,
+              "), got k_cache shape ", k_cache.sizes(),
+              "; grouped-query attention passes qkv as [tokens, heads + 2 kv_heads, head_dim]");
   check_index(token_slot, tokens, op, "token_slot", "tokens of qkv");
   check_index(token_pos, tokens, op, "token_pos", "tokens of qkv");
   check_cuda(qkv, op, "qkv");
@@ -179,6 +209,7 @@ at::Tensor qkv_rotary_cache(const at::Tensor& qkv, const OptTensor& bias, at::Te
     p.rotary_dim = static_cast<int>(rotary_dim);
     p.rotary_style = style;
     p.rotary_base = static_cast<float>(rotary_base);
+    p.kv_heads = static_cast<int>(qh.kv_heads);
     WF_CUDA_CHECK(kernels::launch_qkv_prep(p, current_stream(x)));
   });
   return q;
@@ -256,6 +287,7 @@ at::Tensor context_attention(const at::Tensor& q, const at::Tensor& k_cache,
     p.max_seq = static_cast<int>(k_cache.size(2));
     p.max_seqlen = static_cast<int>(max_seqlen);
     p.scale = static_cast<float>(scale);
+    p.kv_heads = static_cast<int>(k_cache.size(1));
     WF_CUDA_CHECK(kernels::launch_context_attention(p, current_stream(x)));
   });
   return out;
@@ -293,6 +325,7 @@ void fill_decode(kernels::DecodeAttentionParams<T>& p, at::Tensor& out, const at
   p.num_slots = static_cast<int>(k_cache.size(0));
   p.max_seq = static_cast<int>(k_cache.size(2));
   p.scale = static_cast<float>(scale);
+  p.kv_heads = static_cast<int>(k_cache.size(1));
 }
 
 // decode_attention and decode_attention_fused after their query checks: `x` is q, or qkv when
@@ -450,8 +483,15 @@ at::Tensor decode_attention_fused(const at::Tensor& qkv, const OptTensor& bias, 
                                   const std::string& rotary_style, double rotary_base) {
   const char* op = "warpformer.decode_attention_fused";
   const kernels::RotaryStyle style =
-      check_qkv(op, qkv, bias, rotary_dim, rotary_style, rotary_base);
+      check_qkv(op, qkv, bias, rotary_dim, rotary_style, rotary_base).style;
   const int64_t rows = qkv.size(0), heads = qkv.size(2), head_dim = qkv.size(3);
+  check_dim(k_cache, 4, op, "k_cache");
+  TORCH_CHECK(k_cache.size(1) == heads, op,
+              ": the fused QKV preparation takes multi-head "
+              "attention (k_cache's heads equal to qkv's ",
+              heads, "), got k_cache shape ", k_cache.sizes(),
+              "; grouped-query attention runs qkv_rotary_cache, then "
+              "decode_attention");
   TORCH_CHECK(rows <= 65535, op, ": qkv must have at most 65535 rows, got shape ", qkv.sizes());
   FusedPrep prep{qkv.contiguous(), bias.has_value() ? OptTensor(bias->contiguous()) : OptTensor(),
                  static_cast<int>(rotary_dim), style, static_cast<float>(rotary_base)};

@@ -3,9 +3,13 @@
 // plus the ALiBi slopes. Launchers take raw pointers and a stream and return the launch status
 // (cudaErrorInvalidValue for arguments they cannot handle) for the caller to check. No torch here.
 //
-// Layouts (one layer, one tensor-parallel rank; `heads` is this rank's head count):
-//   qkv      [tokens, 3, heads, head_dim]   all Q heads, then all K heads, then all V heads
-//   k_cache, v_cache [slots, heads, max_seq, head_dim], contiguous; a slot is one sequence's row
+// Layouts (one layer, one tensor-parallel rank; `heads` is this rank's head count, `kv_heads` its
+// key/value heads: heads for multi-head attention, a divisor of heads for grouped-query attention,
+// query head h reading key/value head h / (heads / kv_heads); kv_heads 0 in a params struct means
+// heads):
+//   qkv      [tokens, heads + 2 kv_heads, head_dim]   all Q heads, then all K heads, then all V
+//            heads ([tokens, 3, heads, head_dim] for multi-head attention)
+//   k_cache, v_cache [slots, kv_heads, max_seq, head_dim], contiguous; a slot is one sequence's row
 //   q / out  [tokens or rows, heads, head_dim]
 // Element types: float, __half, __nv_bfloat16; all arithmetic in fp32.
 // Head sizes: kAttentionHeadDims, FasterTransformer's set (anything else returns
@@ -52,10 +56,10 @@ enum class RotaryStyle { kNone = 0, kInterleaved = 1, kHalf = 2 };
 template <typename T>
 struct QkvPrepParams {
   T* q_out;                   // [tokens, heads, head_dim]
-  T* k_cache;                 // [num_slots, heads, max_seq, head_dim]
-  T* v_cache;                 // [num_slots, heads, max_seq, head_dim]
-  const T* qkv;               // [tokens, 3, heads, head_dim]
-  const T* bias;              // [3, heads, head_dim] or null
+  T* k_cache;                 // [num_slots, kv_heads, max_seq, head_dim]
+  T* v_cache;                 // [num_slots, kv_heads, max_seq, head_dim]
+  const T* qkv;               // [tokens, heads + 2 kv_heads, head_dim]
+  const T* bias;              // [heads + 2 kv_heads, head_dim] or null
   const int32_t* token_slot;  // [tokens]
   const int32_t* token_pos;   // [tokens]
   int tokens;
@@ -66,6 +70,8 @@ struct QkvPrepParams {
   int rotary_dim;            // even, 0 <= rotary_dim <= head_dim; 0 = no rotary
   RotaryStyle rotary_style;  // ignored when rotary_dim == 0
   float rotary_base;         // e.g. 10000
+  int kv_heads = 0;          // 0: heads; else a divisor of heads (qkv and bias [heads + 2 kv])
+  const float* rotary_inv_freq = nullptr;  // [rotary_dim / 2] (scaled rotary), or null: from base
 };
 
 template <typename T>
@@ -84,8 +90,8 @@ template <typename T>
 struct ContextAttentionParams {
   T* out;                     // [tokens, heads, head_dim]
   const T* q;                 // [tokens, heads, head_dim]
-  const T* k_cache;           // [num_slots, heads, max_seq, head_dim]
-  const T* v_cache;           // [num_slots, heads, max_seq, head_dim]
+  const T* k_cache;           // [num_slots, kv_heads, max_seq, head_dim]
+  const T* v_cache;           // [num_slots, kv_heads, max_seq, head_dim]
   const int32_t* cu_seqlens;  // [batch + 1], cu_seqlens[0] = 0, non-decreasing
   const int32_t* seq_slot;    // [batch]
   const float* alibi_slopes;  // [heads] or null
@@ -93,9 +99,10 @@ struct ContextAttentionParams {
   int heads;
   int head_dim;
   int num_slots;
-  int max_seq;     // cache capacity per slot
-  int max_seqlen;  // host-known upper bound of the sequence lengths in this call
-  float scale;     // normally 1/sqrt(head_dim)
+  int max_seq;       // cache capacity per slot
+  int max_seqlen;    // host-known upper bound of the sequence lengths in this call
+  float scale;       // normally 1/sqrt(head_dim)
+  int kv_heads = 0;  // 0: heads; else a divisor of heads (the caches' head count)
 };
 
 template <typename T>
@@ -136,8 +143,8 @@ template <typename T>
 struct DecodeAttentionParams {
   T* out;                      // [rows, heads, head_dim]
   const T* q;                  // [rows, heads, head_dim]
-  const T* k_cache;            // [num_slots, heads, max_seq, head_dim]
-  const T* v_cache;            // [num_slots, heads, max_seq, head_dim]
+  const T* k_cache;            // [num_slots, kv_heads, max_seq, head_dim]
+  const T* v_cache;            // [num_slots, kv_heads, max_seq, head_dim]
   const int32_t* row_slot;     // [rows] or null (row r uses slot r)
   const int32_t* lengths;      // [rows], valid cache positions per row (including the new token)
   const int32_t* cache_indir;  // [rows, max_seq] slot to read position p from, or null
@@ -150,12 +157,14 @@ struct DecodeAttentionParams {
   int num_slots;
   int max_seq;
   float scale;
+  int kv_heads = 0;  // 0: heads; else a divisor of heads (the caches' head count; the fused
+                     // form takes multi-head attention only)
 };
 
 // The fused decode attention's QKV inputs (the kernel takes them as their own argument).
 template <typename T>
 struct DecodeQkvInputs {
-  const T* qkv;       // [rows, 3, heads, head_dim]
+  const T* qkv;       // [rows, 3, heads, head_dim] (multi-head attention only)
   const T* qkv_bias;  // [3, heads, head_dim] or null
   int rotary_dim;     // as QkvPrepParams
   RotaryStyle rotary_style;
@@ -172,6 +181,13 @@ struct DecodeAttentionFusedParams : DecodeAttentionParams<T>, DecodeQkvInputs<T>
 // attention's table, made once per model).
 cudaError_t launch_rotary_inv_freq(float* out, int rotary_dim, float rotary_base,
                                    cudaStream_t stream);
+
+// Rescales a frequency table in place as transformers' rope types do (fp32, the same operations
+// in the same order, no contraction): kind 1 "linear" (inv / factor); kind 2 "llama3" (factor,
+// low/high frequency factors, original context). Other kinds return cudaErrorInvalidValue.
+cudaError_t launch_rotary_scale(float* inv_freq, int rotary_dim, int kind, float factor,
+                                float low_freq_factor, float high_freq_factor,
+                                float original_max_position, cudaStream_t stream);
 
 // Number of key chunks each (row, head) is split into (1 = no split, no workspace).
 int decode_attention_num_splits(int rows, int heads, int max_seq);

@@ -67,11 +67,15 @@ __device__ __forceinline__ void rotate(float x, float y, float c, float s, float
 
 // cos/sin of position `pos` for the rot_half frequencies, spread over the block's threads (the
 // caller synchronises before reading them).
+// inv_freq: the model's frequency table (launch_rotary_inv_freq, then any scaling), or null to
+// form the unscaled frequencies here.
 __device__ __forceinline__ void rotary_table(int pos, int rot_half, int rotary_dim, float base,
-                                             float* cos_s, float* sin_s) {
+                                             float* cos_s, float* sin_s,
+                                             const float* inv_freq = nullptr) {
   for (int i = threadIdx.x; i < rot_half; i += blockDim.x) {
     // fp32 angle from one fp32 multiply, as HF's `position.float() * inv_freq`.
-    const float angle = static_cast<float>(pos) * rotary_inv_freq(i, rotary_dim, base);
+    const float f = inv_freq != nullptr ? inv_freq[i] : rotary_inv_freq(i, rotary_dim, base);
+    const float angle = static_cast<float>(pos) * f;
     float s, c;
     sincosf(angle, &s, &c);
     cos_s[i] = c;

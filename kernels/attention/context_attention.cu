@@ -109,7 +109,8 @@ __global__ void __launch_bounds__(kThreads)
   }
 
   const int n_keys = min(q0 + kBQ, len);  // causal: no query of this tile sees a key >= n_keys
-  const int64_t head_off = (static_cast<int64_t>(slot) * p.heads + h) * p.max_seq * D;
+  const int kvh = p.kv_heads > 0 ? p.kv_heads : p.heads;  // query head h reads h / group
+  const int64_t head_off = (static_cast<int64_t>(slot) * kvh + h / (p.heads / kvh)) * p.max_seq * D;
   const T* __restrict__ kbase = p.k_cache + head_off;
   const T* __restrict__ vbase = p.v_cache + head_off;
 
@@ -274,7 +275,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.f, l_b = 0.f;
 
   const int n_keys = min(q0 + kMmaBQ, len);  // causal: no query of this tile sees a key >= n_keys
-  const int64_t head_off = (static_cast<int64_t>(slot) * p.heads + h) * p.max_seq * D;
+  const int kvh = p.kv_heads > 0 ? p.kv_heads : p.heads;  // query head h reads h / group
+  const int64_t head_off = (static_cast<int64_t>(slot) * kvh + h / (p.heads / kvh)) * p.max_seq * D;
   const T* __restrict__ kbase = p.k_cache + head_off;
   const T* __restrict__ vbase = p.v_cache + head_off;
   const int mat = lane >> 3, mrow = lane & 7;  // the ldmatrix tile and row this lane addresses
@@ -454,10 +456,10 @@ cudaError_t launch_for_dim(const ContextAttentionParams<T>& p, cudaStream_t stre
 
 template <typename T>
 cudaError_t launch_context_attention(const ContextAttentionParams<T>& p, cudaStream_t stream) {
-  if (p.batch < 0 || p.batch > 65535 || p.heads <= 0 || p.heads > 65535 || p.num_slots < 0 ||
-      p.max_seq < 0 || p.max_seqlen < 0 || p.out == nullptr || p.q == nullptr ||
-      p.k_cache == nullptr || p.v_cache == nullptr || p.cu_seqlens == nullptr ||
-      p.seq_slot == nullptr) {
+  if (p.batch < 0 || p.batch > 65535 || p.heads <= 0 || p.heads > 65535 || p.kv_heads < 0 ||
+      (p.kv_heads > 0 && p.heads % p.kv_heads != 0) || p.num_slots < 0 || p.max_seq < 0 ||
+      p.max_seqlen < 0 || p.out == nullptr || p.q == nullptr || p.k_cache == nullptr ||
+      p.v_cache == nullptr || p.cu_seqlens == nullptr || p.seq_slot == nullptr) {
     return cudaErrorInvalidValue;
   }
   // 16-byte vector loads of q and of the cache rows.

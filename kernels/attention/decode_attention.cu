@@ -183,8 +183,15 @@ __global__ void __launch_bounds__(kThreads, FUSED ? (EARLY ? 2 : 3) : 4)
   const bool row_ok = len >= 1 && slot >= 0 && slot < p.num_slots;
   const int start = split * chunk;
   const int end = row_ok ? min(len, start + chunk) : 0;
-  const int64_t head_stride = static_cast<int64_t>(p.max_seq) * D;          // one (slot, head)
-  const int64_t slot_stride = static_cast<int64_t>(p.heads) * head_stride;  // one slot
+  // Query head h reads key/value head h / group (grouped-query attention; the fused kernel takes
+  // multi-head attention only). The head's offset goes into the cache bases once, so the key
+  // loop carries no more live values than with multi-head attention.
+  const int kvh = FUSED || p.kv_heads <= 0 ? p.heads : p.kv_heads;
+  const int64_t head_stride = static_cast<int64_t>(p.max_seq) * D;      // one (slot, head)
+  const int64_t slot_stride = static_cast<int64_t>(kvh) * head_stride;  // one slot
+  const int64_t kv_head_off = static_cast<int64_t>(FUSED ? h : h / (p.heads / kvh)) * head_stride;
+  const T* const k_cache = p.k_cache + kv_head_off;
+  const T* const v_cache = p.v_cache + kv_head_off;
   const int32_t* indir =
       p.cache_indir != nullptr ? p.cache_indir + static_cast<int64_t>(row) * p.max_seq : nullptr;
 
@@ -194,7 +201,7 @@ __global__ void __launch_bounds__(kThreads, FUSED ? (EARLY ? 2 : 3) : 4)
     if (k >= end) return -1;
     const int src = indir != nullptr ? indir[k] : slot;
     if (src < 0 || src >= p.num_slots) return -1;
-    return src * slot_stride + h * head_stride + static_cast<int64_t>(k) * D;
+    return src * slot_stride + static_cast<int64_t>(k) * D;  // from k_cache / v_cache
   };
   // This lane's vectors of a row (zeros where there is none).
   auto load_row = [&](const T* r, Row(&dst)[NV]) {
@@ -217,9 +224,9 @@ __global__ void __launch_bounds__(kThreads, FUSED ? (EARLY ? 2 : 3) : 4)
       ok[u] = off[u] >= 0;
     }
 #pragma unroll
-    for (int u = 0; u < UNROLL; ++u) load_row(ok[u] ? p.k_cache + off[u] : nullptr, krows[u]);
+    for (int u = 0; u < UNROLL; ++u) load_row(ok[u] ? k_cache + off[u] : nullptr, krows[u]);
 #pragma unroll
-    for (int u = 0; u < UNROLL; ++u) load_row(ok[u] ? p.v_cache + off[u] : nullptr, vrows[u]);
+    for (int u = 0; u < UNROLL; ++u) load_row(ok[u] ? v_cache + off[u] : nullptr, vrows[u]);
   };
   // The fused kernel's new token's rows in the first window, after prepare_new_token: from the
   // block's own copies of what it wrote into the caches.
@@ -454,7 +461,8 @@ namespace {
 // Checks shared by both launchers; on success *splits is the key split.
 template <typename T>
 cudaError_t check_decode(const DecodeAttentionParams<T>& p, bool need_q, int* splits) {
-  if (p.rows < 0 || p.rows > 65535 || p.heads <= 0 || p.num_slots < 0 || p.max_seq < 0 ||
+  if (p.rows < 0 || p.rows > 65535 || p.heads <= 0 || p.kv_heads < 0 ||
+      (p.kv_heads > 0 && p.heads % p.kv_heads != 0) || p.num_slots < 0 || p.max_seq < 0 ||
       p.out == nullptr || (need_q && p.q == nullptr) || p.k_cache == nullptr ||
       p.v_cache == nullptr || p.lengths == nullptr) {
     return cudaErrorInvalidValue;
@@ -492,7 +500,9 @@ cudaError_t launch_decode_attention_fused(const DecodeAttentionFusedParams<T>& p
   int splits = 1;
   const cudaError_t err = check_decode<T>(p, false, &splits);
   if (err != cudaSuccess) return err;
-  if (p.qkv == nullptr ||
+  // One block per query head writes the new key and value: a group of query heads sharing
+  // them would race, so grouped-query attention prepares QKV separately (launch_qkv_prep).
+  if (p.qkv == nullptr || (p.kv_heads > 0 && p.kv_heads != p.heads) ||
       (p.rotary_style != RotaryStyle::kNone &&
        (p.rotary_dim < 0 || p.rotary_dim % 2 != 0 || p.rotary_dim > p.head_dim ||
         (p.rotary_dim > 0 && p.rotary_inv_freq == nullptr)))) {

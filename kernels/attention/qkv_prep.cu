@@ -26,26 +26,28 @@ __global__ void __launch_bounds__(kPrepThreads) qkv_prep_kernel(const QkvPrepPar
   const int t = blockIdx.x;
   const int hd = p.head_dim;
   const int heads = p.heads;
+  const int kvh = p.kv_heads > 0 ? p.kv_heads : heads;
   const int rot_half = p.rotary_style == RotaryStyle::kNone ? 0 : p.rotary_dim / 2;
   const int pos = p.token_pos[t];
   const int slot = p.token_slot[t];
   const bool write_cache = slot >= 0 && slot < p.num_slots && pos >= 0 && pos < p.max_seq;
 
-  attn::rotary_table(pos, rot_half, p.rotary_dim, p.rotary_base, cos_s, sin_s);
+  attn::rotary_table(pos, rot_half, p.rotary_dim, p.rotary_base, cos_s, sin_s, p.rotary_inv_freq);
   __syncthreads();
 
-  const int64_t row = static_cast<int64_t>(heads) * hd;  // elements of one of q/k/v per token
-  const T* __restrict__ qkv_t = p.qkv + static_cast<int64_t>(t) * 3 * row;
+  const int64_t row = static_cast<int64_t>(heads) * hd;   // elements of q per token
+  const int64_t kv_row = static_cast<int64_t>(kvh) * hd;  // of k, and of v
+  const T* __restrict__ qkv_t = p.qkv + static_cast<int64_t>(t) * (row + 2 * kv_row);
   T* __restrict__ q_out_t = p.q_out + static_cast<int64_t>(t) * row;
   const int64_t cache_head_stride = static_cast<int64_t>(p.max_seq) * hd;
   const int64_t cache_base =
-      write_cache ? (static_cast<int64_t>(slot) * heads * p.max_seq + pos) * hd : 0;
+      write_cache ? (static_cast<int64_t>(slot) * kvh * p.max_seq + pos) * hd : 0;
   const bool interleaved = p.rotary_style == RotaryStyle::kInterleaved;
   if constexpr (VEC == 1) {
     // q and k, element by element: pairs. Pair j < rot_half is a rotary pair; the others are
     // (rd + 2k, rd + 2k + 1), copied unchanged.
     const int half = hd / 2;
-    for (int idx = threadIdx.x; idx < heads * half; idx += blockDim.x) {
+    for (int idx = threadIdx.x; idx < max(heads, kvh) * half; idx += blockDim.x) {
       const int h = idx / half;
       const int j = idx - h * half;
       int a, b;
@@ -53,7 +55,7 @@ __global__ void __launch_bounds__(kPrepThreads) qkv_prep_kernel(const QkvPrepPar
       const float c = rot ? cos_s[j] : 0.f, s = rot ? sin_s[j] : 0.f;
       const int64_t off = static_cast<int64_t>(h) * hd;
       // q
-      {
+      if (h < heads) {
         const float x = attn::load_biased(qkv_t, p.bias, off + a, static_cast<int>(off) + a);
         const float y = attn::load_biased(qkv_t, p.bias, off + b, static_cast<int>(off) + b);
         float ox = x, oy = y;
@@ -62,7 +64,7 @@ __global__ void __launch_bounds__(kPrepThreads) qkv_prep_kernel(const QkvPrepPar
         q_out_t[off + b] = from_float<T>(oy);
       }
       // k
-      if (write_cache) {
+      if (write_cache && h < kvh) {
         const float x = attn::load_biased(qkv_t + row, p.bias ? p.bias + row : nullptr, off + a,
                                           static_cast<int>(off) + a);
         const float y = attn::load_biased(qkv_t + row, p.bias ? p.bias + row : nullptr, off + b,
@@ -81,9 +83,10 @@ __global__ void __launch_bounds__(kPrepThreads) qkv_prep_kernel(const QkvPrepPar
     // and d are even); a half-split vector below rot_half is rotated with its partner rot_half
     // further on, which the partner's own unit then skips.
     const int vec_per_head = hd / VEC;
-    const int units = heads * vec_per_head;  // of q, then of k
+    const int units = heads * vec_per_head;  // of q, then kv_units of k
+    const int kv_units = kvh * vec_per_head;
     const int rot_dim = 2 * rot_half;
-    for (int idx = threadIdx.x; idx < 2 * units; idx += blockDim.x) {
+    for (int idx = threadIdx.x; idx < units + kv_units; idx += blockDim.x) {
       const bool is_k = idx >= units;
       if (is_k && !write_cache) break;  // idx only grows: the rest are k units too
       const int u = is_k ? idx - units : idx;
@@ -117,11 +120,12 @@ __global__ void __launch_bounds__(kPrepThreads) qkv_prep_kernel(const QkvPrepPar
   // v: plain copy (+ bias) with VEC-element vectors; head_dim % VEC == 0 by construction.
   if (write_cache) {
     const int vec_per_head = hd / VEC;
-    for (int idx = threadIdx.x; idx < heads * vec_per_head; idx += blockDim.x) {
+    for (int idx = threadIdx.x; idx < kvh * vec_per_head; idx += blockDim.x) {
       const int h = idx / vec_per_head;
       const int d = (idx - h * vec_per_head) * VEC;
       float v[VEC];
-      attn::load_biased_vec<T, VEC>(qkv_t, p.bias, 2 * row + static_cast<int64_t>(h) * hd + d, v);
+      attn::load_biased_vec<T, VEC>(qkv_t, p.bias, row + kv_row + static_cast<int64_t>(h) * hd + d,
+                                    v);
       store_vec<T, VEC>(p.v_cache + cache_base + h * cache_head_stride + d, v);
     }
   }
@@ -132,7 +136,43 @@ __global__ void rotary_inv_freq_kernel(float* out, int rotary_dim, float rotary_
   if (i < rotary_dim / 2) out[i] = attn::rotary_inv_freq(i, rotary_dim, rotary_base);
 }
 
+// HF's _compute_linear_scaling_rope_parameters / _compute_llama3_parameters on one frequency.
+__global__ void rotary_scale_kernel(float* inv_freq, int half, int kind, float factor, float low,
+                                    float high, float original) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= half) return;
+  const float f = inv_freq[i];
+  if (kind == 1) {
+    inv_freq[i] = __fdiv_rn(f, factor);
+    return;
+  }
+  const float two_pi = static_cast<float>(2.0 * 3.14159265358979323846);
+  const float wavelen = __fdiv_rn(two_pi, f);
+  const float low_wavelen = __fdiv_rn(original, low), high_wavelen = __fdiv_rn(original, high);
+  const float scaled = wavelen > low_wavelen ? __fdiv_rn(f, factor) : f;
+  const float smooth =
+      __fdiv_rn(__fsub_rn(__fdiv_rn(original, wavelen), low), __fsub_rn(high, low));
+  const float smoothed = __fadd_rn(__fdiv_rn(__fmul_rn(__fsub_rn(1.f, smooth), scaled), factor),
+                                   __fmul_rn(smooth, scaled));
+  const bool medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
+  inv_freq[i] = medium ? smoothed : scaled;
+}
+
 }  // namespace
+
+cudaError_t launch_rotary_scale(float* inv_freq, int rotary_dim, int kind, float factor,
+                                float low_freq_factor, float high_freq_factor,
+                                float original_max_position, cudaStream_t stream) {
+  if (inv_freq == nullptr || rotary_dim <= 0 || rotary_dim % 2 != 0 || (kind != 1 && kind != 2) ||
+      !(factor > 0.f) ||
+      (kind == 2 && (!(original_max_position > 0.f) || !(high_freq_factor > low_freq_factor)))) {
+    return cudaErrorInvalidValue;
+  }
+  const int half = rotary_dim / 2;
+  rotary_scale_kernel<<<ceil_div(half, 128), 128, 0, stream>>>(
+      inv_freq, half, kind, factor, low_freq_factor, high_freq_factor, original_max_position);
+  return cudaGetLastError();
+}
 
 cudaError_t launch_rotary_inv_freq(float* out, int rotary_dim, float rotary_base,
                                    cudaStream_t stream) {
@@ -146,7 +186,8 @@ cudaError_t launch_rotary_inv_freq(float* out, int rotary_dim, float rotary_base
 
 template <typename T>
 cudaError_t launch_qkv_prep(const QkvPrepParams<T>& p, cudaStream_t stream) {
-  if (p.tokens < 0 || p.heads <= 0 || !attention_head_dim_supported(p.head_dim) ||
+  if (p.tokens < 0 || p.heads <= 0 || p.kv_heads < 0 ||
+      (p.kv_heads > 0 && p.heads % p.kv_heads != 0) || !attention_head_dim_supported(p.head_dim) ||
       p.num_slots < 0 || p.max_seq < 0 || p.q_out == nullptr || p.qkv == nullptr ||
       p.token_slot == nullptr || p.token_pos == nullptr || p.k_cache == nullptr ||
       p.v_cache == nullptr) {

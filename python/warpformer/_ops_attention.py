@@ -14,7 +14,12 @@ from torch.library import register_fake
 @register_fake("warpformer::qkv_rotary_cache")
 def _qkv_rotary_cache_fake(qkv, bias, k_cache, v_cache, token_slot, token_pos, rotary_dim,
                            rotary_style, rotary_base):
-    torch._check(qkv.dim() == 4, lambda: "warpformer.qkv_rotary_cache: qkv must be 4-dimensional")
+    if qkv.dim() == 3:  # grouped-query: [tokens, heads + 2 kv_heads, head_dim], kv from the cache
+        heads = qkv.shape[1] - 2 * k_cache.shape[1]
+        torch._check(heads > 0, lambda: "warpformer.qkv_rotary_cache: qkv leaves no query heads")
+        return qkv.new_empty((qkv.shape[0], heads, qkv.shape[2]))
+    torch._check(qkv.dim() == 4,
+                 lambda: "warpformer.qkv_rotary_cache: qkv must be 3- or 4-dimensional")
     torch._check(qkv.shape[1] == 3, lambda: "warpformer.qkv_rotary_cache: qkv.shape[1] must be 3")
     return qkv.new_empty((qkv.shape[0], qkv.shape[2], qkv.shape[3]))
 

@@ -15,6 +15,7 @@ tests/tolerances.py.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 
@@ -603,3 +604,107 @@ def test_opcheck(seed) -> None:
                           (qkv[:2], None, kc, vc, torch.tensor([0, 2], **i32),
                            torch.tensor([3, 2], **i32), None, None, 0.125, 32, "half", 10000.0),
                           test_utils=utils)
+
+
+# ---- grouped-query attention (kv_heads < heads: query head h reads key/value head h / group) ----
+def _expand_kv(c: torch.Tensor, group: int) -> torch.Tensor:
+    """A [slots, kv_heads, max_seq, D] cache as the [slots, heads, ...] one multi-head attention
+    would hold (each K/V head repeated for its group of query heads)."""
+    return c.repeat_interleave(group, dim=1)
+
+
+@pytest.mark.parametrize("style,rd", [("half", None), ("interleaved", None), ("half", 20)])
+@pytest.mark.parametrize("kv_heads", [1, 2, 4])
+@pytest.mark.parametrize("hd", [64, 128])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_grouped_query_prep_and_attention(dtype, hd, kv_heads, style, rd, seed) -> None:
+    """qkv [tokens, heads + 2 kv_heads, hd] writes the kv_heads caches and rotates q and k as
+    the multi-head op does head for head (rotary on the whole head, vector path; or a half split
+    of 20 dims, which takes the element-by-element path); context and decode attention over the
+    grouped caches equal the multi-head ops over the caches with each K/V head repeated, ALiBi
+    slopes per query head."""
+    rd = hd if rd is None else rd
+    heads, slots, max_seq = 8, 4, 96
+    group = heads // kv_heads
+    tokens_per_seq = [17, 5, 33]
+    seq_slot = [2, 0, 3]
+    T = sum(tokens_per_seq)
+    qkv = rand(T, heads + 2 * kv_heads, hd, dtype=dtype)
+    bias = rand(heads + 2 * kv_heads, hd, dtype=dtype, scale=0.1)
+    tok_slot = torch.tensor([s for s, n in zip(seq_slot, tokens_per_seq, strict=True)
+                             for _ in range(n)], dtype=torch.int32, device=DEV)
+    tok_pos = torch.cat([torch.arange(n, dtype=torch.int32, device=DEV) for n in tokens_per_seq])
+    kc, vc = nan_cache(slots, kv_heads, max_seq, hd, dtype)
+    q = ops.qkv_rotary_cache(qkv, bias, kc, vc, tok_slot, tok_pos, rd, style, 500000.0)
+    assert q.shape == (T, heads, hd)
+    # The same tokens as multi-head qkv (K/V heads repeated) through the multi-head op.
+    def as_mha(t: torch.Tensor) -> torch.Tensor:  # [..., heads + 2 kv, hd] -> [..., 3, heads, hd]
+        tq, tk = t[..., :heads, :], t[..., heads:heads + kv_heads, :]
+        tv = t[..., heads + kv_heads:, :]
+        return torch.stack((tq, tk.repeat_interleave(group, -2), tv.repeat_interleave(group, -2)),
+                           -3).contiguous()
+
+    kc_m, vc_m = nan_cache(slots, heads, max_seq, hd, dtype)
+    q_m = ops.qkv_rotary_cache(as_mha(qkv), as_mha(bias), kc_m, vc_m, tok_slot, tok_pos, rd,
+                               style, 500000.0)
+    torch.testing.assert_close(q, q_m, rtol=0, atol=0)
+    for s, n in zip(seq_slot, tokens_per_seq, strict=True):
+        torch.testing.assert_close(_expand_kv(kc, group)[s, :, :n], kc_m[s, :, :n], rtol=0,
+                                   atol=0)
+        torch.testing.assert_close(_expand_kv(vc, group)[s, :, :n], vc_m[s, :, :n], rtol=0,
+                                   atol=0)
+    scale = 1.0 / math.sqrt(hd)
+    cu = torch.tensor([0] + list(itertools.accumulate(tokens_per_seq)), dtype=torch.int32,
+                      device=DEV)
+    slot_t = torch.tensor(seq_slot, dtype=torch.int32, device=DEV)
+    slopes = slopes_for(heads)
+    for sl in (None, slopes):
+        out = ops.context_attention(q, kc, vc, cu, slot_t, sl, scale, max(tokens_per_seq))
+        out_m = ops.context_attention(q_m, kc_m, vc_m, cu, slot_t, sl, scale,
+                                      max(tokens_per_seq))
+        torch.testing.assert_close(out, out_m, rtol=0, atol=0)
+    # Decode: each sequence's newest token (long caches: the next test).
+    last = torch.tensor([c - 1 for c in cu.tolist()[1:]], device=DEV)
+    lens = torch.tensor(tokens_per_seq, dtype=torch.int32, device=DEV)
+    for sl in (None, slopes):
+        dec = ops.decode_attention(q[last], kc, vc, slot_t, lens, None, sl, scale)
+        dec_m = ops.decode_attention(q_m[last], kc_m, vc_m, slot_t, lens, None, sl, scale)
+        torch.testing.assert_close(dec, dec_m, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_grouped_query_decode_split_kv_and_beams(dtype, seed) -> None:
+    """Long caches (split over blocks) and a beam indirection over grouped caches equal the
+    multi-head op over the repeated caches."""
+    heads, kv_heads, hd, slots, max_seq = 8, 2, 128, 6, 2048
+    lengths, row_slot = [2000, 1500, 7, 900], [1, 4, 0, 5]
+    kc, vc = nan_cache(slots, kv_heads, max_seq, hd, dtype)
+    fill_cache(kc, vc, list(range(slots)), [max_seq] * slots)
+    q = rand(len(lengths), heads, hd, dtype=dtype, scale=2.0)
+    slot_t = torch.tensor(row_slot, dtype=torch.int32, device=DEV)
+    len_t = torch.tensor(lengths, dtype=torch.int32, device=DEV)
+    indir = torch.randint(0, slots, (len(lengths), max_seq), dtype=torch.int32, device=DEV)
+    scale = 1.0 / math.sqrt(hd)
+    kc_m, vc_m = _expand_kv(kc, heads // kv_heads), _expand_kv(vc, heads // kv_heads)
+    for ind in (None, indir):
+        out = ops.decode_attention(q, kc, vc, slot_t, len_t, ind, None, scale)
+        ref = ops.decode_attention(q, kc_m.contiguous(), vc_m.contiguous(), slot_t, len_t, ind,
+                                   None, scale)
+        torch.testing.assert_close(out, ref, rtol=0, atol=0)
+
+
+def test_grouped_query_refusals(seed) -> None:
+    heads, kv_heads, hd = 8, 3, 64
+    kc, vc = nan_cache(2, kv_heads, 16, hd, torch.float16)
+    q = rand(2, heads, hd, dtype=torch.float16)
+    lens = torch.tensor([3, 4], dtype=torch.int32, device=DEV)
+    with pytest.raises(RuntimeError, match=r"must divide the query heads \(8\)"):
+        ops.decode_attention(q, kc, vc, None, lens, None, None, 0.125)
+    kc2, vc2 = nan_cache(2, 2, 16, hd, torch.float16)
+    qkv = rand(2, 3, heads, hd, dtype=torch.float16)
+    with pytest.raises(RuntimeError, match="the fused QKV preparation takes multi-head"):
+        ops.decode_attention_fused(qkv, None, kc2, vc2, None, lens, None, None, 0.125, 0, "none",
+                                   10000.0)
+    with pytest.raises(RuntimeError, match="writes caches of its heads"):
+        ops.qkv_rotary_cache(qkv, None, kc2, vc2, torch.zeros(2, dtype=torch.int32, device=DEV),
+                             torch.zeros(2, dtype=torch.int32, device=DEV), 0, "none", 10000.0)

@@ -76,6 +76,10 @@ GptConfig GptConfig::from_json(const std::string& json, int64_t tensor_para_rank
   c.has_mlp_bias = j.get_bool("has_mlp_bias", true);
   c.sliding_window = j.get_int("sliding_window", 0);
   c.rope_scaling_type = j.get_string("rope_scaling_type", "none");
+  c.rope_scaling_factor = j.get_double("rope_scaling_factor", 1.0);
+  c.rope_scaling_low_freq_factor = j.get_double("rope_scaling_low_freq_factor", 1.0);
+  c.rope_scaling_high_freq_factor = j.get_double("rope_scaling_high_freq_factor", 4.0);
+  c.rope_scaling_original_max_position = j.get_int("rope_scaling_original_max_position", 0);
   c.tensor_para_rank = tensor_para_rank;
   c.pipeline_para_size = pipeline_para_size;
   c.pipeline_para_rank = pipeline_para_rank;
@@ -134,15 +138,13 @@ GptConfig GptConfig::from_json(const std::string& json, int64_t tensor_para_rank
               c.sliding_window);
   if (engine) {
     // Format features whose kernels are not in the engine yet: the reference backend runs them.
-    const char* missing = c.grouped_query()        ? "grouped-query attention (kv_head_num)"
-                          : c.use_gated_activation ? "a gated MLP (use_gated_activation)"
-                          : c.rmsnorm              ? "RMSNorm (layernorm_type = rmsnorm)"
-                          : !c.has_mlp_bias        ? "an MLP without biases (has_mlp_bias = 0)"
-                          : c.has_attention_bias && !c.has_attention_out_bias
-                              ? "QKV biases without an output bias"
-                          : c.sliding_window > 0          ? "a sliding attention window"
-                          : c.rope_scaling_type != "none" ? "rotary scaling (rope_scaling_type)"
-                                                          : nullptr;
+    const char* missing = c.use_gated_activation && (c.parallel_residual || !c.pre_layernorm)
+                              ? "a gated MLP beside the attention or after a post-norm"
+                          : c.sliding_window > 0 ? "a sliding attention window"
+                          : c.rope_scaling_type != "none" && c.rope_scaling_type != "linear" &&
+                                  c.rope_scaling_type != "llama3"
+                              ? "rotary scaling other than linear and llama3 (rope_scaling_type)"
+                              : nullptr;
     TORCH_CHECK(missing == nullptr, kWhat, ": ", missing,
                 " is not supported by the CUDA engine yet; backend='reference' runs this model");
   }
@@ -165,6 +167,7 @@ layers::LayerSpec layer_spec(const GptConfig& c) {
           : c.parallel_shared_layernorm ? MlpPlacement::kParallelSharedNorm
                                         : MlpPlacement::kParallel;
   s.activation = c.activation;
+  s.gated = c.use_gated_activation;
   s.position = c.rotary_embedding_dim > 0    ? PositionEncoding::kRotary
                : c.use_attention_linear_bias ? PositionEncoding::kAlibi
                : c.has_positional_encoding   ? PositionEncoding::kLearned

@@ -63,6 +63,10 @@ struct GptConfig {
   bool has_mlp_bias = true;
   int64_t sliding_window = 0;
   std::string rope_scaling_type = "none";
+  double rope_scaling_factor = 1.0;
+  double rope_scaling_low_freq_factor = 1.0;
+  double rope_scaling_high_freq_factor = 4.0;
+  int64_t rope_scaling_original_max_position = 0;
 
   // this rank
   int64_t tensor_para_rank = 0;

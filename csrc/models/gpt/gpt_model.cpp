@@ -59,6 +59,14 @@ GptModel::GptModel(GptConfig cfg, GptWeights weights, DType dtype, std::shared_p
     rotary_inv_freq_ = DeviceBuffer(ctx_->allocator(), rd / 2 * sizeof(float), ctx_->stream());
     WF_CUDA_CHECK(kernels::launch_rotary_inv_freq(
         rotary_inv_freq_.as<float>(), rd, static_cast<float>(cfg_.rotary_base), ctx_->stream()));
+    if (cfg_.rope_scaling_type == "linear" || cfg_.rope_scaling_type == "llama3") {
+      WF_CUDA_CHECK(kernels::launch_rotary_scale(
+          rotary_inv_freq_.as<float>(), rd, cfg_.rope_scaling_type == "linear" ? 1 : 2,
+          static_cast<float>(cfg_.rope_scaling_factor),
+          static_cast<float>(cfg_.rope_scaling_low_freq_factor),
+          static_cast<float>(cfg_.rope_scaling_high_freq_factor),
+          static_cast<float>(cfg_.rope_scaling_original_max_position), ctx_->stream()));
+    }
   }
 }
 
@@ -72,8 +80,8 @@ void GptModel::ensure_kv(int64_t slots, int64_t seq_total) {
   const int64_t new_slots = grown(slots, kv_slots_, max_batch_ * kernels::kMaxBeamWidth);
   const int64_t new_seq = grown(seq_total, kv_seq_, max_seq_len_);
   const int64_t layers = cfg_.end_layer() - cfg_.first_layer();
-  const size_t bytes = static_cast<size_t>(layers) * 2 * new_slots * cfg_.local_heads() * new_seq *
-                       cfg_.size_per_head * dtype_size(dtype_);
+  const size_t bytes = static_cast<size_t>(layers) * 2 * new_slots * cfg_.local_kv_heads() *
+                       new_seq * cfg_.size_per_head * dtype_size(dtype_);
   kv_.reset();              // free first so the allocator can reuse the block
   kv_slots_ = kv_seq_ = 0;  // a failed allocation below must not leave stale sizes behind
   ++buffer_generation_;
@@ -145,7 +153,7 @@ void GptModel::run_layers(int64_t tokens, const layers::AttentionInputs& base) {
   const layers::LayerBuffers b = buffers();
   const int64_t h = cfg_.hidden();
   const int64_t n_local = static_cast<int64_t>(w_.layers.size());
-  const size_t layer_kv = static_cast<size_t>(kv_slots_) * cfg_.local_heads() * kv_seq_ *
+  const size_t layer_kv = static_cast<size_t>(kv_slots_) * cfg_.local_kv_heads() * kv_seq_ *
                           cfg_.size_per_head * dtype_size(dtype_);
   using kernels::NormKind;
   // Pre-norm layers normalise their own input (each layer's QKV product applies the previous
@@ -217,7 +225,10 @@ int64_t GptModel::prefill_group_size() const {
 int64_t GptModel::activation_bytes_per_token() const {
   const int64_t h = cfg_.hidden(), lh = cfg_.local_hidden(), li = cfg_.local_inter();
   const int64_t emb = cfg_.word_embed_proj_dim > 0 ? cfg_.embed_dim() : 0;
-  const int64_t words = (cfg_.pre_layernorm ? 3 : 4) * h + std::max(5 * lh, li) + emb;
+  // The attention region (QKV of the K/V heads, q, out) or the MLP hidden (twice when gated).
+  const int64_t qkv = (cfg_.local_heads() + 2 * cfg_.local_kv_heads()) * cfg_.size_per_head;
+  const int64_t region = std::max(qkv + 2 * lh, (cfg_.use_gated_activation ? 2 : 1) * li);
+  const int64_t words = (cfg_.pre_layernorm ? 3 : 4) * h + region + emb;
   return words * static_cast<int64_t>(dtype_size(dtype_));
 }
 
@@ -273,6 +284,7 @@ void GptModel::run_prefill(const int32_t* ids, const std::vector<int32_t>& lengt
     ai.token_slot = d_slot_ + g.t0;
     ai.token_pos = d_pos_ + g.t0;
     ai.alibi_slopes = alibi_.as<float>();
+    ai.rotary_inv_freq = rotary_inv_freq_.as<float>();  // scaled rotary: the model's table
     ai.decode = false;
     ai.cu_seqlens = d_cu_ + g.b0 + gi;
     ai.seq_slot = d_iota_ + g.b0;
