@@ -166,10 +166,13 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
   for (int v = 0; v < V; ++v)
     voff[v] = col_ok ? (BITS == 8 ? (v >> 1) * 8 + (v & 1) : v * 4) * n : 0;
+  // Each weight byte is read once per call: evict-first keeps it from pushing the activations
+  // and the next product's first weights out of L2.
+  const uint64_t policy = evict_first_policy();
   auto copy_weights = [&](const uint8_t* src, int slot) {
 #pragma unroll
     for (int v = 0; v < V; ++v) {
-      cp_async16_zfill(wring + (slot * V + v) * kThreads + tid, src + voff[v], wbytes);
+      cp_async16_zfill_hint(wring + (slot * V + v) * kThreads + tid, src + voff[v], wbytes, policy);
     }
   };
   auto copy_inputs = [&](const T* src, int slot) {
@@ -321,18 +324,26 @@ __global__ void __launch_bounds__(kThreads, 2)
   __syncthreads();  // every warp is past the ring: its sums reuse it
 
   float (&red)[kWarps][kOut] = *reinterpret_cast<float (*)[kWarps][kOut]>(smem);
+  // Rows 2q and 2q + 1 as float4s of four adjacent columns, the 4-column groups of a 16-column
+  // chunk XORed with q so that each quarter-warp's stores hit distinct banks (rows are 128
+  // words apart; nothing changes at 1-2 rows, where only q = 0 stores).
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int m = 2 * qd + (e & 1);
-      if (m < M) red[warp][m * kTileCols + g * kChunkCols + 2 * j + (e >> 1)] = acc[j][e];
+  for (int i = 0; i < 4; ++i) {
+    const int col = g * kChunkCols + 4 * (i ^ qd);
+    if (2 * qd < M) {
+      *reinterpret_cast<float4*>(&red[warp][(2 * qd) * kTileCols + col]) =
+          make_float4(acc[2 * i][0], acc[2 * i][2], acc[2 * i + 1][0], acc[2 * i + 1][2]);
+    }
+    if (2 * qd + 1 < M) {
+      *reinterpret_cast<float4*>(&red[warp][(2 * qd + 1) * kTileCols + col]) =
+          make_float4(acc[2 * i][1], acc[2 * i][3], acc[2 * i + 1][1], acc[2 * i + 1][3]);
     }
   }
   __syncthreads();
   const int col0 = blockIdx.x * kTileCols;
   kn_store_sums(red, ksplit, &gather_bar, gathered, [&](int i, float v) {
-    const int m = i / kTileCols, cc = col0 + i % kTileCols;
+    const int m = i / kTileCols, s = i % kTileCols;
+    const int cc = col0 + ((s & ~12) | ((((s >> 2) & 3) ^ ((m >> 1) & 3)) << 2));
     if (m < p.m && cc < n) {
       if constexpr (BITS == 8) v *= to_float(q.scale[cc]);
       const int64_t idx = static_cast<int64_t>(m) * n + cc;
@@ -429,6 +440,9 @@ Split quant_split(const GemvParams<T>& p, const GemvQuant<T>& q, int device) {
       const int split = ceil_div(rows, ceil_div(ceil_div(rows, s), step) * step);
       if ((split & (split - 1)) != 0) continue;
       const int blocks = tiles * split;
+      // int4 blocks stream half int8's bytes per row, so a second wave's fixed cost outweighs the
+      // parallelism it adds there (int8 gains from it); benchmarks/HISTORY.md has the A/B.
+      if (q.bits == 4 && blocks > slots && split > 1) continue;
       const double fill = static_cast<double>(blocks) / (ceil_div(blocks, slots) * slots);
       if (fill > best + 1e-9) {
         best = fill;

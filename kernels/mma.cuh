@@ -88,6 +88,27 @@ __device__ __forceinline__ void cp_async16_zfill(void* dst, const void* src, uin
 #endif
 }
 
+// The same with an L2 cache policy (evict_first_policy()): streamed weights leave L2 first.
+__device__ __forceinline__ void cp_async16_zfill_hint(void* dst, const void* src, uint32_t bytes,
+                                                      uint64_t policy) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;" ::"r"(shared_addr(dst)),
+      "l"(src), "r"(bytes), "l"(policy)
+      : "memory");
+#else
+  __trap();
+#endif
+}
+
+__device__ __forceinline__ uint64_t evict_first_policy() {
+  uint64_t policy = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+#endif
+  return policy;
+}
+
 __device__ __forceinline__ void cp_async4_zfill(void* dst, const void* src, uint32_t bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(shared_addr(dst)), "l"(src),
