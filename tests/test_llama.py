@@ -3,7 +3,8 @@ attention, llama3 / yarn / linear / dynamic rotary scaling, optional biases), Mi
 window shorter than the prompt) and Qwen2 (q/k/v biases, tied embeddings), converted at
 tensor_para_size 1, 2 and 4 (K/V heads split over the ranks, and copied when fewer than the ranks),
 equal to HF in fp32: logits, greedy and beam tokens through the reference backend; bad configs and
-the engine's refusal get clear errors."""
+the engine's refusals get clear errors (the CUDA engine against HF:
+tests/gpu/test_llama_engine.py)."""
 
 from __future__ import annotations
 
@@ -130,15 +131,19 @@ def test_greedy_and_beam_equal_hf(models, name, tmp_path):
 
 
 def test_engine_refuses_what_its_kernels_lack(models, tmp_path):
-    for name, feature in (("mistral-window", r"a sliding attention window"),
-                          ("llama-yarn-mha", r"rotary scaling other than linear and llama3 "
-                                             r"\(rope_scaling_type\)")):
-        out = convert(models[name][1], tmp_path / name, 1, "fp32").output_dir
-        # A head size the attention kernels have (the tiny models' 16 is refused first).
-        cfg = dataclasses.replace(GptConfig.from_ini(out / "config.ini"), size_per_head=32)
-        with pytest.raises(RuntimeError, match=feature + r" is not supported by the CUDA engine "
-                                                         r"yet; backend='reference' runs"):
-            torch.classes.warpformer.GptModel(cfg.to_json(), {}, "{}")
+    out = convert(models["llama-gqa"][1], tmp_path / "gqa", 1, "fp32").output_dir
+    # A head size the attention kernels have (the tiny models' 16 is refused first).
+    cfg = dataclasses.replace(GptConfig.from_ini(out / "config.ini"), size_per_head=32,
+                              parallel_residual=True)
+    with pytest.raises(RuntimeError, match=r"a gated MLP beside the attention or after a "
+                                           r"post-norm is not supported by the CUDA engine yet; "
+                                           r"backend='reference' runs"):
+        torch.classes.warpformer.GptModel(cfg.to_json(), {}, "{}")
+    with pytest.raises(RuntimeError, match=r"rope_scaling_type must be none, linear, dynamic, "
+                                           r"llama3 or yarn, got 'ntk'"):
+        torch.classes.warpformer.GptModel(
+            cfg.to_json().replace('"rope_scaling_type": "none"', '"rope_scaling_type": "ntk"'),
+            {}, "{}")
 
 
 def test_bad_configs_are_named(models, tmp_path):

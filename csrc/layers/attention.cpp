@@ -31,6 +31,7 @@ kernels::DecodeAttentionParams<T> decode_params(const AttentionIO& b, int64_t to
   p.num_slots = ai.num_slots;
   p.max_seq = ai.max_seq;
   p.scale = scale;
+  p.window = ai.window;
   return p;
 }
 
@@ -53,6 +54,7 @@ void attention(const LayerContext& lc, const AttentionIO& b, int64_t tokens,
     p.rotary_dim = static_cast<int>(c.rotary_dim);
     p.rotary_style = c.rotary_style;
     p.rotary_inv_freq = ai.rotary_inv_freq;
+    p.rotary_mscale = c.rotary_mscale;
     WF_CUDA_CHECK(kernels::launch_decode_attention_fused(p, stream));
     return;
   }
@@ -75,6 +77,7 @@ void attention(const LayerContext& lc, const AttentionIO& b, int64_t tokens,
   qp.rotary_base = c.rotary_base;
   qp.kv_heads = kv_heads;
   qp.rotary_inv_freq = ai.rotary_inv_freq;  // the model's table (scaled rotary included)
+  qp.rotary_mscale = c.rotary_mscale;
   WF_CUDA_CHECK(kernels::launch_qkv_prep(qp, stream));
 
   if (!ai.decode) {
@@ -94,6 +97,7 @@ void attention(const LayerContext& lc, const AttentionIO& b, int64_t tokens,
     p.max_seqlen = ai.max_seqlen;
     p.scale = scale;
     p.kv_heads = kv_heads;
+    p.window = ai.window;
     WF_CUDA_CHECK(kernels::launch_context_attention(p, stream));
   } else {
     kernels::DecodeAttentionParams<T> p = decode_params<T>(b, tokens, heads, hd, ai, scale);

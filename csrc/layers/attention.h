@@ -30,6 +30,7 @@ struct AttentionInputs {
   const int32_t* token_slot;  // [tokens]
   const int32_t* token_pos;   // [tokens]
   const float* alibi_slopes;  // [heads] or null
+  int window;                 // > 0: each query sees its last `window` positions (sliding window)
   bool decode;
   // prefill
   const int32_t* cu_seqlens;  // [batch + 1]

@@ -48,6 +48,7 @@ struct LayerSpec {
   int64_t rotary_dim = 0;
   kernels::RotaryStyle rotary_style = kernels::RotaryStyle::kNone;
   float rotary_base = 10000.f;
+  float rotary_mscale = 1.f;  // factor on cos and sin (yarn's attention factor)
 
   int64_t q_width() const { return heads * head_dim; }
   // One token's QKV product: all Q heads, then K, then V (K/V heads fewer with grouped-query).

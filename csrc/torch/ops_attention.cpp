@@ -59,6 +59,12 @@ void check_index(const at::Tensor& t, int64_t want, const char* op, const char* 
   check_size(t, 0, want, op, arg, why);
 }
 
+void check_window(int64_t window, const char* op) {
+  TORCH_CHECK(window >= 0 && window <= INT32_MAX, op,
+              ": window must be 0 (no window) or a positive number of positions below 2^31, got ",
+              window);
+}
+
 void check_slopes(const OptTensor& slopes, int64_t heads, const char* op) {
   if (!slopes.has_value()) return;
   check_dtype(*slopes, at::kFloat, op, "alibi_slopes");
@@ -218,8 +224,9 @@ at::Tensor qkv_rotary_cache(const at::Tensor& qkv, const OptTensor& bias, at::Te
 at::Tensor context_attention(const at::Tensor& q, const at::Tensor& k_cache,
                              const at::Tensor& v_cache, const at::Tensor& cu_seqlens,
                              const at::Tensor& seq_slot, const OptTensor& alibi_slopes,
-                             double scale, int64_t max_seqlen) {
+                             double scale, int64_t max_seqlen, int64_t window) {
   const char* op = "warpformer.context_attention";
+  check_window(window, op);
   check_floating(q, op, "q");
   check_dim(q, 3, op, "q");
   const int64_t tokens = q.size(0), heads = q.size(1), head_dim = q.size(2);
@@ -288,6 +295,7 @@ at::Tensor context_attention(const at::Tensor& q, const at::Tensor& k_cache,
     p.max_seqlen = static_cast<int>(max_seqlen);
     p.scale = static_cast<float>(scale);
     p.kv_heads = static_cast<int>(k_cache.size(1));
+    p.window = static_cast<int>(window);
     WF_CUDA_CHECK(kernels::launch_context_attention(p, current_stream(x)));
   });
   return out;
@@ -309,7 +317,8 @@ template <typename T>
 void fill_decode(kernels::DecodeAttentionParams<T>& p, at::Tensor& out, const at::Tensor& k_cache,
                  const at::Tensor& v_cache, const OptTensor& slot_d, const at::Tensor& len_d,
                  const OptTensor& ind_d, const OptTensor& slopes, at::Tensor& workspace,
-                 size_t ws_bytes, int64_t rows, int64_t heads, int64_t head_dim, double scale) {
+                 size_t ws_bytes, int64_t rows, int64_t heads, int64_t head_dim, double scale,
+                 int64_t window) {
   p.out = mptr<T>(out);
   p.k_cache = cptr<T>(k_cache);
   p.v_cache = cptr<T>(v_cache);
@@ -326,6 +335,7 @@ void fill_decode(kernels::DecodeAttentionParams<T>& p, at::Tensor& out, const at
   p.max_seq = static_cast<int>(k_cache.size(2));
   p.scale = static_cast<float>(scale);
   p.kv_heads = static_cast<int>(k_cache.size(1));
+  p.window = static_cast<int>(window);
 }
 
 // decode_attention and decode_attention_fused after their query checks: `x` is q, or qkv when
@@ -335,7 +345,8 @@ at::Tensor run_decode_attention(const char* op, const at::Tensor& x, const char*
                                 const at::Tensor& k_cache, const at::Tensor& v_cache,
                                 const OptTensor& row_slot, const at::Tensor& lengths,
                                 const OptTensor& cache_indir, const OptTensor& alibi_slopes,
-                                double scale, const FusedPrep* prep) {
+                                double scale, int64_t window, const FusedPrep* prep) {
+  check_window(window, op);
   const std::string dtype_why = std::string("the dtype of ") + x_name;
   const std::string rows_why = std::string("rows of ") + x_name;
   check_caches(op, k_cache, v_cache, x.scalar_type(), dtype_why.c_str(), heads, head_dim);
@@ -440,14 +451,14 @@ at::Tensor run_decode_attention(const char* op, const at::Tensor& x, const char*
     if (prep == nullptr) {
       kernels::DecodeAttentionParams<scalar_t> p{};
       fill_decode(p, out, k_cache, v_cache, slot_d, len_d, ind_d, slopes, workspace, ws_bytes, rows,
-                  heads, head_dim, scale);
+                  heads, head_dim, scale, window);
       p.q = cptr<scalar_t>(x);
       WF_CUDA_CHECK(kernels::launch_decode_attention(p, current_stream(x)));
       return;
     }
     kernels::DecodeAttentionFusedParams<scalar_t> p{};
     fill_decode<scalar_t>(p, out, k_cache, v_cache, slot_d, len_d, ind_d, slopes, workspace,
-                          ws_bytes, rows, heads, head_dim, scale);
+                          ws_bytes, rows, heads, head_dim, scale, window);
     p.qkv = cptr<scalar_t>(prep->qkv);
     p.qkv_bias = ptr_or_null<const scalar_t>(prep->bias);
     p.rotary_dim = prep->rotary_dim;
@@ -463,7 +474,7 @@ at::Tensor run_decode_attention(const char* op, const at::Tensor& x, const char*
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
                             const at::Tensor& v_cache, const OptTensor& row_slot,
                             const at::Tensor& lengths, const OptTensor& cache_indir,
-                            const OptTensor& alibi_slopes, double scale) {
+                            const OptTensor& alibi_slopes, double scale, int64_t window) {
   const char* op = "warpformer.decode_attention";
   check_floating(q, op, "q");
   check_dim(q, 3, op, "q");
@@ -473,14 +484,15 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
               q.sizes());
   check_head_dim(head_dim, op);
   return run_decode_attention(op, q.contiguous(), "q", rows, heads, head_dim, k_cache, v_cache,
-                              row_slot, lengths, cache_indir, alibi_slopes, scale, nullptr);
+                              row_slot, lengths, cache_indir, alibi_slopes, scale, window, nullptr);
 }
 
 at::Tensor decode_attention_fused(const at::Tensor& qkv, const OptTensor& bias, at::Tensor& k_cache,
                                   at::Tensor& v_cache, const OptTensor& row_slot,
                                   const at::Tensor& lengths, const OptTensor& cache_indir,
                                   const OptTensor& alibi_slopes, double scale, int64_t rotary_dim,
-                                  const std::string& rotary_style, double rotary_base) {
+                                  const std::string& rotary_style, double rotary_base,
+                                  int64_t window) {
   const char* op = "warpformer.decode_attention_fused";
   const kernels::RotaryStyle style =
       check_qkv(op, qkv, bias, rotary_dim, rotary_style, rotary_base).style;
@@ -496,7 +508,7 @@ at::Tensor decode_attention_fused(const at::Tensor& qkv, const OptTensor& bias, 
   FusedPrep prep{qkv.contiguous(), bias.has_value() ? OptTensor(bias->contiguous()) : OptTensor(),
                  static_cast<int>(rotary_dim), style, static_cast<float>(rotary_base)};
   return run_decode_attention(op, prep.qkv, "qkv", rows, heads, head_dim, k_cache, v_cache,
-                              row_slot, lengths, cache_indir, alibi_slopes, scale, &prep);
+                              row_slot, lengths, cache_indir, alibi_slopes, scale, window, &prep);
 }
 
 at::Tensor alibi_slopes(int64_t num_heads) {

@@ -20,17 +20,18 @@ at::Tensor qkv_rotary_cache(const at::Tensor& qkv, const OptTensor& bias, at::Te
                             const at::Tensor& token_pos, int64_t rotary_dim,
                             const std::string& rotary_style, double rotary_base);
 
-// Causal attention of packed sequences (cu_seqlens) against their cache slots (seq_slot).
+// Causal attention of packed sequences (cu_seqlens) against their cache slots (seq_slot); window
+// > 0: each query sees only its last `window` positions.
 at::Tensor context_attention(const at::Tensor& q, const at::Tensor& k_cache,
                              const at::Tensor& v_cache, const at::Tensor& cu_seqlens,
                              const at::Tensor& seq_slot, const OptTensor& alibi_slopes,
-                             double scale, int64_t max_seqlen);
+                             double scale, int64_t max_seqlen, int64_t window = 0);
 
 // One query per row against lengths[r] cache positions (optionally through cache_indir).
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
                             const at::Tensor& v_cache, const OptTensor& row_slot,
                             const at::Tensor& lengths, const OptTensor& cache_indir,
-                            const OptTensor& alibi_slopes, double scale);
+                            const OptTensor& alibi_slopes, double scale, int64_t window = 0);
 
 // decode_attention with the QKV preparation fused in: the query is formed from qkv [rows, 3,
 // heads, head_dim] (+ bias, rotary at lengths[r] - 1), and the new token's rotated k and its v are
@@ -40,7 +41,8 @@ at::Tensor decode_attention_fused(const at::Tensor& qkv, const OptTensor& bias, 
                                   at::Tensor& v_cache, const OptTensor& row_slot,
                                   const at::Tensor& lengths, const OptTensor& cache_indir,
                                   const OptTensor& alibi_slopes, double scale, int64_t rotary_dim,
-                                  const std::string& rotary_style, double rotary_base);
+                                  const std::string& rotary_style, double rotary_base,
+                                  int64_t window = 0);
 
 // HF BLOOM ALiBi slopes for num_heads heads, float32 on the CPU.
 at::Tensor alibi_slopes(int64_t num_heads);

@@ -114,22 +114,25 @@ TORCH_LIBRARY(warpformer, m) {
       "Tensor token_slot, Tensor token_pos, int rotary_dim, str rotary_style, "
       "float rotary_base) -> Tensor");
   // Causal attention of packed sequences q [tokens, heads, head_dim] (cu_seqlens) against
-  // positions 0..len-1 of cache slot seq_slot[b]; optional ALiBi slopes [heads] (fp32).
+  // positions 0..len-1 of cache slot seq_slot[b]; optional ALiBi slopes [heads] (fp32). The
+  // attention ops' window > 0 limits each query to its last `window` positions.
   m.def(
       "context_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cu_seqlens, "
-      "Tensor seq_slot, Tensor? alibi_slopes, float scale, int max_seqlen) -> Tensor");
+      "Tensor seq_slot, Tensor? alibi_slopes, float scale, int max_seqlen, int window=0) -> "
+      "Tensor");
   // One query per row q [rows, heads, head_dim] against lengths[r] cache positions of slot
   // row_slot[r] (or cache_indir[r, p] per position); split-KV for long caches.
   m.def(
       "decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor? row_slot, "
-      "Tensor lengths, Tensor? cache_indir, Tensor? alibi_slopes, float scale) -> Tensor");
+      "Tensor lengths, Tensor? cache_indir, Tensor? alibi_slopes, float scale, int window=0) -> "
+      "Tensor");
   // decode_attention with qkv_rotary_cache fused in: the query comes from qkv [rows, 3, heads,
   // head_dim] (+ bias, rotary at lengths[r] - 1); the new k/v are written into the caches there.
   // Rows need distinct slots, and no row may read another row's new position via cache_indir.
   m.def(
       "decode_attention_fused(Tensor qkv, Tensor? bias, Tensor(a!) k_cache, Tensor(b!) v_cache, "
       "Tensor? row_slot, Tensor lengths, Tensor? cache_indir, Tensor? alibi_slopes, float scale, "
-      "int rotary_dim, str rotary_style, float rotary_base) -> Tensor");
+      "int rotary_dim, str rotary_style, float rotary_base, int window=0) -> Tensor");
   // HF BLOOM ALiBi slopes for num_heads heads (all ranks), float32 CPU tensor [num_heads].
   m.def("alibi_slopes(int num_heads) -> Tensor");
 

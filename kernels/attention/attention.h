@@ -72,6 +72,7 @@ struct QkvPrepParams {
   float rotary_base;         // e.g. 10000
   int kv_heads = 0;          // 0: heads; else a divisor of heads (qkv and bias [heads + 2 kv])
   const float* rotary_inv_freq = nullptr;  // [rotary_dim / 2] (scaled rotary), or null: from base
+  float rotary_mscale = 1.f;  // factor on cos and sin (yarn's attention factor; 1 otherwise)
 };
 
 template <typename T>
@@ -82,6 +83,7 @@ cudaError_t launch_qkv_prep(const QkvPrepParams<T>& p, cudaStream_t stream);
 // cu_seqlens[b+1]-1 of q and out (row i of the sequence is position i) and reads keys/values at
 // positions 0 .. len_b - 1 of cache slot seq_slot[b] (written beforehand by launch_qkv_prep):
 //   out[t, h] = softmax_k( scale * q[t, h] . K[k] + alibi[h] * (k - i) ; k <= i ) . V
+// with, when window > 0, only the keys i - window < k <= i (a sliding window; Mistral's).
 // max_seqlen must be >= every len_b (it sizes the grid); lengths are clamped to max_seq, rows of a
 // sequence beyond max_seq are not written, and a seq_slot outside [0, num_slots) leaves its rows
 // unwritten. fp16/bf16 heads run on tensor cores (sm_80+, out 4-byte aligned), with the
@@ -103,6 +105,7 @@ struct ContextAttentionParams {
   int max_seqlen;    // host-known upper bound of the sequence lengths in this call
   float scale;       // normally 1/sqrt(head_dim)
   int kv_heads = 0;  // 0: heads; else a divisor of heads (the caches' head count)
+  int window = 0;    // > 0: each query sees its last `window` positions (itself included)
 };
 
 template <typename T>
@@ -112,9 +115,10 @@ cudaError_t launch_context_attention(const ContextAttentionParams<T>& p, cudaStr
 // One query per row (the newest token, already rotated; its K/V already in the cache at position
 // lengths[r] - 1 — or, in the fused form, prepared by the kernel, see below):
 //   out[r, h] = softmax_p( scale * q[r, h] . K[src(r, p), h, p] + alibi[h] * (p - (len - 1)) ) . V
-// over p < len = lengths[r], where src(r, p) = cache_indir[r, p] when given (beam search), else
-// row_slot[r] (else r). Lengths are clamped to max_seq; a row whose length is < 1 or whose slot is
-// invalid gets zeros; a key whose indirection slot is invalid is skipped.
+// over p < len = lengths[r] (and p >= len - window when window > 0), where src(r, p) =
+// cache_indir[r, p] when given (beam search), else row_slot[r] (else r). Lengths are clamped to
+// max_seq; a row whose length is < 1 or whose slot is invalid gets zeros; a key whose indirection
+// slot is invalid is skipped.
 //
 // Long caches are split over several blocks per (row, head) (flash-decoding) and merged by a
 // second kernel; the split depends only on (rows, heads, max_seq), so the launch needs no host
@@ -159,6 +163,7 @@ struct DecodeAttentionParams {
   float scale;
   int kv_heads = 0;  // 0: heads; else a divisor of heads (the caches' head count; the fused
                      // form takes multi-head attention only)
+  int window = 0;    // > 0: the row sees its last `window` positions (itself included)
 };
 
 // The fused decode attention's QKV inputs (the kernel takes them as their own argument).
@@ -169,6 +174,7 @@ struct DecodeQkvInputs {
   int rotary_dim;     // as QkvPrepParams
   RotaryStyle rotary_style;
   const float* rotary_inv_freq;  // [rotary_dim / 2] from launch_rotary_inv_freq
+  float rotary_mscale = 1.f;     // as QkvPrepParams
 };
 
 // Decode attention with the QKV preparation fused in (launch_decode_attention_fused; see above).
@@ -182,12 +188,23 @@ struct DecodeAttentionFusedParams : DecodeAttentionParams<T>, DecodeQkvInputs<T>
 cudaError_t launch_rotary_inv_freq(float* out, int rotary_dim, float rotary_base,
                                    cudaStream_t stream);
 
+// A rotary scaling of transformers' rope types (its fields per kind; the others are ignored).
+struct RotaryScaling {
+  enum Kind { kLinear = 1, kLlama3 = 2, kYarn = 3 };
+  int kind = kLinear;
+  float factor = 1.f;  // every kind
+  // llama3: the frequency bands' factors and the pretraining context
+  float low_freq_factor = 1.f, high_freq_factor = 4.f, original_max_position = 0.f;
+  // yarn: the rotary base and the ramp over the pairs, (i - ramp_low) / ramp_span clamped to
+  // [0, 1] (the correction range, computed on the host as transformers does in double)
+  float base = 10000.f, ramp_low = 0.f, ramp_span = 1.f;
+};
+
 // Rescales a frequency table in place as transformers' rope types do (fp32, the same operations
-// in the same order, no contraction): kind 1 "linear" (inv / factor); kind 2 "llama3" (factor,
-// low/high frequency factors, original context). Other kinds return cudaErrorInvalidValue.
-cudaError_t launch_rotary_scale(float* inv_freq, int rotary_dim, int kind, float factor,
-                                float low_freq_factor, float high_freq_factor,
-                                float original_max_position, cudaStream_t stream);
+// in the same order, no contraction); yarn recomputes each frequency from the base. Invalid
+// fields return cudaErrorInvalidValue. (yarn's attention factor is rotary_mscale, not here.)
+cudaError_t launch_rotary_scale(float* inv_freq, int rotary_dim, const RotaryScaling& r,
+                                cudaStream_t stream);
 
 // Number of key chunks each (row, head) is split into (1 = no split, no workspace).
 int decode_attention_num_splits(int rows, int heads, int max_seq);

@@ -68,19 +68,31 @@ __device__ __forceinline__ void rotate(float x, float y, float c, float s, float
 // cos/sin of position `pos` for the rot_half frequencies, spread over the block's threads (the
 // caller synchronises before reading them).
 // inv_freq: the model's frequency table (launch_rotary_inv_freq, then any scaling), or null to
-// form the unscaled frequencies here.
+// form the unscaled frequencies here; mscale: the factor on cos and sin (yarn's attention factor).
 __device__ __forceinline__ void rotary_table(int pos, int rot_half, int rotary_dim, float base,
                                              float* cos_s, float* sin_s,
-                                             const float* inv_freq = nullptr) {
+                                             const float* inv_freq = nullptr, float mscale = 1.f) {
   for (int i = threadIdx.x; i < rot_half; i += blockDim.x) {
     // fp32 angle from one fp32 multiply, as HF's `position.float() * inv_freq`.
     const float f = inv_freq != nullptr ? inv_freq[i] : rotary_inv_freq(i, rotary_dim, base);
     const float angle = static_cast<float>(pos) * f;
     float s, c;
     sincosf(angle, &s, &c);
-    cos_s[i] = c;
-    sin_s[i] = s;
+    cos_s[i] = __fmul_rn(c, mscale);
+    sin_s[i] = __fmul_rn(s, mscale);
   }
+}
+
+// Sliding window (window > 0): whether key position k lies before the window of query position q
+// (q - window < k <= q is inside).
+__device__ __forceinline__ bool outside_window(int window, int k, int q) {
+  return window > 0 && k <= q - window;
+}
+
+// The first key tile (of `tile` keys) a block of queries starting at position q0 needs: 0, or
+// with a window the tile holding q0's first visible key.
+__device__ __forceinline__ int first_key_tile(int window, int q0, int tile) {
+  return window > 0 ? max(0, q0 - window + 1) / tile * tile : 0;
 }
 
 // exp(x - m) that is 0 (not NaN) when both are -inf.

@@ -114,7 +114,7 @@ __global__ void __launch_bounds__(kThreads)
   const T* __restrict__ kbase = p.k_cache + head_off;
   const T* __restrict__ vbase = p.v_cache + head_off;
 
-  for (int k0 = 0; k0 < n_keys; k0 += kBK) {
+  for (int k0 = attn::first_key_tile(p.window, q0, kBK); k0 < n_keys; k0 += kBK) {
     __syncthreads();  // the previous tile's K/V (and, first time, nothing) are no longer read
     for (int idx = tid; idx < kBK * NV; idx += kThreads) {
       const int r = idx / NV;
@@ -159,7 +159,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         const int k_pos = k0 + cg + c * kColGroups;
-        if (k_pos > q_pos || k_pos >= n_keys) {
+        if (k_pos > q_pos || k_pos >= n_keys || attn::outside_window(p.window, k_pos, q_pos)) {
           s[i][c] = -INFINITY;
         } else {
           s[i][c] += slope * static_cast<float>(k_pos - q_pos);
@@ -281,7 +281,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   const T* __restrict__ vbase = p.v_cache + head_off;
   const int mat = lane >> 3, mrow = lane & 7;  // the ldmatrix tile and row this lane addresses
 
-  for (int k0 = 0; k0 < n_keys; k0 += kMmaBK) {
+  for (int k0 = attn::first_key_tile(p.window, q0, kMmaBK); k0 < n_keys; k0 += kMmaBK) {
     __syncthreads();  // the previous tile's K/V are no longer read
     for (int idx = tid; idx < kMmaBK * CH; idx += kMmaWarps * 32) {
       const int r = idx / CH;
@@ -318,14 +318,17 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
     // diagonal tiles of a long prompt) needs no mask, and without ALiBi no bias either: those
     // tiles skip that arithmetic. The tests are warp-uniform, and the scores keep their bits (a
     // zero bias term adds nothing).
-    const bool masked = k0 + kMmaBK - 1 > q0 + warp * 16 || k0 + kMmaBK > n_keys;
+    const bool masked = k0 + kMmaBK - 1 > q0 + warp * 16 || k0 + kMmaBK > n_keys ||
+                        attn::outside_window(p.window, k0, q0 + warp * 16 + 15);
     float mx_a = -INFINITY, mx_b = -INFINITY;
     auto score = [&](int nt, int i, bool mask, bool bias) {
       const int key = k0 + nt * 8 + 2 * q + (i & 1);
       const int pos = i < 2 ? pos_a : pos_b;
       float v = s[nt][i] * p.scale;
       if (bias) v = v + slope * static_cast<float>(key - pos);
-      v = mask && (key > pos || key >= n_keys) ? -INFINITY : v * kLog2e;
+      v = mask && (key > pos || key >= n_keys || attn::outside_window(p.window, key, pos))
+              ? -INFINITY
+              : v * kLog2e;
       s[nt][i] = v;
       if (i < 2)
         mx_a = fmaxf(mx_a, v);
@@ -356,18 +359,21 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
       mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, off));
       mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, off));
     }
-    // Every row has a key at or before its position in its first tile, so the maxima are finite.
+    // Without a window every row has a key at or before its position in its first tile, so the
+    // maxima are finite; with one, a row may meet a tile of only masked keys first, whose
+    // maximum stays -inf: it shifts by 0 instead (every term then 0, not NaN).
     const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
-    const float alpha_a = exp2f(m_a - mn_a), alpha_b = exp2f(m_b - mn_b);
+    const float sh_a = mn_a == -INFINITY ? 0.f : mn_a, sh_b = mn_b == -INFINITY ? 0.f : mn_b;
+    const float alpha_a = exp2f(m_a - sh_a), alpha_b = exp2f(m_b - sh_b);
     m_a = mn_a;
     m_b = mn_b;
     float sum_a = 0.f, sum_b = 0.f;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
-      s[nt][0] = exp2f(s[nt][0] - mn_a);
-      s[nt][1] = exp2f(s[nt][1] - mn_a);
-      s[nt][2] = exp2f(s[nt][2] - mn_b);
-      s[nt][3] = exp2f(s[nt][3] - mn_b);
+      s[nt][0] = exp2f(s[nt][0] - sh_a);
+      s[nt][1] = exp2f(s[nt][1] - sh_a);
+      s[nt][2] = exp2f(s[nt][2] - sh_b);
+      s[nt][3] = exp2f(s[nt][3] - sh_b);
       sum_a += s[nt][0] + s[nt][1];
       sum_b += s[nt][2] + s[nt][3];
     }
@@ -457,9 +463,10 @@ cudaError_t launch_for_dim(const ContextAttentionParams<T>& p, cudaStream_t stre
 template <typename T>
 cudaError_t launch_context_attention(const ContextAttentionParams<T>& p, cudaStream_t stream) {
   if (p.batch < 0 || p.batch > 65535 || p.heads <= 0 || p.heads > 65535 || p.kv_heads < 0 ||
-      (p.kv_heads > 0 && p.heads % p.kv_heads != 0) || p.num_slots < 0 || p.max_seq < 0 ||
-      p.max_seqlen < 0 || p.out == nullptr || p.q == nullptr || p.k_cache == nullptr ||
-      p.v_cache == nullptr || p.cu_seqlens == nullptr || p.seq_slot == nullptr) {
+      p.window < 0 || (p.kv_heads > 0 && p.heads % p.kv_heads != 0) || p.num_slots < 0 ||
+      p.max_seq < 0 || p.max_seqlen < 0 || p.out == nullptr || p.q == nullptr ||
+      p.k_cache == nullptr || p.v_cache == nullptr || p.cu_seqlens == nullptr ||
+      p.seq_slot == nullptr) {
     return cudaErrorInvalidValue;
   }
   // 16-byte vector loads of q and of the cache rows.

@@ -109,6 +109,8 @@ __device__ __forceinline__ void prepare_new_token(const DecodeAttentionParams<T>
     if (rot) {
       float sn, cs;
       sincosf(static_cast<float>(pos) * t.inv_freq, &sn, &cs);
+      cs = __fmul_rn(cs, f.rotary_mscale);
+      sn = __fmul_rn(sn, f.rotary_mscale);
       attn::rotate(t.qa, t.qb, cs, sn, qx, qy);
       attn::rotate(t.ka, t.kb, cs, sn, kx, ky);
     }
@@ -181,8 +183,9 @@ __global__ void __launch_bounds__(kThreads, FUSED ? (EARLY ? 2 : 3) : 4)
   const int len = min(new_pos + 1, p.max_seq);
   const int slot = p.row_slot != nullptr ? p.row_slot[row] : row;
   const bool row_ok = len >= 1 && slot >= 0 && slot < p.num_slots;
-  const int start = split * chunk;
-  const int end = row_ok ? min(len, start + chunk) : 0;
+  // A window starts the row's keys at len - window: chunks wholly before it attend to nothing.
+  const int start = max(split * chunk, p.window > 0 ? len - p.window : 0);
+  const int end = row_ok ? min(len, split * chunk + chunk) : 0;
   // Query head h reads key/value head h / group (grouped-query attention; the fused kernel takes
   // multi-head attention only). The head's offset goes into the cache bases once, so the key
   // loop carries no more live values than with multi-head attention.
@@ -461,7 +464,7 @@ namespace {
 // Checks shared by both launchers; on success *splits is the key split.
 template <typename T>
 cudaError_t check_decode(const DecodeAttentionParams<T>& p, bool need_q, int* splits) {
-  if (p.rows < 0 || p.rows > 65535 || p.heads <= 0 || p.kv_heads < 0 ||
+  if (p.rows < 0 || p.rows > 65535 || p.heads <= 0 || p.kv_heads < 0 || p.window < 0 ||
       (p.kv_heads > 0 && p.heads % p.kv_heads != 0) || p.num_slots < 0 || p.max_seq < 0 ||
       p.out == nullptr || (need_q && p.q == nullptr) || p.k_cache == nullptr ||
       p.v_cache == nullptr || p.lengths == nullptr) {

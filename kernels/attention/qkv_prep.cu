@@ -32,7 +32,8 @@ __global__ void __launch_bounds__(kPrepThreads) qkv_prep_kernel(const QkvPrepPar
   const int slot = p.token_slot[t];
   const bool write_cache = slot >= 0 && slot < p.num_slots && pos >= 0 && pos < p.max_seq;
 
-  attn::rotary_table(pos, rot_half, p.rotary_dim, p.rotary_base, cos_s, sin_s, p.rotary_inv_freq);
+  attn::rotary_table(pos, rot_half, p.rotary_dim, p.rotary_base, cos_s, sin_s, p.rotary_inv_freq,
+                     p.rotary_mscale);
   __syncthreads();
 
   const int64_t row = static_cast<int64_t>(heads) * hd;   // elements of q per token
@@ -136,16 +137,34 @@ __global__ void rotary_inv_freq_kernel(float* out, int rotary_dim, float rotary_
   if (i < rotary_dim / 2) out[i] = attn::rotary_inv_freq(i, rotary_dim, rotary_base);
 }
 
-// HF's _compute_linear_scaling_rope_parameters / _compute_llama3_parameters on one frequency.
-__global__ void rotary_scale_kernel(float* inv_freq, int half, int kind, float factor, float low,
-                                    float high, float original) {
+// transformers' linear, llama3 and yarn rope parameters on one frequency (see RotaryScaling),
+// every operation rounded as its fp32 tensor arithmetic rounds (no contraction).
+__global__ void rotary_scale_kernel(float* inv_freq, int half, RotaryScaling r, int rotary_dim) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= half) return;
   const float f = inv_freq[i];
-  if (kind == 1) {
+  const float factor = r.factor;
+  if (r.kind == RotaryScaling::kLinear) {
     inv_freq[i] = __fdiv_rn(f, factor);
     return;
   }
+  if (r.kind == RotaryScaling::kYarn) {
+    // pos_freq = base^(2i/dim) as HF's fp32 power; a ramp over the pairs between the correction
+    // dims blends the interpolated (1 / (factor pos_freq)) and extrapolated (1 / pos_freq) ones.
+    const float expo = static_cast<float>(2 * i) / static_cast<float>(rotary_dim);
+    const float pos_freq =
+        static_cast<float>(pow(static_cast<double>(r.base), static_cast<double>(expo)));
+    const float ramp = fminf(
+        fmaxf(__fdiv_rn(__fsub_rn(static_cast<float>(i), r.ramp_low), r.ramp_span), 0.f), 1.f);
+    const float extrapolate = __fsub_rn(1.f, ramp);
+    const float interp = __fdiv_rn(1.f, __fmul_rn(factor, pos_freq));
+    const float extrap = __fdiv_rn(1.f, pos_freq);
+    inv_freq[i] =
+        __fadd_rn(__fmul_rn(interp, __fsub_rn(1.f, extrapolate)), __fmul_rn(extrap, extrapolate));
+    return;
+  }
+  const float low = r.low_freq_factor, high = r.high_freq_factor,
+              original = r.original_max_position;
   const float two_pi = static_cast<float>(2.0 * 3.14159265358979323846);
   const float wavelen = __fdiv_rn(two_pi, f);
   const float low_wavelen = __fdiv_rn(original, low), high_wavelen = __fdiv_rn(original, high);
@@ -160,17 +179,17 @@ __global__ void rotary_scale_kernel(float* inv_freq, int half, int kind, float f
 
 }  // namespace
 
-cudaError_t launch_rotary_scale(float* inv_freq, int rotary_dim, int kind, float factor,
-                                float low_freq_factor, float high_freq_factor,
-                                float original_max_position, cudaStream_t stream) {
-  if (inv_freq == nullptr || rotary_dim <= 0 || rotary_dim % 2 != 0 || (kind != 1 && kind != 2) ||
-      !(factor > 0.f) ||
-      (kind == 2 && (!(original_max_position > 0.f) || !(high_freq_factor > low_freq_factor)))) {
+cudaError_t launch_rotary_scale(float* inv_freq, int rotary_dim, const RotaryScaling& r,
+                                cudaStream_t stream) {
+  const bool ok = r.kind == RotaryScaling::kLinear ||
+                  (r.kind == RotaryScaling::kLlama3 && r.original_max_position > 0.f &&
+                   r.high_freq_factor > r.low_freq_factor) ||
+                  (r.kind == RotaryScaling::kYarn && r.base > 0.f && r.ramp_span > 0.f);
+  if (inv_freq == nullptr || rotary_dim <= 0 || rotary_dim % 2 != 0 || !ok || !(r.factor > 0.f)) {
     return cudaErrorInvalidValue;
   }
   const int half = rotary_dim / 2;
-  rotary_scale_kernel<<<ceil_div(half, 128), 128, 0, stream>>>(
-      inv_freq, half, kind, factor, low_freq_factor, high_freq_factor, original_max_position);
+  rotary_scale_kernel<<<ceil_div(half, 128), 128, 0, stream>>>(inv_freq, half, r, rotary_dim);
   return cudaGetLastError();
 }
 

@@ -26,21 +26,22 @@ def _qkv_rotary_cache_fake(qkv, bias, k_cache, v_cache, token_slot, token_pos, r
 
 @register_fake("warpformer::context_attention")
 def _context_attention_fake(q, k_cache, v_cache, cu_seqlens, seq_slot, alibi_slopes, scale,
-                            max_seqlen):
+                            max_seqlen, window=0):
     torch._check(q.dim() == 3, lambda: "warpformer.context_attention: q must be 3-dimensional")
     return q.new_empty(q.shape)
 
 
 @register_fake("warpformer::decode_attention")
 def _decode_attention_fake(q, k_cache, v_cache, row_slot, lengths, cache_indir, alibi_slopes,
-                           scale):
+                           scale, window=0):
     torch._check(q.dim() == 3, lambda: "warpformer.decode_attention: q must be 3-dimensional")
     return q.new_empty(q.shape)
 
 
 @register_fake("warpformer::decode_attention_fused")
 def _decode_attention_fused_fake(qkv, bias, k_cache, v_cache, row_slot, lengths, cache_indir,
-                                 alibi_slopes, scale, rotary_dim, rotary_style, rotary_base):
+                                 alibi_slopes, scale, rotary_dim, rotary_style, rotary_base,
+                                 window=0):
     torch._check(qkv.dim() == 4,
                  lambda: "warpformer.decode_attention_fused: qkv must be 4-dimensional")
     return qkv.new_empty((qkv.shape[0], qkv.shape[2], qkv.shape[3]))

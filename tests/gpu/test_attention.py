@@ -63,9 +63,10 @@ def rotary_ref(x: torch.Tensor, pos: torch.Tensor, rotary_dim: int, style: str,
 
 
 def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                  slopes: torch.Tensor | None = None) -> torch.Tensor:
+                  slopes: torch.Tensor | None = None, window: int = 0) -> torch.Tensor:
     """Causal attention of the S newest positions: q [S, H, D] at positions L-S .. L-1, k/v
-    [L, H, D]. Scores and p @ v in q's dtype, ALiBi and softmax in fp32 (float64 for float64)."""
+    [L, H, D]; window > 0: only the last `window` positions of each query. Scores and p @ v in
+    q's dtype, ALiBi and softmax in fp32 (float64 for float64)."""
     S, L = q.shape[0], k.shape[0]
     qh, kh, vh = (t.transpose(0, 1) for t in (q, k, v))
     s = torch.matmul(qh, kh.transpose(1, 2)) * scale
@@ -76,6 +77,8 @@ def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
     if slopes is not None:
         s = s + slopes.to(s.dtype)[:, None, None] * rel[None]
     s = s.masked_fill(rel[None] > 0, float("-inf"))
+    if window > 0:
+        s = s.masked_fill(rel[None] <= -window, float("-inf"))
     p = torch.softmax(s, dim=-1).to(q.dtype)
     return torch.matmul(p, vh).transpose(0, 1)
 
@@ -708,3 +711,91 @@ def test_grouped_query_refusals(seed) -> None:
     with pytest.raises(RuntimeError, match="writes caches of its heads"):
         ops.qkv_rotary_cache(qkv, None, kc2, vc2, torch.zeros(2, dtype=torch.int32, device=DEV),
                              torch.zeros(2, dtype=torch.int32, device=DEV), 0, "none", 10000.0)
+
+
+# ---- sliding window (window > 0: a query sees its last `window` positions) ----------------------
+@pytest.mark.parametrize("window", [1, 5, 64, 100, 5000])
+@pytest.mark.parametrize("hd", [64, 128, 256])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_context_attention_window(dtype, hd, window, seed) -> None:
+    """Against the windowed reference, grouped caches and ALiBi included: windows shorter than a
+    key tile, one tile, across tiles, longer than every sequence (= no window)."""
+    heads, kv_heads, slots, max_seq = 8, 2, 6, 1100
+    seq_slot, lens = [5, 0, 3, 2], [1, 70, 300, 1025]
+    cu = [0, *itertools.accumulate(lens)]
+    kc = torch.zeros(slots, kv_heads, max_seq, hd, device=DEV, dtype=dtype)
+    vc = torch.zeros_like(kc)
+    fill_cache(kc, vc, seq_slot, lens)
+    q = rand(cu[-1], heads, hd, dtype=dtype, scale=2.0)
+    scale = 1.0 / math.sqrt(hd)
+    cu_t = torch.tensor(cu, dtype=torch.int32, device=DEV)
+    slot_t = torch.tensor(seq_slot, dtype=torch.int32, device=DEV)
+    group = heads // kv_heads
+    for slopes in (None, slopes_for(heads)):
+        poison((cu[-1], heads, hd), dtype)
+        out = ops.context_attention(q, kc, vc, cu_t, slot_t, slopes, scale, max(lens), window)
+        ref64, ref_lp = [], []
+        for b, n in enumerate(lens):
+            qb = q[cu[b]:cu[b + 1]]
+            kb = cache_rows(_expand_kv(kc, group), seq_slot[b], n)
+            vb = cache_rows(_expand_kv(vc, group), seq_slot[b], n)
+            ref64.append(attention_ref(qb.double(), kb.double(), vb.double(), scale, slopes,
+                                       window))
+            ref_lp.append(attention_ref(qb, kb, vb, scale, slopes, window))
+        check_attention(out, torch.cat(ref64), torch.cat(ref_lp), dtype,
+                        f"context_attention window={window} alibi={slopes is not None}")
+    if window >= max(lens):  # a window past every sequence is no window, bit for bit
+        torch.testing.assert_close(
+            out, ops.context_attention(q, kc, vc, cu_t, slot_t, slopes, scale, max(lens)),
+            rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("window", [1, 7, 100, 3000])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_attention_window(dtype, window, seed) -> None:
+    """Short and split-KV rows (chunks wholly before the window attend to nothing), grouped caches
+    and a beam indirection, against the windowed reference; the fused op equals the unfused ones
+    with the same window, bit for bit."""
+    heads, kv_heads, hd, slots, max_seq = 8, 2, 128, 5, 4200
+    lengths, row_slot = [1, 9, 4100, 2049, 513], [3, 0, 4, 1, 2]
+    kc = torch.zeros(slots, kv_heads, max_seq, hd, device=DEV, dtype=dtype)
+    vc = torch.zeros_like(kc)
+    fill_cache(kc, vc, list(range(slots)), [max_seq] * slots)
+    q = rand(len(lengths), heads, hd, dtype=dtype, scale=2.0)
+    scale = 1.0 / math.sqrt(hd)
+    slot_t = torch.tensor(row_slot, dtype=torch.int32, device=DEV)
+    len_t = torch.tensor(lengths, dtype=torch.int32, device=DEV)
+    indir = torch.randint(0, slots, (len(lengths), max_seq), dtype=torch.int32, device=DEV)
+    group = heads // kv_heads
+    kx, vx = _expand_kv(kc, group), _expand_kv(vc, group)
+    for ind in (None, indir):
+        out = ops.decode_attention(q, kc, vc, slot_t, len_t, ind, None, scale, window)
+        ref64, ref_lp = [], []
+        for r, n in enumerate(lengths):
+            src = ind[r, :n].long() if ind is not None else torch.full((n,), row_slot[r],
+                                                                       device=DEV)
+            pos = torch.arange(n, device=DEV)
+            kr, vr = kx[src, :, pos], vx[src, :, pos]
+            ref64.append(attention_ref(q[r:r + 1].double(), kr.double(), vr.double(), scale,
+                                       None, window))
+            ref_lp.append(attention_ref(q[r:r + 1], kr, vr, scale, None, window))
+        check_attention(out, torch.cat(ref64), torch.cat(ref_lp), dtype,
+                        f"decode_attention window={window} indir={ind is not None}")
+    # Fused (multi-head caches) against the unfused ops with the same window.
+    kc_m, vc_m = kx.contiguous(), vx.contiguous()
+    kc2, vc2 = kc_m.clone(), vc_m.clone()
+    qkv = rand(len(lengths), 3, heads, hd, dtype=dtype, scale=2.0)
+    q_m = ops.qkv_rotary_cache(qkv, None, kc_m, vc_m, slot_t, len_t - 1, hd, "half", 10000.0)
+    ref = ops.decode_attention(q_m, kc_m, vc_m, slot_t, len_t, None, None, scale, window)
+    out = ops.decode_attention_fused(qkv, None, kc2, vc2, slot_t, len_t, None, None, scale, hd,
+                                     "half", 10000.0, window)
+    exactly_equal(out, ref, f"fused window={window}")
+    exactly_equal(kc2, kc_m, "fused window k_cache")
+
+
+def test_attention_window_refused_when_negative(seed) -> None:
+    kc, vc = nan_cache(2, 4, 16, 64, torch.float16)
+    q = rand(2, 4, 64, dtype=torch.float16)
+    lens = torch.tensor([3, 4], dtype=torch.int32, device=DEV)
+    with pytest.raises(RuntimeError, match=r"decode_attention: window must be 0 \(no window\)"):
+        ops.decode_attention(q, kc, vc, None, lens, None, None, 0.125, -1)

@@ -1,9 +1,10 @@
 """The CUDA engine on LLaMA-style decoders against HF (issue 54): random-init Llama (grouped-query
-attention, 8 query heads over 2 K/V heads, and multi-query), and Qwen2 (q/k/v biases, tied
-embeddings), head size 64, converted at tensor_para_size 1: RMSNorm blocks, the gated SiLU MLP,
-"half" rotary on the whole head, Llama 3's rotary scaling. fp32 prompt logits equal HF's to 1e-4 of
-their range and greedy tokens HF's generate; fp16 logits within 2x HF fp16's own error against HF
-fp32. (Sliding windows, dynamic and yarn scaling are still refused: tests/test_llama.py.)"""
+attention, 8 query heads over 2 K/V heads, and multi-query), Mistral (a sliding window of 16,
+shorter than the prompts and the generations) and Qwen2 (q/k/v biases, tied embeddings), head
+size 64, converted at tensor_para_size 1: RMSNorm blocks, the gated SiLU MLP, "half" rotary on
+the whole head, rotary scaling llama3, yarn (its attention factor on cos/sin) and dynamic. fp32
+prompt logits equal HF's to 1e-4 of their range and greedy tokens HF's generate; fp16 logits
+within 2x HF fp16's own error against HF fp32."""
 
 from __future__ import annotations
 
@@ -32,6 +33,17 @@ CASES = {
                           "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
                           "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                           "original_max_position_embeddings": 32})),
+    # yarn's ramp inside the head (pretraining context 32), attention factor 1 + 0.1 ln 4.
+    "llama-yarn": (transformers.LlamaConfig, transformers.LlamaForCausalLM,
+                   dict(num_key_value_heads=4, rope_parameters={
+                       "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                       "original_max_position_embeddings": 32})),
+    # dynamic: the unscaled rotary up to max_position_embeddings (256 here)
+    "llama-dynamic": (transformers.LlamaConfig, transformers.LlamaForCausalLM,
+                      dict(num_key_value_heads=2, rope_parameters={
+                          "rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0})),
+    "mistral-window": (transformers.MistralConfig, transformers.MistralForCausalLM,
+                       dict(num_key_value_heads=2, sliding_window=16)),
 }
 
 
@@ -100,7 +112,7 @@ def test_logits_and_greedy_equal_hf(folders, name):
     assert same >= 0.9 * total, (name, same, total)  # fp16 rounding may flip a rare near tie
 
 
-@pytest.mark.parametrize("name", ["llama-gqa", "qwen2-tied"])
+@pytest.mark.parametrize("name", ["llama-gqa", "qwen2-tied", "mistral-window"])
 def test_fp16_logits_within_twice_hf_error(folders, name):
     model, folder = folders[name]
     ids = torch.randint(3, 1000, (2, 33), generator=torch.Generator().manual_seed(4)).cuda()
@@ -113,3 +125,12 @@ def test_fp16_logits_within_twice_hf_error(folders, name):
     hf_err = float((hf16 - ref).abs().max())
     err = float((got - ref).abs().max())
     assert err <= 2 * hf_err + 1e-3, (name, err, hf_err)
+
+
+def test_dynamic_scaling_past_its_context_is_refused(folders):
+    _, folder = folders["llama-dynamic"]
+    with pytest.raises(RuntimeError, match=r"rope_scaling_type dynamic runs as the unscaled "
+                                           r"rotary.*max_seq_len \(300\) exceeds it: use "
+                                           r"max_seq_len <= 256 or backend='reference'"):
+        GPT.from_pretrained(folder, backend="cuda", dtype=torch.float32, max_batch=1,
+                            max_seq_len=300)

@@ -23,6 +23,13 @@ kernels::Activation config_activation(const std::string& name) {
               ": activation_type must be one of gelu_tanh, gelu_erf, relu, silu; got '", name, "'");
 }
 
+// A rotary scaling's parameters are usable: a positive factor, and the pretraining context for
+// the kinds that read it.
+bool rope_scaling_usable(const GptConfig& c) {
+  return c.rope_scaling_factor > 0 &&
+         (c.rope_scaling_type == "linear" || c.rope_scaling_original_max_position > 0);
+}
+
 }  // namespace
 
 GptConfig GptConfig::from_json(const std::string& json, int64_t tensor_para_rank,
@@ -80,6 +87,10 @@ GptConfig GptConfig::from_json(const std::string& json, int64_t tensor_para_rank
   c.rope_scaling_low_freq_factor = j.get_double("rope_scaling_low_freq_factor", 1.0);
   c.rope_scaling_high_freq_factor = j.get_double("rope_scaling_high_freq_factor", 4.0);
   c.rope_scaling_original_max_position = j.get_int("rope_scaling_original_max_position", 0);
+  c.rope_scaling_beta_fast = j.get_double("rope_scaling_beta_fast", 32.0);
+  c.rope_scaling_beta_slow = j.get_double("rope_scaling_beta_slow", 1.0);
+  c.rope_scaling_attention_factor = j.get_double("rope_scaling_attention_factor", 1.0);
+  c.rope_scaling_truncate = j.get_bool("rope_scaling_truncate", true);
   c.tensor_para_rank = tensor_para_rank;
   c.pipeline_para_size = pipeline_para_size;
   c.pipeline_para_rank = pipeline_para_rank;
@@ -136,18 +147,17 @@ GptConfig GptConfig::from_json(const std::string& json, int64_t tensor_para_rank
               ") and tensor_para_size (", tp, ") must divide one another");
   TORCH_CHECK(c.sliding_window >= 0, kWhat, ": sliding_window must be >= 0, got ",
               c.sliding_window);
-  if (engine) {
-    // Format features whose kernels are not in the engine yet: the reference backend runs them.
-    const char* missing = c.use_gated_activation && (c.parallel_residual || !c.pre_layernorm)
-                              ? "a gated MLP beside the attention or after a post-norm"
-                          : c.sliding_window > 0 ? "a sliding attention window"
-                          : c.rope_scaling_type != "none" && c.rope_scaling_type != "linear" &&
-                                  c.rope_scaling_type != "llama3"
-                              ? "rotary scaling other than linear and llama3 (rope_scaling_type)"
-                              : nullptr;
-    TORCH_CHECK(missing == nullptr, kWhat, ": ", missing,
-                " is not supported by the CUDA engine yet; backend='reference' runs this model");
-  }
+  const std::string& rope = c.rope_scaling_type;
+  TORCH_CHECK(
+      rope == "none" || rope == "linear" || rope == "dynamic" || rope == "llama3" || rope == "yarn",
+      kWhat, ": rope_scaling_type must be none, linear, dynamic, llama3 or yarn, got '", rope, "'");
+  TORCH_CHECK(rope == "none" || rope_scaling_usable(c), kWhat, ": rope_scaling_type ", rope,
+              " needs rope_scaling_factor > 0 and, except linear, "
+              "rope_scaling_original_max_position > 0");
+  // Format features whose kernels are not in the engine yet: the reference backend runs them.
+  TORCH_CHECK(!engine || !c.use_gated_activation || (!c.parallel_residual && c.pre_layernorm),
+              kWhat, ": a gated MLP beside the attention or after a post-norm is not supported by ",
+              "the CUDA engine yet; backend='reference' runs this model");
   return c;
 }
 
@@ -175,6 +185,8 @@ layers::LayerSpec layer_spec(const GptConfig& c) {
   s.rotary_dim = c.rotary_embedding_dim;
   s.rotary_style = c.rotary_style;
   s.rotary_base = static_cast<float>(c.rotary_base);
+  s.rotary_mscale =
+      c.rope_scaling_type == "yarn" ? static_cast<float>(c.rope_scaling_attention_factor) : 1.f;
   return s;
 }
 

@@ -55,7 +55,8 @@ struct GptConfig {
   // LLaMA-style decoders (docs/FORMAT.md): RMSNorm pre-norm blocks, a gated MLP (a gate weight
   // whose activation multiplies the up product), grouped-query attention (kv_head_num key/value
   // heads; QKV files hold each rank's Q, K, V heads), optional biases, a sliding attention window
-  // and rotary scaling. The engine refuses what its kernels do not run yet (from_json, engine).
+  // and rotary scaling ("dynamic" equals the unscaled rotary up to its original context, past
+  // which the engine refuses a call: GptModel::check_positions).
   bool rmsnorm = false;
   int64_t kv_head_num = 0;  // 0: head_num
   bool use_gated_activation = false;
@@ -67,6 +68,10 @@ struct GptConfig {
   double rope_scaling_low_freq_factor = 1.0;
   double rope_scaling_high_freq_factor = 4.0;
   int64_t rope_scaling_original_max_position = 0;
+  double rope_scaling_beta_fast = 32.0;  // yarn
+  double rope_scaling_beta_slow = 1.0;
+  double rope_scaling_attention_factor = 1.0;
+  bool rope_scaling_truncate = true;
 
   // this rank
   int64_t tensor_para_rank = 0;

@@ -5,6 +5,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,16 @@ GptModel::GptModel(GptConfig cfg, GptWeights weights, DType dtype, std::shared_p
     TORCH_CHECK(max_seq_len_ <= cfg_.max_pos_seq_len, "GptModel: max_seq_len (", max_seq_len_,
                 ") exceeds the position table (max_pos_seq_len = ", cfg_.max_pos_seq_len, ")");
   }
+  // transformers' dynamic scaling changes the frequencies once a sequence passes the original
+  // context (and only for the positions after that); up to it, it is the unscaled rotary, which
+  // is what the engine runs.
+  TORCH_CHECK(cfg_.rope_scaling_type != "dynamic" ||
+                  max_seq_len_ <= cfg_.rope_scaling_original_max_position,
+              "GptModel: rope_scaling_type dynamic runs as the unscaled rotary, equal to "
+              "transformers' up to rope_scaling_original_max_position = ",
+              cfg_.rope_scaling_original_max_position, "; max_seq_len (", max_seq_len_,
+              ") exceeds it: use max_seq_len <= ", cfg_.rope_scaling_original_max_position,
+              " or backend='reference'");
   TORCH_CHECK(static_cast<int64_t>(w_.layers.size()) == cfg_.end_layer() - cfg_.first_layer(),
               "GptModel: got ", w_.layers.size(), " layers of weights for a stage of ",
               cfg_.end_layer() - cfg_.first_layer());
@@ -59,13 +70,38 @@ GptModel::GptModel(GptConfig cfg, GptWeights weights, DType dtype, std::shared_p
     rotary_inv_freq_ = DeviceBuffer(ctx_->allocator(), rd / 2 * sizeof(float), ctx_->stream());
     WF_CUDA_CHECK(kernels::launch_rotary_inv_freq(
         rotary_inv_freq_.as<float>(), rd, static_cast<float>(cfg_.rotary_base), ctx_->stream()));
-    if (cfg_.rope_scaling_type == "linear" || cfg_.rope_scaling_type == "llama3") {
-      WF_CUDA_CHECK(kernels::launch_rotary_scale(
-          rotary_inv_freq_.as<float>(), rd, cfg_.rope_scaling_type == "linear" ? 1 : 2,
-          static_cast<float>(cfg_.rope_scaling_factor),
-          static_cast<float>(cfg_.rope_scaling_low_freq_factor),
-          static_cast<float>(cfg_.rope_scaling_high_freq_factor),
-          static_cast<float>(cfg_.rope_scaling_original_max_position), ctx_->stream()));
+    const std::string& kind = cfg_.rope_scaling_type;
+    if (kind == "linear" || kind == "llama3" || kind == "yarn") {
+      kernels::RotaryScaling r;
+      r.kind = kind == "linear"   ? kernels::RotaryScaling::kLinear
+               : kind == "llama3" ? kernels::RotaryScaling::kLlama3
+                                  : kernels::RotaryScaling::kYarn;
+      r.factor = static_cast<float>(cfg_.rope_scaling_factor);
+      r.low_freq_factor = static_cast<float>(cfg_.rope_scaling_low_freq_factor);
+      r.high_freq_factor = static_cast<float>(cfg_.rope_scaling_high_freq_factor);
+      r.original_max_position = static_cast<float>(cfg_.rope_scaling_original_max_position);
+      r.base = static_cast<float>(cfg_.rotary_base);
+      if (r.kind == kernels::RotaryScaling::kYarn) {
+        // transformers' correction range, in double as Python computes it: the pairs whose
+        // wavelength turns beta_fast .. beta_slow times over the original context.
+        const double base = cfg_.rotary_base, orig = static_cast<double>(r.original_max_position);
+        const auto correction = [&](double rotations) {
+          return rd * std::log(orig / (rotations * 2 * M_PI)) / (2 * std::log(base));
+        };
+        double lo = correction(cfg_.rope_scaling_beta_fast);
+        double hi = correction(cfg_.rope_scaling_beta_slow);
+        if (cfg_.rope_scaling_truncate) {
+          lo = std::floor(lo);
+          hi = std::ceil(hi);
+        }
+        lo = std::max(lo, 0.0);
+        hi = std::min(hi, static_cast<double>(rd - 1));
+        if (lo == hi) hi += 0.001;
+        r.ramp_low = static_cast<float>(lo);
+        r.ramp_span = static_cast<float>(hi - lo);
+      }
+      WF_CUDA_CHECK(
+          kernels::launch_rotary_scale(rotary_inv_freq_.as<float>(), rd, r, ctx_->stream()));
     }
   }
 }
@@ -161,6 +197,7 @@ void GptModel::run_layers(int64_t tokens, const layers::AttentionInputs& base) {
   layers::ResidualStream stream{b.x};
   for (int64_t l = 0; l < n_local; ++l) {
     layers::AttentionInputs ai = base;
+    ai.window = static_cast<int>(std::min<int64_t>(cfg_.sliding_window, INT32_MAX));
     ai.k_cache = static_cast<char*>(kv_.data()) + (2 * l) * layer_kv;
     ai.v_cache = static_cast<char*>(kv_.data()) + (2 * l + 1) * layer_kv;
     layers::NextNorm next;
