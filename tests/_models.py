@@ -262,6 +262,7 @@ ARCH_CLASSES = {
     transformers.BloomConfig: transformers.BloomForCausalLM,
     transformers.GPTJConfig: transformers.GPTJForCausalLM,
     transformers.GPTNeoXConfig: transformers.GPTNeoXForCausalLM,
+    transformers.LlamaConfig: transformers.LlamaForCausalLM,
 }
 
 

@@ -168,7 +168,9 @@ def fused_args(**over):
 
 
 @pytest.mark.parametrize("over,msg", [
-    (dict(qkv=torch.zeros(2, 4, 64, dtype=torch.float16)), r"qkv must be 4-dimensional"),
+    # 3-D is the grouped layout [rows, heads + 2 kv_heads, head_dim]: 4 - 2 x 4 leaves no heads
+    (dict(qkv=torch.zeros(2, 4, 64, dtype=torch.float16)), r"qkv must have at least one head"),
+    (dict(qkv=torch.zeros(2, 3, 4, 64, 1, dtype=torch.float16)), r"qkv must be 4-dimensional"),
     (dict(qkv=torch.zeros(2, 2, 4, 64, dtype=torch.float16)), r"qkv.shape\[1\] must be 3"),
     (dict(qkv=torch.zeros(2, 3, 4, 40, dtype=torch.float16)), r"head_dim must be one of 32, 48"),
     (dict(bias=torch.zeros(3, 4, 64)), r"bias must have dtype Half"),

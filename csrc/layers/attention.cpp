@@ -45,10 +45,11 @@ void attention(const LayerContext& lc, const AttentionIO& b, int64_t tokens,
   cudaStream_t stream = lc.ctx->stream();
 
   const float scale = 1.f / std::sqrt(static_cast<float>(hd));
-  if (ai.decode && ai.fused_prep && kv_heads == heads) {  // one kernel: QKV prep + attention
+  if (ai.decode && ai.fused_prep) {  // one kernel: QKV prep + attention
     kernels::DecodeAttentionFusedParams<T> p{};
     static_cast<kernels::DecodeAttentionParams<T>&>(p) =
         decode_params<T>(b, tokens, heads, hd, ai, scale);
+    p.kv_heads = kv_heads;
     p.qkv = static_cast<const T*>(b.qkv);
     p.qkv_bias = static_cast<const T*>(b.qkv_bias);
     p.rotary_dim = static_cast<int>(c.rotary_dim);

@@ -173,6 +173,30 @@ bool paired_products(const LayerContext& lc, const LayerWeights& w, const LayerB
   return true;
 }
 
+// A gated MLP's gate and up products at decode sizes as one GEMV launch (normed_pair, one norm):
+// [f | fu] = [act(ln2(x) @ G + g) | ln2(x) @ U + u]. Returns false, launching nothing, where the
+// GEMV does not run them (many rows, quantized weights, the shapes).
+bool gated_pair(const LayerContext& lc, const LayerWeights& w, const LayerBuffers& b,
+                int64_t tokens, ResidualStream* s) {
+  const LayerSpec& c = *lc.spec;
+  if (tokens > kernels::kGemvMaxRows || w.gate.quantized() || w.fc1.quantized()) return false;
+  const GemmNormedInput in = stream_input(lc, *s, b, tokens, w.ln2.gamma, w.ln2.beta, b.n, false);
+  PairedProduct gate;
+  gate.weight = w.gate.weight;
+  gate.bias = w.gate.bias;
+  gate.out = b.f;
+  gate.n = c.inter;
+  gate.act = c.activation;
+  PairedProduct up;
+  up.weight = w.fc1.weight;
+  up.bias = w.fc1.bias;
+  up.out = b.fu;
+  up.n = c.inter;
+  if (!normed_pair(*lc.gemm, lc.dtype, in, gate, up, NormWeights{}, tokens, c.hidden)) return false;
+  stream_written(in, s);
+  return true;
+}
+
 // The post-norm layer (OPT-350m): y = ln1(x + attn(x) @ Wo + bo); x = ln2(y + mlp(y) + b2);
 // then n = next(x). The stream is always materialised in bufs.x.
 void post_norm_layer(const LayerContext& lc, const LayerWeights& w, const LayerBuffers& b,
@@ -252,9 +276,14 @@ void layer_forward(const LayerContext& lc, const LayerWeights& w, const LayerBuf
   product(lc, b, b.a, w.dense, b.p, tokens);
   s->delta = b.p;
   s->bias = w.dense.bias;
-  if (c.gated) {  // f = act(n @ G + g) * (n @ U + u), n = ln2(x) kept for the second product
-    normed_product(lc, s, b, w.ln2.gamma, w.ln2.beta, b.n, true, w.gate, b.f, tokens, c.activation);
-    run_linear(lc, b, w.fc1, b.n, b.fu, tokens, kernels::Activation::kIdentity);
+  if (c.gated) {  // f = act(n @ G + g) * (n @ U + u), n = ln2(x)
+    // At decode sizes both products stream their weights in one GEMV launch; otherwise the gate
+    // product keeps n for the up product.
+    if (!gated_pair(lc, w, b, tokens, s)) {
+      normed_product(lc, s, b, w.ln2.gamma, w.ln2.beta, b.n, true, w.gate, b.f, tokens,
+                     c.activation);
+      run_linear(lc, b, w.fc1, b.n, b.fu, tokens, kernels::Activation::kIdentity);
+    }
     WF_DISPATCH_FLOATING(lc.dtype, "gated_mlp", [&] {
       WF_CUDA_CHECK(kernels::launch_mul(
           static_cast<scalar_t*>(b.f), static_cast<const scalar_t*>(b.f),

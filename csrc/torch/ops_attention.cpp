@@ -305,8 +305,8 @@ namespace {
 
 // The fused decode attention's QKV preparation (checked by the caller).
 struct FusedPrep {
-  at::Tensor qkv;  // contiguous [rows, 3, heads, head_dim]
-  OptTensor bias;  // contiguous [3, heads, head_dim]
+  at::Tensor qkv;  // contiguous [rows, 3, heads, head_dim] or [rows, heads + 2 kv_heads, head_dim]
+  OptTensor bias;  // contiguous, qkv's shape without the rows
   int rotary_dim;
   kernels::RotaryStyle style;
   float rotary_base;
@@ -494,16 +494,17 @@ at::Tensor decode_attention_fused(const at::Tensor& qkv, const OptTensor& bias, 
                                   const std::string& rotary_style, double rotary_base,
                                   int64_t window) {
   const char* op = "warpformer.decode_attention_fused";
-  const kernels::RotaryStyle style =
-      check_qkv(op, qkv, bias, rotary_dim, rotary_style, rotary_base).style;
-  const int64_t rows = qkv.size(0), heads = qkv.size(2), head_dim = qkv.size(3);
   check_dim(k_cache, 4, op, "k_cache");
-  TORCH_CHECK(k_cache.size(1) == heads, op,
-              ": the fused QKV preparation takes multi-head "
-              "attention (k_cache's heads equal to qkv's ",
-              heads, "), got k_cache shape ", k_cache.sizes(),
-              "; grouped-query attention runs qkv_rotary_cache, then "
-              "decode_attention");
+  // Multi-head attention passes qkv [rows, 3, heads, head_dim]; grouped-query attention
+  // [rows, heads + 2 kv_heads, head_dim] with kv_heads = k_cache's heads.
+  const QkvHeads qh = check_qkv(op, qkv, bias, rotary_dim, rotary_style, rotary_base,
+                                qkv.dim() == 3 ? k_cache.size(1) : 0);
+  const kernels::RotaryStyle style = qh.style;
+  const int64_t rows = qkv.size(0), heads = qh.heads, head_dim = qh.head_dim;
+  TORCH_CHECK(qkv.dim() == 3 || k_cache.size(1) == heads, op,
+              ": a [rows, 3, heads, head_dim] qkv writes caches of its heads (", heads,
+              "), got k_cache shape ", k_cache.sizes(),
+              "; grouped-query attention passes qkv as [rows, heads + 2 kv_heads, head_dim]");
   TORCH_CHECK(rows <= 65535, op, ": qkv must have at most 65535 rows, got shape ", qkv.sizes());
   FusedPrep prep{qkv.contiguous(), bias.has_value() ? OptTensor(bias->contiguous()) : OptTensor(),
                  static_cast<int>(rotary_dim), style, static_cast<float>(rotary_base)};

@@ -161,16 +161,15 @@ struct DecodeAttentionParams {
   int num_slots;
   int max_seq;
   float scale;
-  int kv_heads = 0;  // 0: heads; else a divisor of heads (the caches' head count; the fused
-                     // form takes multi-head attention only)
+  int kv_heads = 0;  // 0: heads; else a divisor of heads (the caches' head count)
   int window = 0;    // > 0: the row sees its last `window` positions (itself included)
 };
 
 // The fused decode attention's QKV inputs (the kernel takes them as their own argument).
 template <typename T>
 struct DecodeQkvInputs {
-  const T* qkv;       // [rows, 3, heads, head_dim] (multi-head attention only)
-  const T* qkv_bias;  // [3, heads, head_dim] or null
+  const T* qkv;       // [rows, heads + 2 kv_heads, head_dim] ([rows, 3, heads, head_dim])
+  const T* qkv_bias;  // [heads + 2 kv_heads, head_dim] or null
   int rotary_dim;     // as QkvPrepParams
   RotaryStyle rotary_style;
   const float* rotary_inv_freq;  // [rotary_dim / 2] from launch_rotary_inv_freq

@@ -66,12 +66,15 @@ __device__ __forceinline__ NewToken load_new_token(const DecodeAttentionParams<T
                                                    const DecodeQkvInputs<T>& f, int row, int h) {
   static_assert(D <= kThreads, "one thread per pair and per element of v");
   NewToken t;
-  const int64_t row_elems = static_cast<int64_t>(p.heads) * D;  // one of q/k/v of a token
-  const T* src = f.qkv + static_cast<int64_t>(row) * 3 * row_elems + static_cast<int64_t>(h) * D;
-  const T* bias = f.qkv_bias != nullptr ? f.qkv_bias + static_cast<int64_t>(h) * D : nullptr;
+  // qkv row [heads + 2 kvh, D]: query head h, then its key and value head h / group (multi-head
+  // attention: [3, heads, D], the same offsets with kvh = heads).
+  const int kvh = p.kv_heads > 0 ? p.kv_heads : p.heads;
+  const int64_t kv = h / (p.heads / kvh);
+  const T* src = f.qkv + static_cast<int64_t>(row) * (p.heads + 2 * kvh) * D;
   auto load = [&](int part, int d) {
-    const int64_t off = part * row_elems + d;
-    return attn::load_biased(src, bias, off, static_cast<int>(off));
+    const int64_t head = part == 0 ? h : p.heads + (part == 1 ? kv : kvh + kv);
+    const int64_t off = head * D + d;
+    return attn::load_biased(src, f.qkv_bias, off, static_cast<int>(off));
   };
   const int rot_half = f.rotary_style == RotaryStyle::kNone ? 0 : f.rotary_dim / 2;
   const int j = threadIdx.x;
@@ -93,11 +96,16 @@ __device__ __forceinline__ void prepare_new_token(const DecodeAttentionParams<T>
                                                   const DecodeQkvInputs<T>& f, const NewToken& t,
                                                   int pos, int h, int slot, int start, int end,
                                                   float* q_s, T* k_s, T* v_s) {
-  const bool write = pos >= start && pos < end;  // pos: launch_qkv_prep's token_pos (unclamped)
+  // pos: launch_qkv_prep's token_pos (unclamped). Of a group of query heads sharing a key/value
+  // head (grouped-query attention) every block forms the new key and value for itself (k_s, v_s),
+  // and the group's first head writes them.
+  const int kvh = p.kv_heads > 0 ? p.kv_heads : p.heads, group = p.heads / kvh;
+  const bool write = pos >= start && pos < end;
+  const bool store = write && h % group == 0;
   const int rot_half = f.rotary_style == RotaryStyle::kNone ? 0 : f.rotary_dim / 2;
   // The caches are const in the params (the plain kernel only reads them); the fused one writes
   // the new row, which no other block reads.
-  const int64_t cache_off = ((static_cast<int64_t>(slot) * p.heads + h) * p.max_seq + pos) * D;
+  const int64_t cache_off = ((static_cast<int64_t>(slot) * kvh + h / group) * p.max_seq + pos) * D;
   T* k_new = const_cast<T*>(p.k_cache) + cache_off;
   T* v_new = const_cast<T*>(p.v_cache) + cache_off;
   const int j = threadIdx.x;
@@ -117,11 +125,16 @@ __device__ __forceinline__ void prepare_new_token(const DecodeAttentionParams<T>
     q_s[a] = to_float(from_float<T>(qx));
     q_s[b] = to_float(from_float<T>(qy));
     if (write) {
-      k_new[a] = k_s[a] = from_float<T>(kx);
-      k_new[b] = k_s[b] = from_float<T>(ky);
+      k_s[a] = from_float<T>(kx);
+      k_s[b] = from_float<T>(ky);
+    }
+    if (store) {
+      k_new[a] = k_s[a];
+      k_new[b] = k_s[b];
     }
   }
-  if (write && j < D) v_new[j] = v_s[j] = from_float<T>(t.v);
+  if (write && j < D) v_s[j] = from_float<T>(t.v);
+  if (store && j < D) v_new[j] = v_s[j];
   __syncthreads();
 }
 
@@ -186,13 +199,13 @@ __global__ void __launch_bounds__(kThreads, FUSED ? (EARLY ? 2 : 3) : 4)
   // A window starts the row's keys at len - window: chunks wholly before it attend to nothing.
   const int start = max(split * chunk, p.window > 0 ? len - p.window : 0);
   const int end = row_ok ? min(len, split * chunk + chunk) : 0;
-  // Query head h reads key/value head h / group (grouped-query attention; the fused kernel takes
-  // multi-head attention only). The head's offset goes into the cache bases once, so the key
-  // loop carries no more live values than with multi-head attention.
-  const int kvh = FUSED || p.kv_heads <= 0 ? p.heads : p.kv_heads;
+  // Query head h reads key/value head h / group (grouped-query attention). The head's offset
+  // goes into the cache bases once, so the key loop carries no more live values than with
+  // multi-head attention.
+  const int kvh = p.kv_heads <= 0 ? p.heads : p.kv_heads;
   const int64_t head_stride = static_cast<int64_t>(p.max_seq) * D;      // one (slot, head)
   const int64_t slot_stride = static_cast<int64_t>(kvh) * head_stride;  // one slot
-  const int64_t kv_head_off = static_cast<int64_t>(FUSED ? h : h / (p.heads / kvh)) * head_stride;
+  const int64_t kv_head_off = static_cast<int64_t>(h / (p.heads / kvh)) * head_stride;
   const T* const k_cache = p.k_cache + kv_head_off;
   const T* const v_cache = p.v_cache + kv_head_off;
   const int32_t* indir =
@@ -503,9 +516,7 @@ cudaError_t launch_decode_attention_fused(const DecodeAttentionFusedParams<T>& p
   int splits = 1;
   const cudaError_t err = check_decode<T>(p, false, &splits);
   if (err != cudaSuccess) return err;
-  // One block per query head writes the new key and value: a group of query heads sharing
-  // them would race, so grouped-query attention prepares QKV separately (launch_qkv_prep).
-  if (p.qkv == nullptr || (p.kv_heads > 0 && p.kv_heads != p.heads) ||
+  if (p.qkv == nullptr ||
       (p.rotary_style != RotaryStyle::kNone &&
        (p.rotary_dim < 0 || p.rotary_dim % 2 != 0 || p.rotary_dim > p.head_dim ||
         (p.rotary_dim > 0 && p.rotary_inv_freq == nullptr)))) {

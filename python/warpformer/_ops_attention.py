@@ -42,8 +42,13 @@ def _decode_attention_fake(q, k_cache, v_cache, row_slot, lengths, cache_indir, 
 def _decode_attention_fused_fake(qkv, bias, k_cache, v_cache, row_slot, lengths, cache_indir,
                                  alibi_slopes, scale, rotary_dim, rotary_style, rotary_base,
                                  window=0):
+    if qkv.dim() == 3:  # grouped-query: [rows, heads + 2 kv_heads, head_dim], kv from the cache
+        heads = qkv.shape[1] - 2 * k_cache.shape[1]
+        torch._check(heads > 0,
+                     lambda: "warpformer.decode_attention_fused: qkv leaves no query heads")
+        return qkv.new_empty((qkv.shape[0], heads, qkv.shape[2]))
     torch._check(qkv.dim() == 4,
-                 lambda: "warpformer.decode_attention_fused: qkv must be 4-dimensional")
+                 lambda: "warpformer.decode_attention_fused: qkv must be 3- or 4-dimensional")
     return qkv.new_empty((qkv.shape[0], qkv.shape[2], qkv.shape[3]))
 
 

@@ -696,6 +696,37 @@ def test_grouped_query_decode_split_kv_and_beams(dtype, seed) -> None:
         torch.testing.assert_close(out, ref, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("lens", [[5], [3, 9], [1, 7, 97, 300], [4100, 1, 2049, 513]])
+@pytest.mark.parametrize("kv_heads", [1, 2])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_grouped_query_decode_fused(dtype, kv_heads, lens, seed) -> None:
+    """The fused decode attention over grouped caches (qkv [rows, heads + 2 kv_heads, hd]: every
+    block of a group forms the new key and value, the group's first head writes them) equals
+    qkv_rotary_cache + decode_attention bit for bit: outputs and both caches; 1-2 rows take the
+    early-start kernel, long rows the split-KV one."""
+    heads, hd = 8, 128
+    rows = len(lens)
+    max_seq = 4200 if max(lens) > 512 else 512
+    row_slot = list(range(1, rows + 1))
+    kc, vc = nan_cache(rows + 1, kv_heads, max_seq, hd, dtype)
+    fill_cache(kc, vc, row_slot, [n - 1 for n in lens])  # the new token's position stays NaN
+    kc2, vc2 = kc.clone(), vc.clone()
+    qkv = rand(rows, heads + 2 * kv_heads, hd, dtype=dtype, scale=2.0)
+    bias = rand(heads + 2 * kv_heads, hd, dtype=dtype, scale=0.5)
+    slot_t = torch.tensor(row_slot, dtype=torch.int32, device=DEV)
+    len_t = torch.tensor(lens, dtype=torch.int32, device=DEV)
+    scale = 1.0 / math.sqrt(hd)
+    q = ops.qkv_rotary_cache(qkv, bias, kc, vc, slot_t, len_t - 1, hd, "half", 10000.0)
+    ref = ops.decode_attention(q, kc, vc, slot_t, len_t, None, None, scale)
+    poison((rows, heads, hd), dtype)
+    out = ops.decode_attention_fused(qkv, bias, kc2, vc2, slot_t, len_t, None, None, scale, hd,
+                                     "half", 10000.0)
+    assert not out.isnan().any(), "fused grouped output has unwritten elements"
+    exactly_equal(out, ref, "fused grouped output")
+    exactly_equal(kc2, kc, "fused grouped k_cache")
+    exactly_equal(vc2, vc, "fused grouped v_cache")
+
+
 def test_grouped_query_refusals(seed) -> None:
     heads, kv_heads, hd = 8, 3, 64
     kc, vc = nan_cache(2, kv_heads, 16, hd, torch.float16)
@@ -705,7 +736,8 @@ def test_grouped_query_refusals(seed) -> None:
         ops.decode_attention(q, kc, vc, None, lens, None, None, 0.125)
     kc2, vc2 = nan_cache(2, 2, 16, hd, torch.float16)
     qkv = rand(2, 3, heads, hd, dtype=torch.float16)
-    with pytest.raises(RuntimeError, match="the fused QKV preparation takes multi-head"):
+    with pytest.raises(RuntimeError, match=r"a \[rows, 3, heads, head_dim\] qkv writes caches of "
+                                           r"its heads \(8\)"):
         ops.decode_attention_fused(qkv, None, kc2, vc2, None, lens, None, None, 0.125, 0, "none",
                                    10000.0)
     with pytest.raises(RuntimeError, match="writes caches of its heads"):

@@ -1,8 +1,9 @@
 """Tensor and pipeline parallelism of the engine: TP=2, PP=2 (and TP=4, TP=2 x PP=2 on 4 GPUs)
-give the TP=1 tokens — exactly in fp32, for >= 99% of positions in fp16 — for GPT-2, BLOOM and
-GPT-J shapes, for greedy, beam search and seeded sampling; logits agree; and weight-only int8 /
-int4 shards at TP=2 give TP=1's tokens. Each configuration runs under torchrun (and one under
-mpirun) in a subprocess."""
+give the TP=1 tokens — exactly in fp32, for >= 99% of positions in fp16 — for GPT-2, BLOOM,
+GPT-J and Llama shapes (grouped-query attention with 8 K/V heads, split over the ranks, and with
+one, copied on every rank), for greedy, beam search and seeded sampling; logits agree; and
+weight-only int8 / int4 shards at TP=2 give TP=1's tokens. Each configuration runs under
+torchrun (and one under mpirun) in a subprocess."""
 
 from __future__ import annotations
 
@@ -35,6 +36,14 @@ SHAPES = {
     "gptj": lambda: transformers.GPTJConfig(vocab_size=1003, n_embd=512, n_head=4, n_layer=4,
                                             rotary_dim=32, n_positions=512, bos_token_id=1,
                                             eos_token_id=2),
+    "llama-kv8": lambda: transformers.LlamaConfig(
+        vocab_size=1003, hidden_size=512, intermediate_size=1024, num_attention_heads=16,
+        num_key_value_heads=8, num_hidden_layers=4, max_position_embeddings=4096,
+        bos_token_id=1, eos_token_id=2),
+    "llama-kv1": lambda: transformers.LlamaConfig(
+        vocab_size=1003, hidden_size=512, intermediate_size=1024, num_attention_heads=16,
+        num_key_value_heads=1, num_hidden_layers=4, max_position_embeddings=4096,
+        bos_token_id=1, eos_token_id=2),
 }
 
 
@@ -56,7 +65,7 @@ def checkpoints(tmp_path_factory):
             # (GPT-J's random head once gave fp32 margins of 0.004 under an fp16 logit error
             # of 0.008: near ties that made TP=2 flip a token and diverge.)
             emb = model.get_input_embeddings().weight
-            if name == "gptj":
+            if name == "gptj" or name.startswith("llama"):
                 emb.mul_(8.0)
                 perm = torch.randperm(cfg.vocab_size, generator=torch.Generator().manual_seed(1))
                 model.get_output_embeddings().weight.copy_(emb[perm.argsort()])
