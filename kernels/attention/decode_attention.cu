@@ -96,12 +96,11 @@ __device__ __forceinline__ void prepare_new_token(const DecodeAttentionParams<T>
                                                   const DecodeQkvInputs<T>& f, const NewToken& t,
                                                   int pos, int h, int slot, int start, int end,
                                                   float* q_s, T* k_s, T* v_s) {
-  // pos: launch_qkv_prep's token_pos (unclamped). Of a group of query heads sharing a key/value
-  // head (grouped-query attention) every block forms the new key and value for itself (k_s, v_s),
-  // and the group's first head writes them.
+  // pos: launch_qkv_prep's token_pos (unclamped). The blocks of a group of query heads sharing a
+  // key/value head (grouped-query attention) each write the same new key and value (the same
+  // bits), so each reads back its own write, as with one block per head.
   const int kvh = p.kv_heads > 0 ? p.kv_heads : p.heads, group = p.heads / kvh;
   const bool write = pos >= start && pos < end;
-  const bool store = write && h % group == 0;
   const int rot_half = f.rotary_style == RotaryStyle::kNone ? 0 : f.rotary_dim / 2;
   // The caches are const in the params (the plain kernel only reads them); the fused one writes
   // the new row, which no other block reads.
@@ -125,16 +124,11 @@ __device__ __forceinline__ void prepare_new_token(const DecodeAttentionParams<T>
     q_s[a] = to_float(from_float<T>(qx));
     q_s[b] = to_float(from_float<T>(qy));
     if (write) {
-      k_s[a] = from_float<T>(kx);
-      k_s[b] = from_float<T>(ky);
-    }
-    if (store) {
-      k_new[a] = k_s[a];
-      k_new[b] = k_s[b];
+      k_new[a] = k_s[a] = from_float<T>(kx);
+      k_new[b] = k_s[b] = from_float<T>(ky);
     }
   }
-  if (write && j < D) v_s[j] = from_float<T>(t.v);
-  if (store && j < D) v_new[j] = v_s[j];
+  if (write && j < D) v_new[j] = v_s[j] = from_float<T>(t.v);
   __syncthreads();
 }
 

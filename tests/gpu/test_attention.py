@@ -701,7 +701,7 @@ def test_grouped_query_decode_split_kv_and_beams(dtype, seed) -> None:
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_grouped_query_decode_fused(dtype, kv_heads, lens, seed) -> None:
     """The fused decode attention over grouped caches (qkv [rows, heads + 2 kv_heads, hd]: every
-    block of a group forms the new key and value, the group's first head writes them) equals
+    block of a group writes the same new key and value and reads back its own write) equals
     qkv_rotary_cache + decode_attention bit for bit: outputs and both caches; 1-2 rows take the
     early-start kernel, long rows the split-KV one."""
     heads, hd = 8, 128
