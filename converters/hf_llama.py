@@ -19,7 +19,17 @@ from warpformer.config import GptConfig
 from warpformer.weights import weight_specs
 
 from .errors import ConversionError
-from .mapping import Plan, Rule, copy, expand, find_prefix, hf_activation, linear, token_id
+from .mapping import (
+    Plan,
+    Rule,
+    copy,
+    expand,
+    extra_token_ids,
+    find_prefix,
+    hf_activation,
+    linear,
+    token_id,
+)
 from .sources import HfCheckpoint
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
@@ -162,6 +172,7 @@ def make_config(hf: dict[str, Any], tp: int, data_type: str, arch: str | None = 
         num_layer=hf["num_hidden_layers"], vocab_size=hf["vocab_size"],
         max_pos_seq_len=hf.get("max_position_embeddings", 2048),
         start_id=token_id(hf, "bos_token_id"), end_id=token_id(hf, "eos_token_id"),
+        extra_end_ids=extra_token_ids(hf, "eos_token_id"),
         weight_data_type=data_type, tensor_para_size=tp,
         layernorm_eps=hf.get("rms_norm_eps", 1e-6), layernorm_type="rmsnorm",
         activation_type=hf_activation(hf.get("hidden_act", "silu"), arch),

@@ -208,6 +208,18 @@ def token_id(hf: dict[str, Any], key: str, default: int = 0) -> int:
     return vocab - 1
 
 
+def extra_token_ids(hf: dict[str, Any], key: str) -> str:
+    """The in-vocabulary ids of a HF config's id list after the one :func:`token_id` takes,
+    comma-separated ("" for a single id): Llama 3 Instruct's further end tokens."""
+    value = hf.get(key)
+    if not isinstance(value, list):
+        return ""
+    vocab = int(hf["vocab_size"])
+    first = token_id(hf, key)
+    rest = [int(v) for v in value if v is not None and 0 <= int(v) < vocab and int(v) != first]
+    return ",".join(str(v) for v in dict.fromkeys(rest))
+
+
 def drop_rows(count: int) -> Transform:
     """Transform dropping the first ``count`` rows (OPT's position-embedding offset):
     ``[rows, ...]`` -> ``[rows - count, ...]``, same dtype (a view)."""

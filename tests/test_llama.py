@@ -130,6 +130,54 @@ def test_greedy_and_beam_equal_hf(models, name, tmp_path):
     assert beam == hf_beam[0, 11:].tolist()
 
 
+def test_several_end_ids_end_rows_as_hf(models, tmp_path):
+    """A HF eos_token_id list (Llama 3 Instruct's three) converts to end_id + extra_end_ids, and
+    generate without end_id ends a row at any of them, as HF's generate with the list does
+    (greedy tokens equal HF's); min_length and beam search, which would end rows at end_id only,
+    are refused by name."""
+    model, _ = models["llama-gqa"]
+    prompt = torch.randint(3, 128, (1, 11), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        free = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=16,
+                              do_sample=False, eos_token_id=None, pad_token_id=0)[0, 11:].tolist()
+    stop = free[6]  # a token greedy emits mid-generation: the second end id
+    first = next(t for t in range(3, 128) if t not in free)  # never emitted
+    eos = [first, stop]
+    model.config.eos_token_id = eos
+    try:
+        model.save_pretrained(tmp_path / "hf")
+        with torch.no_grad():
+            want = model.generate(prompt, attention_mask=torch.ones_like(prompt),
+                                  max_new_tokens=16, do_sample=False, eos_token_id=eos,
+                                  pad_token_id=first)[0, 11:].tolist()
+    finally:
+        model.config.eos_token_id = 2
+    out = convert(tmp_path / "hf", tmp_path / "wf", 1, "fp32").output_dir
+    cfg = GptConfig.from_ini(out / "config.ini")
+    assert (cfg.end_id, cfg.extra_end_ids, cfg.end_ids) == (first, str(stop), (first, stop))
+    gpt = GPT.from_pretrained(out, backend="reference", max_batch=1, max_seq_len=64)
+    assert gpt.end_ids == (first, stop)
+    got = gpt.generate([prompt[0].tolist()], 16).tokens[0][0]
+    assert got == want[:want.index(stop) + 1] and got[-1] == stop, (got, want)
+    # With stop words of the caller's own (shared, and per row) the end ids still apply.
+    assert gpt.generate([prompt[0].tolist()], 16, stop_words=[[127, 126]]).tokens[0][0] == got
+    assert gpt.generate([prompt[0].tolist()], 16, stop_words=[[[127]]]).tokens[0][0] == got
+    # An explicit end_id replaces the list: the row runs on past `stop`.
+    assert gpt.generate([prompt[0].tolist()], 16, end_id=first).tokens[0][0] == free
+    for kwargs, what in ((dict(min_length=3), "min_length > 0"),
+                         (dict(num_beams=3), "num_beams > 1")):
+        with pytest.raises(ValueError, match=rf"{what} with the checkpoint's several end ids "
+                                             rf"\[{first}, {stop}\] is not supported"):
+            gpt.generate([prompt[0].tolist()], 10, **kwargs)
+    # ... and with end_id given they run as for any model.
+    beam = gpt.generate([prompt[0].tolist()], 10, num_beams=3, end_id=first).tokens[0][0]
+    assert len(beam) == 10
+    with pytest.raises(ConfigError, match=r"extra_end_ids \[500\] outside \[0, vocab_size"):
+        dataclasses.replace(cfg, extra_end_ids="500")
+    with pytest.raises(ConfigError, match=r"extra_end_ids must be comma-separated token ids"):
+        dataclasses.replace(cfg, extra_end_ids="7;8")
+
+
 def test_engine_refuses_what_its_kernels_lack(models, tmp_path):
     out = convert(models["llama-gqa"][1], tmp_path / "gqa", 1, "fp32").output_dir
     # A head size the attention kernels have (the tiny models' 16 is refused first).

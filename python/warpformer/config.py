@@ -234,6 +234,9 @@ class GptConfig:
     has_attention_out_bias: bool = True
     has_mlp_bias: bool = True
     sliding_window: int = 0
+    # More end-of-sequence ids beside end_id, comma-separated (Llama 3 Instruct lists three): a
+    # row ends at any of them (GPT.generate without end_id).
+    extra_end_ids: str = ""
     rope_scaling_type: str = "none"
     rope_scaling_factor: float = 1.0
     rope_scaling_original_max_position: int = 0
@@ -374,6 +377,12 @@ class GptConfig:
         self._validate_quant()
         self.extra = {str(k): str(v) for k, v in dict(self.extra).items()}
 
+    @property
+    def end_ids(self) -> tuple[int, ...]:
+        """``end_id`` and then ``extra_end_ids``, without repeats."""
+        ids = [self.end_id] + [int(t) for t in self.extra_end_ids.split(",") if t.strip()]
+        return tuple(dict.fromkeys(ids))
+
     def _validate_llama_keys(self) -> None:
         tp, kv = self.tensor_para_size, self.kv_head_num
         if kv < 0 or (kv and self.head_num % kv):
@@ -385,6 +394,14 @@ class GptConfig:
                               "holds a copy of one")
         if self.sliding_window < 0:
             raise ConfigError(f"sliding_window must be >= 0 (0: none), got {self.sliding_window}")
+        try:
+            extra = self.end_ids[1:]
+        except ValueError:
+            raise ConfigError(f"extra_end_ids must be comma-separated token ids, got "
+                              f"{self.extra_end_ids!r}") from None
+        bad = [i for i in extra if not 0 <= i < self.vocab_size]
+        if bad:
+            raise ConfigError(f"extra_end_ids {bad} outside [0, vocab_size = {self.vocab_size})")
         kind = self.rope_scaling_type
         if kind == "none":
             return

@@ -80,6 +80,13 @@ def _is_token_list(x) -> bool:
     return all(isinstance(t, int) and not isinstance(t, bool) for t in x)
 
 
+def _per_row_words(words) -> bool:
+    """Whether word lists are one list per row (``[[[5, 6]], [[7]]]``), not one shared list."""
+    return len(words) > 0 and all(
+        isinstance(w, (list, tuple)) and all(_is_token_list(x) for x in w) and len(w) > 0
+        and not _is_token_list(w) for w in words)
+
+
 def words_to_ft(words: WordsLike, batch_size: int | None = None,
                 name: str = "stop_words") -> torch.Tensor:
     """Convert word lists to FT's ``[B, 2, L]`` int32 format.
@@ -97,9 +104,7 @@ def words_to_ft(words: WordsLike, batch_size: int | None = None,
     if not isinstance(words, (list, tuple)):
         raise ValueError(f"{name} must be a list of token lists (e.g. [[5, 6], [7]]) or one such "
                          f"list per row, got {type(words).__name__}")
-    per_row = len(words) > 0 and all(
-        isinstance(w, (list, tuple)) and all(_is_token_list(x) for x in w) and len(w) > 0
-        and not _is_token_list(w) for w in words)
+    per_row = _per_row_words(words)
     if per_row:
         rows = [list(w) for w in words]
         if batch_size is not None and len(rows) != batch_size:
@@ -124,6 +129,14 @@ def words_to_ft(words: WordsLike, batch_size: int | None = None,
             ends.append(pos)
         out[r, 1, : len(ends)] = torch.tensor(ends, dtype=torch.int32)
     return out[0] if batch_size is None and not per_row else out
+
+
+def _with_words(words: WordsLike | None, more: list[list[int]]) -> WordsLike:
+    """``words`` (shared by every row, or one list per row, as :func:`words_to_ft` takes them)
+    with the words ``more`` added for every row."""
+    if words is None:
+        return more
+    return [list(w) + more for w in words] if _per_row_words(words) else list(words) + more
 
 
 def _tensor(name: str, value) -> torch.Tensor:
@@ -326,6 +339,12 @@ class GPT:
         """The checkpoint's end-of-sequence id (the default ``end_id`` of :meth:`generate`)."""
         return self.config.end_id
 
+    @property
+    def end_ids(self) -> tuple[int, ...]:
+        """Every end-of-sequence id of the checkpoint: ``end_id``, then ``extra_end_ids`` (Llama 3
+        Instruct has three). Without ``end_id``, :meth:`generate` ends a row at any of them."""
+        return self.config.end_ids
+
     # ------------------------------------------------------------------ inputs
     def _inputs(self, input_ids: IdsLike, input_lengths, new_tokens: int
                 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -433,6 +452,19 @@ class GPT:
                       return_cum_log_probs=return_cum_log_probs)
         opts = {key: _tensor("num_beams" if key == "beam_width" else key, v)
                 for key, v in values.items() if v is not None}
+        extra = self.end_ids[1:] if end_id is None else ()
+        if extra:
+            # The checkpoint's further end ids end a row as one-token stop words, which finish a
+            # row and keep the token, as an end id does. min_length bans only end_id, and beam
+            # search takes no stop words: with either, the others would not end a row (refused).
+            what = ("min_length > 0" if bool((opts["min_length"] > 0).any())
+                    else "num_beams > 1" if int(opts["beam_width"]) > 1 else None)
+            if what is not None:
+                raise ValueError(
+                    f"{what} with the checkpoint's several end ids {list(self.end_ids)} is not "
+                    f"supported (only end_id {self.end_id} would end a row); pass end_id=<one "
+                    "id> to use it")
+            stop_words = _with_words(stop_words, [[t] for t in extra])
         for name, words in (("stop_words", stop_words), ("bad_words", bad_words)):
             if words is not None:
                 opts[name] = words_to_ft(words, name=name)
@@ -540,7 +572,8 @@ class GPT:
                 and type(length_penalty) in (int, float) and type(diversity_rate) in (int, float)
                 and stop_words is None and bad_words is None and seed is None
                 and not return_log_probs and type(return_cum_log_probs) is int
-                and return_cum_log_probs == 0 and (end_id is None or type(end_id) is int)):
+                and return_cum_log_probs == 0 and (end_id is None or type(end_id) is int)
+                and not (end_id is None and len(self.end_ids) > 1)):
             end = -1 if end_id is None else int(self._checked(
                 {"end_id": _tensor("end_id", end_id)}, ids.shape[0])["end_id"][0])
 
