@@ -121,7 +121,7 @@ struct QkvHeads {
 
 // qkv in either layout with an optional bias of its layout without tokens ([3, heads, head_dim]
 // or [heads + 2 kv_heads, head_dim]) and dtype, and the rotary arguments (shared by
-// qkv_rotary_cache and decode_attention_fused, which takes multi-head attention only).
+// qkv_rotary_cache and decode_attention_fused).
 QkvHeads check_qkv(const char* op, const at::Tensor& qkv, const OptTensor& bias, int64_t rotary_dim,
                    const std::string& rotary_style, double rotary_base, int64_t kv_heads = 0) {
   check_floating(qkv, op, "qkv");

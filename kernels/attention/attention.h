@@ -129,7 +129,8 @@ cudaError_t launch_context_attention(const ContextAttentionParams<T>& p, cudaStr
 // Fused QKV preparation (DecodeAttentionFusedParams, launch_decode_attention_fused): each block
 // forms its head's query from qkv (bias, rotary at position lengths[r] - 1, with the frequencies
 // of rotary_inv_freq), and the block whose key chunk holds that position first writes the new
-// token's key and value into slot row_slot[r] (else r) at that position, exactly as
+// token's key and value into slot row_slot[r] (else r) at that position (with grouped-query
+// attention each block of the group writes the same bits and reads back its own), exactly as
 // launch_qkv_prep with token_slot = row_slot and token_pos = lengths - 1 followed by the unfused
 // kernel would (bit-identical results). No block waits for another's
 // write, so no row may read a position that another row writes in the same call: reads of

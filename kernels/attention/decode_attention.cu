@@ -103,7 +103,7 @@ __device__ __forceinline__ void prepare_new_token(const DecodeAttentionParams<T>
   const bool write = pos >= start && pos < end;
   const int rot_half = f.rotary_style == RotaryStyle::kNone ? 0 : f.rotary_dim / 2;
   // The caches are const in the params (the plain kernel only reads them); the fused one writes
-  // the new row, which no other block reads.
+  // the new row, which only the blocks writing it (its group's) read.
   const int64_t cache_off = ((static_cast<int64_t>(slot) * kvh + h / group) * p.max_seq + pos) * D;
   T* k_new = const_cast<T*>(p.k_cache) + cache_off;
   T* v_new = const_cast<T*>(p.v_cache) + cache_off;

@@ -166,11 +166,13 @@ __global__ void rotary_scale_kernel(float* inv_freq, int half, RotaryScaling r, 
   const float low = r.low_freq_factor, high = r.high_freq_factor,
               original = r.original_max_position;
   const float two_pi = static_cast<float>(2.0 * 3.14159265358979323846);
-  const float wavelen = __fdiv_rn(two_pi, f);
+  // A scalar over a tensor is the tensor's reciprocal times the scalar in PyTorch (two
+  // roundings), so wavelen and original / wavelen are formed that way.
+  const float wavelen = __fmul_rn(__frcp_rn(f), two_pi);
   const float low_wavelen = __fdiv_rn(original, low), high_wavelen = __fdiv_rn(original, high);
   const float scaled = wavelen > low_wavelen ? __fdiv_rn(f, factor) : f;
   const float smooth =
-      __fdiv_rn(__fsub_rn(__fdiv_rn(original, wavelen), low), __fsub_rn(high, low));
+      __fdiv_rn(__fsub_rn(__fmul_rn(__frcp_rn(wavelen), original), low), __fsub_rn(high, low));
   const float smoothed = __fadd_rn(__fdiv_rn(__fmul_rn(__fsub_rn(1.f, smooth), scaled), factor),
                                    __fmul_rn(smooth, scaled));
   const bool medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
