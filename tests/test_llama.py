@@ -178,6 +178,54 @@ def test_several_end_ids_end_rows_as_hf(models, tmp_path):
         dataclasses.replace(cfg, extra_end_ids="7;8")
 
 
+def _as_mistral(model: transformers.PreTrainedModel, window: int) -> transformers.PreTrainedModel:
+    """The Llama ``model``'s weights in a Mistral model with a sliding window of ``window``
+    (the same parameter names): transformers' reference for a bounded attention window."""
+    d = model.config.to_dict()
+    keep = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+            "num_attention_heads", "num_key_value_heads", "max_position_embeddings",
+            "rms_norm_eps", "rope_theta", "bos_token_id", "eos_token_id")
+    cfg = transformers.MistralConfig(**{k: d[k] for k in keep if k in d}, sliding_window=window)
+    cfg._attn_implementation = "eager"
+    mistral = transformers.MistralForCausalLM(cfg).eval()
+    mistral.load_state_dict(model.state_dict())
+    return mistral
+
+
+def test_memory_len_equals_a_sliding_window(models, tmp_path):
+    """generate(memory_len=N) on a model without a window: every token attends to its last N
+    positions, prompt and generated alike: greedy tokens and log probs equal transformers'
+    Mistral (a sliding window of N) over the same weights; memory_len=0 is no window; on a
+    model with its own window the narrower one applies; a negative memory_len is refused."""
+    model, folder = models["llama-gqa"]
+    window = 6
+    mistral = _as_mistral(model, window)
+    prompt = torch.randint(3, 128, (1, 15), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        want = mistral.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=12,
+                                do_sample=False, eos_token_id=None,
+                                pad_token_id=0)[0, 15:].tolist()
+        plain = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=12,
+                               do_sample=False, eos_token_id=None,
+                               pad_token_id=0)[0, 15:].tolist()
+    assert want != plain  # the window changes the text, so the test can tell
+    out = convert(folder, tmp_path, 2, "fp32").output_dir
+    gpt = GPT.from_pretrained(out, backend="reference", max_batch=2, max_seq_len=64)
+    row = [prompt[0].tolist()]
+    got = gpt.generate(row, 12, end_id=0, memory_len=window, return_log_probs=True)
+    assert got.tokens[0][0] == want
+    assert gpt.generate(row, 12, end_id=0, memory_len=0).tokens[0][0] == plain
+    assert gpt.generate(row, 12, end_id=0).tokens[0][0] == plain  # the call before left nothing
+    # Mistral's own window of 5 with memory_len 6: the narrower (5) applies.
+    m_model, m_folder = models["mistral-window"]
+    m_gpt = GPT.from_pretrained(convert(m_folder, tmp_path / "m", 1, "fp32").output_dir,
+                                backend="reference", max_batch=1, max_seq_len=64)
+    assert (m_gpt.generate(row, 8, end_id=0, memory_len=6).tokens
+            == m_gpt.generate(row, 8, end_id=0).tokens)
+    with pytest.raises(ValueError, match=r"option 'memory_len' must be >= 0 \(0: no window\)"):
+        gpt.generate(row, 4, memory_len=-1)
+
+
 def test_engine_refuses_what_its_kernels_lack(models, tmp_path):
     out = convert(models["llama-gqa"][1], tmp_path / "gqa", 1, "fp32").output_dir
     # A head size the attention kernels have (the tiny models' 16 is refused first).

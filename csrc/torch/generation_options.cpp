@@ -17,7 +17,7 @@ using Options = c10::Dict<std::string, at::Tensor>;
 constexpr const char* kKnown =
     "end_id, top_k, top_p, temperature, repetition_penalty, presence_penalty, frequency_penalty, "
     "min_length, seed, bad_words, stop_words, beam_width, length_penalty, diversity_rate, "
-    "return_log_probs, return_cum_log_probs";
+    "return_log_probs, return_cum_log_probs, memory_len";
 
 // How messages name an option: its key, and GPT.generate's argument where the name differs.
 std::string option(const std::string& key) {
@@ -176,6 +176,12 @@ Options generation_options(const Options& o, int64_t batch, int64_t vocab, int64
   g.insert("return_log_probs",
            at::scalar_tensor(scalar(o, "return_log_probs", 0, Kind::kFlag) != 0, i32));
   g.insert("return_cum_log_probs", at::scalar_tensor(cum, i32));
+  // A bounded attention window (FT's memory_len): each token attends to its last memory_len
+  // positions; 0 = none. The cache is not reused as a ring: max_seq_len still bounds a call.
+  const double memory_len = scalar(o, "memory_len", 0, Kind::kInteger);
+  TORCH_CHECK(memory_len >= 0 && memory_len <= INT32_MAX, option("memory_len"),
+              " must be >= 0 (0: no window) and below 2^31, got ", memory_len);
+  g.insert("memory_len", at::scalar_tensor(memory_len, i32));
   return g;
 }
 

@@ -320,6 +320,11 @@ at::Tensor GptModelHolder::prompt_then_end_ids(const Prompt& p, const int32_t* e
 }
 
 at::Tensor GptModelHolder::forward(const at::Tensor& input_ids, const at::Tensor& input_lengths) {
+  return forward_windowed(input_ids, input_lengths, 0);
+}
+
+at::Tensor GptModelHolder::forward_windowed(const at::Tensor& input_ids,
+                                            const at::Tensor& input_lengths, int64_t window) {
   const std::lock_guard<std::recursive_mutex> lock(call_mu_);
   const char* op = "GptModel.forward";
   TORCH_CHECK(!generation_->active(), op,
@@ -332,6 +337,7 @@ at::Tensor GptModelHolder::forward(const at::Tensor& input_ids, const at::Tensor
       input_ids.is_cuda() ? input_ids.contiguous() : upload_together({p.host_ids}, device_)[0];
   at::Tensor logits = at::empty({ids.size(0), ids.size(1), model_->vocab_size()},
                                 ids.options().dtype(to_scalar_type(model_->dtype())));
+  model_->set_attention_window(window);
   model_->forward(ids.data_ptr<int32_t>(), p.lengths, ids.size(1), logits.data_ptr());
   return logits;
 }
@@ -364,6 +370,7 @@ std::tuple<at::Tensor, at::Tensor> GptModelHolder::generate(const at::Tensor& in
   if (!input_ids.is_cuda()) host.push_back(p.host_ids);
   const std::vector<at::Tensor> dev = upload_together(host, device_);
   const at::Tensor ids = input_ids.is_cuda() ? input_ids.contiguous() : dev[3];
+  model_->set_attention_window(0);
   generation_->generate_greedy(ids.data_ptr<int32_t>(), p.lengths, seq, output_len,
                                dev[2].data_ptr<int32_t>(), dev[0].data_ptr<int32_t>(),
                                dev[1].data_ptr<int32_t>());

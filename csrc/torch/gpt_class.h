@@ -152,6 +152,9 @@ class GptModelHolder : public torch::CustomClassHolder {
   std::unordered_map<std::string, at::Tensor> owned_;  // converted weights + derived tensors
 
   // Tensors of the running generation session (device arrays the C++ loop reads and writes).
+  // forward with an attention window (decode's memory_len for its context log probs).
+  at::Tensor forward_windowed(const at::Tensor& input_ids, const at::Tensor& input_lengths,
+                              int64_t window);
   struct Session {
     int64_t batch = 0, beam = 1, seq = 0, output_len = 0, cum_mode = 0;
     bool return_log_probs = false;

@@ -46,6 +46,7 @@ void GptModelHolder::decode_start(const at::Tensor& input_ids, const at::Tensor&
   const c10::Dict<std::string, at::Tensor> g =
       ops::generation_options(options, batch, V, model_->config().end_id);
   const int64_t beam = g.at("beam_width").item<int64_t>();
+  const int64_t memory_len = g.at("memory_len").item<int64_t>();
   const at::Tensor bad = g.contains("bad_words") ? g.at("bad_words") : at::Tensor();
   const at::Tensor stop = g.contains("stop_words") ? g.at("stop_words") : at::Tensor();
 
@@ -124,7 +125,7 @@ void GptModelHolder::decode_start(const at::Tensor& input_ids, const at::Tensor&
   if (s.return_log_probs) s.output_log_probs = at::zeros({batch, beam, output_len}, dev.dtype(f32));
   if (s.cum_mode == 2) {
     // Context log probs: log p(token_i | tokens_<i) of the prompt, i >= 1, summed per row.
-    const at::Tensor logits = forward(ids, s.input_lengths).to(f32);
+    const at::Tensor logits = forward_windowed(ids, s.input_lengths, memory_len).to(f32);
     const at::Tensor lp = at::log_softmax(logits.narrow(1, 0, s.seq - 1), -1);
     const at::Tensor next = ids.narrow(1, 1, s.seq - 1).to(at::kLong).clamp(0, V - 1);
     const at::Tensor tok = lp.gather(2, next.unsqueeze(2)).squeeze(2);
@@ -164,6 +165,9 @@ void GptModelHolder::decode_start(const at::Tensor& input_ids, const at::Tensor&
   o.cum_log_probs = s.cum_log_probs.defined() ? s.cum_log_probs.data_ptr<float>() : nullptr;
   o.output_log_probs =
       s.output_log_probs.defined() ? s.output_log_probs.data_ptr<float>() : nullptr;
+  // The session's prompt pass and steps attend through the call's window (forward and generate
+  // set their own, and neither runs while the session does).
+  model_->set_attention_window(memory_len);
   generation_->start(ids.data_ptr<int32_t>(), prompt.lengths, s.seq, output_len, opt, o);
   session_ = std::move(s);
 }

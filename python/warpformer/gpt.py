@@ -429,7 +429,7 @@ class GPT:
     def _options(self, batch: int, max_new_tokens: int, *, do_sample, top_k, top_p, temperature,
                  repetition_penalty, presence_penalty, frequency_penalty, min_length, num_beams,
                  length_penalty, diversity_rate, stop_words, bad_words, end_id, seed,
-                 return_log_probs, return_cum_log_probs=0, stacklevel: int = 3
+                 return_log_probs, return_cum_log_probs=0, memory_len=0, stacklevel: int = 3
                  ) -> dict[str, torch.Tensor]:
         """The arguments as the engine's options dict, checked and normalised by its rules
         (:meth:`_checked`). Here Python values only become tensors (and ``do_sample`` picks
@@ -449,7 +449,7 @@ class GPT:
                       frequency_penalty=frequency_penalty, min_length=min_length, end_id=end_id,
                       seed=seed, beam_width=num_beams, length_penalty=length_penalty,
                       diversity_rate=diversity_rate, return_log_probs=int(bool(return_log_probs)),
-                      return_cum_log_probs=return_cum_log_probs)
+                      return_cum_log_probs=return_cum_log_probs, memory_len=memory_len)
         opts = {key: _tensor("num_beams" if key == "beam_width" else key, v)
                 for key, v in values.items() if v is not None}
         extra = self.end_ids[1:] if end_id is None else ()
@@ -494,7 +494,7 @@ class GPT:
                  stop_words: WordsLike | None = None, bad_words: WordsLike | None = None,
                  end_id: int | Sequence[int] | None = None,
                  seed: int | Sequence[int] | None = None, return_log_probs: bool = False,
-                 return_cum_log_probs: int = 0) -> GenerationOutput:
+                 return_cum_log_probs: int = 0, memory_len: int = 0) -> GenerationOutput:
         """Generate ``max_new_tokens`` tokens per row (fewer when a row ends).
 
         Per-row arguments take a scalar (all rows) or a list of ``B`` values. FT's names in
@@ -533,6 +533,10 @@ class GPT:
             return_log_probs: also return per-token log probs [output_log_probs].
             return_cum_log_probs: FT's mode: 0 none, 1 generated tokens, 2 prompt + generated
                 [return_cum_log_probs]; beam search always returns them.
+            memory_len: > 0: every token (prompt and generated) attends only to its last
+                ``memory_len`` positions, its own included, on top of the model's own sliding
+                window; 0 = no window [memory_len]. ``max_seq_len`` still bounds the call (the
+                cache is not reused as a ring).
         Returns:
             :class:`GenerationOutput`.
         """
@@ -543,14 +547,14 @@ class GPT:
             frequency_penalty=frequency_penalty, min_length=min_length, num_beams=num_beams,
             length_penalty=length_penalty, diversity_rate=diversity_rate, stop_words=stop_words,
             bad_words=bad_words, end_id=end_id, seed=seed, return_log_probs=return_log_probs,
-            return_cum_log_probs=return_cum_log_probs)
+            return_cum_log_probs=return_cum_log_probs, memory_len=memory_len)
         return self._output(*call(self.engine))
 
     def _prepare(self, input_ids: IdsLike, max_new_tokens: int, *, input_lengths,
                  do_sample, top_k, top_p, temperature, repetition_penalty, presence_penalty,
                  frequency_penalty, min_length, num_beams, length_penalty, diversity_rate,
                  stop_words, bad_words, end_id, seed, return_log_probs, return_cum_log_probs,
-                 stacklevel: int = 4
+                 memory_len=0, stacklevel: int = 4
                  ) -> Callable[[Any], tuple[dict[str, torch.Tensor], torch.Tensor]]:
         """Check one call's arguments (raising ``ValueError`` as :meth:`generate` does) and
         return the call itself: a function of an engine (this GPT's engine or one of its
@@ -573,6 +577,7 @@ class GPT:
                 and stop_words is None and bad_words is None and seed is None
                 and not return_log_probs and type(return_cum_log_probs) is int
                 and return_cum_log_probs == 0 and (end_id is None or type(end_id) is int)
+                and type(memory_len) is int and memory_len == 0
                 and not (end_id is None and len(self.end_ids) > 1)):
             end = -1 if end_id is None else int(self._checked(
                 {"end_id": _tensor("end_id", end_id)}, ids.shape[0])["end_id"][0])
@@ -589,7 +594,8 @@ class GPT:
             min_length=min_length, num_beams=num_beams, length_penalty=length_penalty,
             diversity_rate=diversity_rate, stop_words=stop_words, bad_words=bad_words,
             end_id=end_id, seed=seed, return_log_probs=return_log_probs,
-            return_cum_log_probs=return_cum_log_probs, stacklevel=stacklevel)
+            return_cum_log_probs=return_cum_log_probs, memory_len=memory_len,
+            stacklevel=stacklevel)
 
         def decode(engine) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
             with torch.no_grad():
@@ -738,12 +744,12 @@ class GPT:
 _OPTION_NAMES = ("do_sample", "top_k", "top_p", "temperature", "repetition_penalty",
                  "presence_penalty", "frequency_penalty", "min_length", "num_beams",
                  "length_penalty", "diversity_rate", "stop_words", "bad_words", "end_id", "seed",
-                 "return_log_probs", "return_cum_log_probs")
+                 "return_log_probs", "return_cum_log_probs", "memory_len")
 _OPTION_DEFAULTS = dict(do_sample=False, top_k=None, top_p=None, temperature=1.0,
                         repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0,
                         min_length=0, num_beams=1, length_penalty=1.0, diversity_rate=0.0,
                         stop_words=None, bad_words=None, end_id=None, seed=None,
-                        return_log_probs=False, return_cum_log_probs=0)
+                        return_log_probs=False, return_cum_log_probs=0, memory_len=0)
 
 
 def _option_kwargs(kwargs: dict) -> dict:

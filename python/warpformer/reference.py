@@ -127,6 +127,8 @@ class GptReference(torch.nn.Module):
                                  f"expected {list(spec.shape)}")
         self.w = dict(weights)
         self.act = _ACTIVATIONS[config.activation_type]
+        # A call's attention window (generate's memory_len; 0: none), on top of sliding_window.
+        self.memory_len = 0
         if config.use_attention_linear_bias:  # where the weights are (the backend runs on GPUs too)
             device = next(iter(weights.values())).device
             self.register_buffer("slopes", alibi_slopes(config.head_num).to(device),
@@ -205,9 +207,9 @@ class GptReference(torch.nn.Module):
         if c.use_attention_linear_bias:  # slope * key position (shift-invariant per query row)
             scores = scores + self.slopes.to(scores.dtype)[:, None, None] * key_pos[:, None, None]
         allowed = key_pos[:, None, None, :] <= pos[:, None, :, None]  # [B, 1, T, K]
-        if c.sliding_window:  # the last sliding_window positions, the query's own included
-            allowed = allowed & (key_pos[:, None, None, :] > pos[:, None, :, None]
-                                 - c.sliding_window)
+        window = min((w for w in (c.sliding_window, self.memory_len) if w > 0), default=0)
+        if window:  # the last `window` positions, the query's own included
+            allowed = allowed & (key_pos[:, None, None, :] > pos[:, None, :, None] - window)
         scores = scores.masked_fill(~allowed, float("-inf"))
         probs = torch.softmax(scores.float(), dim=-1).to(v.dtype)
         out = torch.einsum("bnqk,bknd->bqnd", probs, v).reshape(B, T, h)

@@ -65,6 +65,7 @@ class _Options:
     diversity_rate: float
     return_log_probs: int
     return_cum_log_probs: int
+    memory_len: int
     bad_words: list[list[list[int]]]
     stop_words: list[list[list[int]]]
 
@@ -162,6 +163,7 @@ class ReferenceEngine:
         self._check(input_ids, input_lengths, 0)
         ids = input_ids.to(self.device).long()
         lengths = input_lengths.to(self.device).long()
+        self.model.memory_len = 0
         logits = self.model.forward(ids, lengths)
         valid = torch.arange(ids.shape[1], device=ids.device)[None] < lengths[:, None]
         return logits * valid[:, :, None]
@@ -210,6 +212,7 @@ class ReferenceEngine:
             raise RuntimeError(f"input_lengths must be in [1, {S}], got {lengths.tolist()}")
         o = _Options.parse(options, B, self.config.vocab_size, self.config.end_id)
         W, N, c = o.beam_width, output_len, self.config
+        self.model.memory_len = o.memory_len  # the prompt pass and the steps of this call
         total = S + N
         dt = self.model.w["wte"].dtype
         caches = [(torch.zeros(B, total, c.kv_heads, c.size_per_head, dtype=dt, device=dev),

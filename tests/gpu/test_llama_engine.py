@@ -134,3 +134,42 @@ def test_dynamic_scaling_past_its_context_is_refused(folders):
                                            r"max_seq_len <= 256 or backend='reference'"):
         GPT.from_pretrained(folder, backend="cuda", dtype=torch.float32, max_batch=1,
                             max_seq_len=300)
+
+
+def test_memory_len_equals_hf_sliding_window(folders):
+    """generate(memory_len=N) on the CUDA engine equals transformers' Mistral with a sliding
+    window of N over the same weights (greedy, fp32, rows of 1 and 3 for the GEMV and the
+    fused and unfused decode paths); alternating N and 0 on one instance re-captures its step
+    graphs each time (a graph kept from the other window would give the other text)."""
+    model, folder = folders["llama-gqa"]
+    window = 8
+    cfg = transformers.MistralConfig(
+        **{k: getattr(model.config, k) for k in (
+            "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+            "num_attention_heads", "num_key_value_heads", "max_position_embeddings",
+            "rms_norm_eps", "bos_token_id", "eos_token_id")},
+        rope_theta=model.config.rope_parameters["rope_theta"], sliding_window=window)
+    cfg._attn_implementation = "eager"
+    with torch.device("cuda"):
+        mistral = transformers.MistralForCausalLM(cfg).eval()
+    mistral.load_state_dict(model.state_dict())
+    ids = torch.randint(3, 1000, (3, 30), generator=torch.Generator().manual_seed(9))
+    lengths = [30, 17, 12]
+    rows = [ids[b, :n].tolist() for b, n in enumerate(lengths)]
+
+    def hf(m, b):
+        with torch.no_grad():
+            n = lengths[b]
+            out = m.generate(ids[b:b + 1, :n].cuda(), max_new_tokens=16, do_sample=False,
+                             eos_token_id=None, pad_token_id=0)[0, n:].tolist()
+        return out[:out.index(0) + 1] if 0 in out else out
+
+    windowed = [hf(mistral, b) for b in range(3)]
+    plain = [hf(model, b) for b in range(3)]
+    assert windowed != plain
+    gpt = GPT.from_pretrained(folder, backend="cuda", dtype=torch.float32, max_batch=4,
+                              max_seq_len=64)
+    for w, want in ((window, windowed), (0, plain), (window, windowed)):
+        got = gpt.generate(rows, 16, end_id=0, memory_len=w).tokens
+        assert [got[b][0] for b in range(3)] == want, w
+        assert gpt.generate(rows[:1], 16, end_id=0, memory_len=w).tokens[0][0] == want[0], w

@@ -106,6 +106,13 @@ GptModel::GptModel(GptConfig cfg, GptWeights weights, DType dtype, std::shared_p
   }
 }
 
+void GptModel::set_attention_window(int64_t window) {
+  TORCH_CHECK(window >= 0, "GptModel: memory_len must be >= 0 (0: no window), got ", window);
+  if (window == call_window_) return;
+  call_window_ = window;
+  ++buffer_generation_;  // the attention kernels' window is baked into captured graphs
+}
+
 void GptModel::ensure_kv(int64_t slots, int64_t seq_total) {
   // Beam search needs batch * beam rows; max_batch bounds the batch (checked by the caller).
   TORCH_CHECK(slots <= max_batch_ * kernels::kMaxBeamWidth, "GptModel: ", slots,
@@ -192,12 +199,18 @@ void GptModel::run_layers(int64_t tokens, const layers::AttentionInputs& base) {
   const size_t layer_kv = static_cast<size_t>(kv_slots_) * cfg_.local_kv_heads() * kv_seq_ *
                           cfg_.size_per_head * dtype_size(dtype_);
   using kernels::NormKind;
+  // The narrower of the model's sliding window and the call's (0: none); a window past the
+  // int range sees everything, as none does.
+  const int64_t w = cfg_.sliding_window > 0 && call_window_ > 0
+                        ? std::min(cfg_.sliding_window, call_window_)
+                        : std::max(cfg_.sliding_window, call_window_);
+  const int window = static_cast<int>(std::min<int64_t>(w, INT32_MAX));
   // Pre-norm layers normalise their own input (each layer's QKV product applies the previous
   // layer's last residual add and its input norm); post-norm layers end with the next norm.
   layers::ResidualStream stream{b.x};
   for (int64_t l = 0; l < n_local; ++l) {
     layers::AttentionInputs ai = base;
-    ai.window = static_cast<int>(std::min<int64_t>(cfg_.sliding_window, INT32_MAX));
+    ai.window = window;
     ai.k_cache = static_cast<char*>(kv_.data()) + (2 * l) * layer_kv;
     ai.v_cache = static_cast<char*>(kv_.data()) + (2 * l + 1) * layer_kv;
     layers::NextNorm next;

@@ -81,6 +81,10 @@ class GptModel final : public generation::Decoder {
   // Scoring pass. ids: device int32 [batch, seq] right-padded; lengths: host, 1..seq each.
   // logits: device [batch, seq, V] of the model dtype; rows past a sequence's length are zero.
   void forward(const int32_t* ids, const std::vector<int32_t>& lengths, int64_t seq, void* logits);
+  // The attention window of the calls that follow (a request's memory_len: each token attends to
+  // its last `window` positions; 0: none), on top of the config's sliding_window. Graphs
+  // captured under another window are not replayed (buffer_generation changes).
+  void set_attention_window(int64_t window);
   // (prompt graphs held, prompt passes replayed from one so far): for tests and benchmarks.
   std::pair<int64_t, int64_t> prompt_graph_stats() const {
     return {static_cast<int64_t>(prompt_graphs_.size()), prompt_replays_};
@@ -195,6 +199,7 @@ class GptModel final : public generation::Decoder {
   DeviceBuffer meta_;  // int32 per-call index arrays
   int64_t meta_ints_ = 0;
   size_t buffer_generation_ = 0;  // bumped whenever a buffer a graph may bake is reallocated
+  int64_t call_window_ = 0;       // set_attention_window
 
   int64_t prefill_group_tokens_ = 0;
   std::vector<PrefillGroup> groups_;  // set by plan_prefill
