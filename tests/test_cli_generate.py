@@ -122,6 +122,28 @@ def test_text_matches_generate_and_hf_greedy(env, tmp_path):
     assert rc == 0 and got[:len(ref)] == ref
 
 
+def test_memory_len_matches_generate(env):
+    """--memory-len N is generate(memory_len=N): each token sees its last N positions."""
+    rc, out, err = run_cli("--model", env["hf"], "--prompt", PROMPTS[0], "--max-new-tokens", N,
+                           "--memory-len", 3)
+    assert rc == 0, err
+    assert out == text_records(expected_text(env, PROMPTS[:1], memory_len=3))
+
+
+def test_weight_quant_matches_from_pretrained(env):
+    """--weight-quant int8 with --data-type bf16 is from_pretrained(weight_quant="int8") on the
+    bf16 conversion."""
+    rc, out, err = run_cli("--model", env["hf"], "--input-ids", "5,6,7", "--max-new-tokens", N,
+                           "--data-type", "bf16", "--weight-quant", "int8", "--output-format",
+                           "ids")
+    assert rc == 0, err
+    folder = next(env["cache"].glob("my-model-bf16-*/1-gpu"))
+    gpt = GPT.from_pretrained(folder, dtype=torch.bfloat16, max_batch=1, max_seq_len=16,
+                              backend="reference", weight_quant="int8")
+    want = gpt.generate([[5, 6, 7]], N).tokens[0][0]
+    assert [int(t) for t in out.strip().split(",")] == want
+
+
 def test_stdin_and_output_file(env, tmp_path):
     rc, out, err = run_cli("--model", env["hf"], "--max-new-tokens", N, "--output-file",
                            tmp_path / "out.txt", stdin="\n".join(PROMPTS[:2]) + "\n")
@@ -272,6 +294,9 @@ def _errors(w, tmp: Path) -> list[tuple[list, str]]:
         (["--model", hf, "--input-file", "-"], "stdin holds no prompts"),
         (["--model", hf, "--prompt", "x", "--tensor-para-size", "2"],
          "--tensor-para-size/--pipeline-para-size: world size 1"),
+        (["--model", hf, "--prompt", "x", "--memory-len", "-1"], "--memory-len must be >= 0"),
+        (["--model", hf, "--prompt", "x", "--weight-quant", "int8"],
+         "weight_quant='int8' quantizes an fp16 or bf16 folder"),
     ]
 
 

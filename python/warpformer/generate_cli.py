@@ -117,6 +117,9 @@ _OPTIONS: tuple[tuple[str, str | None, dict[str, Any], dict[str, Any]], ...] = (
         "subtracted from a seen token's logit once per occurrence (default %(default)s)")), {}),
     ("--min-length", None, dict(type=int, default=0, metavar="N", help=(
         "no end token before N new tokens (default %(default)s)")), {}),
+    ("--memory-len", "--memory_len", dict(type=int, default=0, metavar="N", help=(
+        "every token attends to its last N positions only (a sliding window; default 0: "
+        "all)")), {}),
     ("--num-beams", "--beam_width", dict(type=int, default=1, metavar="N", help=(
         "beam search with N beams, 1-16 (default 1: no beam search); every beam is printed, "
         "best first")), {}),
@@ -145,6 +148,9 @@ _OPTIONS: tuple[tuple[str, str | None, dict[str, Any], dict[str, Any]], ...] = (
         "this many)")), {}),
     ("--max-seq-len", None, dict(type=int, metavar="N", help=(
         "positions reserved per row (default: the longest prompt + {max_new_tokens})")), {}),
+    ("--weight-quant", None, dict(choices=("none", "int8", "int4"), default="none", help=(
+        "quantize an fp16/bf16 model's weights at load: int8 per channel, int4 in groups of "
+        "128 (default none; a folder converted with --weight-quant loads as it is)")), {}),
     ("--data-type", None, dict(choices=("auto", *DTYPES), default="auto", help=(
         "compute type, and the on-disk type a HF checkpoint is converted to (default auto: "
         "fp16 on the cuda backend, fp32 on the reference backend)")), {}),
@@ -379,7 +385,8 @@ def _rank_and_check(args: argparse.Namespace, flag: Callable[[str], str]) -> int
 
 def _check_args(args: argparse.Namespace, flag: Callable[[str], str]) -> bool:
     """Checks that need no model; returns whether to sample."""
-    for dest, low in (("max_new_tokens", 1), ("batch_size", 1), ("max_seq_len", 2)):
+    for dest, low in (("max_new_tokens", 1), ("batch_size", 1), ("max_seq_len", 2),
+                      ("memory_len", 0)):
         value = getattr(args, dest)
         if value is not None and value < low:
             raise ValueError(f"{flag(dest)} must be >= {low}, got {value}")
@@ -438,7 +445,9 @@ def _load(args: argparse.Namespace, flag: Callable[[str], str], model_dir: Path,
         return GPT.from_pretrained(model_dir, dtype=DTYPES[data_type],
                                    tensor_para_size=args.tensor_para_size,
                                    pipeline_para_size=args.pipeline_para_size, max_batch=batch,
-                                   max_seq_len=args.max_seq_len or need, backend=backend)
+                                   max_seq_len=args.max_seq_len or need, backend=backend,
+                                   weight_quant=None if args.weight_quant == "none"
+                                   else args.weight_quant)
 
 
 def _base_seed(args: argparse.Namespace, parallel: bool) -> int:
@@ -610,7 +619,7 @@ def run(args: argparse.Namespace) -> int:
         frequency_penalty=args.frequency_penalty, min_length=args.min_length,
         num_beams=args.num_beams, length_penalty=args.length_penalty,
         diversity_rate=args.diversity_rate, return_log_probs=args.return_log_probs,
-        return_cum_log_probs=args.return_cum_log_probs)
+        return_cum_log_probs=args.return_cum_log_probs, memory_len=args.memory_len)
     seed = 0
     if sample:
         kwargs["top_k"] = args.top_k  # None or 0: no limit
