@@ -9,6 +9,7 @@ K/V heads than ranks every rank keeps a copy of the one its Q heads use (``docs/
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from warpformer.weights import weight_specs
 
 from .errors import ConversionError
 from .mapping import (
+    ConfigDict,
     Plan,
     Rule,
     copy,
@@ -184,10 +186,26 @@ def make_config(hf: dict[str, Any], tp: int, data_type: str, arch: str | None = 
     )
 
 
+def _generation_eos(root: Path, hf: dict[str, Any]) -> dict[str, Any]:
+    """``hf`` with ``eos_token_id`` from ``generation_config.json`` when that file sets it: what
+    transformers' generate ends rows at (Llama 3 Instruct lists 128001 and 128009 there, while
+    config.json has 128009 alone)."""
+    path = Path(root) / "generation_config.json"
+    if not path.is_file():
+        return hf
+    try:
+        eos = json.loads(path.read_text(encoding="utf-8")).get("eos_token_id")
+    except (OSError, ValueError) as exc:
+        raise ConversionError(f"{path}: not readable as JSON ({exc})") from None
+    if eos is None:
+        return hf
+    return ConfigDict({**hf, "eos_token_id": eos}, getattr(hf, "where", str(path)))
+
+
 def build_plan(root: Path, hf: dict[str, Any], tp: int, data_type: str) -> Plan:
     """Plan converting the LLaMA-style checkpoint under ``root``."""
     arch = _architecture(hf)
-    cfg = make_config(hf, tp, data_type, arch)
+    cfg = make_config(_generation_eos(root, hf), tp, data_type, arch)
     ckpt = HfCheckpoint.open(root)
     find_prefix(ckpt.keys(), "model.embed_tokens.weight", ("",))
     rules = list(RULES)

@@ -93,6 +93,11 @@ ENGINE_TINY = {
     "gpt2-head160": lambda: transformers.GPT2Config(vocab_size=1000, n_embd=320, n_head=2,
                                                     n_layer=2, n_positions=512, bos_token_id=1,
                                                     eos_token_id=2),
+    # RMSNorm, the gated SiLU MLP, grouped-query attention (4 query heads over 2 K/V heads).
+    "llama-gqa": lambda: transformers.LlamaConfig(
+        vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        bos_token_id=1, eos_token_id=2),
 }
 
 

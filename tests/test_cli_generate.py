@@ -295,7 +295,7 @@ def _errors(w, tmp: Path) -> list[tuple[list, str]]:
         (["--model", hf, "--prompt", "x", "--tensor-para-size", "2"],
          "--tensor-para-size/--pipeline-para-size: world size 1"),
         (["--model", hf, "--prompt", "x", "--memory-len", "-1"], "--memory-len must be >= 0"),
-        (["--model", hf, "--prompt", "x", "--weight-quant", "int8"],
+        (["--model", hf, "--prompt", "x", "--data-type", "fp32", "--weight-quant", "int8"],
          "weight_quant='int8' quantizes an fp16 or bf16 folder"),
     ]
 

@@ -8,14 +8,17 @@ tests/gpu/test_llama_engine.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 
 import pytest
 import torch
 import transformers
 
 import warpformer  # noqa: F401
-from warpformer.config import ConfigError, GptConfig
+from warpformer.cli import main as cli_main
+from warpformer.config import ConfigError, GptConfig, QuantScheme
 from warpformer.converters import ConversionError, convert
 from warpformer.gpt import GPT
 from warpformer.reference import GptReference
@@ -130,8 +133,17 @@ def test_greedy_and_beam_equal_hf(models, name, tmp_path):
     assert beam == hf_beam[0, 11:].tolist()
 
 
+def _cli(*argv) -> tuple[int, str, str]:
+    """``warpformer generate ARGV`` on the reference backend: (exit code, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = cli_main(["generate", "--backend", "reference", *map(str, argv)])
+    return rc, out.getvalue(), err.getvalue()
+
+
 def test_several_end_ids_end_rows_as_hf(models, tmp_path):
-    """A HF eos_token_id list (Llama 3 Instruct's three) converts to end_id + extra_end_ids, and
+    """A HF eos_token_id list (Llama 3 Instruct's, in generation_config.json) converts to end_id +
+    extra_end_ids, and
     generate without end_id ends a row at any of them, as HF's generate with the list does
     (greedy tokens equal HF's); min_length and beam search, which would end rows at end_id only,
     are refused by name."""
@@ -143,7 +155,10 @@ def test_several_end_ids_end_rows_as_hf(models, tmp_path):
     stop = free[6]  # a token greedy emits mid-generation: the second end id
     first = next(t for t in range(3, 128) if t not in free)  # never emitted
     eos = [first, stop]
-    model.config.eos_token_id = eos
+    # As Llama 3 Instruct ships them: config.json has one id, generation_config.json (what
+    # transformers' generate reads) the list.
+    model.config.eos_token_id = first
+    model.generation_config.eos_token_id = eos
     try:
         model.save_pretrained(tmp_path / "hf")
         with torch.no_grad():
@@ -151,7 +166,7 @@ def test_several_end_ids_end_rows_as_hf(models, tmp_path):
                                   max_new_tokens=16, do_sample=False, eos_token_id=eos,
                                   pad_token_id=first)[0, 11:].tolist()
     finally:
-        model.config.eos_token_id = 2
+        model.config.eos_token_id = model.generation_config.eos_token_id = 2
     out = convert(tmp_path / "hf", tmp_path / "wf", 1, "fp32").output_dir
     cfg = GptConfig.from_ini(out / "config.ini")
     assert (cfg.end_id, cfg.extra_end_ids, cfg.end_ids) == (first, str(stop), (first, stop))
@@ -172,6 +187,17 @@ def test_several_end_ids_end_rows_as_hf(models, tmp_path):
     # ... and with end_id given they run as for any model.
     beam = gpt.generate([prompt[0].tolist()], 10, num_beams=3, end_id=first).tokens[0][0]
     assert len(beam) == 10
+    # warpformer generate: a row ends at either id (streamed too, with nothing after it), and
+    # beam search runs on the first id alone, with a note.
+    ids_arg = ",".join(map(str, prompt[0].tolist()))
+    for extra_args in ([], ["--stream"]):
+        rc, out_text, err = _cli("--model", out, "--input-ids", ids_arg, "--max-new-tokens", 16,
+                                 "--output-format", "ids", *extra_args)
+        assert rc == 0, err
+        assert [int(t) for t in out_text.strip().split(",")] == got, (extra_args, out_text)
+    rc, _, err = _cli("--model", out, "--input-ids", ids_arg, "--max-new-tokens", 4,
+                      "--num-beams", 2)
+    assert rc == 0 and f"only the first of the model's end ids [{first}, {stop}]" in err, err
     with pytest.raises(ConfigError, match=r"extra_end_ids \[500\] outside \[0, vocab_size"):
         dataclasses.replace(cfg, extra_end_ids="500")
     with pytest.raises(ConfigError, match=r"extra_end_ids must be comma-separated token ids"):
@@ -216,6 +242,13 @@ def test_memory_len_equals_a_sliding_window(models, tmp_path):
     assert got.tokens[0][0] == want
     assert gpt.generate(row, 12, end_id=0, memory_len=0).tokens[0][0] == plain
     assert gpt.generate(row, 12, end_id=0).tokens[0][0] == plain  # the call before left nothing
+    # A forward pass between the steps of a windowed stream leaves the stream's window alone.
+    stream = gpt.generate_stream(row, 12, end_id=0, memory_len=window)
+    streamed = [int(t) for t in next(stream).reshape(-1)]
+    gpt.logits(row)
+    for step in stream:
+        streamed += [int(t) for t in step.reshape(-1)]
+    assert streamed[:len(want)] == want
     # Mistral's own window of 5 with memory_len 6: the narrower (5) applies.
     m_model, m_folder = models["mistral-window"]
     m_gpt = GPT.from_pretrained(convert(m_folder, tmp_path / "m", 1, "fp32").output_dir,
@@ -224,6 +257,34 @@ def test_memory_len_equals_a_sliding_window(models, tmp_path):
             == m_gpt.generate(row, 8, end_id=0).tokens)
     with pytest.raises(ValueError, match=r"option 'memory_len' must be >= 0 \(0: no window\)"):
         gpt.generate(row, 4, memory_len=-1)
+
+
+@pytest.mark.parametrize("scheme", [QuantScheme("int8"), QuantScheme("int4", 16),
+                                    QuantScheme("int4", 16, True)], ids=str)
+def test_weight_quant_llama(scheme, tmp_path):
+    """int8 / int4 Llama weights (the gated MLP's gate included, grouped-query QKV with one K/V
+    head copied on both ranks): converted at TP 1 and 2 they give the same logits (every split
+    falls on the quantization's rows and groups), quantizing at load equals the converted
+    folder, and the error against the fp16 weights is int8's / int4's size."""
+    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=96,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=1, max_position_embeddings=256)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(cfg).eval().half().save_pretrained(tmp_path / "hf")
+    ids = torch.randint(3, 128, (2, 10), generator=torch.Generator().manual_seed(3))
+    dense_dir = convert(tmp_path / "hf", tmp_path / "dense", 1, "fp16").output_dir
+    dense = GPT.from_pretrained(dense_dir, backend="reference").logits(ids).float()
+    got = {}
+    for tp in (1, 2):
+        out = convert(tmp_path / "hf", tmp_path / f"q{tp}", tp, "fp16",
+                      weight_quant=scheme).output_dir
+        assert (out / "model.layers.0.mlp.gate.weight_scale.0.bin").exists()
+        got[tp] = GPT.from_pretrained(out, backend="reference").logits(ids).float()
+    torch.testing.assert_close(got[2], got[1], rtol=0, atol=0)
+    at_load = GPT.from_pretrained(dense_dir, backend="reference", weight_quant=scheme)
+    torch.testing.assert_close(at_load.logits(ids).float(), got[1], rtol=0, atol=0)
+    err = float((got[1] - dense).abs().max() / dense.abs().max())
+    assert 1e-4 < err < (0.05 if scheme.mode == "int8" else 0.3), err
 
 
 def test_engine_refuses_what_its_kernels_lack(models, tmp_path):

@@ -2,10 +2,11 @@
 (``warpformer demo --model-dir``, ``warpformer generate --model``) is converted once and reused.
 
 Where: ``$WARPFORMER_CACHE``, else ``$XDG_CACHE_HOME/warpformer``, else ``~/.cache/warpformer``.
-One folder per (checkpoint's absolute path, its ``config.json``'s modification time, on-disk data
-type), named ``<checkpoint folder name>-<data type>-<hash>``, holding one ``<tp>-gpu`` folder per
-tensor-parallel size. The converter writes each ``<tp>-gpu`` folder atomically (a temporary
-folder renamed when complete), so an interrupted conversion leaves no half-written cache entry.
+One folder per (checkpoint's absolute path, the modification times of its ``config.json`` and
+``generation_config.json``, on-disk data type, :data:`CONVERTED_LAYOUT`), named ``<checkpoint
+folder name>-<data type>-<hash>``, holding one ``<tp>-gpu`` folder per tensor-parallel size. The
+converter writes each ``<tp>-gpu`` folder atomically (a temporary folder renamed when complete),
+so an interrupted conversion leaves no half-written cache entry.
 """
 
 from __future__ import annotations
@@ -30,10 +31,16 @@ def cache_root() -> Path:
                                / "warpformer"))
 
 
+# Bumped when a converter starts writing something the engine reads (2: extra_end_ids), so that
+# a folder cached by an older converter is not reused.
+CONVERTED_LAYOUT = 2
+
+
 def cache_dir(model_dir: Path, data_type: str) -> Path:
     """The cache folder of HF checkpoint ``model_dir`` converted to ``data_type``."""
-    cfg = model_dir / "config.json"
-    stamp = f"{model_dir.resolve()}:{cfg.stat().st_mtime_ns if cfg.exists() else 0}:{data_type}"
+    times = [(model_dir / f).stat().st_mtime_ns if (model_dir / f).exists() else 0
+             for f in ("config.json", "generation_config.json")]
+    stamp = f"{model_dir.resolve()}:{times[0]}:{data_type}:{times[1]}:{CONVERTED_LAYOUT}"
     key = hashlib.sha1(stamp.encode()).hexdigest()[:12]
     return cache_root() / f"{model_dir.resolve().name}-{data_type}-{key}"
 

@@ -469,7 +469,7 @@ def _base_seed(args: argparse.Namespace, parallel: bool) -> int:
 # GPT.generate's options that are set by the option of the same name.
 _GPT_OPTIONS = frozenset(("top_k", "top_p", "temperature", "repetition_penalty",
                           "presence_penalty", "frequency_penalty", "min_length", "num_beams",
-                          "length_penalty", "diversity_rate", "seed"))
+                          "length_penalty", "diversity_rate", "seed", "memory_len"))
 
 
 # The argument an option error names: the engine's "GptModel.decode: option 'beam_width'
@@ -492,8 +492,8 @@ def _call(fn: Callable[[], Any], flag: Callable[[str], str]) -> Any:
         raise
 
 
-def _decode(tokenizer: Any, ids: list[int], end_id: int) -> str:
-    return tokenizer.decode(ids[:-1] if ids and ids[-1] == end_id else ids)
+def _decode(tokenizer: Any, ids: list[int], end_ids: tuple[int, ...]) -> str:
+    return tokenizer.decode(ids[:-1] if ids and ids[-1] in end_ids else ids)
 
 
 def _label(i: int, k: int, beams: int) -> str:
@@ -501,7 +501,7 @@ def _label(i: int, k: int, beams: int) -> str:
 
 
 def _format(fmt: str, i: int, multi: bool, prompt: _Prompt, out: GenerationOutput, b: int,
-            tokenizer: Any, end_id: int) -> str:
+            tokenizer: Any, end_ids: tuple[int, ...]) -> str:
     """Row ``b`` of ``out`` (prompt number ``i``) as ``fmt`` prints it."""
     beams = out.tokens[b]
     cum = None if out.cum_log_probs is None else out.cum_log_probs[b].tolist()
@@ -511,14 +511,14 @@ def _format(fmt: str, i: int, multi: bool, prompt: _Prompt, out: GenerationOutpu
         return "".join(",".join(map(str, t)) + "\n" for t in beams)
     if fmt == "text":
         return "".join((_label(i, k, len(beams)) + "\n" if multi else "")
-                       + _decode(tokenizer, t, end_id) + "\n" for k, t in enumerate(beams))
+                       + _decode(tokenizer, t, end_ids) + "\n" for k, t in enumerate(beams))
     if fmt == "jsonl":
         rec: dict[str, Any] = {"index": i}
         if prompt.text is not None:
             rec["prompt"] = prompt.text
         rec["input_ids"] = prompt.ids
         if tokenizer is not None:
-            rec["output"] = [_decode(tokenizer, t, end_id) for t in beams]
+            rec["output"] = [_decode(tokenizer, t, end_ids) for t in beams]
         rec["output_ids"] = beams
         if cum is not None:
             rec["cum_log_probs"] = cum
@@ -532,7 +532,7 @@ def _format(fmt: str, i: int, multi: bool, prompt: _Prompt, out: GenerationOutpu
         tag = f"[{i}][beam {k}]"
         lines += [f"{tag} input: {shown}", f"{tag} output ids: {t}"]
         if tokenizer is not None:
-            lines.append(f"{tag} output: {_decode(tokenizer, t, end_id)}")
+            lines.append(f"{tag} output: {_decode(tokenizer, t, end_ids)}")
         if cum is not None:
             lines.append(f"{tag} cum_log_probs: {cum[k]:.4f}")
         if logp is not None:
@@ -545,7 +545,7 @@ def _stream_one(gpt: GPT, prompt: _Prompt, max_new_tokens: int, kwargs: dict[str
                 ) -> GenerationOutput:
     """Generate for one prompt, writing ``header`` then its text (or ids) as the tokens come;
     the bytes written equal the ``text`` (``ids``) format of the result."""
-    end = gpt.end_id
+    end = gpt.end_ids if kwargs.get("end_id") is None else (kwargs["end_id"],)
     toks: list[int] = []
     shown, printed = "", 0
 
@@ -572,7 +572,7 @@ def _stream_one(gpt: GPT, prompt: _Prompt, max_new_tokens: int, kwargs: dict[str
             out = stop.value
             break
         for t in step[0].tolist():
-            if not toks or toks[-1] != end:  # an ended row keeps reporting end_id
+            if not toks or toks[-1] not in end:  # an ended row keeps reporting end_id
                 toks.append(t)
         emit(False)
     toks = list(out.tokens[0][0])
@@ -597,8 +597,10 @@ def run(args: argparse.Namespace) -> int:
     sample = _check_args(args, flag)
     kind, model_dir = _resolve_model(args.model, args.tensor_para_size, flag("model"))
     backend = _backend(args, flag, parallel)
+    # auto: fp16 on the GPU, fp32 on the CPU reference; bf16 there when quantizing, whose scales
+    # are in a 16-bit compute type.
     data_type = args.data_type if args.data_type != "auto" else (
-        "fp16" if backend == "cuda" else "fp32")
+        "fp16" if backend == "cuda" else "bf16" if args.weight_quant != "none" else "fp32")
     tokenizer = _tokenizer(args, flag, model_dir if kind == "hf" else None)
     fmt = args.output_format or ("text" if tokenizer is not None else "ids")
     if fmt == "text" and tokenizer is None:
@@ -629,6 +631,12 @@ def run(args: argparse.Namespace) -> int:
     elif args.temperature != 1.0:
         say(f"note: {flag('temperature')} has no effect on greedy decoding (add "
             f"{flag('do_sample')} to sample)")
+    if len(gpt.end_ids) > 1 and (args.num_beams > 1 or args.min_length > 0):
+        # Beam search and min_length end rows at one end id only (GPT.generate refuses the
+        # checkpoint's list with them): the first.
+        kwargs["end_id"] = gpt.end_id
+        say(f"note: with {flag('num_beams' if args.num_beams > 1 else 'min_length')} only the "
+            f"first of the model's end ids {list(gpt.end_ids)} ends a row")
 
     sink = None
     if rank0 and args.output_file:
@@ -648,7 +656,8 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.flush()
 
     multi = len(prompts) * args.num_beams > 1
-    end, new_tokens = gpt.end_id, 0
+    end = gpt.end_ids if kwargs.get("end_id") is None else (kwargs["end_id"],)
+    new_tokens = 0
     t0 = time.perf_counter()
     try:
         if args.stream:

@@ -452,22 +452,25 @@ class GPT:
                       return_cum_log_probs=return_cum_log_probs, memory_len=memory_len)
         opts = {key: _tensor("num_beams" if key == "beam_width" else key, v)
                 for key, v in values.items() if v is not None}
-        extra = self.end_ids[1:] if end_id is None else ()
-        if extra:
-            # The checkpoint's further end ids end a row as one-token stop words, which finish a
-            # row and keep the token, as an end id does. min_length bans only end_id, and beam
-            # search takes no stop words: with either, the others would not end a row (refused).
-            what = ("min_length > 0" if bool((opts["min_length"] > 0).any())
-                    else "num_beams > 1" if int(opts["beam_width"]) > 1 else None)
-            if what is not None:
-                raise ValueError(
-                    f"{what} with the checkpoint's several end ids {list(self.end_ids)} is not "
-                    f"supported (only end_id {self.end_id} would end a row); pass end_id=<one "
-                    "id> to use it")
-            stop_words = _with_words(stop_words, [[t] for t in extra])
         for name, words in (("stop_words", stop_words), ("bad_words", bad_words)):
             if words is not None:
                 opts[name] = words_to_ft(words, name=name)
+        checked = self._checked(opts, batch)
+        extra = self.end_ids[1:] if end_id is None else ()
+        if not extra:
+            return checked
+        # The checkpoint's further end ids end a row as one-token stop words, which finish a row
+        # and keep the token, as an end id does. min_length bans only end_id, and beam search
+        # takes no stop words: with either, the others would not end a row (refused).
+        what = ("min_length > 0" if bool((checked["min_length"] > 0).any())
+                else "num_beams > 1" if int(checked["beam_width"]) > 1 else None)
+        if what is not None:
+            raise ValueError(
+                f"{what} with the checkpoint's several end ids {list(self.end_ids)} is not "
+                f"supported (only end_id {self.end_id} would end a row); pass end_id=<one id> "
+                "to use it")
+        opts["stop_words"] = words_to_ft(_with_words(stop_words, [[t] for t in extra]),
+                                         name="stop_words")
         return self._checked(opts, batch)
 
     def _checked(self, opts: dict[str, torch.Tensor], batch: int) -> dict[str, torch.Tensor]:

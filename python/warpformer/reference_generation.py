@@ -288,6 +288,7 @@ class ReferenceEngine:
     def _advance(self, st: dict, tokens: torch.Tensor) -> None:
         """Feed ``tokens`` ``[B*W]`` (the last chosen ones) through the model."""
         pos = (st["lengths"].repeat_interleave(st["W"]) + st["step"] - 1)[:, None]
+        self.model.memory_len = st["opts"].memory_len  # a forward() between steps resets it
         st["last"] = self.model._run(tokens[:, None], pos, st["caches"])[:, 0]
 
     @torch.no_grad()

@@ -1,6 +1,7 @@
 """The engine on weight-only int8 / int4 weights (issue 52's oracle), for every decoder
 architecture: GPT-2 (pre-norm, learned positions), OPT-350m's post-norm, BLOOM (ALiBi), GPT-J
-(parallel residual, one norm, rotary) and GPT-NeoX (parallel residual, two norms).
+(parallel residual, one norm, rotary), GPT-NeoX (parallel residual, two norms) and Llama (RMSNorm,
+gated MLP, grouped-query attention).
 
 - Logits: the quantized fp16 engine against the reference in fp32 on the dequantized weights is
   at most 2x as far off as the dense fp16 engine on those same dequantized weights, in a prompt
@@ -32,7 +33,8 @@ pytestmark = pytest.mark.gpu
 
 # One model of each decoder form (the engine tests' tiny shapes).
 SHAPES = {name: ENGINE_TINY[name]
-          for name in ("gpt2", "opt-350m-style", "bloom", "gptj", "gptneox-parallel")}
+          for name in ("gpt2", "opt-350m-style", "bloom", "gptj", "gptneox-parallel",
+                       "llama-gqa")}
 # int4 group 8: a format the quantized GEMV cannot step through (groups of 16 rows or more), so
 # every product, decode steps included, dequantizes into the scratch and runs the GEMM.
 SCHEMES = {"int8": QuantScheme("int8"), "int4": QuantScheme("int4", 32),
