@@ -173,3 +173,38 @@ def test_memory_len_equals_hf_sliding_window(folders):
         got = gpt.generate(rows, 16, end_id=0, memory_len=w).tokens
         assert [got[b][0] for b in range(3)] == want, w
         assert gpt.generate(rows[:1], 16, end_id=0, memory_len=w).tokens[0][0] == want[0], w
+
+
+def test_several_end_ids_end_rows_as_hf(folders, tmp_path):
+    """A generation_config.json eos list (Llama 3 Instruct's layout) converts to end_id +
+    extra_end_ids; the CUDA engine ends each row at any of them, as transformers' generate does
+    with the list (greedy, rows of 1 and 3)."""
+    model, _ = folders["llama-gqa"]
+    ids = torch.randint(3, 1000, (3, 20), generator=torch.Generator().manual_seed(11))
+    with torch.no_grad():
+        free = [model.generate(ids[b:b + 1].cuda(), max_new_tokens=16, do_sample=False,
+                               eos_token_id=None, pad_token_id=0)[0, 20:].tolist()
+                for b in range(3)]
+    stop = free[0][5]  # row 0 emits it mid-generation
+    first = next(t for t in range(3, 1000) if all(t not in f for f in free))
+    eos = [first, stop]
+    saved = model.config.eos_token_id, model.generation_config.eos_token_id
+    model.config.eos_token_id, model.generation_config.eos_token_id = first, eos
+    try:
+        model.save_pretrained(tmp_path / "hf")
+        with torch.no_grad():
+            want = []
+            for b in range(3):
+                out = model.generate(ids[b:b + 1].cuda(), max_new_tokens=16, do_sample=False,
+                                     eos_token_id=eos, pad_token_id=first)[0, 20:].tolist()
+                want.append(out[:out.index(stop) + 1] if stop in out else out)
+    finally:
+        model.config.eos_token_id, model.generation_config.eos_token_id = saved
+    folder = convert(tmp_path / "hf", tmp_path / "wf", 1, "fp32").output_dir
+    gpt = GPT.from_pretrained(folder, backend="cuda", dtype=torch.float32, max_batch=4,
+                              max_seq_len=64)
+    assert gpt.end_ids == (first, stop)
+    rows = [ids[b].tolist() for b in range(3)]
+    got = gpt.generate(rows, 16).tokens
+    assert [got[b][0] for b in range(3)] == want
+    assert gpt.generate(rows[:1], 16).tokens[0][0] == want[0]
