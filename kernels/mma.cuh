@@ -78,17 +78,8 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
 #endif
 }
 
-__device__ __forceinline__ void cp_async16_zfill(void* dst, const void* src, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(shared_addr(dst)), "l"(src),
-               "r"(bytes)
-               : "memory");
-#else
-  __trap();
-#endif
-}
-
-// The same with an L2 cache policy (evict_first_policy()): streamed weights leave L2 first.
+// 16 bytes with zero fill and an L2 cache policy (evict_first_policy()): streamed weights leave
+// L2 first.
 __device__ __forceinline__ void cp_async16_zfill_hint(void* dst, const void* src, uint32_t bytes,
                                                       uint64_t policy) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
