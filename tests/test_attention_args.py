@@ -53,6 +53,24 @@ def test_fake_shapes() -> None:
     assert out.shape == (2, 4, 80) and out.dtype == torch.float16
 
 
+def test_context_attention_seq_past_schema() -> None:
+    """seq_past is a trailing optional tensor, so calls without it keep their meaning."""
+    args = ops.context_attention.default._schema.arguments
+    assert [a.name for a in args[-2:]] == ["window", "seq_past"]
+    assert str(args[-1].type) == "Optional[Tensor]" and args[-1].default_value is None
+    assert args[-1].alias_info is None
+
+
+def test_context_attention_seq_past_fake_shape() -> None:
+    def meta(*shape, dtype=torch.float16):
+        return torch.empty(*shape, dtype=dtype, device="meta")
+
+    kc = meta(3, 4, 16, 80)
+    out = ops.context_attention(meta(5, 4, 80), kc, kc, meta(3, dtype=I32), meta(2, dtype=I32),
+                                None, 0.1, 4, seq_past=meta(2, dtype=I32))
+    assert out.shape == (5, 4, 80) and out.dtype == torch.float16
+
+
 @pytest.mark.parametrize("heads", range(1, 25))
 def test_alibi_slopes_match_hf(heads: int) -> None:
     bloom = pytest.importorskip("transformers.models.bloom.modeling_bloom")
@@ -133,6 +151,20 @@ def ctx_args(**over):
 def test_context_attention_validation(over, msg) -> None:
     with pytest.raises(RuntimeError, match=r"warpformer.context_attention: " + msg):
         ops.context_attention(*ctx_args(**over))
+
+
+# seq_past by keyword (after window=0): dtype and shape are checked before the device; its device
+# and values (negative, past + length over max_seq) need a GPU (tests/gpu/test_attention_past.py).
+@pytest.mark.parametrize("past,msg", [
+    (torch.zeros(2), r"seq_past must have dtype Int"),
+    (torch.zeros(2, dtype=torch.int64), r"seq_past must have dtype Int"),
+    (torch.zeros(2, 1, dtype=I32), r"seq_past must be 1-dimensional"),
+    (torch.zeros(3, dtype=I32), r"seq_past.shape\[0\] must be 2 \(batch = cu_seqlens"),
+    (torch.zeros(2, dtype=I32), r"q must be a CUDA tensor"),
+])
+def test_context_attention_seq_past_validation(past, msg) -> None:
+    with pytest.raises(RuntimeError, match=r"warpformer.context_attention: " + msg):
+        ops.context_attention(*ctx_args(), seq_past=past)
 
 
 def dec_args(**over):

@@ -224,7 +224,8 @@ at::Tensor qkv_rotary_cache(const at::Tensor& qkv, const OptTensor& bias, at::Te
 at::Tensor context_attention(const at::Tensor& q, const at::Tensor& k_cache,
                              const at::Tensor& v_cache, const at::Tensor& cu_seqlens,
                              const at::Tensor& seq_slot, const OptTensor& alibi_slopes,
-                             double scale, int64_t max_seqlen, int64_t window) {
+                             double scale, int64_t max_seqlen, int64_t window,
+                             const OptTensor& seq_past) {
   const char* op = "warpformer.context_attention";
   check_window(window, op);
   check_floating(q, op, "q");
@@ -242,6 +243,9 @@ at::Tensor context_attention(const at::Tensor& q, const at::Tensor& k_cache,
               cu_seqlens.sizes());
   const int64_t batch = cu_seqlens.size(0) - 1;
   check_index(seq_slot, batch, op, "seq_slot", "batch = cu_seqlens.shape[0] - 1");
+  if (seq_past.has_value()) {
+    check_index(*seq_past, batch, op, "seq_past", "batch = cu_seqlens.shape[0] - 1");
+  }
   check_slopes(alibi_slopes, heads, op);
   TORCH_CHECK(max_seqlen >= 0 && max_seqlen <= INT32_MAX, op,
               ": max_seqlen must be in [0, 2^31), got ", max_seqlen);
@@ -251,9 +255,14 @@ at::Tensor context_attention(const at::Tensor& q, const at::Tensor& k_cache,
   check_cuda(cu_seqlens, op, "cu_seqlens", q, "q");
   check_cuda(seq_slot, op, "seq_slot", q, "q");
   if (alibi_slopes.has_value()) check_cuda(*alibi_slopes, op, "alibi_slopes", q, "q");
+  if (seq_past.has_value()) check_cuda(*seq_past, op, "seq_past", cu_seqlens, "cu_seqlens");
 
   const c10::cuda::CUDAGuard guard(q.device());
   const std::vector<int32_t> cu = host_values(cu_seqlens);
+  // Positions already cached per sequence (none without seq_past): the new rows follow them.
+  const std::vector<int32_t> past = seq_past.has_value()
+                                        ? host_values(*seq_past)
+                                        : std::vector<int32_t>(static_cast<size_t>(batch), 0);
   TORCH_CHECK(cu[0] == 0, op, ": cu_seqlens[0] must be 0, got ", cu[0]);
   TORCH_CHECK(cu[batch] == tokens, op, ": cu_seqlens[-1] must equal the number of tokens of q (",
               tokens, "), got ", cu[batch]);
@@ -265,6 +274,11 @@ at::Tensor context_attention(const at::Tensor& q, const at::Tensor& k_cache,
                 " tokens, more than the cache's max_seq = ", k_cache.size(2));
     TORCH_CHECK(len <= max_seqlen, op, ": sequence ", b, " has ", len,
                 " tokens, more than max_seqlen = ", max_seqlen);
+    TORCH_CHECK(past[b] >= 0, op, ": seq_past[", b, "] = ", past[b],
+                " is negative (it counts the positions already cached)");
+    TORCH_CHECK(past[b] + len <= k_cache.size(2), op, ": sequence ", b, " has seq_past[", b,
+                "] = ", past[b], " cached + ", len,
+                " new positions, more than the cache's max_seq = ", k_cache.size(2));
   }
   check_values_in(host_values(seq_slot), 0, k_cache.size(0), op, "seq_slot",
                   "the slots of k_cache");
@@ -274,6 +288,7 @@ at::Tensor context_attention(const at::Tensor& q, const at::Tensor& k_cache,
   check_aligned(v_cache, op, "v_cache");
   const at::Tensor cu_d = cu_seqlens.contiguous();
   const at::Tensor slot_d = seq_slot.contiguous();
+  const OptTensor past_d = seq_past.has_value() ? OptTensor(seq_past->contiguous()) : OptTensor();
   const OptTensor slopes =
       alibi_slopes.has_value() ? OptTensor(alibi_slopes->contiguous()) : OptTensor();
   at::Tensor out = at::empty_like(x);
@@ -296,6 +311,7 @@ at::Tensor context_attention(const at::Tensor& q, const at::Tensor& k_cache,
     p.scale = static_cast<float>(scale);
     p.kv_heads = static_cast<int>(k_cache.size(1));
     p.window = static_cast<int>(window);
+    p.seq_past = past_d.has_value() ? past_d->data_ptr<int32_t>() : nullptr;
     WF_CUDA_CHECK(kernels::launch_context_attention(p, current_stream(x)));
   });
   return out;

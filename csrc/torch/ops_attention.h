@@ -21,11 +21,13 @@ at::Tensor qkv_rotary_cache(const at::Tensor& qkv, const OptTensor& bias, at::Te
                             const std::string& rotary_style, double rotary_base);
 
 // Causal attention of packed sequences (cu_seqlens) against their cache slots (seq_slot); window
-// > 0: each query sees only its last `window` positions.
+// > 0: each query sees only its last `window` positions; seq_past [batch]: positions already
+// cached before each sequence's rows (none: 0).
 at::Tensor context_attention(const at::Tensor& q, const at::Tensor& k_cache,
                              const at::Tensor& v_cache, const at::Tensor& cu_seqlens,
                              const at::Tensor& seq_slot, const OptTensor& alibi_slopes,
-                             double scale, int64_t max_seqlen, int64_t window = 0);
+                             double scale, int64_t max_seqlen, int64_t window = 0,
+                             const OptTensor& seq_past = c10::nullopt);
 
 // One query per row against lengths[r] cache positions (optionally through cache_indir).
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache,

@@ -114,12 +114,13 @@ TORCH_LIBRARY(warpformer, m) {
       "Tensor token_slot, Tensor token_pos, int rotary_dim, str rotary_style, "
       "float rotary_base) -> Tensor");
   // Causal attention of packed sequences q [tokens, heads, head_dim] (cu_seqlens) against
-  // positions 0..len-1 of cache slot seq_slot[b]; optional ALiBi slopes [heads] (fp32). The
-  // attention ops' window > 0 limits each query to its last `window` positions.
+  // positions 0..past+len-1 of cache slot seq_slot[b], the rows at positions past.. with past =
+  // seq_past[b] (int32 [batch]; none: 0); optional ALiBi slopes [heads] (fp32). The attention
+  // ops' window > 0 limits each query to its last `window` positions.
   m.def(
       "context_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cu_seqlens, "
-      "Tensor seq_slot, Tensor? alibi_slopes, float scale, int max_seqlen, int window=0) -> "
-      "Tensor");
+      "Tensor seq_slot, Tensor? alibi_slopes, float scale, int max_seqlen, int window=0, "
+      "Tensor? seq_past=None) -> Tensor");
   // One query per row q [rows, heads, head_dim] against lengths[r] cache positions of slot
   // row_slot[r] (or cache_indir[r, p] per position); split-KV for long caches.
   m.def(

@@ -79,13 +79,17 @@ template <typename T>
 cudaError_t launch_qkv_prep(const QkvPrepParams<T>& p, cudaStream_t stream);
 
 // ---- 2. Context (prefill) attention -----------------------------------------------------------
-// Causal self-attention of packed sequences. Sequence b owns rows cu_seqlens[b] ..
-// cu_seqlens[b+1]-1 of q and out (row i of the sequence is position i) and reads keys/values at
-// positions 0 .. len_b - 1 of cache slot seq_slot[b] (written beforehand by launch_qkv_prep):
-//   out[t, h] = softmax_k( scale * q[t, h] . K[k] + alibi[h] * (k - i) ; k <= i ) . V
-// with, when window > 0, only the keys i - window < k <= i (a sliding window; Mistral's).
-// max_seqlen must be >= every len_b (it sizes the grid); lengths are clamped to max_seq, rows of a
-// sequence beyond max_seq are not written, and a seq_slot outside [0, num_slots) leaves its rows
+// Causal self-attention of packed sequences, each possibly continuing one already cached (an
+// interactive session's next turn runs only its new tokens). Sequence b owns rows cu_seqlens[b]
+// .. cu_seqlens[b+1]-1 of q and out; with past_b = seq_past[b] (0 without seq_past) positions of
+// cache slot seq_slot[b] already written, row i of the sequence is position P = past_b + i, and
+// it reads keys/values at positions 0 .. past_b + len_b - 1 of that slot (the new rows' own written
+// beforehand by launch_qkv_prep at positions past_b ..):
+//   out[t, h] = softmax_k( scale * q[t, h] . K[k] + alibi[h] * (k - P) ; k <= P ) . V
+// with, when window > 0, only the keys P - window < k <= P (a sliding window; Mistral's).
+// max_seqlen must be >= every new length len_b (it sizes the grid, which covers the rows only);
+// lengths are clamped so that past_b + len_b <= max_seq (rows beyond are not written), and a
+// seq_slot outside [0, num_slots) or a past_b outside [0, max_seq) leaves the sequence's rows
 // unwritten. fp16/bf16 heads run on tensor cores (sm_80+, out 4-byte aligned), with the
 // probabilities rounded to T before they weight V; everything else on CUDA cores in fp32.
 template <typename T>
@@ -106,6 +110,8 @@ struct ContextAttentionParams {
   float scale;       // normally 1/sqrt(head_dim)
   int kv_heads = 0;  // 0: heads; else a divisor of heads (the caches' head count)
   int window = 0;    // > 0: each query sees its last `window` positions (itself included)
+  const int32_t* seq_past = nullptr;  // [batch] positions already cached before the packed rows
+                                      // (null: 0)
 };
 
 template <typename T>

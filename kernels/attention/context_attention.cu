@@ -4,7 +4,9 @@
 // kBQ = 32 queries of one (sequence, head); it walks the key tiles (kBK = 32 keys) up to the
 // tile's last query position, keeping a running max / sum per query row (online softmax), so the
 // [S, S] score matrix never exists outside shared memory. Q, K and V tiles are converted to fp32
-// in shared memory (rows padded by one float so column walks hit distinct banks).
+// in shared memory (rows padded by one float so column walks hit distinct banks). A sequence may
+// continue one already cached (seq_past): its rows then sit at positions past + row, and the
+// keys before them are read from the cache like the rest.
 //
 // Thread layout: row group rg = tid / 16 owns query rows 4*rg .. 4*rg + 3; column group cg = tid %
 // 16 owns keys cg, cg + 16 of each key tile for the scores and output dims cg + 16*c of the
@@ -34,10 +36,11 @@ constexpr int kColGroups = 16;
 
 // One block's work in either context kernel: sequence blockIdx.z, head blockIdx.y and the query
 // tile of `rows` queries numbered from the sequence's end (reversed tile index, see above).
-// False when the tile starts past the sequence or the sequence's cache slot is out of range:
-// the block has nothing to do.
+// Rows are counted locally (q0, len: which rows of q / out) and sit at cache positions past +
+// row; len is clamped so that past + len <= max_seq. False when the tile starts past the
+// sequence, or the sequence's cache slot or past is out of range: the block has nothing to do.
 struct ContextTile {
-  int h, q0, seq_begin, len, slot;
+  int h, q0, seq_begin, len, slot, past;
 };
 
 template <typename T>
@@ -47,7 +50,10 @@ __device__ __forceinline__ bool context_tile(const ContextAttentionParams<T>& p,
   t.h = blockIdx.y;
   t.q0 = (gridDim.x - 1 - blockIdx.x) * rows;
   t.seq_begin = p.cu_seqlens[b];
-  t.len = min(p.cu_seqlens[b + 1] - t.seq_begin, p.max_seq);
+  t.past = p.seq_past != nullptr ? p.seq_past[b] : 0;
+  // past in [0, max_seq) keeps max_seq - past positive, so nothing below overflows.
+  if (t.past < 0 || t.past >= p.max_seq) return false;
+  t.len = min(p.cu_seqlens[b + 1] - t.seq_begin, p.max_seq - t.past);
   if (t.q0 >= t.len) return false;
   t.slot = p.seq_slot[b];
   return t.slot >= 0 && t.slot < p.num_slots;
@@ -76,7 +82,11 @@ __global__ void __launch_bounds__(kThreads)
 
   ContextTile t;
   if (!context_tile(p, kBQ, t)) return;
-  const int h = t.h, q0 = t.q0, seq_begin = t.seq_begin, len = t.len, slot = t.slot;
+  const int h = t.h, slot = t.slot;
+  // Rows as cache positions only (the masks, the window and the bias), so that no row index stays
+  // live next to them: position P is row row_off + P of q / out, and positions >= end lie past
+  // the sequence.
+  const int pos0 = t.past + t.q0, end = t.past + t.len, row_off = t.seq_begin - t.past;
 
   const int tid = threadIdx.x;
   const int rg = tid / kColGroups;
@@ -89,8 +99,8 @@ __global__ void __launch_bounds__(kThreads)
     const int r = idx / NV;
     const int d = (idx - r * NV) * VEC;
     float v[VEC];
-    if (q0 + r < len) {
-      load_vec<T, VEC>(p.q + (seq_begin + q0 + r) * row_stride + h * D + d, v);
+    if (pos0 + r < end) {
+      load_vec<T, VEC>(p.q + (row_off + pos0 + r) * row_stride + h * D + d, v);
     } else {
 #pragma unroll
       for (int e = 0; e < VEC; ++e) v[e] = 0.f;
@@ -108,13 +118,13 @@ __global__ void __launch_bounds__(kThreads)
     for (int c = 0; c < DC; ++c) acc[i][c] = 0.f;
   }
 
-  const int n_keys = min(q0 + kBQ, len);  // causal: no query of this tile sees a key >= n_keys
+  const int n_keys = min(pos0 + kBQ, end);  // causal: no query of the tile sees a key >= n_keys
   const int kvh = p.kv_heads > 0 ? p.kv_heads : p.heads;  // query head h reads h / group
   const int64_t head_off = (static_cast<int64_t>(slot) * kvh + h / (p.heads / kvh)) * p.max_seq * D;
   const T* __restrict__ kbase = p.k_cache + head_off;
   const T* __restrict__ vbase = p.v_cache + head_off;
 
-  for (int k0 = attn::first_key_tile(p.window, q0, kBK); k0 < n_keys; k0 += kBK) {
+  for (int k0 = attn::first_key_tile(p.window, pos0, kBK); k0 < n_keys; k0 += kBK) {
     __syncthreads();  // the previous tile's K/V (and, first time, nothing) are no longer read
     for (int idx = tid; idx < kBK * NV; idx += kThreads) {
       const int r = idx / NV;
@@ -155,7 +165,7 @@ __global__ void __launch_bounds__(kThreads)
     // Mask, bias and the online-softmax update of each row.
 #pragma unroll
     for (int i = 0; i < kRows; ++i) {
-      const int q_pos = q0 + rg * kRows + i;
+      const int q_pos = pos0 + rg * kRows + i;
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         const int k_pos = k0 + cg + c * kColGroups;
@@ -205,10 +215,10 @@ __global__ void __launch_bounds__(kThreads)
 
 #pragma unroll
   for (int i = 0; i < kRows; ++i) {
-    const int r = q0 + rg * kRows + i;
-    if (r < len) {
+    const int pos = pos0 + rg * kRows + i;
+    if (pos < end) {
       const float inv = 1.f / l[i];
-      T* __restrict__ o = p.out + (seq_begin + r) * row_stride + h * D;
+      T* __restrict__ o = p.out + (row_off + pos) * row_stride + h * D;
 #pragma unroll
       for (int c = 0; c < DC; ++c) o[cg + c * kColGroups] = from_float<T>(acc[i][c] * inv);
     }
@@ -247,25 +257,27 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
 
   ContextTile t;
   if (!context_tile(p, kMmaBQ, t)) return;
-  const int h = t.h, q0 = t.q0, seq_begin = t.seq_begin, len = t.len, slot = t.slot;
+  const int h = t.h, slot = t.slot;
+  // Rows as cache positions only, as in context_attention_kernel.
+  const int pos0 = t.past + t.q0, end = t.past + t.len, row_off = t.seq_begin - t.past;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, q = lane & 3;
   const int64_t row_stride = static_cast<int64_t>(p.heads) * D;  // between tokens of q / out
   const float slope = p.alibi_slopes != nullptr ? p.alibi_slopes[h] : 0.f;
-  // This lane's two query rows (positions in the sequence); rows past len read zeros and are
-  // not written.
-  const int pos_a = q0 + warp * 16 + g, pos_b = pos_a + 8;
-  const T* qa_row = p.q + (seq_begin + min(pos_a, len - 1)) * row_stride + h * D;
-  const T* qb_row = p.q + (seq_begin + min(pos_b, len - 1)) * row_stride + h * D;
+  // This lane's two query rows, at positions pos_a and pos_b; rows at or past end read zeros and
+  // are not written.
+  const int pos_a = pos0 + warp * 16 + g, pos_b = pos_a + 8;
+  const T* qa_row = p.q + (row_off + min(pos_a, end - 1)) * row_stride + h * D;
+  const T* qb_row = p.q + (row_off + min(pos_b, end - 1)) * row_stride + h * D;
   uint32_t qf[KSTEPS][4];
 #pragma unroll
   for (int ks = 0; ks < KSTEPS; ++ks) {
     const int d = ks * 16 + 2 * q;
-    qf[ks][0] = pos_a < len ? load_pair(qa_row + d) : 0u;
-    qf[ks][1] = pos_b < len ? load_pair(qb_row + d) : 0u;
-    qf[ks][2] = pos_a < len ? load_pair(qa_row + d + 8) : 0u;
-    qf[ks][3] = pos_b < len ? load_pair(qb_row + d + 8) : 0u;
+    qf[ks][0] = pos_a < end ? load_pair(qa_row + d) : 0u;
+    qf[ks][1] = pos_b < end ? load_pair(qb_row + d) : 0u;
+    qf[ks][2] = pos_a < end ? load_pair(qa_row + d + 8) : 0u;
+    qf[ks][3] = pos_b < end ? load_pair(qb_row + d + 8) : 0u;
   }
 
   float o[DTILES][4];
@@ -274,14 +286,14 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   // Running max (log2 units) and this lane's share of the sum, rows a and b.
   float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.f, l_b = 0.f;
 
-  const int n_keys = min(q0 + kMmaBQ, len);  // causal: no query of this tile sees a key >= n_keys
+  const int n_keys = min(pos0 + kMmaBQ, end);  // causal: no query of the tile sees a key >= n_keys
   const int kvh = p.kv_heads > 0 ? p.kv_heads : p.heads;  // query head h reads h / group
   const int64_t head_off = (static_cast<int64_t>(slot) * kvh + h / (p.heads / kvh)) * p.max_seq * D;
   const T* __restrict__ kbase = p.k_cache + head_off;
   const T* __restrict__ vbase = p.v_cache + head_off;
   const int mat = lane >> 3, mrow = lane & 7;  // the ldmatrix tile and row this lane addresses
 
-  for (int k0 = attn::first_key_tile(p.window, q0, kMmaBK); k0 < n_keys; k0 += kMmaBK) {
+  for (int k0 = attn::first_key_tile(p.window, pos0, kMmaBK); k0 < n_keys; k0 += kMmaBK) {
     __syncthreads();  // the previous tile's K/V are no longer read
     for (int idx = tid; idx < kMmaBK * CH; idx += kMmaWarps * 32) {
       const int r = idx / CH;
@@ -314,12 +326,12 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
     }
 
     // Mask, bias and the online-softmax update (registers 0-1: row a, 2-3: row b). A tile whose
-    // keys all lie at or before this warp's first row and inside the sequence (all but the
-    // diagonal tiles of a long prompt) needs no mask, and without ALiBi no bias either: those
-    // tiles skip that arithmetic. The tests are warp-uniform, and the scores keep their bits (a
-    // zero bias term adds nothing).
-    const bool masked = k0 + kMmaBK - 1 > q0 + warp * 16 || k0 + kMmaBK > n_keys ||
-                        attn::outside_window(p.window, k0, q0 + warp * 16 + 15);
+    // keys all lie at or before this warp's first row's position, inside the sequence and inside
+    // its last row's window (all but the diagonal tiles of a long prompt) needs no mask, and
+    // without ALiBi no bias either: those tiles skip that arithmetic. The tests are warp-uniform,
+    // and the scores keep their bits (a zero bias term adds nothing).
+    const bool masked = k0 + kMmaBK - 1 > pos0 + warp * 16 || k0 + kMmaBK > n_keys ||
+                        attn::outside_window(p.window, k0, pos0 + warp * 16 + 15);
     float mx_a = -INFINITY, mx_b = -INFINITY;
     auto score = [&](int nt, int i, bool mask, bool bias) {
       const int key = k0 + nt * 8 + 2 * q + (i & 1);
@@ -412,14 +424,14 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
     l_b += __shfl_xor_sync(0xffffffffu, l_b, off);
   }
   const float inv_a = 1.f / l_a, inv_b = 1.f / l_b;
-  T* __restrict__ out_a = p.out + (seq_begin + pos_a) * row_stride + h * D + 2 * q;
-  T* __restrict__ out_b = p.out + (seq_begin + pos_b) * row_stride + h * D + 2 * q;
+  T* __restrict__ out_a = p.out + (row_off + pos_a) * row_stride + h * D + 2 * q;
+  T* __restrict__ out_b = p.out + (row_off + pos_b) * row_stride + h * D + 2 * q;
 #pragma unroll
   for (int t = 0; t < DTILES; ++t) {
-    if (pos_a < len) {
+    if (pos_a < end) {
       *reinterpret_cast<uint32_t*>(out_a + t * 8) = pack2<T>(o[t][0] * inv_a, o[t][1] * inv_a);
     }
-    if (pos_b < len) {
+    if (pos_b < end) {
       *reinterpret_cast<uint32_t*>(out_b + t * 8) = pack2<T>(o[t][2] * inv_b, o[t][3] * inv_b);
     }
   }

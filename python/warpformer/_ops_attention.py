@@ -26,7 +26,8 @@ def _qkv_rotary_cache_fake(qkv, bias, k_cache, v_cache, token_slot, token_pos, r
 
 @register_fake("warpformer::context_attention")
 def _context_attention_fake(q, k_cache, v_cache, cu_seqlens, seq_slot, alibi_slopes, scale,
-                            max_seqlen, window=0):
+                            max_seqlen, window=0, seq_past=None):
+    # seq_past (positions already cached) moves the rows' positions, not the output's shape.
     torch._check(q.dim() == 3, lambda: "warpformer.context_attention: q must be 3-dimensional")
     return q.new_empty(q.shape)
 
