@@ -16,7 +16,8 @@ __global__ void embedding_kernel(const EmbeddingParams<T> p) {
   if (col >= p.hidden) return;
   for (int64_t t = blockIdx.y; t < p.tokens; t += gridDim.y) {
     const int32_t id = p.ids[t];
-    const bool id_ok = id >= 0 && id < p.vocab;
+    const bool in_vocab = id >= 0 && id < p.vocab;
+    const bool id_ok = in_vocab || (id >= p.vocab && id - p.vocab < p.extra_rows);
     int32_t pos = 0;
     bool pos_ok = true;
     if (p.wpe != nullptr) {
@@ -25,9 +26,13 @@ __global__ void embedding_kernel(const EmbeddingParams<T> p) {
     }
     float x[VEC];
     if (id_ok && pos_ok) {
-      load_vec<T, VEC>(p.wte + static_cast<int64_t>(id) * p.hidden + col, x);
+      if (in_vocab) {
+        load_vec<T, VEC>(p.wte + static_cast<int64_t>(id) * p.hidden + col, x);
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) x[j] *= p.scale;
+        for (int j = 0; j < VEC; ++j) x[j] *= p.scale;
+      } else {
+        load_vec<T, VEC>(p.extra + static_cast<int64_t>(id - p.vocab) * p.hidden + col, x);
+      }
       if (p.wpe != nullptr) {
         float w[VEC];
         load_vec<T, VEC>(p.wpe + static_cast<int64_t>(pos) * p.hidden + col, w);
@@ -63,13 +68,14 @@ template <typename T>
 cudaError_t launch_embedding(const EmbeddingParams<T>& p, cudaStream_t stream) {
   if (p.tokens < 0 || p.hidden <= 0 || p.vocab <= 0 || p.out == nullptr || p.ids == nullptr ||
       p.wte == nullptr || (p.wpe != nullptr && p.max_positions <= 0) ||
-      (p.wpe != nullptr && p.positions == nullptr && p.seq_len <= 0)) {
+      (p.wpe != nullptr && p.positions == nullptr && p.seq_len <= 0) || p.extra_rows < 0 ||
+      (p.extra_rows > 0 && p.extra == nullptr)) {
     return cudaErrorInvalidValue;
   }
   if (p.tokens == 0) return cudaSuccess;
   constexpr int kVec = 16 / sizeof(T);
   const bool vec_ok = p.hidden % kVec == 0 && aligned_to(p.out, 16) && aligned_to(p.wte, 16) &&
-                      aligned_to(p.wpe, 16);
+                      aligned_to(p.wpe, 16) && aligned_to(p.extra, 16);
   return vec_ok ? launch_vec<T, kVec>(p, stream) : launch_vec<T, 1>(p, stream);
 }
 

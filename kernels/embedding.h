@@ -13,7 +13,7 @@ namespace kernels {
 // offending token's output row is written as zeros.
 struct EmbeddingErrors {
   static constexpr int32_t kNoError = 0x7fffffff;
-  int32_t bad_token;     // token index whose id is outside [0, vocab)
+  int32_t bad_token;     // token index whose id is outside [0, vocab + extra_rows)
   int32_t bad_position;  // token index whose position is outside [0, max_positions)
 };
 
@@ -31,6 +31,10 @@ struct EmbeddingParams {
   int max_positions;
   int seq_len;  // row length when positions are implicit
   float scale;  // multiplies the token embedding (1 for GPT-family models)
+  // Prompt embeddings (FT's prompt tuning): ids vocab .. vocab + extra_rows - 1 read row
+  // id - vocab of `extra` [extra_rows, hidden], taken as given (no scale), instead of wte.
+  const T* extra = nullptr;
+  int extra_rows = 0;
 };
 
 template <typename T>

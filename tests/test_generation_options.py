@@ -15,7 +15,8 @@ PER_ROW = {"end_id": torch.int32, "top_k": torch.int32, "top_p": torch.float32,
            "min_length": torch.int32, "seed": torch.int64}
 SCALARS = {"beam_width": (torch.int32, 1), "length_penalty": (torch.float32, 1.0),
            "diversity_rate": (torch.float32, 0.0), "return_log_probs": (torch.int32, 0),
-           "return_cum_log_probs": (torch.int32, 0), "memory_len": (torch.int32, 0)}
+           "return_cum_log_probs": (torch.int32, 0), "memory_len": (torch.int32, 0),
+           "session": (torch.int64, 0)}
 
 
 def check(options: dict, batch: int = B) -> dict[str, torch.Tensor]:
@@ -144,7 +145,7 @@ def test_each_rule_names_the_argument(options, message) -> None:
 def test_unknown_options_and_arguments() -> None:
     with pytest.raises(RuntimeError, match=r"^GptModel.decode: unknown option 'num_beams'; known "
                                            r"options: end_id, top_k, .*, return_cum_log_probs, "
-                                           r"memory_len$"):
+                                           r"memory_len, session, prompt_table$"):
         check({"num_beams": 2})
     with pytest.raises(RuntimeError, match=r"batch and vocab_size must be >= 1, got 0 and 96"):
         check({}, batch=0)

@@ -50,19 +50,21 @@ class Decoder {
   bool first_stage() const { return pipeline_stage() == 0; }
   bool last_stage() const { return pipeline_stage() == pipeline_stages() - 1; }
 
-  // Makes room for a session of `rows` rows of up to `total` positions whose prompts have
-  // `lengths` (one per batch entry) and plans their prompt pass; returns the KV capacity per
-  // slot (the row stride of StepRows::cache_indir). Throws naming the limit when over it.
+  // Makes room for a session of `rows` rows of up to `total` positions whose prompt passes run
+  // `lengths` tokens (one per batch entry) and plans them; returns the KV capacity per slot
+  // (the row stride of StepRows::cache_indir). Throws naming the limit when over it.
   virtual int64_t reserve(int64_t rows, int64_t total, const std::vector<int32_t>& lengths) = 0;
   // Bytes of StepRows::workspace a step of `rows` rows needs (after reserve).
   virtual size_t step_workspace_bytes(int64_t rows) const = 0;
   // Changes whenever a buffer a captured step may bake was reallocated (or a group attached).
   virtual size_t buffer_generation() const = 0;
 
-  // The prompt pass planned by reserve: entry b's prompt ids[b, 0 : lengths[b]] into KV slot
-  // b * slot_stride; the last stage keeps each entry's last hidden state for prompt_logits.
-  virtual void prefill(const int32_t* ids, const std::vector<int32_t>& lengths, int64_t seq,
-                       int64_t slot_stride) = 0;
+  // The prompt pass planned by reserve: entry b's tokens ids[b, p : p + lengths[b]] with p =
+  // past[b] (empty: 0; the positions its slot already holds, an interactive session's earlier
+  // turns) into KV slot b * slot_stride at positions p...; the last stage keeps each entry's
+  // last hidden state for prompt_logits.
+  virtual void prefill(const int32_t* ids, const std::vector<int32_t>& lengths,
+                       const std::vector<int32_t>& past, int64_t seq, int64_t slot_stride) = 0;
   // logits() rows [0, rows): row r from the kept hidden state of entry entry_of_row[r].
   virtual void prompt_logits(const int32_t* entry_of_row, int64_t rows) = 0;
   // One decode step of rows [r0, r0 + n) (every StepRows array is offset by r0 here). The first

@@ -39,8 +39,8 @@ std::vector<PrefillGroup> plan_prefill_groups(const std::vector<int32_t>& length
 }
 
 PromptIndex pack_prompt(const std::vector<PrefillGroup>& groups,
-                        const std::vector<int32_t>& lengths, int64_t seq, int64_t slot_stride,
-                        int64_t tokens) {
+                        const std::vector<int32_t>& lengths, const std::vector<int32_t>& past,
+                        int64_t seq, int64_t slot_stride, int64_t tokens) {
   const int64_t batch = static_cast<int64_t>(lengths.size());
   const int64_t n_groups = static_cast<int64_t>(groups.size());
   PromptIndex x;
@@ -51,8 +51,9 @@ PromptIndex pack_prompt(const std::vector<PrefillGroup>& groups,
   x.cu = 4 * tokens;
   x.seq_slot = x.cu + batch + n_groups;
   x.last = x.seq_slot + batch;
+  x.past = x.last + batch;
   std::vector<int32_t>& host = x.host;
-  host.assign(x.last + batch, 0);
+  host.assign(x.past + batch, 0);
   int64_t t = 0;
   for (int64_t gi = 0; gi < n_groups; ++gi) {
     const PrefillGroup& g = groups[gi];
@@ -61,7 +62,9 @@ PromptIndex pack_prompt(const std::vector<PrefillGroup>& groups,
       const auto slot = static_cast<int32_t>(b * slot_stride);
       cu[b - g.b0] = static_cast<int32_t>(t - g.t0);
       host[x.seq_slot + b] = slot;
-      for (int32_t i = 0; i < lengths[b]; ++i, ++t) {
+      const int32_t p0 = past.empty() ? 0 : past[b];
+      host[x.past + b] = p0;
+      for (int32_t i = p0; i < p0 + lengths[b]; ++i, ++t) {
         host[x.gather + t] = static_cast<int32_t>(b * seq + i);
         host[x.slot + t] = slot;
         host[x.pos + t] = i;

@@ -29,17 +29,21 @@ std::vector<PrefillGroup> plan_prefill_groups(const std::vector<int32_t>& length
 // uploaded in one copy; the fields are offsets into it.
 struct PromptIndex {
   std::vector<int32_t> host;
-  size_t gather;    // [tokens] packed token -> b * seq + i (the ids' place in [batch, seq])
+  size_t gather;    // [tokens] packed token -> b * seq + position (the ids' place in [batch, seq])
   size_t slot;      // [tokens] KV slot of each token (sequence b: b * slot_stride)
   size_t pos;       // [tokens] position of each token
   size_t ids;       // [tokens] room for the packed ids (gathered on the device)
   size_t cu;        // [batch + groups] per group, its sequences' starts (from its t0) and end
   size_t seq_slot;  // [batch] KV slot of each sequence
   size_t last;      // [batch] each sequence's last token, counted from its group's t0
+  size_t past;      // [batch] positions of each sequence already in its KV slot
 };
+// `lengths` are the tokens each sequence runs (groups were planned on them); `past` (empty: all
+// 0) the positions its slot already holds: sequence b runs ids[b, past[b] : past[b] + lengths[b]]
+// at those positions (an interactive session's next turn).
 PromptIndex pack_prompt(const std::vector<PrefillGroup>& groups,
-                        const std::vector<int32_t>& lengths, int64_t seq, int64_t slot_stride,
-                        int64_t tokens);
+                        const std::vector<int32_t>& lengths, const std::vector<int32_t>& past,
+                        int64_t seq, int64_t slot_stride, int64_t tokens);
 
 // Refuses a group whose ranks disagree on `value` (a size every rank's collectives depend on,
 // e.g. the prefill group size); `kind` and `what` name the group and the value in the error.

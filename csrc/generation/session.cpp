@@ -132,7 +132,8 @@ size_t Session::layout(char* base) {
 }
 
 void Session::start(const int32_t* ids, const std::vector<int32_t>& lengths, int64_t seq,
-                    int64_t output_len, const DecodeOptions& opt, const DecodeOutputs& out) {
+                    int64_t output_len, const DecodeOptions& opt, const DecodeOutputs& out,
+                    const std::vector<int32_t>& past) {
   const char* m = model_->name();
   TORCH_CHECK(!s_.active, m, ": a generation session is running; finish it (decode_finish) first");
   TORCH_CHECK(opt.end_ids != nullptr, m, ".decode: end_ids are required");
@@ -141,6 +142,17 @@ void Session::start(const int32_t* ids, const std::vector<int32_t>& lengths, int
               opt.beam_width);
   TORCH_CHECK(output_len >= 1, m, ".decode: output_len must be >= 1, got ", output_len);
   TORCH_CHECK(!lengths.empty(), m, ".decode: empty batch");
+  // The tokens each entry's prompt pass runs: those its slot does not hold yet.
+  std::vector<int32_t> run = lengths;
+  if (!past.empty()) {
+    TORCH_CHECK(past.size() == lengths.size() && opt.beam_width == 1, m,
+                ".decode: cached prefixes need one per batch entry and beam_width 1");
+    for (size_t b = 0; b < run.size(); ++b) {
+      TORCH_CHECK(past[b] >= 0 && past[b] < lengths[b], m, ".decode: entry ", b, " holds ", past[b],
+                  " cached positions of a ", lengths[b], "-token prompt");
+      run[b] -= past[b];
+    }
+  }
   drop_graphs(/*unshared_only=*/true);
   const OwnStreamScope scope(ctx_);
   State& s = s_;
@@ -155,7 +167,7 @@ void Session::start(const int32_t* ids, const std::vector<int32_t>& lengths, int
   s.out = out;
   s.serial = ++serial_;
   s.shared = shares_step_graph(opt);
-  s.kv_capacity = model_->reserve(s.rows, s.total, lengths);
+  s.kv_capacity = model_->reserve(s.rows, s.total, run);
   const size_t need = layout(nullptr);
   if (need > state_.size()) {
     state_.reset();  // a failed allocation below leaves no stale size behind
@@ -173,7 +185,7 @@ void Session::start(const int32_t* ids, const std::vector<int32_t>& lengths, int
   cudaStream_t stream = ctx_.stream();
   const int64_t rows = s.rows, batch = s.batch;
   // The prompt is prefilled once per batch entry, into the KV slot of its beam 0.
-  model_->prefill(ids, lengths, seq, s.beam);
+  model_->prefill(ids, run, past, seq, s.beam);
   std::vector<int32_t> host(8 * rows + 3 * batch + 1, 0);
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t b = r / s.beam;

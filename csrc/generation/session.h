@@ -61,9 +61,12 @@ class Session {
   Session& operator=(const Session&) = delete;
 
   // ids: device int32 [batch, seq] right-padded; lengths: host. Options and outputs are device
-  // arrays owned by the caller for the whole session.
+  // arrays owned by the caller for the whole session. past (host, empty: none; beam width 1):
+  // the positions of each entry's KV slot that already hold ids[b, 0 : past[b]] (an interactive
+  // session's history, past[b] < lengths[b]): the prompt pass runs the rest only.
   void start(const int32_t* ids, const std::vector<int32_t>& lengths, int64_t seq,
-             int64_t output_len, const DecodeOptions& options, const DecodeOutputs& outputs);
+             int64_t output_len, const DecodeOptions& options, const DecodeOutputs& outputs,
+             const std::vector<int32_t>& past = {});
   // Runs up to max_steps generation steps (the first produces each row's first new token from the
   // prompt's logits). Returns the number run; 0 once every row has ended or output_len tokens
   // exist. Launches only: the work is ordered on the stream, nothing waits for it.

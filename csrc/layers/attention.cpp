@@ -89,6 +89,7 @@ void attention(const LayerContext& lc, const AttentionIO& b, int64_t tokens,
     p.v_cache = static_cast<const T*>(ai.v_cache);
     p.cu_seqlens = ai.cu_seqlens;
     p.seq_slot = ai.seq_slot;
+    p.seq_past = ai.seq_past;
     p.alibi_slopes = ai.alibi_slopes;
     p.batch = ai.batch;
     p.heads = heads;

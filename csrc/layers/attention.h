@@ -35,6 +35,7 @@ struct AttentionInputs {
   // prefill
   const int32_t* cu_seqlens;  // [batch + 1]
   const int32_t* seq_slot;    // [batch]
+  const int32_t* seq_past;    // [batch] positions each slot held before this pass, or null (0)
   int batch;
   int max_seqlen;
   // decode (rows == tokens)

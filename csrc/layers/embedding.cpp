@@ -16,7 +16,7 @@ namespace layers {
 
 void embed(const LayerContext& lc, const EmbeddingWeights& w, const int32_t* ids,
            const int32_t* positions, int64_t tokens, int64_t seq_len, void* x, void* emb_scratch,
-           void* pos_scratch) {
+           void* pos_scratch, const PromptTable& prompt) {
   const int64_t h = lc.spec->hidden, e = w.embed_dim;
   const bool narrow = w.project_in != nullptr;
   void* emb_out = narrow ? emb_scratch : x;
@@ -37,6 +37,8 @@ void embed(const LayerContext& lc, const EmbeddingWeights& w, const int32_t* ids
     p.max_positions = static_cast<int>(w.max_positions);
     p.seq_len = static_cast<int>(seq_len);
     p.scale = 1.f;
+    p.extra = static_cast<const T*>(prompt.rows);
+    p.extra_rows = static_cast<int>(prompt.count);
     WF_CUDA_CHECK(kernels::launch_embedding(p, lc.ctx->stream()));
     if (!narrow) return;
     lc.gemm->run(lc.dtype, emb_out, w.project_in, nullptr, x, tokens, h, e);

@@ -17,12 +17,19 @@ struct EmbeddingWeights {
   int64_t vocab = 0, max_positions = 0, embed_dim = 0;
 };
 
-// x[tokens, hidden] = wte[ids] (projected in when project_in) + wpe[positions], then the
-// embedding norm. Ids are range-checked by the caller. With project_in, emb_scratch holds
-// [tokens, embed_dim] and pos_scratch [tokens, hidden].
+// Rows that stand for token embeddings (FT's prompt tuning, HF's inputs_embeds): id vocab + j
+// reads row j of `rows` [count, embed_dim] (the model dtype) instead of wte.
+struct PromptTable {
+  const void* rows = nullptr;
+  int64_t count = 0;
+};
+
+// x[tokens, hidden] = wte[ids] (or the prompt table's rows; projected in when project_in) +
+// wpe[positions], then the embedding norm. Ids are range-checked by the caller. With
+// project_in, emb_scratch holds [tokens, embed_dim] and pos_scratch [tokens, hidden].
 void embed(const LayerContext& lc, const EmbeddingWeights& w, const int32_t* ids,
            const int32_t* positions, int64_t tokens, int64_t seq_len, void* x, void* emb_scratch,
-           void* pos_scratch);
+           void* pos_scratch, const PromptTable& prompt = {});
 
 struct LmHeadWeights {
   const void* project_out = nullptr;  // [hidden, embed_dim] or null

@@ -17,7 +17,7 @@ using Options = c10::Dict<std::string, at::Tensor>;
 constexpr const char* kKnown =
     "end_id, top_k, top_p, temperature, repetition_penalty, presence_penalty, frequency_penalty, "
     "min_length, seed, bad_words, stop_words, beam_width, length_penalty, diversity_rate, "
-    "return_log_probs, return_cum_log_probs, memory_len";
+    "return_log_probs, return_cum_log_probs, memory_len, session, prompt_table";
 
 // How messages name an option: its key, and GPT.generate's argument where the name differs.
 std::string option(const std::string& key) {
@@ -182,6 +182,26 @@ Options generation_options(const Options& o, int64_t batch, int64_t vocab, int64
   TORCH_CHECK(memory_len >= 0 && memory_len <= INT32_MAX, option("memory_len"),
               " must be >= 0 (0: no window) and below 2^31, got ", memory_len);
   g.insert("memory_len", at::scalar_tensor(memory_len, i32));
+  // An interactive session's handle (GptModel.open_session; 0: none), checked by the call.
+  const double session = scalar(o, "session", 0, Kind::kInteger);
+  TORCH_CHECK(session >= 0 && session <= 9007199254740992.0, option("session"),
+              " must be an open_session handle (>= 1) or 0 (none), got ", session);
+  g.insert("session", at::scalar_tensor(static_cast<int64_t>(session), at::dtype(at::kLong)));
+  // Prompt embeddings: ids vocab + j of the call embed as row j (the model checks the width).
+  if (o.contains("prompt_table")) {
+    const at::Tensor& t = o.at("prompt_table");
+    TORCH_CHECK(
+        at::isFloatingType(t.scalar_type()) && t.dim() == 2 && t.size(0) >= 1 && t.size(1) >= 1,
+        option("prompt_table"),
+        " must be a floating tensor [rows, embedding width] with rows >= 1, got ", t.scalar_type(),
+        " ", t.sizes());
+    TORCH_CHECK(session == 0, option("prompt_table"),
+                " cannot be combined with 'session' (a session row's cached prefix is matched by "
+                "token ids, which the table's rows do not identify)");
+    TORCH_CHECK(t.size(0) <= INT32_MAX - vocab, option("prompt_table"), " has too many rows (",
+                t.size(0), ")");
+    g.insert("prompt_table", t);
+  }
   return g;
 }
 

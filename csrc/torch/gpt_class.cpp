@@ -257,7 +257,7 @@ GptModelHolder::GptModelHolder(const std::string& config,
 
 GptModelHolder::Prompt GptModelHolder::check_inputs(const char* op, const at::Tensor& input_ids,
                                                     const at::Tensor& input_lengths,
-                                                    int64_t extra_len) const {
+                                                    int64_t extra_len, int64_t table_rows) const {
   check_dtype(input_ids, at::kInt, op, "input_ids");
   check_dim(input_ids, 2, op, "input_ids");
   check_dtype(input_lengths, at::kInt, op, "input_lengths");
@@ -297,8 +297,11 @@ GptModelHolder::Prompt GptModelHolder::check_inputs(const char* op, const at::Te
   for (int64_t b = 0; b < batch; ++b) {
     for (int64_t i = 0; i < p.lengths[b]; ++i) {
       const int32_t v = ids[b * seq + i];
-      TORCH_CHECK(v >= 0 && v < vocab, op, ": input_ids[", b, ", ", i, "] = ", v,
-                  " is outside the vocabulary [0, ", vocab, ")");
+      TORCH_CHECK(v >= 0 && v < vocab + table_rows, op, ": input_ids[", b, ", ", i, "] = ", v,
+                  " is outside the vocabulary [0, ", vocab, ")",
+                  table_rows > 0 ? c10::str(" and the prompt table's ids [", vocab, ", ",
+                                            vocab + table_rows, ")")
+                                 : std::string());
     }
   }
   return p;
@@ -324,13 +327,14 @@ at::Tensor GptModelHolder::forward(const at::Tensor& input_ids, const at::Tensor
 }
 
 at::Tensor GptModelHolder::forward_windowed(const at::Tensor& input_ids,
-                                            const at::Tensor& input_lengths, int64_t window) {
+                                            const at::Tensor& input_lengths, int64_t window,
+                                            int64_t table_rows) {
   const std::lock_guard<std::recursive_mutex> lock(call_mu_);
   const char* op = "GptModel.forward";
   TORCH_CHECK(!generation_->active(), op,
               ": a generation session is running (it owns the KV cache); call decode_finish()");
   check_parallel_ready(op);
-  const Prompt p = check_inputs(op, input_ids, input_lengths, 0);
+  const Prompt p = check_inputs(op, input_ids, input_lengths, 0, table_rows);
   const c10::cuda::CUDAGuard guard(device_);
   model_->context().set_stream(c10::cuda::getCurrentCUDAStream(device_).stream());
   const at::Tensor ids =

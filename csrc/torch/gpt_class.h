@@ -9,6 +9,7 @@
 #include <torch/custom_class.h>
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -54,6 +55,15 @@ class GptModelHolder : public torch::CustomClassHolder {
                                             const c10::Dict<std::string, at::Tensor>& options);
   void decode_start(const at::Tensor& input_ids, const at::Tensor& input_lengths,
                     int64_t output_len, const c10::Dict<std::string, at::Tensor>& options);
+  // Interactive sessions: `batch` rows whose KV caches stay on the GPU between calls, in slots
+  // of the instance's cache that no other call or session uses, for prompts + outputs of up to
+  // max_len tokens. A decode call with the option "session" (the returned handle) runs in them:
+  // row b continues from the longest prefix of its input ids that the session's row b holds (the
+  // tokens of its earlier calls, outputs included but for the last one) and runs the prompt pass
+  // over the rest only; its results equal those of the same call without the session. Beam
+  // width 1.
+  int64_t open_session(int64_t batch, int64_t max_len);
+  void close_session(int64_t handle);
   // Runs up to max_steps steps; returns their tokens int32 [B, beam, k] (k = steps run; beam
   // search returns -1s: its tokens are final only after decode_finish).
   at::Tensor decode_step(int64_t max_steps);
@@ -134,8 +144,10 @@ class GptModelHolder : public torch::CustomClassHolder {
   };
   // input_ids int32 [B, S] on the CPU or on the model's GPU (then copied to the host once),
   // input_lengths int32 [B] on any device; throws naming the argument and the rule.
+  // table_rows: ids vocab .. vocab + table_rows - 1 are prompt-table rows (decode's
+  // prompt_table option).
   Prompt check_inputs(const char* op, const at::Tensor& input_ids, const at::Tensor& input_lengths,
-                      int64_t extra_len) const;
+                      int64_t extra_len, int64_t table_rows = 0) const;
   // int32 [B, beam, S + output_len] on the CPU: each row's prompt, then end_ids[b] (also over
   // the row's padding): the output_ids a session starts from.
   static at::Tensor prompt_then_end_ids(const Prompt& p, const int32_t* end_ids, int64_t beam,
@@ -154,15 +166,34 @@ class GptModelHolder : public torch::CustomClassHolder {
   // Tensors of the running generation session (device arrays the C++ loop reads and writes).
   // forward with an attention window (decode's memory_len for its context log probs).
   at::Tensor forward_windowed(const at::Tensor& input_ids, const at::Tensor& input_lengths,
-                              int64_t window);
+                              int64_t window, int64_t table_rows = 0);
   struct Session {
     int64_t batch = 0, beam = 1, seq = 0, output_len = 0, cum_mode = 0;
+    int64_t held = 0;  // the interactive session it runs in (open_session's handle), or 0
     bool return_log_probs = false;
     at::Tensor end_ids, top_k, top_p, temperature, rep, pres, freq, min_len, seeds, bad, stop;
     at::Tensor input_lengths, output_ids, seq_lengths, cum_log_probs, output_log_probs;
     at::Tensor context_log_probs;
+    at::Tensor prompt_table;  // on the device, in the model dtype, while the session runs
   };
   Session session_;
+  // open_session's sessions: their slots and, per row, the ids whose K/V the slots hold.
+  struct HeldSession {
+    int64_t first_slot = 0, batch = 0, max_len = 0;
+    std::vector<std::vector<int32_t>> cached;
+  };
+  std::map<int64_t, HeldSession> held_;
+  int64_t next_handle_ = 1;
+  // The rows a decode call in session `handle` takes from its cache (Session::start's `past`),
+  // after checking the call against the session's shape.
+  std::vector<int32_t> session_prefixes(int64_t handle, const Prompt& prompt, int64_t beam,
+                                        int64_t output_len) const;
+  // After a session call: records the rows' cached ids (or forgets them after an error) and
+  // returns the model to the shared slots.
+  void end_session_call(const Session& s, bool ok);
+  // After any decode call (finished, or failed): drops the call's prompt table and ends its
+  // session call.
+  void end_call(const Session& s, bool ok);
   c10::intrusive_ptr<NcclCommHolder> tp_comm_;
   c10::intrusive_ptr<NcclCommHolder> pp_comm_;
   void check_parallel_ready(const char* op) const;

@@ -25,7 +25,7 @@ at::Tensor bias_act(const at::Tensor& input, const OptTensor& bias, const std::s
 at::Tensor gated_act(const at::Tensor& input, const OptTensor& bias, const std::string& activation);
 
 at::Tensor embedding(const at::Tensor& input_ids, const at::Tensor& wte, const OptTensor& wpe,
-                     const OptTensor& position_ids, double scale);
+                     const OptTensor& position_ids, double scale, const OptTensor& extra);
 
 // out[m, n] = input[m, k] @ weight[k, n] (weight [n, k] when transposed) through cuBLASLt.
 at::Tensor gemm(const at::Tensor& input, const at::Tensor& weight, const OptTensor& bias,

@@ -159,7 +159,7 @@ at::Tensor gated_act(const at::Tensor& input, const OptTensor& bias,
 }
 
 at::Tensor embedding(const at::Tensor& input_ids, const at::Tensor& wte, const OptTensor& wpe,
-                     const OptTensor& position_ids, double scale) {
+                     const OptTensor& position_ids, double scale, const OptTensor& extra) {
   const char* op = "warpformer.embedding";
   check_dtype(input_ids, at::kInt, op, "input_ids");
   check_dim_in(input_ids, {1, 2}, op, "input_ids");
@@ -183,8 +183,16 @@ at::Tensor embedding(const at::Tensor& input_ids, const at::Tensor& wte, const O
                 ": position_ids must have input_ids's shape ", input_ids.sizes(), ", got ",
                 position_ids->sizes());
   }
+  if (extra.has_value()) {
+    check_dtype(*extra, wte.scalar_type(), op, "extra", "the dtype of wte");
+    check_dim(*extra, 2, op, "extra");
+    check_size(*extra, 1, wte.size(1), op, "extra", "the hidden size of wte");
+    TORCH_CHECK(wte.size(0) + extra->size(0) <= INT32_MAX, op,
+                ": wte and extra rows must number < 2^31, got ", wte.size(0) + extra->size(0));
+  }
   check_cuda(input_ids, op, "input_ids");
   check_cuda(wte, op, "wte", input_ids, "input_ids");
+  if (extra.has_value()) check_cuda(*extra, op, "extra", input_ids, "input_ids");
   if (wpe.has_value()) check_cuda(*wpe, op, "wpe", input_ids, "input_ids");
   if (position_ids.has_value()) {
     check_cuda(*position_ids, op, "position_ids", input_ids, "input_ids");
@@ -193,6 +201,7 @@ at::Tensor embedding(const at::Tensor& input_ids, const at::Tensor& wte, const O
   const c10::cuda::CUDAGuard guard(input_ids.device());
   const at::Tensor ids = input_ids.contiguous();
   const at::Tensor table = wte.contiguous();
+  const OptTensor rows = extra.has_value() ? OptTensor(extra->contiguous()) : OptTensor();
   const OptTensor pos_table = wpe.has_value() ? OptTensor(wpe->contiguous()) : OptTensor();
   const OptTensor pos =
       position_ids.has_value() ? OptTensor(position_ids->contiguous()) : OptTensor();
@@ -215,6 +224,8 @@ at::Tensor embedding(const at::Tensor& input_ids, const at::Tensor& wte, const O
     p.max_positions = pos_table.has_value() ? static_cast<int>(pos_table->size(0)) : 0;
     p.seq_len = static_cast<int>(ids.size(-1));
     p.scale = static_cast<float>(scale);
+    p.extra = ptr_or_null<const scalar_t>(rows);
+    p.extra_rows = rows.has_value() ? static_cast<int>(rows->size(0)) : 0;
     WF_CUDA_CHECK(kernels::launch_embedding(p, current_stream(ids)));
   });
   // One small device-to-host copy: the kernel has already zeroed bad rows instead of reading out
@@ -228,6 +239,9 @@ at::Tensor embedding(const at::Tensor& input_ids, const at::Tensor& wte, const O
     std::ostringstream msg;
     msg << op << ": input_ids contains " << value << " at flat index " << bad_tok
         << ", outside the vocabulary [0, " << table.size(0) << ")";
+    if (rows.has_value())
+      msg << " and the extra rows [" << table.size(0) << ", " << table.size(0) + rows->size(0)
+          << ")";
     TORCH_CHECK(false, msg.str());
   }
   if (bad_pos != kernels::EmbeddingErrors::kNoError) {

@@ -36,10 +36,11 @@ TORCH_LIBRARY(warpformer, m) {
   m.def("bias_act(Tensor input, Tensor? bias, str activation) -> Tensor");
   // GLU: act(gate + b_gate) * (up + b_up), input [..., 2*I] = [gate | up] -> [..., I].
   m.def("gated_act(Tensor input, Tensor? bias, str activation) -> Tensor");
-  // wte[ids] * scale (+ wpe[positions]); ids int32 [N] or [B, S]; bad ids raise, never read OOB.
+  // wte[ids] * scale (+ wpe[positions]); ids int32 [N] or [B, S]; ids vocab + j read row j of
+  // `extra` (prompt embeddings, unscaled); bad ids raise, never read OOB.
   m.def(
       "embedding(Tensor input_ids, Tensor wte, Tensor? wpe=None, Tensor? position_ids=None, "
-      "float scale=1.0) -> Tensor");
+      "float scale=1.0, Tensor? extra=None) -> Tensor");
 
   // ---- GEMM (csrc/core/gemm) ----
   // out = act(input @ weight + bias) (weight [k, n], or [n, k] when transposed). backend: auto
@@ -241,6 +242,9 @@ TORCH_LIBRARY(warpformer, m) {
             torch::arg("options")})
       .def("decode_step", &GptModelHolder::decode_step, "", {torch::arg("max_steps")})
       .def("decode_finish", &GptModelHolder::decode_finish)
+      .def("open_session", &GptModelHolder::open_session, "",
+           {torch::arg("batch"), torch::arg("max_len")})
+      .def("close_session", &GptModelHolder::close_session, "", {torch::arg("handle")})
       .def("attach_tensor_parallel", &GptModelHolder::attach_tensor_parallel)
       .def("attach_pipeline_parallel", &GptModelHolder::attach_pipeline_parallel)
       .def("config", &GptModelHolder::config)

@@ -22,7 +22,8 @@ except ImportError as exc:  # pragma: no cover - exercised only on broken instal
 from . import _ops, _ops_attention, _ops_beam, _ops_sampling  # noqa: E402,F401
 from .config import QuantScheme  # noqa: E402
 from .gpt import GPT, GenerationOutput  # noqa: E402
+from .session import GenerationSession  # noqa: E402
 
 __version__ = "0.1.0"
 
-__all__ = ["GPT", "GenerationOutput", "QuantScheme", "__version__"]
+__all__ = ["GPT", "GenerationOutput", "GenerationSession", "QuantScheme", "__version__"]

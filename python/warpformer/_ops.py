@@ -54,7 +54,7 @@ def _gated_act_fake(input, bias, activation):
 
 
 @register_fake("warpformer::embedding")
-def _embedding_fake(input_ids, wte, wpe=None, position_ids=None, scale=1.0):
+def _embedding_fake(input_ids, wte, wpe=None, position_ids=None, scale=1.0, extra=None):
     return wte.new_empty((*input_ids.shape, wte.shape[1]))
 
 

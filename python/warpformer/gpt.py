@@ -31,6 +31,7 @@ from .weights import read_config, resolve_model_dir
 
 if TYPE_CHECKING:
     from .reference_generation import ReferenceEngine
+    from .session import GenerationSession
 
 __all__ = ["GPT", "GenerationOutput", "words_to_ft"]
 
@@ -412,6 +413,53 @@ class GPT:
         self._check_limits(B, S, new_tokens)
         return self._placed(ids.masked_fill(~valid, 0).to(torch.int32), lengths.to(torch.int32))
 
+    def _prompt_inputs(self, input_ids: IdsLike | None, input_lengths, new_tokens: int,
+                       prompt_embeddings: torch.Tensor, prompt_lengths
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(ids, lengths, table) of a call with prompt embeddings: row b's first
+        ``prompt_lengths[b]`` positions take ``prompt_embeddings[b]``'s rows (as ids
+        ``vocab_size + j`` of the engine's ``prompt_table``), then its tokens follow."""
+        E = prompt_embeddings
+        if not isinstance(E, torch.Tensor) or not E.dtype.is_floating_point or E.dim() != 3:
+            got = (f"{E.dtype} {list(E.shape)}" if isinstance(E, torch.Tensor)
+                   else type(E).__name__)
+            raise ValueError(f"prompt_embeddings must be a floating tensor [B, P, "
+                             f"{self.config.embedding_dim}], got {got}")
+        B, P, width = E.shape
+        if width != self.config.embedding_dim:
+            raise ValueError(f"prompt_embeddings must have the word embedding width "
+                             f"{self.config.embedding_dim} as last dimension, got {width}")
+        if prompt_lengths is None:
+            plen = [P] * B
+        else:
+            plen = [int(n) for n in torch.as_tensor(prompt_lengths).reshape(-1).tolist()]
+            if len(plen) != B or any(not 0 <= n <= P for n in plen):
+                raise ValueError(f"prompt_lengths must be {B} values in [0, {P}], got {plen}")
+        if input_ids is None:
+            if input_lengths is not None:
+                raise ValueError("input_lengths needs input_ids")
+            rows = [[] for _ in range(B)]
+        else:
+            ids, lengths = self._inputs(input_ids, input_lengths, 0)
+            if ids.shape[0] != B:
+                raise ValueError(f"prompt_embeddings has {B} rows; input_ids has {ids.shape[0]}")
+            rows = [ids[b, :int(n)].tolist() for b, n in enumerate(lengths.tolist())]
+        for b in range(B):
+            if plen[b] + len(rows[b]) == 0:
+                raise ValueError(f"row {b} is empty (no prompt embeddings and no tokens)")
+        offsets = [sum(plen[:b]) for b in range(B)]
+        if sum(plen) == 0:
+            raise ValueError("prompt_lengths are all 0: pass the tokens alone")
+        table = torch.cat([E[b, :plen[b]] for b in range(B)]).detach()
+        V = self.vocab_size
+        full = [list(range(V + offsets[b], V + offsets[b] + plen[b])) + rows[b] for b in range(B)]
+        S = max(map(len, full))
+        self._check_limits(B, S, new_tokens)
+        ids = torch.tensor([r + [0] * (S - len(r)) for r in full], dtype=torch.int32)
+        lengths = torch.tensor([len(r) for r in full], dtype=torch.int32)
+        ids, lengths = self._placed(ids, lengths)
+        return ids, lengths, table
+
     def _check_limits(self, batch: int, seq: int, new_tokens: int) -> None:
         if batch > self.max_batch:
             raise ValueError(f"batch size {batch} exceeds max_batch ({self.max_batch}) given to "
@@ -429,8 +477,8 @@ class GPT:
     def _options(self, batch: int, max_new_tokens: int, *, do_sample, top_k, top_p, temperature,
                  repetition_penalty, presence_penalty, frequency_penalty, min_length, num_beams,
                  length_penalty, diversity_rate, stop_words, bad_words, end_id, seed,
-                 return_log_probs, return_cum_log_probs=0, memory_len=0, stacklevel: int = 3
-                 ) -> dict[str, torch.Tensor]:
+                 return_log_probs, return_cum_log_probs=0, memory_len=0, session=0,
+                 prompt_table=None, stacklevel: int = 3) -> dict[str, torch.Tensor]:
         """The arguments as the engine's options dict, checked and normalised by its rules
         (:meth:`_checked`). Here Python values only become tensors (and ``do_sample`` picks
         ``top_k``/``top_p``/``seed``)."""
@@ -449,12 +497,15 @@ class GPT:
                       frequency_penalty=frequency_penalty, min_length=min_length, end_id=end_id,
                       seed=seed, beam_width=num_beams, length_penalty=length_penalty,
                       diversity_rate=diversity_rate, return_log_probs=int(bool(return_log_probs)),
-                      return_cum_log_probs=return_cum_log_probs, memory_len=memory_len)
+                      return_cum_log_probs=return_cum_log_probs, memory_len=memory_len,
+                      session=session)
         opts = {key: _tensor("num_beams" if key == "beam_width" else key, v)
                 for key, v in values.items() if v is not None}
         for name, words in (("stop_words", stop_words), ("bad_words", bad_words)):
             if words is not None:
                 opts[name] = words_to_ft(words, name=name)
+        if prompt_table is not None:
+            opts["prompt_table"] = prompt_table
         checked = self._checked(opts, batch)
         extra = self.end_ids[1:] if end_id is None else ()
         if not extra:
@@ -484,7 +535,7 @@ class GPT:
             raise ValueError(str(exc)) from None
 
     # ------------------------------------------------------------------ generation
-    def generate(self, input_ids: IdsLike, max_new_tokens: int, *,
+    def generate(self, input_ids: IdsLike | None, max_new_tokens: int, *,
                  input_lengths: torch.Tensor | Sequence[int] | None = None,
                  do_sample: bool = False, top_k: int | Sequence[int] | None = None,
                  top_p: float | Sequence[float] | None = None,
@@ -497,7 +548,10 @@ class GPT:
                  stop_words: WordsLike | None = None, bad_words: WordsLike | None = None,
                  end_id: int | Sequence[int] | None = None,
                  seed: int | Sequence[int] | None = None, return_log_probs: bool = False,
-                 return_cum_log_probs: int = 0, memory_len: int = 0) -> GenerationOutput:
+                 return_cum_log_probs: int = 0, memory_len: int = 0,
+                 prompt_embeddings: torch.Tensor | None = None,
+                 prompt_lengths: torch.Tensor | Sequence[int] | None = None,
+                 inputs_embeds: torch.Tensor | None = None) -> GenerationOutput:
         """Generate ``max_new_tokens`` tokens per row (fewer when a row ends).
 
         Per-row arguments take a scalar (all rows) or a list of ``B`` values. FT's names in
@@ -540,9 +594,26 @@ class GPT:
                 ``memory_len`` positions, its own included, on top of the model's own sliding
                 window; 0 = no window [memory_len]. ``max_seq_len`` still bounds the call (the
                 cache is not reused as a ring).
+            prompt_embeddings: float ``[B, P, E]`` (``E``: the word-embedding width) vectors
+                that stand before each row's tokens in place of token embeddings (soft prompts,
+                p-tuning) [request_prompt_embedding]; position embeddings and the embedding norm
+                apply to them as to tokens. In ``sequences`` their positions hold the ids
+                ``vocab_size + j`` (row-major over the rows' prompts).
+            prompt_lengths: ``[B]`` rows of ``prompt_embeddings`` each row uses (default ``P``)
+                [request_prompt_lengths].
+            inputs_embeds: ``[B, S, E]``: the whole prompt as embeddings (HF's
+                ``inputs_embeds``), instead of ``input_ids`` (pass ``input_ids=None``);
+                ``prompt_lengths`` gives ragged rows.
         Returns:
             :class:`GenerationOutput`.
         """
+        if inputs_embeds is not None:
+            if input_ids is not None or prompt_embeddings is not None:
+                raise ValueError("inputs_embeds replaces input_ids and prompt_embeddings: pass "
+                                 "input_ids=None")
+            prompt_embeddings = inputs_embeds
+        elif input_ids is None:
+            raise ValueError("input_ids is required (or inputs_embeds)")
         call = self._prepare(
             input_ids, max_new_tokens, input_lengths=input_lengths,
             do_sample=do_sample, top_k=top_k, top_p=top_p, temperature=temperature,
@@ -550,14 +621,16 @@ class GPT:
             frequency_penalty=frequency_penalty, min_length=min_length, num_beams=num_beams,
             length_penalty=length_penalty, diversity_rate=diversity_rate, stop_words=stop_words,
             bad_words=bad_words, end_id=end_id, seed=seed, return_log_probs=return_log_probs,
-            return_cum_log_probs=return_cum_log_probs, memory_len=memory_len)
+            return_cum_log_probs=return_cum_log_probs, memory_len=memory_len,
+            prompt_embeddings=prompt_embeddings, prompt_lengths=prompt_lengths)
         return self._output(*call(self.engine))
 
     def _prepare(self, input_ids: IdsLike, max_new_tokens: int, *, input_lengths,
                  do_sample, top_k, top_p, temperature, repetition_penalty, presence_penalty,
                  frequency_penalty, min_length, num_beams, length_penalty, diversity_rate,
                  stop_words, bad_words, end_id, seed, return_log_probs, return_cum_log_probs,
-                 memory_len=0, stacklevel: int = 4
+                 memory_len=0, session=0, prompt_embeddings=None, prompt_lengths=None,
+                 stacklevel: int = 4
                  ) -> Callable[[Any], tuple[dict[str, torch.Tensor], torch.Tensor]]:
         """Check one call's arguments (raising ``ValueError`` as :meth:`generate` does) and
         return the call itself: a function of an engine (this GPT's engine or one of its
@@ -566,7 +639,14 @@ class GPT:
         CUDA stream; nothing waits for the GPU. ``stacklevel``: of the option warnings, counted
         from :meth:`_options` to the user's frame."""
         _check_new_tokens(max_new_tokens)
-        ids, lengths = self._inputs(input_ids, input_lengths, max_new_tokens)
+        table = None
+        if prompt_embeddings is not None:
+            ids, lengths, table = self._prompt_inputs(input_ids, input_lengths, max_new_tokens,
+                                                      prompt_embeddings, prompt_lengths)
+        elif prompt_lengths is not None:
+            raise ValueError("prompt_lengths needs prompt_embeddings (or inputs_embeds)")
+        else:
+            ids, lengths = self._inputs(input_ids, input_lengths, max_new_tokens)
         # Default options (as plain Python values: anything else takes the general path and its
         # checks): the engine's greedy loop, without the per-row option arrays decode() parses
         # and sends (same tokens), and without building them here.
@@ -580,8 +660,8 @@ class GPT:
                 and stop_words is None and bad_words is None and seed is None
                 and not return_log_probs and type(return_cum_log_probs) is int
                 and return_cum_log_probs == 0 and (end_id is None or type(end_id) is int)
-                and type(memory_len) is int and memory_len == 0
-                and not (end_id is None and len(self.end_ids) > 1)):
+                and type(memory_len) is int and memory_len == 0 and session == 0
+                and table is None and not (end_id is None and len(self.end_ids) > 1)):
             end = -1 if end_id is None else int(self._checked(
                 {"end_id": _tensor("end_id", end_id)}, ids.shape[0])["end_id"][0])
 
@@ -597,8 +677,8 @@ class GPT:
             min_length=min_length, num_beams=num_beams, length_penalty=length_penalty,
             diversity_rate=diversity_rate, stop_words=stop_words, bad_words=bad_words,
             end_id=end_id, seed=seed, return_log_probs=return_log_probs,
-            return_cum_log_probs=return_cum_log_probs, memory_len=memory_len,
-            stacklevel=stacklevel)
+            return_cum_log_probs=return_cum_log_probs, memory_len=memory_len, session=session,
+            prompt_table=table, stacklevel=stacklevel)
 
         def decode(engine) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
             with torch.no_grad():
@@ -726,6 +806,17 @@ class GPT:
                     self.engine.decode_finish()
                 except RuntimeError:
                     pass
+
+    # ------------------------------------------------------------------ sessions
+    def start_session(self, batch: int, max_len: int) -> GenerationSession:
+        """An interactive session of ``batch`` conversations whose KV caches stay on the GPU
+        between turns (FT's interactive generation: ``session_len``, ``continue_gen``):
+        :meth:`GenerationSession.generate` appends each turn's new tokens to the rows' histories
+        and runs the prompt pass over them only. ``max_len`` bounds a row's history plus a
+        turn's new tokens (at most ``max_seq_len``). Close it (or use ``with``) to free its
+        rows of the cache."""
+        from .session import GenerationSession
+        return GenerationSession(self, batch, max_len)
 
     # ------------------------------------------------------------------ scoring
     def logits(self, input_ids: IdsLike,

@@ -129,6 +129,9 @@ class GptReference(torch.nn.Module):
         self.act = _ACTIVATIONS[config.activation_type]
         # A call's attention window (generate's memory_len; 0: none), on top of sliding_window.
         self.memory_len = 0
+        # A call's prompt table (generate's prompt embeddings): id vocab_size + j embeds as its
+        # row j instead of a wte row; None: none.
+        self.prompt_table: torch.Tensor | None = None
         if config.use_attention_linear_bias:  # where the weights are (the backend runs on GPUs too)
             device = next(iter(weights.values())).device
             self.register_buffer("slopes", alibi_slopes(config.head_num).to(device),
@@ -244,10 +247,19 @@ class GptReference(torch.nn.Module):
 
     def _run(self, ids: torch.Tensor, pos: torch.Tensor, caches=None) -> torch.Tensor:
         """Logits ``[B, T, V]`` for tokens ``ids`` ``[B, T]`` at positions ``pos`` ``[B, T]``."""
-        c, w = self.config, self.w
-        if int(ids.min()) < 0 or int(ids.max()) >= c.vocab_size:
-            raise ValueError(f"input_ids must be in [0, vocab_size={c.vocab_size})")
-        x = F.embedding(ids, w["wte"])
+        c, w, table = self.config, self.w, self.prompt_table
+        rows = 0 if table is None else table.shape[0]
+        if int(ids.min()) < 0 or int(ids.max()) >= c.vocab_size + rows:
+            raise ValueError(f"input_ids must be in [0, vocab_size={c.vocab_size})"
+                             + (f" or the prompt table's [{c.vocab_size}, "
+                                f"{c.vocab_size + rows})" if rows else ""))
+        if rows:
+            virtual = ids >= c.vocab_size
+            x = F.embedding(ids.masked_fill(virtual, 0), w["wte"])
+            x = torch.where(virtual[..., None],
+                            table.to(x.dtype)[(ids - c.vocab_size).clamp(min=0)], x)
+        else:
+            x = F.embedding(ids, w["wte"])
         if c.word_embed_proj_dim:
             x = x @ w["project_in.weight"]
         if c.has_positional_encoding:

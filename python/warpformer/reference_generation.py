@@ -66,6 +66,8 @@ class _Options:
     return_log_probs: int
     return_cum_log_probs: int
     memory_len: int
+    session: int
+    prompt_table: torch.Tensor | None
     bad_words: list[list[list[int]]]
     stop_words: list[list[list[int]]]
 
@@ -75,7 +77,9 @@ class _Options:
         """``options`` checked and normalised by the C++ engine's own rules
         (``torch.ops.warpformer.generation_options``; RuntimeError naming the option)."""
         checked = torch.ops.warpformer.generation_options(options, batch, vocab, default_end)
+        table = checked.pop("prompt_table", None)
         values = {key: t.tolist() for key, t in checked.items() if key not in _WORD_KEYS}
+        values["prompt_table"] = table
         for key in _WORD_KEYS:
             values[key] = (parse_ft_words(checked[key], batch) if key in checked
                            else [[] for _ in range(batch)])
@@ -124,6 +128,9 @@ class ReferenceEngine:
         self._max_batch = max_batch
         self._max_seq_len = max_seq_len
         self._state: dict | None = None
+        # open_session's sessions: handle -> their caches and each row's cached ids
+        self._sessions: dict[int, dict] = {}
+        self._next_handle = 1
 
     def max_batch(self) -> int:
         """The largest batch a call may use."""
@@ -164,6 +171,7 @@ class ReferenceEngine:
         ids = input_ids.to(self.device).long()
         lengths = input_lengths.to(self.device).long()
         self.model.memory_len = 0
+        self.model.prompt_table = None
         logits = self.model.forward(ids, lengths)
         valid = torch.arange(ids.shape[1], device=ids.device)[None] < lengths[:, None]
         return logits * valid[:, :, None]
@@ -178,6 +186,64 @@ class ReferenceEngine:
         opts = {} if end_id < 0 else {"end_id": torch.tensor(end_id, dtype=torch.int32)}
         out = self.decode(input_ids, input_lengths, output_len, opts)
         return out["output_ids"], out["sequence_lengths"]
+
+    # ------------------------------------------------------------------ sessions
+    def open_session(self, batch: int, max_len: int) -> int:
+        """``batch`` rows whose KV caches (``max_len`` positions) are kept between decode calls
+        with the option ``session`` (the returned handle); as ``GptModel.open_session``."""
+        if self._state is not None:
+            raise RuntimeError("GptModel.open_session: a generation session is running; call "
+                               "decode_finish() first")
+        if not 1 <= batch <= self._max_batch:
+            raise RuntimeError(f"GptModel.open_session: batch must be in [1, max_batch = "
+                               f"{self._max_batch}], got {batch}")
+        if not 2 <= max_len <= self._max_seq_len:
+            raise RuntimeError(f"GptModel.open_session: max_len must be in [2, max_seq_len = "
+                               f"{self._max_seq_len}], got {max_len}")
+        c, dev = self.config, self.device
+        dt = self.model.w["wte"].dtype
+        caches = [(torch.zeros(batch, max_len, c.kv_heads, c.size_per_head, dtype=dt, device=dev),
+                   torch.zeros(batch, max_len, c.kv_heads, c.size_per_head, dtype=dt, device=dev))
+                  for _ in range(c.num_layer)]
+        handle, self._next_handle = self._next_handle, self._next_handle + 1
+        self._sessions[handle] = dict(batch=batch, max_len=max_len, caches=caches,
+                                      cached=[[] for _ in range(batch)])
+        return handle
+
+    def close_session(self, handle: int) -> None:
+        """Frees a session's caches."""
+        if handle not in self._sessions:
+            raise RuntimeError(f"GptModel.close_session: no open session {handle}")
+        if self._state is not None and self._state.get("session") == handle:
+            raise RuntimeError(f"GptModel.close_session: session {handle} is generating; call "
+                               "decode_finish() first")
+        del self._sessions[handle]
+
+    def _session_prefixes(self, handle: int, ids: torch.Tensor, lengths: torch.Tensor,
+                          beam: int, output_len: int) -> tuple[dict, list[int]]:
+        op = "GptModel.decode"
+        held = self._sessions.get(handle)
+        if held is None:
+            raise RuntimeError(f"{op}: option session = {handle} is not an open session of this "
+                               "instance (open_session)")
+        if beam != 1:
+            raise RuntimeError(f"{op}: a session generates with beam_width 1, got {beam}")
+        if ids.shape[0] != held["batch"]:
+            raise RuntimeError(f"{op}: session {handle} has {held['batch']} rows; input_ids has "
+                               f"{ids.shape[0]}")
+        past = []
+        for b in range(ids.shape[0]):
+            n = int(lengths[b])
+            if n + output_len > held["max_len"]:
+                raise RuntimeError(f"{op}: row {b} of session {handle}: input length {n} + "
+                                   f"output_len {output_len} = {n + output_len} exceeds the "
+                                   f"session's max_len ({held['max_len']})")
+            row, cached = ids[b, :n].tolist(), held["cached"][b]
+            k = 0
+            while k < min(len(cached), n - 1) and cached[k] == row[k]:
+                k += 1
+            past.append(k)
+        return held, past
 
     # ------------------------------------------------------------------ decoding
     def decode(self, input_ids: torch.Tensor, input_lengths: torch.Tensor, output_len: int,
@@ -213,19 +279,45 @@ class ReferenceEngine:
         o = _Options.parse(options, B, self.config.vocab_size, self.config.end_id)
         W, N, c = o.beam_width, output_len, self.config
         self.model.memory_len = o.memory_len  # the prompt pass and the steps of this call
+        if o.prompt_table is not None:
+            if o.prompt_table.shape[1] != c.embedding_dim:
+                raise RuntimeError(f"GptModel.decode: option 'prompt_table' rows must have the "
+                                   f"word embedding width {c.embedding_dim}, got "
+                                   f"{o.prompt_table.shape[1]}")
+            self.model.prompt_table = o.prompt_table.to(dev)
+        else:
+            self.model.prompt_table = None
         total = S + N
         dt = self.model.w["wte"].dtype
-        caches = [(torch.zeros(B, total, c.kv_heads, c.size_per_head, dtype=dt, device=dev),
-                   torch.zeros(B, total, c.kv_heads, c.size_per_head, dtype=dt, device=dev))
-                  for _ in range(c.num_layer)]
-        pos = torch.arange(S, device=dev).expand(B, S)
-        logits = self.model._run(ids, pos, caches)  # [B, S, V]
         rows = torch.arange(B, device=dev)
-        last = logits[rows, lengths - 1]
+        if o.session:
+            # Each row runs only the tokens past the prefix its session row holds, through the
+            # session's caches.
+            held, past = self._session_prefixes(o.session, ids, lengths, o.beam_width, N)
+            caches = held["caches"]
+            last = []
+            for b in range(B):
+                n = int(lengths[b])
+                pos = torch.arange(past[b], n, device=dev)[None]
+                row_caches = [(k[b:b + 1], v[b:b + 1]) for k, v in caches]
+                last.append(self.model._run(ids[b:b + 1, past[b]:n], pos, row_caches)[0, -1])
+            last = torch.stack(last)
+            logits = (self.model._run(ids, torch.arange(S, device=dev).expand(B, S))
+                      if o.return_cum_log_probs == 2 else None)
+        else:
+            caches = [(torch.zeros(B, total, c.kv_heads, c.size_per_head, dtype=dt, device=dev),
+                       torch.zeros(B, total, c.kv_heads, c.size_per_head, dtype=dt, device=dev))
+                      for _ in range(c.num_layer)]
+            pos = torch.arange(S, device=dev).expand(B, S)
+            logits = self.model._run(ids, pos, caches)  # [B, S, V]
+            last = logits[rows, lengths - 1]
         ctx_lp = torch.zeros(B, device=dev)
         if o.return_cum_log_probs == 2 and S > 1:
-            lp = torch.log_softmax(logits[:, :-1], -1).gather(2, ids[:, 1:, None])[..., 0]
-            valid = torch.arange(1, S, device=dev)[None] < lengths[:, None]
+            nxt = ids[:, 1:]
+            lp = torch.log_softmax(logits[:, :-1], -1).gather(
+                2, nxt.clamp(max=c.vocab_size - 1)[..., None])[..., 0]
+            # a prompt-table position is not a token: it has no log prob
+            valid = (torch.arange(1, S, device=dev)[None] < lengths[:, None]) & (nxt < c.vocab_size)
             ctx_lp = (lp * valid).sum(1)
         if W > 1:  # every beam starts from the same prompt
             caches = [(k.repeat_interleave(W, 0), v.repeat_interleave(W, 0)) for k, v in caches]
@@ -239,9 +331,11 @@ class ReferenceEngine:
         if o.penalties:
             counts = torch.zeros(B * W, c.vocab_size, device=dev)
             for n in range(B * W):
-                counts[n].index_add_(0, ids[n // W, : int(lengths[n // W])],
-                                     torch.ones(int(lengths[n // W]), device=dev))
+                row = ids[n // W, : int(lengths[n // W])]
+                row = row[row < c.vocab_size]  # prompt-table positions are not tokens
+                counts[n].index_add_(0, row, torch.ones(row.shape[0], device=dev))
         st = dict(opts=o, B=B, W=W, N=N, S=S, lengths=lengths, caches=caches, last=last,
+                  session=o.session,
                   tokens=tokens, hist=hist, counts=counts, step=0, end=end, ctx_lp=ctx_lp,
                   token_lp=torch.zeros(B, W, N, device=dev), running=torch.zeros(B, W, device=dev),
                   done=torch.zeros(B, dtype=torch.bool, device=dev))
@@ -425,6 +519,10 @@ class ReferenceEngine:
             cum = lp.sum(-1)
         else:
             ids, lp, seq_len, cum = self._finalize_beams(st)
+        if st["session"]:  # a row's caches hold its ids but the last (never fed back)
+            held = self._sessions[st["session"]]
+            for b in range(st["B"]):
+                held["cached"][b] = ids[b, 0, :max(int(seq_len[b, 0]) - 1, 0)].tolist()
         out = {"output_ids": ids.to(torch.int32), "sequence_lengths": seq_len.to(torch.int32)}
         if o.return_cum_log_probs or W > 1:
             extra = st["ctx_lp"][:, None] if o.return_cum_log_probs == 2 else 0.0

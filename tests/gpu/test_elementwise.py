@@ -169,6 +169,27 @@ def test_embedding(dtype, hidden, seed):
     assert_close(ops.embedding(ids.view(-1), wte), wte.double()[ids.view(-1).long()], dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_embedding_extra_rows(dtype, seed):
+    """Ids vocab + j read row j of `extra` (prompt embeddings, unscaled), positions still added;
+    an id past the extra rows raises naming both ranges."""
+    vocab, hidden = 100, 96
+    wte, wpe, extra = (rand(vocab, hidden, dtype=dtype), rand(32, hidden, dtype=dtype),
+                       rand(5, hidden, dtype=dtype))
+    ids = torch.randint(0, vocab + 5, (2, 11), device="cuda", dtype=torch.int32)
+    ids[0, :3] = torch.tensor([vocab, vocab + 4, 7], dtype=torch.int32)
+    pos = torch.arange(11, device="cuda", dtype=torch.int32).expand(2, 11)
+    table = torch.cat([wte.double() * 3.0, extra.double()])
+    expected = table[ids.long()] + wpe.double()[pos.long()]
+    assert_close(ops.embedding(ids, wte, wpe, pos, 3.0, extra), expected, dtype)
+    bad = ids.clone()
+    bad[1, 4] = vocab + 5
+    with pytest.raises(RuntimeError, match=rf"contains {vocab + 5} at flat index 15, outside the "
+                                           rf"vocabulary \[0, {vocab}\) and the extra rows "
+                                           rf"\[{vocab}, {vocab + 5}\)"):
+        ops.embedding(bad, wte, wpe, pos, 1.0, extra)
+
+
 def test_embedding_bad_ids_raise_and_do_not_read_out_of_bounds():
     wte = rand(50, 64, dtype=torch.float16)
     ids = torch.tensor([[1, 2, 3], [4, 50, -1]], device="cuda", dtype=torch.int32)

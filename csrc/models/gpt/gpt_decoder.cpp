@@ -23,10 +23,10 @@ size_t GptModel::step_workspace_bytes(int64_t rows) const {
 }
 
 // Each group's last-token hidden states are kept (in proj, [batch, h]) for prompt_logits.
-void GptModel::prefill(const int32_t* ids, const std::vector<int32_t>& lengths, int64_t seq,
-                       int64_t slot_stride) {
+void GptModel::prefill(const int32_t* ids, const std::vector<int32_t>& lengths,
+                       const std::vector<int32_t>& past, int64_t seq, int64_t slot_stride) {
   const size_t row_bytes = hidden_row_bytes();
-  run_prefill(ids, lengths, seq, slot_stride, [&](const PrefillGroup& g) {
+  run_prefill(ids, lengths, past, seq, slot_stride, [&](const PrefillGroup& g) {
     WF_CUDA_CHECK(kernels::launch_gather_rows(static_cast<char*>(scratch().proj) + g.b0 * row_bytes,
                                               buffers().n, d_last_ + g.b0, g.b1 - g.b0, row_bytes,
                                               ctx_->stream()));
@@ -44,7 +44,7 @@ void GptModel::prompt_logits(const int32_t* entry_of_row, int64_t rows) {
 // the cache indirection.
 void GptModel::step(const generation::StepRows& in, int64_t r0, int64_t n, bool exchange) {
   layers::AttentionInputs ai{};
-  ai.num_slots = static_cast<int>(kv_slots_);
+  ai.num_slots = static_cast<int>(view_slots());
   ai.max_seq = static_cast<int>(kv_seq_);
   ai.token_slot = in.slots + r0;
   ai.token_pos = in.positions + r0;
@@ -81,7 +81,7 @@ int64_t GptModel::prompt_graph_tokens(int64_t tokens) const {
   // together, and pipeline stages exchange each group with send/recv ordered by the host. Up to
   // kGemvMaxRows tokens the products run on the GEMV path, which padding would change.
   if (!options_.cuda_graphs || cfg_.tensor_para_size != 1 || cfg_.pipeline_para_size != 1 ||
-      tokens <= kernels::kGemvMaxRows) {
+      tokens <= kernels::kGemvMaxRows || prompt_table_.count > 0) {
     return 0;
   }
   const int64_t step = tokens <= 128 ? 16 : 64;

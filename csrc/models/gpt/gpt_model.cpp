@@ -114,23 +114,104 @@ void GptModel::set_attention_window(int64_t window) {
 }
 
 void GptModel::ensure_kv(int64_t slots, int64_t seq_total) {
-  // Beam search needs batch * beam rows; max_batch bounds the batch (checked by the caller).
-  TORCH_CHECK(slots <= max_batch_ * kernels::kMaxBeamWidth, "GptModel: ", slots,
-              " sequences exceed max_batch (", max_batch_, ") x the largest beam width");
   TORCH_CHECK(seq_total <= max_seq_len_, "GptModel: input length + output length = ", seq_total,
               " exceeds max_seq_len (", max_seq_len_, ") given at construction");
-  if (slots <= kv_slots_ && seq_total <= kv_seq_) return;
-  const int64_t new_slots = grown(slots, kv_slots_, max_batch_ * kernels::kMaxBeamWidth);
-  const int64_t new_seq = grown(seq_total, kv_seq_, max_seq_len_);
+  if (view_base_ >= 0) {  // a held range: sized by hold_slots
+    TORCH_CHECK(slots <= held_.at(view_base_) && seq_total <= kv_seq_, "GptModel: ", slots,
+                " rows of input width + output length = ", seq_total, " exceed the session's ",
+                held_.at(view_base_), " rows of ", kv_seq_, " positions");
+    return;
+  }
+  // Beam search needs batch * beam rows; max_batch bounds the batch (checked by the caller).
+  const int64_t limit = max_batch_ * kernels::kMaxBeamWidth;
+  TORCH_CHECK(slots <= limit, "GptModel: ", slots, " sequences exceed max_batch (", max_batch_,
+              ") x the largest beam width");
+  const int64_t need = held_end_ + slots;
+  if (need <= kv_slots_ && seq_total <= kv_seq_) return;
+  grow_kv(grown(need, kv_slots_, held_end_ + limit), grown(seq_total, kv_seq_, max_seq_len_));
+}
+
+void GptModel::grow_kv(int64_t new_slots, int64_t new_seq) {
   const int64_t layers = cfg_.end_layer() - cfg_.first_layer();
-  const size_t bytes = static_cast<size_t>(layers) * 2 * new_slots * cfg_.local_kv_heads() *
-                       new_seq * cfg_.size_per_head * dtype_size(dtype_);
-  kv_.reset();              // free first so the allocator can reuse the block
+  const size_t es = dtype_size(dtype_), head_row = cfg_.size_per_head * es;
+  const int64_t kvh = cfg_.local_kv_heads();
+  const size_t bytes = static_cast<size_t>(layers) * 2 * new_slots * kvh * new_seq * head_row;
+  DeviceBuffer old;
+  if (held_end_ > 0) {
+    old = std::move(kv_);  // the held slots' contents move over
+  } else {
+    kv_.reset();  // free first so the allocator can reuse the block
+  }
+  const int64_t old_slots = kv_slots_, old_seq = kv_seq_;
   kv_slots_ = kv_seq_ = 0;  // a failed allocation below must not leave stale sizes behind
   ++buffer_generation_;
-  kv_ = DeviceBuffer(ctx_->allocator(), bytes, ctx_->stream());
+  try {
+    kv_ = DeviceBuffer(ctx_->allocator(), bytes, ctx_->stream());
+  } catch (...) {
+    if (held_end_ > 0) {  // keep the held slots as they were
+      kv_ = std::move(old);
+      kv_slots_ = old_slots;
+      kv_seq_ = old_seq;
+    }
+    throw;
+  }
+  if (held_end_ > 0 && old_seq > 0) {
+    // Per layer and K/V: the held slots' [kv_heads, seq, head_dim] blocks, one head row of
+    // old_seq positions per copied row, into rows of new_seq positions.
+    for (int64_t kv = 0; kv < 2 * layers; ++kv) {
+      const char* src =
+          static_cast<const char*>(old.data()) + kv * old_slots * kvh * old_seq * head_row;
+      char* dst = static_cast<char*>(kv_.data()) + kv * new_slots * kvh * new_seq * head_row;
+      WF_CUDA_CHECK(cudaMemcpy2DAsync(dst, new_seq * head_row, src, old_seq * head_row,
+                                      old_seq * head_row, held_end_ * kvh, cudaMemcpyDeviceToDevice,
+                                      ctx_->stream()));
+    }
+  }
   kv_slots_ = new_slots;
   kv_seq_ = new_seq;
+}
+
+int64_t GptModel::hold_slots(int64_t rows, int64_t max_len) {
+  TORCH_CHECK(view_base_ < 0, "GptModel: a session is running in held slots");
+  TORCH_CHECK(rows >= 1 && rows <= max_batch_, "GptModel: a session's batch must be in [1, ",
+              "max_batch = ", max_batch_, "], got ", rows);
+  TORCH_CHECK(max_len >= 1 && max_len <= max_seq_len_,
+              "GptModel: a session's max_len must be in [1, max_seq_len = ", max_seq_len_,
+              "], got ", max_len);
+  const OwnStreamScope scope(*ctx_);
+  // The first gap between held ranges that fits, else the end of the held ones.
+  int64_t first = 0;
+  for (const auto& [base, n] : held_) {
+    if (base - first >= rows) break;
+    first = base + n;
+  }
+  const int64_t end = std::max(held_end_, first + rows);
+  // Room for the held slots (their contents kept) with the shared range's slots above them.
+  if (end > held_end_ || max_len > kv_seq_) {
+    const int64_t shared = std::max<int64_t>(kv_slots_ - held_end_, 0);
+    const int64_t slots = std::max(kv_slots_, end + shared);
+    if (slots > kv_slots_ || max_len > kv_seq_) grow_kv(slots, std::max(kv_seq_, max_len));
+  }
+  held_[first] = rows;
+  if (end != held_end_) ++buffer_generation_;  // the shared range moved
+  held_end_ = end;
+  return first;
+}
+
+void GptModel::release_slots(int64_t first) {
+  TORCH_CHECK(view_base_ < 0, "GptModel: a session is running in held slots");
+  TORCH_CHECK(held_.erase(first) == 1, "GptModel: no held slots start at ", first);
+  const int64_t end = held_.empty() ? 0 : held_.rbegin()->first + held_.rbegin()->second;
+  if (end != held_end_) ++buffer_generation_;
+  held_end_ = end;
+}
+
+void GptModel::use_slots(int64_t first) {
+  TORCH_CHECK(first < 0 || held_.count(first) == 1, "GptModel: no held slots start at ", first);
+  const int64_t base = first < 0 ? -1 : first;
+  if (base == view_base_) return;
+  view_base_ = base;
+  ++buffer_generation_;  // captured graphs baked the previous range's cache pointers
 }
 
 void GptModel::ensure_activations(int64_t tokens, int64_t batch) {
@@ -188,7 +269,7 @@ void GptModel::embed(const int32_t* token_ids, const int32_t* positions, int64_t
                      int64_t seq_len) {
   const layers::LayerBuffers b = buffers();
   layers::embed(layer_context(), w_.embedding, token_ids, positions, tokens, seq_len, b.x,
-                scratch().emb, b.n);
+                scratch().emb, b.n, prompt_table_);
 }
 
 void GptModel::run_layers(int64_t tokens, const layers::AttentionInputs& base) {
@@ -196,8 +277,10 @@ void GptModel::run_layers(int64_t tokens, const layers::AttentionInputs& base) {
   const layers::LayerBuffers b = buffers();
   const int64_t h = cfg_.hidden();
   const int64_t n_local = static_cast<int64_t>(w_.layers.size());
-  const size_t layer_kv = static_cast<size_t>(kv_slots_) * cfg_.local_kv_heads() * kv_seq_ *
-                          cfg_.size_per_head * dtype_size(dtype_);
+  const size_t slot_kv = static_cast<size_t>(cfg_.local_kv_heads()) * kv_seq_ * cfg_.size_per_head *
+                         dtype_size(dtype_);
+  const size_t layer_kv = kv_slots_ * slot_kv;
+  const size_t view = slot_base() * slot_kv;  // the current range's first slot
   using kernels::NormKind;
   // The narrower of the model's sliding window and the call's (0: none); a window past the
   // int range sees everything, as none does.
@@ -211,8 +294,8 @@ void GptModel::run_layers(int64_t tokens, const layers::AttentionInputs& base) {
   for (int64_t l = 0; l < n_local; ++l) {
     layers::AttentionInputs ai = base;
     ai.window = window;
-    ai.k_cache = static_cast<char*>(kv_.data()) + (2 * l) * layer_kv;
-    ai.v_cache = static_cast<char*>(kv_.data()) + (2 * l + 1) * layer_kv;
+    ai.k_cache = static_cast<char*>(kv_.data()) + (2 * l) * layer_kv + view;
+    ai.v_cache = static_cast<char*>(kv_.data()) + (2 * l + 1) * layer_kv + view;
     layers::NextNorm next;
     if (l + 1 < n_local) {
       if (cfg_.pre_layernorm) next.defer = true;
@@ -290,8 +373,8 @@ int64_t GptModel::plan_prefill(const std::vector<int32_t>& lengths) {
   return std::max(most, prompt_tokens_);
 }
 
-void GptModel::run_prefill(const int32_t* ids, const std::vector<int32_t>& lengths, int64_t seq,
-                           int64_t slot_stride,
+void GptModel::run_prefill(const int32_t* ids, const std::vector<int32_t>& lengths,
+                           const std::vector<int32_t>& past, int64_t seq, int64_t slot_stride,
                            const std::function<void(const PrefillGroup&)>& done) {
   const int64_t real = groups_.back().t1;
   const int64_t n_groups = static_cast<int64_t>(groups_.size());
@@ -300,7 +383,7 @@ void GptModel::run_prefill(const int32_t* ids, const std::vector<int32_t>& lengt
   // treats rows on their own.
   const int64_t tokens = std::max(real, prompt_tokens_);
   const generation::PromptIndex index =
-      generation::pack_prompt(groups_, lengths, seq, slot_stride, tokens);
+      generation::pack_prompt(groups_, lengths, past, seq, slot_stride, tokens);
   const std::vector<int32_t>& host = index.host;
   const int64_t ints = static_cast<int64_t>(host.size());
   if (ints > meta_ints_) {
@@ -321,6 +404,7 @@ void GptModel::run_prefill(const int32_t* ids, const std::vector<int32_t>& lengt
   d_cu_ = base + index.cu;
   d_iota_ = base + index.seq_slot;
   d_last_ = base + index.last;
+  d_past_ = base + index.past;
 
   if (cfg_.first_stage()) {
     WF_CUDA_CHECK(kernels::launch_gather_rows(d_ids_, ids, d_gather_, tokens, sizeof(int32_t),
@@ -329,7 +413,7 @@ void GptModel::run_prefill(const int32_t* ids, const std::vector<int32_t>& lengt
   for (int64_t gi = 0; gi < n_groups; ++gi) {
     const PrefillGroup& g = groups_[gi];
     layers::AttentionInputs ai{};
-    ai.num_slots = static_cast<int>(kv_slots_);
+    ai.num_slots = static_cast<int>(view_slots());
     ai.max_seq = static_cast<int>(kv_seq_);
     ai.token_slot = d_slot_ + g.t0;
     ai.token_pos = d_pos_ + g.t0;
@@ -338,6 +422,7 @@ void GptModel::run_prefill(const int32_t* ids, const std::vector<int32_t>& lengt
     ai.decode = false;
     ai.cu_seqlens = d_cu_ + g.b0 + gi;
     ai.seq_slot = d_iota_ + g.b0;
+    ai.seq_past = d_past_ + g.b0;
     ai.batch = static_cast<int>(g.b1 - g.b0);
     ai.max_seqlen = g.max_len;
     if (prompt_tokens_ > 0) {
@@ -417,7 +502,7 @@ void GptModel::forward(const int32_t* ids, const std::vector<int32_t>& lengths, 
     WF_CUDA_CHECK(cudaMemsetAsync(logits_out, 0, batch * seq * row_bytes, ctx_->stream()));
   }
   const size_t hidden_bytes = cfg_.hidden() * es;
-  run_prefill(ids, lengths, seq, 1, [&](const PrefillGroup& g) {
+  run_prefill(ids, lengths, {}, seq, 1, [&](const PrefillGroup& g) {
     for (int64_t r0 = 0; r0 < g.tokens(); r0 += chunk) {
       const int64_t n = std::min(chunk, g.tokens() - r0);
       lm_head(static_cast<const char*>(buffers().n) + r0 * hidden_bytes, n, packed.data());

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -85,6 +86,18 @@ class GptModel final : public generation::Decoder {
   // its last `window` positions; 0: none), on top of the config's sliding_window. Graphs
   // captured under another window are not replayed (buffer_generation changes).
   void set_attention_window(int64_t window);
+  // Interactive sessions keep their rows' KV caches between calls: hold_slots reserves `rows`
+  // slots of at least `max_len` positions (growing the cache, whose held slots keep their
+  // contents) and returns the first; use_slots(first) makes the calls that follow run in that
+  // range (slot r of a call is first + r), use_slots(-1) returns to the shared range above every
+  // held one. Not during a generation session.
+  int64_t hold_slots(int64_t rows, int64_t max_len);
+  void release_slots(int64_t first);
+  void use_slots(int64_t first);
+  // The prompt table of the calls that follow (ids vocab + j embed as its row j; count 0:
+  // none); the caller keeps the rows alive while they are set. Prompt passes with a table run
+  // eagerly (a graph would bake the rows' address).
+  void set_prompt_table(const layers::PromptTable& table) { prompt_table_ = table; }
   // (prompt graphs held, prompt passes replayed from one so far): for tests and benchmarks.
   std::pair<int64_t, int64_t> prompt_graph_stats() const {
     return {static_cast<int64_t>(prompt_graphs_.size()), prompt_replays_};
@@ -106,8 +119,8 @@ class GptModel final : public generation::Decoder {
   size_t buffer_generation() const override {
     return buffer_generation_ + ctx_->workspace_generation();
   }
-  void prefill(const int32_t* ids, const std::vector<int32_t>& lengths, int64_t seq,
-               int64_t slot_stride) override;
+  void prefill(const int32_t* ids, const std::vector<int32_t>& lengths,
+               const std::vector<int32_t>& past, int64_t seq, int64_t slot_stride) override;
   void prompt_logits(const int32_t* entry_of_row, int64_t rows) override;
   void step(const generation::StepRows& rows, int64_t r0, int64_t n, bool exchange) override;
   void* stage_input() override { return buffers().x; }
@@ -116,7 +129,13 @@ class GptModel final : public generation::Decoder {
   void drop_graphs() override { prompt_graphs_.clear(); }
 
  private:
+  // Room for `slots` slots of the current range (use_slots) of seq_total positions each.
   void ensure_kv(int64_t slots, int64_t seq_total);
+  // Reallocates the cache for new_slots x new_seq, copying the held slots' contents over.
+  void grow_kv(int64_t new_slots, int64_t new_seq);
+  // The first slot of the current range and the slots it spans.
+  int64_t slot_base() const { return view_base_ >= 0 ? view_base_ : held_end_; }
+  int64_t view_slots() const { return kv_slots_ - slot_base(); }
   void ensure_activations(int64_t tokens, int64_t batch);
   layers::LayerBuffers buffers() const;
   // Regions of the activation buffer beside the layer buffers.
@@ -147,8 +166,9 @@ class GptModel final : public generation::Decoder {
   // stage) and this stage's layers. On the last stage, `done(g)` runs after each group with the
   // group's final-normed hidden states in the `n` buffer, [g.tokens(), h]. Sequence b goes to KV
   // slot b * slot_stride.
-  void run_prefill(const int32_t* ids, const std::vector<int32_t>& lengths, int64_t seq,
-                   int64_t slot_stride, const std::function<void(const PrefillGroup&)>& done);
+  void run_prefill(const int32_t* ids, const std::vector<int32_t>& lengths,
+                   const std::vector<int32_t>& past, int64_t seq, int64_t slot_stride,
+                   const std::function<void(const PrefillGroup&)>& done);
   void embed(const int32_t* token_ids, const int32_t* positions, int64_t tokens, int64_t seq_len);
   void prompt_body(int64_t t0, int64_t tokens, int64_t seq, const layers::AttentionInputs& ai);
   void run_layers(int64_t tokens, const layers::AttentionInputs& base);
@@ -194,12 +214,16 @@ class GptModel final : public generation::Decoder {
 
   DeviceBuffer kv_;
   int64_t kv_slots_ = 0, kv_seq_ = 0;
+  std::map<int64_t, int64_t> held_;  // hold_slots: first slot -> rows
+  int64_t held_end_ = 0;             // past the last held slot: where the shared range starts
+  int64_t view_base_ = -1;           // use_slots (-1: the shared range)
   DeviceBuffer act_;
   int64_t act_tokens_ = 0, act_batch_ = 0;
   DeviceBuffer meta_;  // int32 per-call index arrays
   int64_t meta_ints_ = 0;
   size_t buffer_generation_ = 0;  // bumped whenever a buffer a graph may bake is reallocated
   int64_t call_window_ = 0;       // set_attention_window
+  layers::PromptTable prompt_table_;
 
   int64_t prefill_group_tokens_ = 0;
   std::vector<PrefillGroup> groups_;  // set by plan_prefill
@@ -214,6 +238,7 @@ class GptModel final : public generation::Decoder {
   int32_t* d_iota_ = nullptr;    // [B]  KV slot of each sequence
   int32_t* d_last_ = nullptr;    // [B]  index of each sequence's last token within its group
   int32_t* d_ids_ = nullptr;     // [T]  packed ids
+  int32_t* d_past_ = nullptr;    // [B]  positions each sequence's slot held before the pass
 };
 
 }  // namespace gpt
