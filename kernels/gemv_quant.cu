@@ -10,12 +10,12 @@
 // A block owns 128 output columns, 8 chunks of 16 (lane group g = lane / 4 streams chunk g), and a
 // range of stored rows split evenly over its 8 warps (contiguous, so an int4 group's scale is
 // applied once per group to a warp's partial sums). Each warp step covers 16 input rows: lane
-// (g, q) copies the 16-byte vectors of its chunk in the stored rows the mma fragment needs (int4:
+// (g, q) loads the 16-byte vectors of its chunk in the stored rows the mma fragment needs (int4:
 // rows q and 4 + q, each byte holding input rows 2r and 2r + 1 of one column; int8: rows 2q, 2q +
-// 1, 8 + 2q, 9 + 2q) and the two input pairs of its "b" registers. The copies go through a
-// per-thread ring of shared memory with cp.async, several steps ahead, so the weight stream does
-// not stall on the arithmetic; a thread reads back only what it copied, so the ring needs no
-// barriers.
+// 1, 8 + 2q, 9 + 2q) and the two input pairs of its "b" registers. The loads go into a ring of
+// registers a few steps ahead, so the weight stream does not stall on the arithmetic. (A ring in
+// shared memory filled by cp.async spent most of its time in the memory-instruction queue:
+// benchmarks/HISTORY.md, "the quantized GEMV's ring in registers".)
 //
 // fp16: a byte or nibble placed in the mantissa of 1024 (0x64xx) reads 1024 + value exactly, and
 // one half2 subtraction leaves the integer (a byte permute, a lop3 and the subtraction per pair).
@@ -46,15 +46,14 @@ constexpr int kVecCols = 16;         // columns of one 16-byte vector (the dequa
 constexpr int kMaxSplit = 8;         // portable cluster size
 constexpr float kMagic = 8388608.f;  // 2^23: a byte b in its mantissa reads 2^23 + b
 
-// Per format: 16-byte weight vectors a thread copies per warp step, stored rows per warp step
-// (16 input rows) and ring stages (enough bytes in flight per SM at two blocks an SM).
+// Per format: 16-byte weight vectors a thread loads per warp step and stored rows per warp step
+// (16 input rows). The register ring holds kStages steps (fewer with zero points): as many as
+// fit beside the accumulators within the 128 registers of two blocks an SM.
 template <int BITS>
 struct QuantStep {
   static constexpr int kVecs = BITS == 8 ? 4 : 2;
   static constexpr int kRows = BITS == 8 ? 16 : 8;
-  static constexpr int kStages = BITS == 8 ? 3 : 4;
-  static constexpr int kStageBytes = kVecs * 16 + 8;  // + the two 4-byte input pairs
-  static constexpr size_t kRingBytes = static_cast<size_t>(kStages) * kStageBytes * kThreads;
+  static constexpr int kStages = 3;
 };
 
 // 2^23 + byte J of w.
@@ -131,15 +130,13 @@ __global__ void __launch_bounds__(kThreads, 2)
     gemv_quant_kernel(const GemvParams<T> p, const GemvQuant<T> q, int ksplit, int kchunk) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   using S = QuantStep<BITS>;
-  constexpr int V = S::kVecs, D = S::kStages;
+  // Zero points take 32 registers more (add_h, add_f): two stages keep them from spilling.
+  constexpr int V = S::kVecs, D = ZERO ? 2 : S::kStages;
   constexpr int kOut = M * kTileCols;
-  static_assert(kWarps * kOut * sizeof(float) <= S::kRingBytes, "the sums reuse the ring");
-  // Dynamic: the ring (weights [D][V][kThreads] vectors, then inputs [D][2][kThreads] words),
-  // and on rank 0 of a k-split the other ranks' sums [ksplit - 1][kOut].
+  // Dynamic: the warps' sums [kWarps][kOut], and on rank 0 of a k-split the other ranks' sums
+  // [ksplit - 1][kOut].
   extern __shared__ __align__(16) unsigned char smem[];
-  int4* const wring = reinterpret_cast<int4*>(smem);
-  uint32_t* const xring = reinterpret_cast<uint32_t*>(smem + D * V * kThreads * 16);
-  float* const gathered = reinterpret_cast<float*>(smem + S::kRingBytes);
+  float* const gathered = reinterpret_cast<float*>(smem + kWarps * kOut * sizeof(float));
   __shared__ __align__(8) uint64_t gather_bar;
   kn_split_begin<kOut>(ksplit, &gather_bar);
 
@@ -154,38 +151,38 @@ __global__ void __launch_bounds__(kThreads, 2)
   const uint8_t* const data = static_cast<const uint8_t*>(q.data);
 
   // This thread's source addresses at step 0 and their advance per step (zero for a lane past
-  // the columns or rows, whose copies read nothing and fill zeros).
+  // the columns or rows, which loads nothing and uses zeros).
   const int64_t wstep = col_ok ? static_cast<int64_t>(S::kRows) * n : 0;
   const int xstep = row_ok ? 16 : 0;
   const uint8_t* const wsrc =
       col_ok ? data + static_cast<int64_t>(wbeg + (BITS == 8 ? 2 * qd : qd)) * n + chunk : data;
   const T* const xsrc =
       row_ok ? p.in + static_cast<int64_t>(g) * p.k + wbeg * (BITS == 8 ? 1 : 2) + 2 * qd : p.in;
-  const uint32_t wbytes = col_ok ? 16u : 0u, xbytes = row_ok ? 4u : 0u;
   int voff[V];  // byte offset of vector v's stored row
 #pragma unroll
   for (int v = 0; v < V; ++v)
     voff[v] = col_ok ? (BITS == 8 ? (v >> 1) * 8 + (v & 1) : v * 4) * n : 0;
-  // Each weight byte is read once per call: evict-first keeps it from pushing the activations
-  // and the next product's first weights out of L2.
-  const uint64_t policy = evict_first_policy();
-  auto copy_weights = [&](const uint8_t* src, int slot) {
+  // The ring: D steps of weight vectors and input pairs, indexed by constants (the loop below is
+  // unrolled by D), so it stays in registers.
+  int4 wreg[D][V];
+  uint32_t xreg[D][2];
+  // Each weight byte is read once per call: streamed (evict-first) past L1.
+  auto load_weights = [&](const uint8_t* src, int slot) {
 #pragma unroll
     for (int v = 0; v < V; ++v) {
-      cp_async16_zfill_hint(wring + (slot * V + v) * kThreads + tid, src + voff[v], wbytes, policy);
+      wreg[slot][v] = col_ok ? load_stream(src + voff[v]) : make_int4(0, 0, 0, 0);
     }
   };
-  auto copy_inputs = [&](const T* src, int slot) {
-    const int h8 = row_ok ? 8 : 0;
-    cp_async4_zfill(xring + (slot * 2) * kThreads + tid, src, xbytes);
-    cp_async4_zfill(xring + (slot * 2 + 1) * kThreads + tid, src + h8, xbytes);
+  auto load_inputs = [&](const T* src, int slot) {
+    xreg[slot][0] = row_ok ? __ldg(reinterpret_cast<const uint32_t*>(src)) : 0u;
+    xreg[slot][1] = row_ok ? __ldg(reinterpret_cast<const uint32_t*>(src + 8)) : 0u;
   };
 
-  // Weights are static: the first stages' copies go out before the wait for the kernel ahead.
+  // Weights are static: the first stages' loads go out before the wait for the kernel ahead.
   if (p.prefetch_weight) {
 #pragma unroll
     for (int st = 0; st < D; ++st) {
-      if (st < steps) copy_weights(wsrc + st * wstep, st);
+      if (st < steps) load_weights(wsrc + st * wstep, st);
     }
   }
   wait_for_prior_kernels();
@@ -193,10 +190,9 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
   for (int st = 0; st < D; ++st) {
     if (st < steps) {
-      if (!p.prefetch_weight) copy_weights(wsrc + st * wstep, st);
-      copy_inputs(xsrc + st * xstep, st);
+      if (!p.prefetch_weight) load_weights(wsrc + st * wstep, st);
+      load_inputs(xsrc + st * xstep, st);
     }
-    cp_async_commit();
   }
 
   // acc[j]: mma j's outputs, columns chunk + 2j (d0, d1) and + 1 (d2, d3), rows 2q and 2q + 1.
@@ -240,18 +236,16 @@ __global__ void __launch_bounds__(kThreads, 2)
   const uint8_t* wnext = wsrc + D * wstep;
   const T* xnext = xsrc + D * xstep;
   int group_end = 0;  // int4: the input row where the current group ends
-  // Unrolled by the ring's depth, so that each slot's shared-memory offsets are constants.
+  // Unrolled by the ring's depth, so that each slot's registers are indexed by constants.
   for (int st0 = 0; st0 < steps; st0 += D) {
 #pragma unroll
     for (int slot = 0; slot < D; ++slot) {
       const int st = st0 + slot;
       if (st >= steps) break;
-      cp_async_wait<D - 1>();
       int4 wv[V];
 #pragma unroll
-      for (int v = 0; v < V; ++v) wv[v] = wring[(slot * V + v) * kThreads + tid];
-      const uint32_t b0 = xring[(slot * 2) * kThreads + tid];
-      const uint32_t b1 = xring[(slot * 2 + 1) * kThreads + tid];
+      for (int v = 0; v < V; ++v) wv[v] = wreg[slot][v];
+      const uint32_t b0 = xreg[slot][0], b1 = xreg[slot][1];
       if constexpr (BITS == 4) {
         const int k0 = 2 * (wbeg + st * S::kRows);
         if (k0 >= group_end) {  // warp-uniform: a new group's scales (and zero points)
@@ -309,19 +303,16 @@ __global__ void __launch_bounds__(kThreads, 2)
           mma_16816<T>(part[j % kParts], a[0], a[1], a[2], a[3], b0, b1);
         }
       }
-      // The slot's registers are consumed (the mma above read them): refill it D steps ahead.
+      // The slot's registers are consumed (copied out above): refill it D steps ahead.
       if (st + D < steps) {
-        copy_weights(wnext, slot);
-        copy_inputs(xnext, slot);
+        load_weights(wnext, slot);
+        load_inputs(xnext, slot);
       }
-      cp_async_commit();
       wnext += wstep;
       xnext += xstep;
     }
   }
   if constexpr (BITS == 4) flush();
-  cp_async_wait<0>();
-  __syncthreads();  // every warp is past the ring: its sums reuse it
 
   float (&red)[kWarps][kOut] = *reinterpret_cast<float (*)[kWarps][kOut]>(smem);
   // Rows 2q and 2q + 1 as float4s of four adjacent columns, the 4-column groups of a 16-column
@@ -413,10 +404,9 @@ struct Split {
   int tiles, ksplit, kchunk;  // kchunk: stored rows per k-split block, a multiple of 8 warp steps
 };
 
-template <int BITS>
+// The warps' sums and, on rank 0 of a k-split, the other ranks'.
 size_t quant_smem(int m, int ksplit) {
-  return QuantStep<BITS>::kRingBytes +
-         static_cast<size_t>(ksplit - 1) * m * kTileCols * sizeof(float);
+  return static_cast<size_t>(kWarps + ksplit - 1) * m * kTileCols * sizeof(float);
 }
 
 template <typename T>
@@ -463,7 +453,7 @@ cudaError_t launch_quant_rows(const GemvParams<T>& p, const GemvQuant<T>& q, int
   if (bit == 0 || (opted.load(std::memory_order_acquire) & bit) == 0) {
     const cudaError_t err = cudaFuncSetAttribute(gemv_quant_kernel<T, M, BITS, ZERO>,
                                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 static_cast<int>(quant_smem<BITS>(M, kMaxSplit)));
+                                                 static_cast<int>(quant_smem(M, kMaxSplit)));
     if (err != cudaSuccess) return err;
     opted.fetch_or(bit, std::memory_order_acq_rel);
   }
@@ -472,7 +462,7 @@ cudaError_t launch_quant_rows(const GemvParams<T>& p, const GemvQuant<T>& q, int
   shape.block = dim3(kThreads);
   shape.grid = dim3(static_cast<unsigned>(s.tiles), static_cast<unsigned>(s.ksplit), 1);
   shape.cluster_y = static_cast<unsigned>(s.ksplit);
-  shape.smem = quant_smem<BITS>(M, s.ksplit);
+  shape.smem = quant_smem(M, s.ksplit);
   return launch_kernel(shape, stream, gemv_quant_kernel<T, M, BITS, ZERO>, p, q, s.ksplit,
                        s.kchunk);
 }

@@ -67,43 +67,9 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
 
 // Asynchronous copies global -> shared (sm_80+), grouped per thread: cp_async_commit() closes a
 // group, cp_async_wait<N>() returns once at most N of the thread's groups are still in flight.
-// The _zfill forms copy `bytes` (0 or the full size) and fill the rest of the destination with
-// zeros, so a lane past the data still takes part without reading out of bounds.
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(shared_addr(dst)), "l"(src)
-               : "memory");
-#else
-  __trap();
-#endif
-}
-
-// 16 bytes with zero fill and an L2 cache policy (evict_first_policy()): streamed weights leave
-// L2 first.
-__device__ __forceinline__ void cp_async16_zfill_hint(void* dst, const void* src, uint32_t bytes,
-                                                      uint64_t policy) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile(
-      "cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;" ::"r"(shared_addr(dst)),
-      "l"(src), "r"(bytes), "l"(policy)
-      : "memory");
-#else
-  __trap();
-#endif
-}
-
-__device__ __forceinline__ uint64_t evict_first_policy() {
-  uint64_t policy = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-#endif
-  return policy;
-}
-
-__device__ __forceinline__ void cp_async4_zfill(void* dst, const void* src, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(shared_addr(dst)), "l"(src),
-               "r"(bytes)
                : "memory");
 #else
   __trap();
