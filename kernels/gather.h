@@ -23,6 +23,21 @@ cudaError_t launch_scatter_rows(void* dst,                // [*, row_bytes]
                                 int64_t n_rows, int64_t row_bytes, cudaStream_t stream,
                                 int64_t src_stride = 0);
 
+// dst[r, c] = src[r] for r < n_rows, dst being [n_rows, columns] rows of row_bytes, at the column
+// c = index[r] + offset - base[r] (base null: 0) computed on the device; rows whose c falls
+// outside [0, columns) or whose skip[r] is nonzero (skip null: none) are left as they are. A
+// per-row output place that the device state decides, so a launch replayed from a CUDA graph
+// writes where the state says (a decode step's hidden state into the column of the token it
+// predicts). src's rows are src_stride bytes apart (0: row_bytes).
+cudaError_t launch_scatter_rows_to_columns(void* dst,             // [n_rows, columns, row_bytes]
+                                           const void* src,       // [n_rows, src_stride]
+                                           const int32_t* index,  // [n_rows]
+                                           const int32_t* base,   // [n_rows] or null
+                                           int32_t offset,
+                                           const int32_t* skip,  // [n_rows] or null
+                                           int64_t n_rows, int64_t columns, int64_t row_bytes,
+                                           cudaStream_t stream, int64_t src_stride = 0);
+
 // dst[r, t * row_bytes ...] = src[t * rows + r]: turns an all-gather of per-rank [rows, part]
 // blocks ([ranks, rows, part]) into [rows, ranks * part] (vocab-parallel logits).
 cudaError_t launch_interleave_rank_blocks(void* dst,        // [rows, ranks * row_bytes]

@@ -53,6 +53,12 @@ def run(model_dir: str, tp: int, pp: int, dtype: torch.dtype, out: str, steps: i
     e = model.generate(ids, steps, input_lengths=lengths, end_id=eid)
     res["early_end"] = e.sequences.cpu()
     res["early_end_lengths"] = e.sequence_lengths.cpu()
+    if dtype == torch.float32:
+        # Hidden states live on the last stage (every rank returns them; rank 0 saves them) and
+        # are written per micro-batch of the split steps; row 1 ends early (zeros after).
+        h = model.generate(ids, steps, input_lengths=lengths, end_id=eid,
+                           return_context_embeddings=True, return_hidden_states=True)
+        res["hidden"] = (h.sequences.cpu(), h.context_embeddings.cpu(), h.hidden_states.cpu())
     gen = model.generate_stream(ids, 20, input_lengths=lengths, end_id=999, chunk_size=10)
     res["stream"] = torch.cat(list(gen), dim=1)
     # generate_batches one batch at a time (its own stream) runs on every grid; more batches in

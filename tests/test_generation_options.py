@@ -15,7 +15,8 @@ PER_ROW = {"end_id": torch.int32, "top_k": torch.int32, "top_p": torch.float32,
            "min_length": torch.int32, "seed": torch.int64}
 SCALARS = {"beam_width": (torch.int32, 1), "length_penalty": (torch.float32, 1.0),
            "diversity_rate": (torch.float32, 0.0), "return_log_probs": (torch.int32, 0),
-           "return_cum_log_probs": (torch.int32, 0), "memory_len": (torch.int32, 0),
+           "return_cum_log_probs": (torch.int32, 0), "return_context_embeddings": (torch.int32, 0),
+           "return_hidden_states": (torch.int32, 0), "memory_len": (torch.int32, 0),
            "session": (torch.int64, 0)}
 
 
@@ -53,7 +54,8 @@ def test_values_are_normalised() -> None:
              "stop_words": torch.tensor([[[5], [1]], [[6], [1]], [[7], [-1]]]),
              "beam_width": torch.tensor([1]), "return_log_probs": torch.tensor(True),
              "return_cum_log_probs": torch.tensor(2), "length_penalty": torch.tensor(0.5),
-             "memory_len": torch.tensor(64)}
+             "memory_len": torch.tensor(64), "return_context_embeddings": torch.tensor(True),
+             "return_hidden_states": torch.tensor([3])}
     out = check(given)
     assert out["top_k"].dtype == torch.int32 and out["top_k"].tolist() == [0, 5, 1024]
     assert out["top_p"].tolist() == [0.5] * B and out["temperature"].dtype == torch.float32
@@ -64,6 +66,8 @@ def test_values_are_normalised() -> None:
     assert out["return_log_probs"].item() == 1 and out["return_cum_log_probs"].item() == 2
     assert out["length_penalty"].item() == 0.5 and out["beam_width"].dim() == 0
     assert out["memory_len"].dtype == torch.int32 and out["memory_len"].item() == 64
+    for flag in ("return_context_embeddings", "return_hidden_states"):  # flags: 0 or 1
+        assert out[flag].dtype == torch.int32 and out[flag].dim() == 0 and out[flag].item() == 1
     # new tensors, never the caller's; and checking the result again changes nothing
     assert out["end_id"].data_ptr() != given["end_id"].data_ptr()
     again = torch.ops.warpformer.generation_options(out, B, V, END)
@@ -112,6 +116,15 @@ OPT = "GptModel.decode: option "
     (dict(memory_len=2**31), "'memory_len' must be >= 0 (0: no window) and below 2^31, got "
                              "2.14748e+09"),
     (dict(memory_len=[1, 2, 3]), "'memory_len' must be a single value, got shape [3]"),
+    (dict(beam_width=2, return_hidden_states=1),
+     "'return_hidden_states' is not supported when 'beam_width' (num_beams) > 1 (beams are "
+     "reordered every step)"),
+    (dict(session=3, return_context_embeddings=True),
+     "'return_context_embeddings' cannot be combined with 'session' (the prompt pass skips the "
+     "positions the session's cache holds)"),
+    (dict(return_hidden_states=0.5), "'return_hidden_states' must be an integer tensor, got Float"),
+    (dict(return_context_embeddings=[1, 0]),
+     "'return_context_embeddings' must be a single value, got shape [2]"),
     # dtypes and shapes
     (dict(top_k=1.0), "'top_k' must be an integer tensor, got Float"),
     (dict(min_length=True), "'min_length' must be an integer tensor, got Bool"),
@@ -145,6 +158,7 @@ def test_each_rule_names_the_argument(options, message) -> None:
 def test_unknown_options_and_arguments() -> None:
     with pytest.raises(RuntimeError, match=r"^GptModel.decode: unknown option 'num_beams'; known "
                                            r"options: end_id, top_k, .*, return_cum_log_probs, "
+                                           r"return_context_embeddings, return_hidden_states, "
                                            r"memory_len, session, prompt_table$"):
         check({"num_beams": 2})
     with pytest.raises(RuntimeError, match=r"batch and vocab_size must be >= 1, got 0 and 96"):

@@ -10,7 +10,8 @@ import torch
 import warpformer  # noqa: F401
 
 OPS = ["layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm", "bias_act", "gated_act",
-       "embedding", "norm_gemm", "norm_gemm_pair", "gemm_sum", "gemm_quant", "dequantize_weight"]
+       "embedding", "norm_gemm", "norm_gemm_pair", "gemm_sum", "gemm_quant", "dequantize_weight",
+       "scatter_rows_to_columns"]
 
 
 @pytest.mark.parametrize("name", OPS)
@@ -78,6 +79,10 @@ def f32(*shape: int) -> torch.Tensor:
     return torch.randn(*shape)
 
 
+def i32(*shape: int) -> torch.Tensor:
+    return torch.zeros(*shape, dtype=torch.int32)
+
+
 @pytest.mark.parametrize(
     "call, pattern",
     [
@@ -132,6 +137,20 @@ def f32(*shape: int) -> torch.Tensor:
          r"embedding: position_ids must have input_ids's shape"),
         (lambda: torch.ops.warpformer.embedding(torch.zeros(3, dtype=torch.int32), f32(10, 4)),
          r"embedding: input_ids must be a CUDA tensor"),
+        (lambda: torch.ops.warpformer.scatter_rows_to_columns(f32(3, 4, 8), f32(3, 9), i32(3)),
+         r"scatter_rows_to_columns: dst must be \[rows, columns, \.\.\.\] and src \[rows, \.\.\.\] "
+         r"with the same trailing shape, got dst \[3, 4, 8\] and src \[3, 9\]"),
+        (lambda: torch.ops.warpformer.scatter_rows_to_columns(f32(3, 4, 8), f32(3, 8).half(),
+                                                              i32(3)),
+         r"scatter_rows_to_columns: src must have dtype Float \(the dtype of dst\), got Half"),
+        (lambda: torch.ops.warpformer.scatter_rows_to_columns(f32(3, 4, 8), f32(3, 8),
+                                                              i32(3).long()),
+         r"scatter_rows_to_columns: index must have dtype Int, got Long"),
+        (lambda: torch.ops.warpformer.scatter_rows_to_columns(f32(3, 4, 8), f32(3, 8), i32(3),
+                                                              None, i32(2)),
+         r"scatter_rows_to_columns: skip.shape\[0\] must be 3 \(rows of src\), got shape \[2\]"),
+        (lambda: torch.ops.warpformer.scatter_rows_to_columns(f32(3, 4, 8), f32(3, 8), i32(3)),
+         r"scatter_rows_to_columns: dst must be a CUDA tensor"),
     ],
 )
 def test_bad_arguments(call, pattern: str) -> None:

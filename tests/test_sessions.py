@@ -43,9 +43,9 @@ def _prefill_tokens(gpt, monkeypatch) -> list[int]:
     model = gpt.engine.model
     run = model._run
 
-    def counting(ids, pos, caches=None):
+    def counting(ids, pos, caches=None, **kw):
         seen.append(int(ids.shape[1]))
-        return run(ids, pos, caches)
+        return run(ids, pos, caches, **kw)
 
     monkeypatch.setattr(model, "_run", counting)
     return seen

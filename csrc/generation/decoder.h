@@ -62,11 +62,18 @@ class Decoder {
   // The prompt pass planned by reserve: entry b's tokens ids[b, p : p + lengths[b]] with p =
   // past[b] (empty: 0; the positions its slot already holds, an interactive session's earlier
   // turns) into KV slot b * slot_stride at positions p...; the last stage keeps each entry's
-  // last hidden state for prompt_logits.
+  // last hidden state for prompt_logits. When hidden_out is set ([batch, seq] rows of
+  // hidden_row_bytes()), the last stage also writes there each token's final hidden state (what
+  // the head multiplies), token p + i of entry b into row b * seq + p + i.
   virtual void prefill(const int32_t* ids, const std::vector<int32_t>& lengths,
-                       const std::vector<int32_t>& past, int64_t seq, int64_t slot_stride) = 0;
+                       const std::vector<int32_t>& past, int64_t seq, int64_t slot_stride,
+                       void* hidden_out) = 0;
   // logits() rows [0, rows): row r from the kept hidden state of entry entry_of_row[r].
   virtual void prompt_logits(const int32_t* entry_of_row, int64_t rows) = 0;
+  // The final hidden states (rows of hidden_row_bytes()) that the last prompt_logits or step
+  // computed its logits from, on the last stage: row r of prompt_logits, or row r0 + r of a
+  // step's rows [r0, r0 + n) at row r. Valid until the next call; a captured step bakes it.
+  virtual const void* final_hidden() const = 0;
   // One decode step of rows [r0, r0 + n) (every StepRows array is offset by r0 here). The first
   // stage embeds the tokens; another stage reads stage_input(), received first when `exchange`.
   // The last stage writes logits() rows [r0, r0 + n); another leaves its hidden states in

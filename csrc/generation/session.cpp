@@ -142,6 +142,11 @@ void Session::start(const int32_t* ids, const std::vector<int32_t>& lengths, int
               opt.beam_width);
   TORCH_CHECK(output_len >= 1, m, ".decode: output_len must be >= 1, got ", output_len);
   TORCH_CHECK(!lengths.empty(), m, ".decode: empty batch");
+  TORCH_CHECK(out.hidden_states == nullptr || opt.beam_width == 1, m,
+              ".decode: option 'return_hidden_states' is not supported when 'beam_width' "
+              "(num_beams) > 1");
+  TORCH_CHECK(out.context_embeddings == nullptr || past.empty(), m,
+              ".decode: option 'return_context_embeddings' cannot be combined with 'session'");
   // The tokens each entry's prompt pass runs: those its slot does not hold yet.
   std::vector<int32_t> run = lengths;
   if (!past.empty()) {
@@ -166,7 +171,7 @@ void Session::start(const int32_t* ids, const std::vector<int32_t>& lengths, int
   s.opt = opt;
   s.out = out;
   s.serial = ++serial_;
-  s.shared = shares_step_graph(opt);
+  s.shared = shares_step_graph(opt, out);
   s.kv_capacity = model_->reserve(s.rows, s.total, run);
   const size_t need = layout(nullptr);
   if (need > state_.size()) {
@@ -185,7 +190,7 @@ void Session::start(const int32_t* ids, const std::vector<int32_t>& lengths, int
   cudaStream_t stream = ctx_.stream();
   const int64_t rows = s.rows, batch = s.batch;
   // The prompt is prefilled once per batch entry, into the KV slot of its beam 0.
-  model_->prefill(ids, run, past, seq, s.beam);
+  model_->prefill(ids, run, past, seq, s.beam, out.context_embeddings);
   std::vector<int32_t> host(8 * rows + 3 * batch + 1, 0);
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t b = r / s.beam;
@@ -241,8 +246,24 @@ void Session::start(const int32_t* ids, const std::vector<int32_t>& lengths, int
 void Session::step_body() {
   const State& s = s_;
   model_->step(step_rows(), 0, s.rows, /*exchange=*/true);
-  if (model_->last_stage()) select_tokens(0, s.rows);
+  if (model_->last_stage()) {
+    keep_hidden(0, s.rows);
+    select_tokens(0, s.rows);
+  }
   share_state();
+}
+
+// Row r predicts the token after its newest one (at cur_pos[r]): generated token cur_pos[r] + 1 -
+// input length, computed on the device since a replayed step has no host-side count. Finished
+// rows predict nothing (their column is past their end).
+void Session::keep_hidden(int64_t r0, int64_t n) {
+  const State& s = s_;
+  if (s.out.hidden_states == nullptr) return;
+  const int64_t row_bytes = static_cast<int64_t>(model_->hidden_row_bytes());
+  WF_CUDA_CHECK(kernels::launch_scatter_rows_to_columns(
+      static_cast<char*>(s.out.hidden_states) + r0 * s.output_len * row_bytes,
+      model_->final_hidden(), s.cur_pos + r0, s.in_len_rows + r0, /*offset=*/1, s.finished + r0, n,
+      s.output_len, row_bytes, ctx_.stream()));
 }
 
 // The rows' state a step reads; beam search reads the beams' reordered state.
@@ -264,10 +285,11 @@ StepRows Session::step_rows() const {
 // Shared only where the state layout depends on nothing but the key (greedy: no token counts)
 // and on one GPU: tensor-parallel ranks must capture and replay their NCCL calls together,
 // which a graph outliving its session could not promise (each rank's buffers grow on its own
-// schedule), and a graph must not outlive the communicator it baked.
-bool Session::shares_step_graph(const DecodeOptions& opt) const {
+// schedule), and a graph must not outlive the communicator it baked. A step that writes hidden
+// states bakes the caller's output tensor: its graph is the session's own.
+bool Session::shares_step_graph(const DecodeOptions& opt, const DecodeOutputs& out) const {
   Communicator* tp = model_->tensor_group();
-  return opt.greedy && !opt.needs_counts && opt.beam_width == 1 &&
+  return opt.greedy && !opt.needs_counts && opt.beam_width == 1 && out.hidden_states == nullptr &&
          model_->pipeline_group() == nullptr && (tp == nullptr || tp->size() == 1);
 }
 
@@ -338,6 +360,7 @@ int64_t Session::step(int64_t max_steps) {
       // First token of every row: logits of its last prompt token (kept by the prefill).
       if (model_->last_stage()) {
         model_->prompt_logits(s.first_rows, s.rows);
+        keep_hidden(0, s.rows);
         select_tokens(0, s.rows);
       }
       share_state();
@@ -399,6 +422,13 @@ void Session::finish() {
     }
     if (s.out.output_log_probs != nullptr) {
       broadcast_from_last_stage(s.out.output_log_probs, rows * s.output_len * sizeof(float));
+    }
+    const int64_t row_bytes = static_cast<int64_t>(model_->hidden_row_bytes());
+    if (s.out.context_embeddings != nullptr) {
+      broadcast_from_last_stage(s.out.context_embeddings, s.batch * s.seq * row_bytes);
+    }
+    if (s.out.hidden_states != nullptr) {
+      broadcast_from_last_stage(s.out.hidden_states, rows * s.output_len * row_bytes);
     }
     group.end();
   }

@@ -50,6 +50,12 @@ struct DecodeOutputs {
   int32_t* sequence_lengths = nullptr;  // [batch, beam], pre-filled with the prompt lengths
   float* cum_log_probs = nullptr;       // [batch, beam] or null
   float* output_log_probs = nullptr;    // [batch, beam, output_len] or null
+  // Final hidden states (rows of Decoder::hidden_row_bytes(), model dtype), zeroed by the caller:
+  // of every prompt token, [batch, seq] (not with cached prefixes: their tokens do not run);
+  // and (beam width 1) of each generated token's prediction, [rows, output_len]: column i of
+  // row r holds the state whose logits chose generated token i, left as it is past the row's end.
+  void* context_embeddings = nullptr;
+  void* hidden_states = nullptr;
 };
 
 class Session {
@@ -140,13 +146,16 @@ class Session {
   void sync_out();   // a shared session's tokens and lengths to the caller's
   // Greedy / sampling / beam selection + state update of rows [r0, r0 + n) (beam: all rows).
   void select_tokens(int64_t r0, int64_t n);
+  // Rows [r0, r0 + n) of the model's final_hidden() into out.hidden_states (when asked), at the
+  // column of the token their logits are about to choose; before select_tokens moves cur_pos.
+  void keep_hidden(int64_t r0, int64_t n);
   // Pipeline parallelism (session_pipeline.cpp): the micro-batches a step is split into, a run
   // of `steps` split steps, the state broadcast from the last stage.
   int64_t micro_batches() const;
   void steps_split(int64_t steps);
   void share_state();
   void broadcast_from_last_stage(void* data, int64_t bytes);
-  bool shares_step_graph(const DecodeOptions& opt) const;
+  bool shares_step_graph(const DecodeOptions& opt, const DecodeOutputs& out) const;
 
   // A step graph bakes the buffers it launches on; the key names everything that decides them,
   // so a graph serves every session with its key: a shared session's key (serial 0) holds its

@@ -76,6 +76,7 @@ void Session::steps_split(int64_t steps) {
       ops.push_back(P2pOp{true, output, static_cast<int64_t>(n * row_bytes), stage + 1});
       if (stage + 1 != last_rank) add_state(&ops, true, m, stage + 1);
     } else {
+      keep_hidden(r0, n);
       select_tokens(r0, n);
       if (k + M < K) add_state(&ops, true, m, 0);  // the first stage's item k + M
     }

@@ -17,7 +17,8 @@ using Options = c10::Dict<std::string, at::Tensor>;
 constexpr const char* kKnown =
     "end_id, top_k, top_p, temperature, repetition_penalty, presence_penalty, frequency_penalty, "
     "min_length, seed, bad_words, stop_words, beam_width, length_penalty, diversity_rate, "
-    "return_log_probs, return_cum_log_probs, memory_len, session, prompt_table";
+    "return_log_probs, return_cum_log_probs, return_context_embeddings, return_hidden_states, "
+    "memory_len, session, prompt_table";
 
 // How messages name an option: its key, and GPT.generate's argument where the name differs.
 std::string option(const std::string& key) {
@@ -176,6 +177,14 @@ Options generation_options(const Options& o, int64_t batch, int64_t vocab, int64
   g.insert("return_log_probs",
            at::scalar_tensor(scalar(o, "return_log_probs", 0, Kind::kFlag) != 0, i32));
   g.insert("return_cum_log_probs", at::scalar_tensor(cum, i32));
+  // Final hidden states (FT's context_embeddings, and those of the generated tokens' steps).
+  const bool context_embeddings = scalar(o, "return_context_embeddings", 0, Kind::kFlag) != 0;
+  const bool hidden_states = scalar(o, "return_hidden_states", 0, Kind::kFlag) != 0;
+  TORCH_CHECK(!hidden_states || beam == 1, option("return_hidden_states"),
+              " is not supported when 'beam_width' (num_beams) > 1 (beams are reordered every "
+              "step)");
+  g.insert("return_context_embeddings", at::scalar_tensor(context_embeddings, i32));
+  g.insert("return_hidden_states", at::scalar_tensor(hidden_states, i32));
   // A bounded attention window (FT's memory_len): each token attends to its last memory_len
   // positions; 0 = none. The cache is not reused as a ring: max_seq_len still bounds a call.
   const double memory_len = scalar(o, "memory_len", 0, Kind::kInteger);
@@ -187,6 +196,9 @@ Options generation_options(const Options& o, int64_t batch, int64_t vocab, int64
   TORCH_CHECK(session >= 0 && session <= 9007199254740992.0, option("session"),
               " must be an open_session handle (>= 1) or 0 (none), got ", session);
   g.insert("session", at::scalar_tensor(static_cast<int64_t>(session), at::dtype(at::kLong)));
+  TORCH_CHECK(!context_embeddings || session == 0, option("return_context_embeddings"),
+              " cannot be combined with 'session' (the prompt pass skips the positions the "
+              "session's cache holds)");
   // Prompt embeddings: ids vocab + j of the call embed as row j (the model checks the width).
   if (o.contains("prompt_table")) {
     const at::Tensor& t = o.at("prompt_table");

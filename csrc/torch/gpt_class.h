@@ -48,8 +48,8 @@ class GptModelHolder : public torch::CustomClassHolder {
                                               int64_t end_id);
 
   // Generation with the options of docs/GENERATION_API.md; returns output_ids [B, beam, S + L],
-  // sequence_lengths [B, beam] and, when asked, cum_log_probs [B, beam] and output_log_probs
-  // [B, beam, L].
+  // sequence_lengths [B, beam] and, when asked, cum_log_probs [B, beam], output_log_probs
+  // [B, beam, L], context_embeddings [B, S, H] and hidden_states [B, 1, L, H].
   c10::Dict<std::string, at::Tensor> decode(const at::Tensor& input_ids,
                                             const at::Tensor& input_lengths, int64_t output_len,
                                             const c10::Dict<std::string, at::Tensor>& options);
@@ -174,6 +174,7 @@ class GptModelHolder : public torch::CustomClassHolder {
     at::Tensor end_ids, top_k, top_p, temperature, rep, pres, freq, min_len, seeds, bad, stop;
     at::Tensor input_lengths, output_ids, seq_lengths, cum_log_probs, output_log_probs;
     at::Tensor context_log_probs;
+    at::Tensor context_embeddings, hidden_states;  // [B, S, H] and [B, 1, L, H] when asked
     at::Tensor prompt_table;  // on the device, in the model dtype, while the session runs
   };
   Session session_;

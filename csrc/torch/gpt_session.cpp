@@ -144,6 +144,15 @@ void GptModelHolder::decode_start(const at::Tensor& input_ids, const at::Tensor&
   const at::Tensor ids = input_ids.is_cuda() ? input_ids.contiguous() : up[kIds];
   if (s.cum_mode > 0 || beam > 1) s.cum_log_probs = at::zeros({batch, beam}, dev.dtype(f32));
   if (s.return_log_probs) s.output_log_probs = at::zeros({batch, beam, output_len}, dev.dtype(f32));
+  // Final hidden states in the model dtype, zero where nothing is written (past a row's end).
+  const auto model_dtype = dev.dtype(to_scalar_type(model_->dtype()));
+  const int64_t hidden = model_->config().hidden();
+  if (g.at("return_context_embeddings").item<int64_t>() != 0) {
+    s.context_embeddings = at::zeros({batch, s.seq, hidden}, model_dtype);
+  }
+  if (g.at("return_hidden_states").item<int64_t>() != 0) {
+    s.hidden_states = at::zeros({batch, beam, output_len, hidden}, model_dtype);
+  }
   if (s.prompt_table.defined()) {  // dropped by end_call
     model_->set_prompt_table({s.prompt_table.data_ptr(), s.prompt_table.size(0)});
   }
@@ -198,6 +207,8 @@ void GptModelHolder::decode_start(const at::Tensor& input_ids, const at::Tensor&
   o.cum_log_probs = s.cum_log_probs.defined() ? s.cum_log_probs.data_ptr<float>() : nullptr;
   o.output_log_probs =
       s.output_log_probs.defined() ? s.output_log_probs.data_ptr<float>() : nullptr;
+  o.context_embeddings = s.context_embeddings.defined() ? s.context_embeddings.data_ptr() : nullptr;
+  o.hidden_states = s.hidden_states.defined() ? s.hidden_states.data_ptr() : nullptr;
   // The session's prompt pass and steps attend through the call's window (forward and generate
   // set their own, and neither runs while the session does).
   model_->set_attention_window(memory_len);
@@ -358,6 +369,8 @@ c10::Dict<std::string, at::Tensor> GptModelHolder::decode_finish() {
     out.insert("cum_log_probs", s.cum_log_probs);
   }
   if (s.output_log_probs.defined()) out.insert("output_log_probs", s.output_log_probs);
+  if (s.context_embeddings.defined()) out.insert("context_embeddings", s.context_embeddings);
+  if (s.hidden_states.defined()) out.insert("hidden_states", s.hidden_states);
   return out;
 }
 

@@ -26,6 +26,10 @@ at::Tensor gated_act(const at::Tensor& input, const OptTensor& bias, const std::
 
 at::Tensor embedding(const at::Tensor& input_ids, const at::Tensor& wte, const OptTensor& wpe,
                      const OptTensor& position_ids, double scale, const OptTensor& extra);
+// dst[r, index[r] + offset - base[r]] = src[r] in place (kernels::launch_scatter_rows_to_columns):
+// the engine's writes of decode steps' hidden states, a column per row from the device state.
+void scatter_rows_to_columns(at::Tensor& dst, const at::Tensor& src, const at::Tensor& index,
+                             const OptTensor& base, const OptTensor& skip, int64_t offset);
 
 // out[m, n] = input[m, k] @ weight[k, n] (weight [n, k] when transposed) through cuBLASLt.
 at::Tensor gemm(const at::Tensor& input, const at::Tensor& weight, const OptTensor& bias,

@@ -1,5 +1,6 @@
-// Torch ops for the norm, activation and embedding kernel families: argument checks, dtype
-// dispatch, launch on PyTorch's current stream.
+// Torch ops for the norm, activation and embedding kernel families, and the row moves of
+// kernels/gather.h the engine scatters outputs with: argument checks, dtype dispatch, launch on
+// PyTorch's current stream.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 
@@ -10,6 +11,7 @@
 #include "csrc/torch/ops.h"
 #include "csrc/torch/tensor_utils.h"
 #include "kernels/embedding.h"
+#include "kernels/gather.h"
 #include "kernels/norms.h"
 
 namespace warpformer {
@@ -254,6 +256,49 @@ at::Tensor embedding(const at::Tensor& input_ids, const at::Tensor& wte, const O
     TORCH_CHECK(false, msg.str());
   }
   return out;
+}
+
+void scatter_rows_to_columns(at::Tensor& dst, const at::Tensor& src, const at::Tensor& index,
+                             const OptTensor& base, const OptTensor& skip, int64_t offset) {
+  const char* op = "warpformer.scatter_rows_to_columns";
+  TORCH_CHECK(src.dim() >= 1 && dst.dim() == src.dim() + 1, op,
+              ": dst must be [rows, columns, ...] and src [rows, ...] with the same trailing "
+              "shape, got dst ",
+              dst.sizes(), " and src ", src.sizes());
+  TORCH_CHECK(dst.size(0) == src.size(0) && dst.sizes().slice(2) == src.sizes().slice(1), op,
+              ": dst must be [rows, columns, ...] and src [rows, ...] with the same trailing "
+              "shape, got dst ",
+              dst.sizes(), " and src ", src.sizes());
+  check_dtype(src, dst.scalar_type(), op, "src", "the dtype of dst");
+  check_contiguous(dst, op, "dst");
+  const int64_t rows = src.size(0);
+  check_dtype(index, at::kInt, op, "index");
+  check_dim(index, 1, op, "index");
+  check_size(index, 0, rows, op, "index", "rows of src");
+  for (const auto& [t, name] : {std::pair{&base, "base"}, std::pair{&skip, "skip"}}) {
+    if (!t->has_value()) continue;
+    check_dtype(**t, at::kInt, op, name);
+    check_dim(**t, 1, op, name);
+    check_size(**t, 0, rows, op, name, "rows of src");
+  }
+  TORCH_CHECK(offset >= INT32_MIN && offset <= INT32_MAX, op, ": offset must fit int32, got ",
+              offset);
+  check_cuda(dst, op, "dst");
+  check_cuda(src, op, "src", dst, "dst");
+  check_cuda(index, op, "index", dst, "dst");
+  if (base.has_value()) check_cuda(*base, op, "base", dst, "dst");
+  if (skip.has_value()) check_cuda(*skip, op, "skip", dst, "dst");
+
+  const c10::cuda::CUDAGuard guard(dst.device());
+  const at::Tensor s = src.contiguous(), i = index.contiguous();
+  const OptTensor b = base.has_value() ? OptTensor(base->contiguous()) : OptTensor();
+  const OptTensor k = skip.has_value() ? OptTensor(skip->contiguous()) : OptTensor();
+  const int64_t row_bytes = rows > 0 ? s.numel() / rows * s.element_size() : 0;
+  if (rows == 0 || row_bytes == 0) return;
+  WF_CUDA_CHECK(kernels::launch_scatter_rows_to_columns(
+      dst.data_ptr(), s.data_ptr(), i.data_ptr<int32_t>(), ptr_or_null<const int32_t>(b),
+      static_cast<int32_t>(offset), ptr_or_null<const int32_t>(k), rows, dst.size(1), row_bytes,
+      current_stream(dst)));
 }
 
 }  // namespace ops

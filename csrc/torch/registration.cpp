@@ -41,6 +41,12 @@ TORCH_LIBRARY(warpformer, m) {
   m.def(
       "embedding(Tensor input_ids, Tensor wte, Tensor? wpe=None, Tensor? position_ids=None, "
       "float scale=1.0, Tensor? extra=None) -> Tensor");
+  // dst[r, index[r] + offset - base[r]] = src[r] in place for dst [rows, columns, ...], src
+  // [rows, ...]; rows whose column is outside [0, columns) or whose skip[r] != 0 are left alone
+  // (int32 [rows] index, base and skip; None: 0 / none). The engine's hidden-state writes.
+  m.def(
+      "scatter_rows_to_columns(Tensor(a!) dst, Tensor src, Tensor index, Tensor? base=None, "
+      "Tensor? skip=None, int offset=0) -> ()");
 
   // ---- GEMM (csrc/core/gemm) ----
   // out = act(input @ weight + bias) (weight [k, n], or [n, k] when transposed). backend: auto
@@ -272,35 +278,36 @@ TORCH_LIBRARY(warpformer, m) {
                   });
 }
 
-#define WF_IMPL_ALL(m)                                           \
-  m.impl("layer_norm", &wo::layer_norm);                         \
-  m.impl("rms_norm", &wo::rms_norm);                             \
-  m.impl("add_layer_norm", &wo::add_layer_norm);                 \
-  m.impl("add_rms_norm", &wo::add_rms_norm);                     \
-  m.impl("bias_act", &wo::bias_act);                             \
-  m.impl("gated_act", &wo::gated_act);                           \
-  m.impl("embedding", &wo::embedding);                           \
-  m.impl("qkv_rotary_cache", &wo::qkv_rotary_cache);             \
-  m.impl("context_attention", &wo::context_attention);           \
-  m.impl("decode_attention", &wo::decode_attention);             \
-  m.impl("decode_attention_fused", &wo::decode_attention_fused); \
-  m.impl("gemm", &wo::gemm);                                     \
-  m.impl("norm_gemm", &wo::norm_gemm);                           \
-  m.impl("norm_gemm_pair", &wo::norm_gemm_pair);                 \
-  m.impl("gemm_sum", &wo::gemm_sum);                             \
-  m.impl("gemm_benchmark", &wo::gemm_benchmark);                 \
-  m.impl("gemm_quant", &wo::gemm_quant);                         \
-  m.impl("dequantize_weight", &wo::dequantize_weight);           \
-  m.impl("beam_log_softmax", &wo::beam_log_softmax);             \
-  m.impl("beam_search_init", &wo::beam_search_init);             \
-  m.impl("beam_search_step", &wo::beam_search_step);             \
-  m.impl("beam_search_update", &wo::beam_search_update);         \
-  m.impl("beam_search_finalize", &wo::beam_search_finalize);     \
-  m.impl("count_tokens", &wo::count_tokens);                     \
-  m.impl("add_token_counts", &wo::add_token_counts);             \
-  m.impl("process_logits", &wo::process_logits);                 \
-  m.impl("sample_tokens", &wo::sample_tokens);                   \
-  m.impl("greedy_tokens", &wo::greedy_tokens);                   \
+#define WF_IMPL_ALL(m)                                             \
+  m.impl("layer_norm", &wo::layer_norm);                           \
+  m.impl("rms_norm", &wo::rms_norm);                               \
+  m.impl("add_layer_norm", &wo::add_layer_norm);                   \
+  m.impl("add_rms_norm", &wo::add_rms_norm);                       \
+  m.impl("bias_act", &wo::bias_act);                               \
+  m.impl("gated_act", &wo::gated_act);                             \
+  m.impl("embedding", &wo::embedding);                             \
+  m.impl("scatter_rows_to_columns", &wo::scatter_rows_to_columns); \
+  m.impl("qkv_rotary_cache", &wo::qkv_rotary_cache);               \
+  m.impl("context_attention", &wo::context_attention);             \
+  m.impl("decode_attention", &wo::decode_attention);               \
+  m.impl("decode_attention_fused", &wo::decode_attention_fused);   \
+  m.impl("gemm", &wo::gemm);                                       \
+  m.impl("norm_gemm", &wo::norm_gemm);                             \
+  m.impl("norm_gemm_pair", &wo::norm_gemm_pair);                   \
+  m.impl("gemm_sum", &wo::gemm_sum);                               \
+  m.impl("gemm_benchmark", &wo::gemm_benchmark);                   \
+  m.impl("gemm_quant", &wo::gemm_quant);                           \
+  m.impl("dequantize_weight", &wo::dequantize_weight);             \
+  m.impl("beam_log_softmax", &wo::beam_log_softmax);               \
+  m.impl("beam_search_init", &wo::beam_search_init);               \
+  m.impl("beam_search_step", &wo::beam_search_step);               \
+  m.impl("beam_search_update", &wo::beam_search_update);           \
+  m.impl("beam_search_finalize", &wo::beam_search_finalize);       \
+  m.impl("count_tokens", &wo::count_tokens);                       \
+  m.impl("add_token_counts", &wo::add_token_counts);               \
+  m.impl("process_logits", &wo::process_logits);                   \
+  m.impl("sample_tokens", &wo::sample_tokens);                     \
+  m.impl("greedy_tokens", &wo::greedy_tokens);                     \
   m.impl("update_tokens", &wo::update_tokens);
 
 TORCH_LIBRARY_IMPL(warpformer, CUDA, m) { WF_IMPL_ALL(m); }

@@ -58,6 +58,11 @@ def _embedding_fake(input_ids, wte, wpe=None, position_ids=None, scale=1.0, extr
     return wte.new_empty((*input_ids.shape, wte.shape[1]))
 
 
+@register_fake("warpformer::scatter_rows_to_columns")
+def _scatter_rows_to_columns_fake(dst, src, index, base=None, skip=None, offset=0):
+    return None
+
+
 @register_fake("warpformer::gemm_sum")
 def _gemm_sum_fake(input, weight, input2, weight2, backend="joined"):
     torch._check(input.dim() == 2, lambda: "warpformer.gemm_sum: input must be 2-dimensional")

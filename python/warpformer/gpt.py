@@ -58,6 +58,14 @@ class GenerationOutput:
             search, else only when asked.
         log_probs: float32 ``[B, beams, max_new_tokens]`` [output_log_probs] of each chosen token
             (after penalties and temperature, before top-k/top-p), 0 past the end; when asked.
+        context_embeddings: ``[B, S, hidden_size]`` in the model dtype [context_embeddings]: the
+            final hidden states (after the final norm: what the head is applied to; before
+            OPT's ``project_out``) of every prompt position, 0 past each row's length; when asked
+            (``return_context_embeddings``).
+        hidden_states: ``[B, 1, max_new_tokens, hidden_size]`` in the model dtype: for generated
+            token ``i``, the final hidden state it was chosen from (``i = 0``: the last prompt
+            token's; then that of token ``i - 1`` when it was fed), 0 past the row's end; when
+            asked (``return_hidden_states``; not with beam search).
     """
 
     sequences: torch.Tensor
@@ -66,6 +74,8 @@ class GenerationOutput:
     tokens: list[list[list[int]]]
     cum_log_probs: torch.Tensor | None = None
     log_probs: torch.Tensor | None = None
+    context_embeddings: torch.Tensor | None = None
+    hidden_states: torch.Tensor | None = None
 
     @property
     def output_ids(self) -> torch.Tensor:
@@ -478,7 +488,8 @@ class GPT:
                  repetition_penalty, presence_penalty, frequency_penalty, min_length, num_beams,
                  length_penalty, diversity_rate, stop_words, bad_words, end_id, seed,
                  return_log_probs, return_cum_log_probs=0, memory_len=0, session=0,
-                 prompt_table=None, stacklevel: int = 3) -> dict[str, torch.Tensor]:
+                 prompt_table=None, return_context_embeddings=False, return_hidden_states=False,
+                 stacklevel: int = 3) -> dict[str, torch.Tensor]:
         """The arguments as the engine's options dict, checked and normalised by its rules
         (:meth:`_checked`). Here Python values only become tensors (and ``do_sample`` picks
         ``top_k``/``top_p``/``seed``)."""
@@ -498,7 +509,9 @@ class GPT:
                       seed=seed, beam_width=num_beams, length_penalty=length_penalty,
                       diversity_rate=diversity_rate, return_log_probs=int(bool(return_log_probs)),
                       return_cum_log_probs=return_cum_log_probs, memory_len=memory_len,
-                      session=session)
+                      session=session,
+                      return_context_embeddings=int(bool(return_context_embeddings)),
+                      return_hidden_states=int(bool(return_hidden_states)))
         opts = {key: _tensor("num_beams" if key == "beam_width" else key, v)
                 for key, v in values.items() if v is not None}
         for name, words in (("stop_words", stop_words), ("bad_words", bad_words)):
@@ -549,6 +562,7 @@ class GPT:
                  end_id: int | Sequence[int] | None = None,
                  seed: int | Sequence[int] | None = None, return_log_probs: bool = False,
                  return_cum_log_probs: int = 0, memory_len: int = 0,
+                 return_context_embeddings: bool = False, return_hidden_states: bool = False,
                  prompt_embeddings: torch.Tensor | None = None,
                  prompt_lengths: torch.Tensor | Sequence[int] | None = None,
                  inputs_embeds: torch.Tensor | None = None) -> GenerationOutput:
@@ -594,6 +608,11 @@ class GPT:
                 ``memory_len`` positions, its own included, on top of the model's own sliding
                 window; 0 = no window [memory_len]. ``max_seq_len`` still bounds the call (the
                 cache is not reused as a ring).
+            return_context_embeddings: also return the prompt's final hidden states
+                (:attr:`GenerationOutput.context_embeddings`) [context_embeddings]; not in a
+                session.
+            return_hidden_states: also return the final hidden state each generated token was
+                chosen from (:attr:`GenerationOutput.hidden_states`); ``num_beams`` must be 1.
             prompt_embeddings: float ``[B, P, E]`` (``E``: the word-embedding width) vectors
                 that stand before each row's tokens in place of token embeddings (soft prompts,
                 p-tuning) [request_prompt_embedding]; position embeddings and the embedding norm
@@ -622,7 +641,9 @@ class GPT:
             length_penalty=length_penalty, diversity_rate=diversity_rate, stop_words=stop_words,
             bad_words=bad_words, end_id=end_id, seed=seed, return_log_probs=return_log_probs,
             return_cum_log_probs=return_cum_log_probs, memory_len=memory_len,
-            prompt_embeddings=prompt_embeddings, prompt_lengths=prompt_lengths)
+            prompt_embeddings=prompt_embeddings, prompt_lengths=prompt_lengths,
+            return_context_embeddings=return_context_embeddings,
+            return_hidden_states=return_hidden_states)
         return self._output(*call(self.engine))
 
     def _prepare(self, input_ids: IdsLike, max_new_tokens: int, *, input_lengths,
@@ -630,6 +651,7 @@ class GPT:
                  frequency_penalty, min_length, num_beams, length_penalty, diversity_rate,
                  stop_words, bad_words, end_id, seed, return_log_probs, return_cum_log_probs,
                  memory_len=0, session=0, prompt_embeddings=None, prompt_lengths=None,
+                 return_context_embeddings=False, return_hidden_states=False,
                  stacklevel: int = 4
                  ) -> Callable[[Any], tuple[dict[str, torch.Tensor], torch.Tensor]]:
         """Check one call's arguments (raising ``ValueError`` as :meth:`generate` does) and
@@ -661,6 +683,7 @@ class GPT:
                 and not return_log_probs and type(return_cum_log_probs) is int
                 and return_cum_log_probs == 0 and (end_id is None or type(end_id) is int)
                 and type(memory_len) is int and memory_len == 0 and session == 0
+                and not return_context_embeddings and not return_hidden_states
                 and table is None and not (end_id is None and len(self.end_ids) > 1)):
             end = -1 if end_id is None else int(self._checked(
                 {"end_id": _tensor("end_id", end_id)}, ids.shape[0])["end_id"][0])
@@ -678,7 +701,8 @@ class GPT:
             diversity_rate=diversity_rate, stop_words=stop_words, bad_words=bad_words,
             end_id=end_id, seed=seed, return_log_probs=return_log_probs,
             return_cum_log_probs=return_cum_log_probs, memory_len=memory_len, session=session,
-            prompt_table=table, stacklevel=stacklevel)
+            prompt_table=table, return_context_embeddings=return_context_embeddings,
+            return_hidden_states=return_hidden_states, stacklevel=stacklevel)
 
         def decode(engine) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
             with torch.no_grad():
@@ -765,7 +789,9 @@ class GPT:
         lengths = lengths.long().to(seqs.device)
         return GenerationOutput(sequences=seqs, sequence_lengths=seq_len, input_lengths=lengths,
                                 tokens=tokens, cum_log_probs=result.get("cum_log_probs"),
-                                log_probs=result.get("output_log_probs"))
+                                log_probs=result.get("output_log_probs"),
+                                context_embeddings=result.get("context_embeddings"),
+                                hidden_states=result.get("hidden_states"))
 
     def generate_stream(self, input_ids: IdsLike, max_new_tokens: int, *, chunk_size: int = 1,
                         **kwargs: Any) -> Generator[torch.Tensor, None, GenerationOutput]:
@@ -838,12 +864,14 @@ class GPT:
 _OPTION_NAMES = ("do_sample", "top_k", "top_p", "temperature", "repetition_penalty",
                  "presence_penalty", "frequency_penalty", "min_length", "num_beams",
                  "length_penalty", "diversity_rate", "stop_words", "bad_words", "end_id", "seed",
-                 "return_log_probs", "return_cum_log_probs", "memory_len")
+                 "return_log_probs", "return_cum_log_probs", "memory_len",
+                 "return_context_embeddings", "return_hidden_states")
 _OPTION_DEFAULTS = dict(do_sample=False, top_k=None, top_p=None, temperature=1.0,
                         repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0,
                         min_length=0, num_beams=1, length_penalty=1.0, diversity_rate=0.0,
                         stop_words=None, bad_words=None, end_id=None, seed=None,
-                        return_log_probs=False, return_cum_log_probs=0, memory_len=0)
+                        return_log_probs=False, return_cum_log_probs=0, memory_len=0,
+                        return_context_embeddings=False, return_hidden_states=False)
 
 
 def _option_kwargs(kwargs: dict) -> dict:

@@ -245,8 +245,11 @@ class GptReference(torch.nn.Module):
         m = a if c.parallel_shared_layernorm else self._ln(x, p + "post_attention_layernorm")
         return x + attn + self._mlp(m, n)
 
-    def _run(self, ids: torch.Tensor, pos: torch.Tensor, caches=None) -> torch.Tensor:
-        """Logits ``[B, T, V]`` for tokens ``ids`` ``[B, T]`` at positions ``pos`` ``[B, T]``."""
+    def _run(self, ids: torch.Tensor, pos: torch.Tensor, caches=None, hidden: bool = False):
+        """Logits ``[B, T, V]`` for tokens ``ids`` ``[B, T]`` at positions ``pos`` ``[B, T]``;
+        with ``hidden``, ``(logits, final hidden states [B, T, hidden_size])``: the states after
+        the final norm that the head is applied to (before OPT's ``project_out``), in the model
+        dtype."""
         c, w, table = self.config, self.w, self.prompt_table
         rows = 0 if table is None else table.shape[0]
         if int(ids.min()) < 0 or int(ids.max()) >= c.vocab_size + rows:
@@ -273,12 +276,13 @@ class GptReference(torch.nn.Module):
             x = self._layer(x, n, pos, None if caches is None else caches[n])
         if c.has_post_decoder_layernorm:
             x = self._ln(x, "final_layernorm")
+        final = x
         if c.word_embed_proj_dim:
             x = x @ w["project_out.weight"]
         logits = x @ w.get("lm_head.weight", w["wte"]).t()
         if c.has_lm_head_bias:
             logits = logits + w["lm_head.bias"]
-        return logits.float()
+        return (logits.float(), final) if hidden else logits.float()
 
     # ------------------------------------------------------------------ public API
     @torch.no_grad()

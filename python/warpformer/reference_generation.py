@@ -65,6 +65,8 @@ class _Options:
     diversity_rate: float
     return_log_probs: int
     return_cum_log_probs: int
+    return_context_embeddings: int
+    return_hidden_states: int
     memory_len: int
     session: int
     prompt_table: torch.Tensor | None
@@ -295,13 +297,17 @@ class ReferenceEngine:
             # session's caches.
             held, past = self._session_prefixes(o.session, ids, lengths, o.beam_width, N)
             caches = held["caches"]
-            last = []
+            last, last_hidden = [], []
             for b in range(B):
                 n = int(lengths[b])
                 pos = torch.arange(past[b], n, device=dev)[None]
                 row_caches = [(k[b:b + 1], v[b:b + 1]) for k, v in caches]
-                last.append(self.model._run(ids[b:b + 1, past[b]:n], pos, row_caches)[0, -1])
-            last = torch.stack(last)
+                row_logits, row_hidden = self.model._run(ids[b:b + 1, past[b]:n], pos, row_caches,
+                                                         hidden=True)
+                last.append(row_logits[0, -1])
+                last_hidden.append(row_hidden[0, -1])
+            last, last_hidden = torch.stack(last), torch.stack(last_hidden)
+            context = None  # return_context_embeddings is refused with a session
             logits = (self.model._run(ids, torch.arange(S, device=dev).expand(B, S))
                       if o.return_cum_log_probs == 2 else None)
         else:
@@ -309,8 +315,12 @@ class ReferenceEngine:
                        torch.zeros(B, total, c.kv_heads, c.size_per_head, dtype=dt, device=dev))
                       for _ in range(c.num_layer)]
             pos = torch.arange(S, device=dev).expand(B, S)
-            logits = self.model._run(ids, pos, caches)  # [B, S, V]
-            last = logits[rows, lengths - 1]
+            logits, final = self.model._run(ids, pos, caches, hidden=True)  # [B, S, V], [B, S, H]
+            last, last_hidden = logits[rows, lengths - 1], final[rows, lengths - 1]
+            context = None
+            if o.return_context_embeddings:  # zeros past each row's length
+                valid = torch.arange(S, device=dev)[None] < lengths[:, None]
+                context = final.masked_fill(~valid[:, :, None], 0)
         ctx_lp = torch.zeros(B, device=dev)
         if o.return_cum_log_probs == 2 and S > 1:
             nxt = ids[:, 1:]
@@ -322,6 +332,7 @@ class ReferenceEngine:
         if W > 1:  # every beam starts from the same prompt
             caches = [(k.repeat_interleave(W, 0), v.repeat_interleave(W, 0)) for k, v in caches]
             last = last.repeat_interleave(W, 0)
+            last_hidden = last_hidden.repeat_interleave(W, 0)
         tokens = torch.full((B, W, total), 0, dtype=torch.long, device=dev)
         end = torch.tensor(o.end_id, dtype=torch.long, device=dev)
         tokens[:] = end[:, None, None]
@@ -334,8 +345,12 @@ class ReferenceEngine:
                 row = ids[n // W, : int(lengths[n // W])]
                 row = row[row < c.vocab_size]  # prompt-table positions are not tokens
                 counts[n].index_add_(0, row, torch.ones(row.shape[0], device=dev))
+        # return_hidden_states (beam width 1): column i of row b holds the final hidden state
+        # that generated token i was chosen from (zeros past the row's end).
+        hidden = (torch.zeros(B, 1, N, last_hidden.shape[-1], dtype=last_hidden.dtype, device=dev)
+                  if o.return_hidden_states else None)
         st = dict(opts=o, B=B, W=W, N=N, S=S, lengths=lengths, caches=caches, last=last,
-                  session=o.session,
+                  last_hidden=last_hidden, context=context, hidden=hidden, session=o.session,
                   tokens=tokens, hist=hist, counts=counts, step=0, end=end, ctx_lp=ctx_lp,
                   token_lp=torch.zeros(B, W, N, device=dev), running=torch.zeros(B, W, device=dev),
                   done=torch.zeros(B, dtype=torch.bool, device=dev))
@@ -383,11 +398,15 @@ class ReferenceEngine:
         """Feed ``tokens`` ``[B*W]`` (the last chosen ones) through the model."""
         pos = (st["lengths"].repeat_interleave(st["W"]) + st["step"] - 1)[:, None]
         self.model.memory_len = st["opts"].memory_len  # a forward() between steps resets it
-        st["last"] = self.model._run(tokens[:, None], pos, st["caches"])[:, 0]
+        logits, final = self.model._run(tokens[:, None], pos, st["caches"], hidden=True)
+        st["last"], st["last_hidden"] = logits[:, 0], final[:, 0]
 
     @torch.no_grad()
     def _sample_step(self, st: dict) -> torch.Tensor:
         o, B, step = st["opts"], st["B"], st["step"]
+        if st["hidden"] is not None:  # the rows still generating choose token `step` from these
+            live = ~st["done"]
+            st["hidden"][live, 0, step] = st["last_hidden"][live]
         logits = self._process(st, st["last"])
         logp = torch.log_softmax(logits, -1)
         chosen = logits.argmax(-1)
@@ -507,7 +526,9 @@ class ReferenceEngine:
 
         ``output_ids`` int32 ``[B, beam, S + output_len]``, ``sequence_lengths`` int32
         ``[B, beam]``, ``cum_log_probs`` float32 ``[B, beam]`` (when asked or beam search) and
-        ``output_log_probs`` float32 ``[B, beam, output_len]`` (when asked), on :attr:`device`.
+        ``output_log_probs`` float32 ``[B, beam, output_len]`` (when asked), and (when asked)
+        ``context_embeddings`` ``[B, S, H]`` and ``hidden_states`` ``[B, 1, output_len, H]`` in
+        the compute dtype, on :attr:`device`.
         """
         st, self._state = self._state, None
         if st is None:
@@ -529,6 +550,10 @@ class ReferenceEngine:
             out["cum_log_probs"] = (cum + extra).float()
         if o.return_log_probs:
             out["output_log_probs"] = lp.float()
+        if st["context"] is not None:
+            out["context_embeddings"] = st["context"]
+        if st["hidden"] is not None:
+            out["hidden_states"] = st["hidden"]
         return out
 
     def _finalize_beams(self, st: dict):

@@ -1,6 +1,7 @@
 """GPU tests of the norm, activation and embedding ops against plain PyTorch fp32 references,
 on awkward shapes, both the 16-byte vector path and the element-wise fallback, the long-row
-path of the norms, in-place residual semantics and torch.library.opcheck."""
+path of the norms, in-place residual semantics and torch.library.opcheck; and of the row
+scatter to per-row columns (the engine's hidden-state writes)."""
 
 from __future__ import annotations
 
@@ -239,3 +240,45 @@ def test_opcheck(dtype, seed):
     for op, args in cases:
         torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor",
                                                     "test_aot_dispatch_dynamic"))
+
+
+def ref_scatter_columns(dst, src, index, base, skip, offset):
+    """dst with row r of src at column index[r] + offset - base[r] where that is in range and
+    skip[r] == 0 (a Python loop: the rule stated once more)."""
+    out = dst.clone()
+    for r in range(src.shape[0]):
+        c = int(index[r]) + offset - (0 if base is None else int(base[r]))
+        if (skip is None or int(skip[r]) == 0) and 0 <= c < dst.shape[1]:
+            out[r, c] = src[r]
+    return out
+
+
+# widths: 16-byte rows, 4-byte rows, 2-byte rows and odd bytes (the word fallbacks)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.uint8])
+@pytest.mark.parametrize("width", [1, 3, 160, 1000])
+def test_scatter_rows_to_columns(dtype, width, seed):
+    rows, columns = 7, 5
+    src = (torch.randn(rows, width, device="cuda") * 50).to(dtype)
+    dst = torch.zeros(rows, columns, width, device="cuda", dtype=dtype)
+    # columns -2 .. 6 (some outside [0, 5)), two rows skipped, a base per row
+    index = torch.tensor([3, 9, 4, 0, 7, 5, 12], device="cuda", dtype=torch.int32)
+    base = torch.tensor([2, 4, 6, 0, 5, 2, 10], device="cuda", dtype=torch.int32)
+    skip = torch.tensor([0, 0, 1, 0, 0, 1, 0], device="cuda", dtype=torch.int32)
+    for b, k, offset in ((base, skip, 1), (None, None, 0), (base, None, -1), (None, skip, 2)):
+        want = ref_scatter_columns(dst, src, index, b, k, offset)
+        got = dst.clone()
+        ops.scatter_rows_to_columns(got, src, index, b, k, offset)
+        assert torch.equal(got, want), (b is None, k is None, offset)
+    # A strided src (a column slice) is read as its values.
+    wide = torch.randn(rows, width + 8, device="cuda").to(dtype)
+    got = dst.clone()
+    ops.scatter_rows_to_columns(got, wide[:, :width], index, base, None, 1)
+    assert torch.equal(got, ref_scatter_columns(dst, wide[:, :width], index, base, None, 1))
+
+
+def test_scatter_rows_to_columns_opcheck(seed):
+    dst = torch.zeros(4, 3, 16, device="cuda", dtype=torch.float16)
+    src = torch.randn(4, 16, device="cuda").half()
+    idx = torch.tensor([0, 1, 2, 3], device="cuda", dtype=torch.int32)
+    torch.library.opcheck(ops.scatter_rows_to_columns.default, (dst, src, idx, None, None, 0),
+                          test_utils=("test_schema", "test_faketensor"))

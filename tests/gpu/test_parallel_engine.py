@@ -194,6 +194,10 @@ def test_parallel_equals_single_gpu(name, tp, pp, checkpoints, tmp_path):
     assert torch.equal(par32["early_end"], ref32["early_end"]), f"{name} tp{tp} pp{pp} early"
     assert torch.equal(par32["early_end_lengths"], ref32["early_end_lengths"])
     assert int(ref32["early_end_lengths"][1, 0]) <= 17 + 4, "row 1 should end by its 4th token"
+    assert torch.equal(par32["hidden"][0], ref32["early_end"]), f"{name} tp{tp} pp{pp} hidden"
+    for got, want in zip(par32["hidden"][1:], ref32["hidden"][1:], strict=True):
+        err = float((got - want).abs().max())
+        assert err <= 1e-4 * float(want.abs().max()), f"{name} tp{tp} pp{pp} hidden err {err}"
     assert torch.equal(par32["stream"], ref32["stream"]), f"{name} tp{tp} pp{pp} stream"
     assert torch.equal(par32["batches"][0], ref32["greedy"]), f"{name} tp{tp} pp{pp} batches"
     assert torch.equal(par32["batches"][1], ref32["batches"][1]), f"{name} tp{tp} pp{pp} batch 1"

@@ -22,14 +22,21 @@ size_t GptModel::step_workspace_bytes(int64_t rows) const {
   return layers::self_attention_workspace_bytes(spec_, rows, kv_seq_);
 }
 
-// Each group's last-token hidden states are kept (in proj, [batch, h]) for prompt_logits.
+// Each group's last-token hidden states are kept (in proj, [batch, h]) for prompt_logits. The
+// hidden_out rows are scattered here, after the group's pass (a prompt graph runs the layers
+// only), by the packed tokens' places in [batch, seq] as forward scatters its logits.
 void GptModel::prefill(const int32_t* ids, const std::vector<int32_t>& lengths,
-                       const std::vector<int32_t>& past, int64_t seq, int64_t slot_stride) {
+                       const std::vector<int32_t>& past, int64_t seq, int64_t slot_stride,
+                       void* hidden_out) {
   const size_t row_bytes = hidden_row_bytes();
   run_prefill(ids, lengths, past, seq, slot_stride, [&](const PrefillGroup& g) {
     WF_CUDA_CHECK(kernels::launch_gather_rows(static_cast<char*>(scratch().proj) + g.b0 * row_bytes,
                                               buffers().n, d_last_ + g.b0, g.b1 - g.b0, row_bytes,
                                               ctx_->stream()));
+    if (hidden_out != nullptr) {
+      WF_CUDA_CHECK(kernels::launch_scatter_rows(hidden_out, buffers().n, d_gather_ + g.t0,
+                                                 g.tokens(), row_bytes, ctx_->stream()));
+    }
   });
 }
 
@@ -38,6 +45,7 @@ void GptModel::prompt_logits(const int32_t* entry_of_row, int64_t rows) {
   WF_CUDA_CHECK(kernels::launch_gather_rows(sc.last_rows, sc.proj, entry_of_row, rows,
                                             hidden_row_bytes(), ctx_->stream()));
   lm_head(sc.last_rows, rows, sc.last_logits);
+  final_hidden_ = sc.last_rows;  // lm_head reads it and writes elsewhere
 }
 
 // Each row's newest token at its position, in its own KV slot, beams reading the prompt through
@@ -71,6 +79,7 @@ void GptModel::step(const generation::StepRows& in, int64_t r0, int64_t n, bool 
     lm_head(
         buffers().n, n,
         static_cast<char*>(scratch().last_logits) + r0 * cfg_.vocab_padded() * dtype_size(dtype_));
+    final_hidden_ = buffers().n;  // lm_head reads it and writes elsewhere
   } else if (exchange) {
     stage_send(n);
   }

@@ -120,8 +120,10 @@ class GptModel final : public generation::Decoder {
     return buffer_generation_ + ctx_->workspace_generation();
   }
   void prefill(const int32_t* ids, const std::vector<int32_t>& lengths,
-               const std::vector<int32_t>& past, int64_t seq, int64_t slot_stride) override;
+               const std::vector<int32_t>& past, int64_t seq, int64_t slot_stride,
+               void* hidden_out) override;
   void prompt_logits(const int32_t* entry_of_row, int64_t rows) override;
+  const void* final_hidden() const override { return final_hidden_; }
   void step(const generation::StepRows& rows, int64_t r0, int64_t n, bool exchange) override;
   void* stage_input() override { return buffers().x; }
   void* stage_output() override { return buffers().n; }
@@ -230,6 +232,7 @@ class GptModel final : public generation::Decoder {
   int64_t prompt_tokens_ = 0;         // set by plan_prefill: the padded count, or 0 (no graph)
   generation::GraphCache<PromptKey> prompt_graphs_{kMaxPromptGraphs};
   int64_t prompt_replays_ = 0;
+  const void* final_hidden_ = nullptr;  // final_hidden(): set by prompt_logits and step
   // views into meta_ filled by run_prefill
   int32_t* d_gather_ = nullptr;  // [T]  packed token -> b * seq + i
   int32_t* d_slot_ = nullptr;    // [T]
