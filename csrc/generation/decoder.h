@@ -58,6 +58,9 @@ class Decoder {
   virtual size_t step_workspace_bytes(int64_t rows) const = 0;
   // Changes whenever a buffer a captured step may bake was reallocated (or a group attached).
   virtual size_t buffer_generation() const = 0;
+  // Which KV slots the calls use now (an interactive session's, or the shared ones): captured
+  // steps bake the cache addresses of one view, and run again when it returns.
+  virtual int64_t cache_view() const = 0;
 
   // The prompt pass planned by reserve: entry b's tokens ids[b, p : p + lengths[b]] with p =
   // past[b] (empty: 0; the positions its slot already holds, an interactive session's earlier

@@ -314,6 +314,7 @@ void Session::run_step() {
   key.serial = s.shared ? 0 : s.serial;
   key.rows = s.rows;
   key.batch = s.batch;
+  key.view = model_->cache_view();
   key.state = state_.data();
   key.generation = model_->buffer_generation() + state_generation_;
   auto& g = step_graphs_.find_or_add(key);

@@ -164,12 +164,12 @@ class Session {
   // graph dies with it.
   struct StepKey {
     uint64_t serial = 0;
-    int64_t rows = 0, batch = 0;
+    int64_t rows = 0, batch = 0, view = 0;
     const void* state = nullptr;
     size_t generation = 0;
     bool operator==(const StepKey& o) const {
-      return serial == o.serial && rows == o.rows && batch == o.batch && state == o.state &&
-             generation == o.generation;
+      return serial == o.serial && rows == o.rows && batch == o.batch && view == o.view &&
+             state == o.state && generation == o.generation;
     }
   };
   // At most this many keys are remembered (least recently used dropped).

@@ -75,3 +75,10 @@ def test_sessions_interleaved_and_cache_growth(folder):
     _same(c.generate(TURNS[0][:2], NEW), gpt.generate(TURNS[0][:2], NEW), "c")
     c.close()
     b.close()
+    # Reopening after closes reuses the freed slots: the cache does not grow call after call.
+    held = gpt.engine.memory_bytes()
+    for _ in range(5):
+        with gpt.start_session(2, 64) as d:
+            d.generate(TURNS[0][:2], 4)
+        gpt.generate(TURNS[1], 4)
+    assert gpt.engine.memory_bytes() == held

@@ -102,6 +102,7 @@ void GptModel::run_prompt(int64_t tokens, int64_t seq, const layers::AttentionIn
   key.tokens = tokens;
   key.batch = ai.batch;
   key.max_seqlen = ai.max_seqlen;
+  key.view = slot_base();
   key.meta = meta_.data();
   key.generation = buffer_generation();
   auto& g = prompt_graphs_.find_or_add(key);

@@ -126,6 +126,7 @@ void GptModel::ensure_kv(int64_t slots, int64_t seq_total) {
   const int64_t limit = max_batch_ * kernels::kMaxBeamWidth;
   TORCH_CHECK(slots <= limit, "GptModel: ", slots, " sequences exceed max_batch (", max_batch_,
               ") x the largest beam width");
+  shared_slots_ = std::max(shared_slots_, slots);
   const int64_t need = held_end_ + slots;
   if (need <= kv_slots_ && seq_total <= kv_seq_) return;
   grow_kv(grown(need, kv_slots_, held_end_ + limit), grown(seq_total, kv_seq_, max_seq_len_));
@@ -186,11 +187,10 @@ int64_t GptModel::hold_slots(int64_t rows, int64_t max_len) {
     first = base + n;
   }
   const int64_t end = std::max(held_end_, first + rows);
-  // Room for the held slots (their contents kept) with the shared range's slots above them.
-  if (end > held_end_ || max_len > kv_seq_) {
-    const int64_t shared = std::max<int64_t>(kv_slots_ - held_end_, 0);
-    const int64_t slots = std::max(kv_slots_, end + shared);
-    if (slots > kv_slots_ || max_len > kv_seq_) grow_kv(slots, std::max(kv_seq_, max_len));
+  // Room for the held slots (their contents kept) with the slots the shared range has served
+  // above them.
+  if (end + shared_slots_ > kv_slots_ || max_len > kv_seq_) {
+    grow_kv(std::max(kv_slots_, end + shared_slots_), std::max(kv_seq_, max_len));
   }
   held_[first] = rows;
   if (end != held_end_) ++buffer_generation_;  // the shared range moved
@@ -208,10 +208,8 @@ void GptModel::release_slots(int64_t first) {
 
 void GptModel::use_slots(int64_t first) {
   TORCH_CHECK(first < 0 || held_.count(first) == 1, "GptModel: no held slots start at ", first);
-  const int64_t base = first < 0 ? -1 : first;
-  if (base == view_base_) return;
-  view_base_ = base;
-  ++buffer_generation_;  // captured graphs baked the previous range's cache pointers
+  // Captured graphs bake one range's cache addresses; their keys hold the range (cache_view).
+  view_base_ = first < 0 ? -1 : first;
 }
 
 void GptModel::ensure_activations(int64_t tokens, int64_t batch) {

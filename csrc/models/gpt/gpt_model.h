@@ -119,6 +119,7 @@ class GptModel final : public generation::Decoder {
   size_t buffer_generation() const override {
     return buffer_generation_ + ctx_->workspace_generation();
   }
+  int64_t cache_view() const override { return slot_base(); }
   void prefill(const int32_t* ids, const std::vector<int32_t>& lengths,
                const std::vector<int32_t>& past, int64_t seq, int64_t slot_stride,
                void* hidden_out) override;
@@ -187,12 +188,12 @@ class GptModel final : public generation::Decoder {
   int64_t prompt_graph_tokens(int64_t tokens) const;
   void run_prompt(int64_t tokens, int64_t seq, const layers::AttentionInputs& ai);
   struct PromptKey {
-    int64_t tokens = 0, batch = 0, max_seqlen = 0;
+    int64_t tokens = 0, batch = 0, max_seqlen = 0, view = 0;
     const void* meta = nullptr;
     size_t generation = 0;
     bool operator==(const PromptKey& o) const {
       return tokens == o.tokens && batch == o.batch && max_seqlen == o.max_seqlen &&
-             meta == o.meta && generation == o.generation;
+             view == o.view && meta == o.meta && generation == o.generation;
     }
   };
   // Room for the LAMBADA-shaped workload's keys, and more when a buffer moves
@@ -219,6 +220,7 @@ class GptModel final : public generation::Decoder {
   std::map<int64_t, int64_t> held_;  // hold_slots: first slot -> rows
   int64_t held_end_ = 0;             // past the last held slot: where the shared range starts
   int64_t view_base_ = -1;           // use_slots (-1: the shared range)
+  int64_t shared_slots_ = 0;         // the most slots a call in the shared range asked for
   DeviceBuffer act_;
   int64_t act_tokens_ = 0, act_batch_ = 0;
   DeviceBuffer meta_;  // int32 per-call index arrays
