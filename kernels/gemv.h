@@ -160,9 +160,9 @@ struct GemvQuant {
 };
 
 // out = act(in . dequant(W) + bias) (+ beta * out), W quantized (p.weight is not read; p.transposed
-// and p.beside must be off). The weight streams through shared memory and is dequantized into
-// tensor-core operands (16-bit T only, sm_80+); products accumulate in fp32 over every input row
-// (int8 applies its column scale once per output, int4 its group scale once per group of rows).
+// and p.beside must be off). The weight streams through a ring of registers and is dequantized
+// into tensor-core operands (16-bit T only, sm_80+); products accumulate in fp32 over every input
+// row (int8 applies its column scale once per output, int4 its group scale once per group of rows).
 // gemv_quant_supported: 1 <= m <= kGemvMaxRows; n a multiple of 16; k of 16 (int4: and of group,
 // itself a multiple of 16); in and data 16-byte aligned, scale (and zero) aligned to 16 columns;
 // the output apart from the input; code and device sm_80 or newer.

@@ -155,3 +155,31 @@ def test_session_errors(gpt):
         gpt._checked({"session": torch.tensor(-1)}, 1)
     # The instance stays usable.
     assert gpt.generate([[1, 2]], 2).tokens[0][0]
+
+
+def test_memory_len_change_recomputes_and_close_waits(gpt):
+    """K/V cached under one attention window are not reused under another: a turn with a new
+    memory_len equals one-shot generation with it. A session cannot close while any call runs
+    (closing may move the slots a running call uses)."""
+    with gpt.start_session(2, 32) as chat:
+        chat.generate(TURNS[0][:2], 5)
+        full = [h + n for h, n in zip(chat.history, TURNS[1][:2], strict=True)]
+        want = gpt.generate(full, 5, memory_len=4)
+        _same(chat.generate(TURNS[1][:2], 5, memory_len=4), want)
+        full = [h + n for h, n in zip(chat.history, TURNS[2][:2], strict=True)]
+        _same(chat.generate(TURNS[2][:2], 5), gpt.generate(full, 5))
+        stream = gpt.generate_stream([[1, 2, 3]], 4)
+        next(stream)
+        with pytest.raises(RuntimeError, match=r"close_session: a generation session is running"):
+            chat.close()
+        assert not chat.closed
+        list(stream)
+    assert chat.closed
+    eng = gpt.engine
+    handle = eng.open_session(1, 8)
+    ids = torch.tensor([[1, 2, 0, 0, 0, 0]], dtype=torch.int32)
+    with pytest.raises(RuntimeError, match=r"input_ids' width 6 \+ output_len 3 = 9 exceeds the "
+                                           r"session's max_len \(8\)"):
+        eng.decode(ids, torch.tensor([2], dtype=torch.int32), 3, {"session": torch.tensor(handle)})
+    eng.close_session(handle)
+

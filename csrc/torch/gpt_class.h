@@ -59,9 +59,10 @@ class GptModelHolder : public torch::CustomClassHolder {
   // of the instance's cache that no other call or session uses, for prompts + outputs of up to
   // max_len tokens. A decode call with the option "session" (the returned handle) runs in them:
   // row b continues from the longest prefix of its input ids that the session's row b holds (the
-  // tokens of its earlier calls, outputs included but for the last one) and runs the prompt pass
-  // over the rest only; its results equal those of the same call without the session. Beam
-  // width 1.
+  // tokens of its earlier calls, outputs included but for the last one; none after a call with
+  // another memory_len) and runs the prompt pass over the rest only. Its results are those of
+  // the same call without the session (in fp16/bf16 up to rounding: cached outputs' K/V came
+  // from decode steps, not a prompt pass). Beam width 1; no session closes while a call runs.
   int64_t open_session(int64_t batch, int64_t max_len);
   void close_session(int64_t handle);
   // Runs up to max_steps steps; returns their tokens int32 [B, beam, k] (k = steps run; beam
@@ -169,7 +170,8 @@ class GptModelHolder : public torch::CustomClassHolder {
                               int64_t window, int64_t table_rows = 0);
   struct Session {
     int64_t batch = 0, beam = 1, seq = 0, output_len = 0, cum_mode = 0;
-    int64_t held = 0;  // the interactive session it runs in (open_session's handle), or 0
+    int64_t held = 0;    // the interactive session it runs in (open_session's handle), or 0
+    int64_t window = 0;  // memory_len
     bool return_log_probs = false;
     at::Tensor end_ids, top_k, top_p, temperature, rep, pres, freq, min_len, seeds, bad, stop;
     at::Tensor input_lengths, output_ids, seq_lengths, cum_log_probs, output_log_probs;
@@ -181,6 +183,7 @@ class GptModelHolder : public torch::CustomClassHolder {
   // open_session's sessions: their slots and, per row, the ids whose K/V the slots hold.
   struct HeldSession {
     int64_t first_slot = 0, batch = 0, max_len = 0;
+    int64_t window = 0;  // the memory_len the cached K/V were computed under
     std::vector<std::vector<int32_t>> cached;
   };
   std::map<int64_t, HeldSession> held_;
@@ -188,7 +191,7 @@ class GptModelHolder : public torch::CustomClassHolder {
   // The rows a decode call in session `handle` takes from its cache (Session::start's `past`),
   // after checking the call against the session's shape.
   std::vector<int32_t> session_prefixes(int64_t handle, const Prompt& prompt, int64_t beam,
-                                        int64_t output_len) const;
+                                        int64_t output_len, int64_t window) const;
   // After a session call: records the rows' cached ids (or forgets them after an error) and
   // returns the model to the shared slots.
   void end_session_call(const Session& s, bool ok);

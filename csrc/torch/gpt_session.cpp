@@ -57,10 +57,12 @@ void GptModelHolder::decode_start(const at::Tensor& input_ids, const at::Tensor&
   const at::Tensor stop = g.contains("stop_words") ? g.at("stop_words") : at::Tensor();
   const int64_t held = g.at("session").item<int64_t>();
   const std::vector<int32_t> past =
-      held != 0 ? session_prefixes(held, prompt, beam, output_len) : std::vector<int32_t>();
+      held != 0 ? session_prefixes(held, prompt, beam, output_len, memory_len)
+                : std::vector<int32_t>();
 
   Session s;
   s.held = held;
+  s.window = memory_len;
   if (g.contains("prompt_table")) {
     const at::Tensor& t = g.at("prompt_table");
     const int64_t width = model_->config().embed_dim();
@@ -159,21 +161,21 @@ void GptModelHolder::decode_start(const at::Tensor& input_ids, const at::Tensor&
   if (s.cum_mode == 2) {
     // Context log probs: log p(token_i | tokens_<i) of the prompt, i >= 1, summed per row (a
     // prompt-table position is not a token: it has none).
-    at::Tensor logits;
     try {
-      logits = forward_windowed(ids, s.input_lengths, memory_len, table_rows).to(f32);
+      const at::Tensor logits =
+          forward_windowed(ids, s.input_lengths, memory_len, table_rows).to(f32);
+      const at::Tensor lp = at::log_softmax(logits.narrow(1, 0, s.seq - 1), -1);
+      const at::Tensor next_ids = ids.narrow(1, 1, s.seq - 1).to(at::kLong);
+      const at::Tensor next = next_ids.clamp(0, V - 1);
+      const at::Tensor tok = lp.gather(2, next.unsqueeze(2)).squeeze(2);
+      const at::Tensor valid =
+          (at::arange(1, s.seq, ids.options()).unsqueeze(0) < s.input_lengths.unsqueeze(1)) &
+          (next_ids < V);
+      s.context_log_probs = at::where(valid, tok, at::zeros_like(tok)).sum(1);
     } catch (...) {
       end_call(s, /*ok=*/false);
       throw;
     }
-    const at::Tensor lp = at::log_softmax(logits.narrow(1, 0, s.seq - 1), -1);
-    const at::Tensor next_ids = ids.narrow(1, 1, s.seq - 1).to(at::kLong);
-    const at::Tensor next = next_ids.clamp(0, V - 1);
-    const at::Tensor tok = lp.gather(2, next.unsqueeze(2)).squeeze(2);
-    const at::Tensor valid =
-        (at::arange(1, s.seq, ids.options()).unsqueeze(0) < s.input_lengths.unsqueeze(1)) &
-        (next_ids < V);
-    s.context_log_probs = at::where(valid, tok, at::zeros_like(tok)).sum(1);
   }
 
   generation::DecodeOptions opt;
@@ -252,14 +254,16 @@ void GptModelHolder::close_session(int64_t handle) {
   const std::lock_guard<std::recursive_mutex> lock(call_mu_);
   const char* op = "GptModel.close_session";
   TORCH_CHECK(held_.count(handle) == 1, op, ": no open session ", handle);
-  TORCH_CHECK(!generation_->active() || session_.held != handle, op, ": session ", handle,
-              " is generating; call decode_finish() first");
+  // Closing moves the shared slots down when it frees the highest held ones: no call may run.
+  TORCH_CHECK(!generation_->active(), op,
+              ": a generation session is running; call decode_finish() first");
   model_->release_slots(held_.at(handle).first_slot);
   held_.erase(handle);
 }
 
 std::vector<int32_t> GptModelHolder::session_prefixes(int64_t handle, const Prompt& prompt,
-                                                      int64_t beam, int64_t output_len) const {
+                                                      int64_t beam, int64_t output_len,
+                                                      int64_t window) const {
   const auto it = held_.find(handle);
   TORCH_CHECK(it != held_.end(), kOp, ": option session = ", handle,
               " is not an open session of this instance (open_session)");
@@ -270,6 +274,12 @@ std::vector<int32_t> GptModelHolder::session_prefixes(int64_t handle, const Prom
               " rows; input_ids has ", batch);
   std::vector<int32_t> past(batch, 0);
   const int64_t seq = prompt.host_ids.size(1);
+  // The call runs over positions up to the padded width + output_len in the session's slots.
+  TORCH_CHECK(seq + output_len <= h.max_len, kOp, ": session ", handle, ": input_ids' width ", seq,
+              " + output_len ", output_len, " = ", seq + output_len, " exceeds the session's ",
+              "max_len (", h.max_len, ")");
+  // K/V computed under another attention window differ past the first layer: none is reused.
+  if (window != h.window) return past;
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t len = prompt.lengths[b];
     TORCH_CHECK(len + output_len <= h.max_len, kOp, ": row ", b, " of session ", handle,
@@ -305,6 +315,7 @@ void GptModelHolder::end_session_call(const Session& s, bool ok) {
     const int64_t n = std::max<int64_t>(lengths.data_ptr<int32_t>()[b] - 1, 0);
     h.cached[b].assign(row, row + n);
   }
+  h.window = s.window;
 }
 
 int64_t GptModelHolder::run_steps(int64_t max_steps) {

@@ -209,20 +209,20 @@ class ReferenceEngine:
                   for _ in range(c.num_layer)]
         handle, self._next_handle = self._next_handle, self._next_handle + 1
         self._sessions[handle] = dict(batch=batch, max_len=max_len, caches=caches,
-                                      cached=[[] for _ in range(batch)])
+                                      cached=[[] for _ in range(batch)], window=0)
         return handle
 
     def close_session(self, handle: int) -> None:
         """Frees a session's caches."""
         if handle not in self._sessions:
             raise RuntimeError(f"GptModel.close_session: no open session {handle}")
-        if self._state is not None and self._state.get("session") == handle:
-            raise RuntimeError(f"GptModel.close_session: session {handle} is generating; call "
+        if self._state is not None:  # as the engine, whose shared slots would move
+            raise RuntimeError("GptModel.close_session: a generation session is running; call "
                                "decode_finish() first")
         del self._sessions[handle]
 
     def _session_prefixes(self, handle: int, ids: torch.Tensor, lengths: torch.Tensor,
-                          beam: int, output_len: int) -> tuple[dict, list[int]]:
+                          beam: int, output_len: int, window: int) -> tuple[dict, list[int]]:
         op = "GptModel.decode"
         held = self._sessions.get(handle)
         if held is None:
@@ -233,6 +233,10 @@ class ReferenceEngine:
         if ids.shape[0] != held["batch"]:
             raise RuntimeError(f"{op}: session {handle} has {held['batch']} rows; input_ids has "
                                f"{ids.shape[0]}")
+        if ids.shape[1] + output_len > held["max_len"]:
+            raise RuntimeError(f"{op}: session {handle}: input_ids' width {ids.shape[1]} + "
+                               f"output_len {output_len} = {ids.shape[1] + output_len} exceeds "
+                               f"the session's max_len ({held['max_len']})")
         past = []
         for b in range(ids.shape[0]):
             n = int(lengths[b])
@@ -240,7 +244,9 @@ class ReferenceEngine:
                 raise RuntimeError(f"{op}: row {b} of session {handle}: input length {n} + "
                                    f"output_len {output_len} = {n + output_len} exceeds the "
                                    f"session's max_len ({held['max_len']})")
-            row, cached = ids[b, :n].tolist(), held["cached"][b]
+            # K/V computed under another attention window differ past the first layer.
+            row = ids[b, :n].tolist()
+            cached = held["cached"][b] if window == held["window"] else []
             k = 0
             while k < min(len(cached), n - 1) and cached[k] == row[k]:
                 k += 1
@@ -295,8 +301,12 @@ class ReferenceEngine:
         if o.session:
             # Each row runs only the tokens past the prefix its session row holds, through the
             # session's caches.
-            held, past = self._session_prefixes(o.session, ids, lengths, o.beam_width, N)
+            held, past = self._session_prefixes(o.session, ids, lengths, o.beam_width, N,
+                                                o.memory_len)
             caches = held["caches"]
+            # Until the call finishes, the rows' caches hold unknown contents (as the engine's
+            # slots after an error): nothing is reused.
+            held["cached"] = [[] for _ in range(B)]
             last, last_hidden = [], []
             for b in range(B):
                 n = int(lengths[b])
@@ -544,6 +554,7 @@ class ReferenceEngine:
             held = self._sessions[st["session"]]
             for b in range(st["B"]):
                 held["cached"][b] = ids[b, 0, :max(int(seq_len[b, 0]) - 1, 0)].tolist()
+            held["window"] = o.memory_len
         out = {"output_ids": ids.to(torch.int32), "sequence_lengths": seq_len.to(torch.int32)}
         if o.return_cum_log_probs or W > 1:
             extra = st["ctx_lp"][:, None] if o.return_cum_log_probs == 2 else 0.0

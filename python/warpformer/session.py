@@ -9,8 +9,9 @@ A session holds ``batch`` rows of the engine's KV cache. Each turn appends its n
 every row's history (the earlier turns' prompts and generated tokens) and asks the engine to
 generate from the whole history with the option ``session``; the engine reuses the prefix of the
 history that the row's cache holds and runs the prompt pass over the rest only, so a turn costs
-its new tokens, not the history. The tokens equal those of :meth:`GPT.generate` over the whole
-history in one call.
+its new tokens, not the history. The tokens are those of :meth:`GPT.generate` over the whole
+history in one call (in fp16/bf16 up to rounding: the earlier turns' generated tokens had their
+keys and values computed by decode steps rather than a prompt pass, so near ties may differ).
 """
 
 from __future__ import annotations
@@ -98,8 +99,8 @@ class GenerationSession:
     def close(self) -> None:
         """Frees the session's rows of the cache (idempotent)."""
         if not self.closed:
-            handle, self._handle = self._handle, 0
-            self._gpt.engine.close_session(handle)
+            self._gpt.engine.close_session(self._handle)  # refused while a call runs
+            self._handle = 0
 
     def __enter__(self) -> GenerationSession:
         return self

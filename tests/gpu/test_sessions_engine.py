@@ -82,3 +82,25 @@ def test_sessions_interleaved_and_cache_growth(folder):
             d.generate(TURNS[0][:2], 4)
         gpt.generate(TURNS[1], 4)
     assert gpt.engine.memory_bytes() == held
+
+
+def test_memory_len_change_and_close_during_a_call(folder):
+    """A turn under another memory_len reuses no cached K/V (they were computed under the old
+    window) and equals one-shot generation with the new one; a session does not close while a
+    plain streaming call runs in the shared slots (closing could move them)."""
+    gpt = GPT.from_pretrained(folder, dtype=torch.float32, max_batch=4, max_seq_len=160)
+    with gpt.start_session(2, 128) as chat:
+        chat.generate(TURNS[0][:2], NEW)
+        full = [h + n for h, n in zip(chat.history, TURNS[1][:2], strict=True)]
+        _same(chat.generate(TURNS[1][:2], NEW, memory_len=6),
+              gpt.generate(full, NEW, memory_len=6), "window")
+        stream = gpt.generate_stream([[5, 6, 7, 8, 9]], 20)
+        first = next(stream)
+        with pytest.raises(RuntimeError, match=r"close_session: a generation session is running"):
+            chat.close()
+        assert not chat.closed
+        rest = [first] + list(stream)
+    got = torch.cat(rest, 1)[0].tolist()
+    want = gpt.generate([[5, 6, 7, 8, 9]], 20).tokens[0][0]
+    assert got[:len(want)] == want
+
