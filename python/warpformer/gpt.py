@@ -27,7 +27,9 @@ import torch
 from . import _in_flight
 from .config import GptConfig, QuantScheme
 from .options import EngineOptions
+from .prompt_embeddings import prompt_inputs
 from .weights import read_config, resolve_model_dir
+from .words import WordsLike, is_token_list, with_words, words_to_ft
 
 if TYPE_CHECKING:
     from .reference_generation import ReferenceEngine
@@ -36,8 +38,6 @@ if TYPE_CHECKING:
 __all__ = ["GPT", "GenerationOutput", "words_to_ft"]
 
 IdsLike = torch.Tensor | Sequence[Sequence[int]]
-# one list of words shared by every row, or one such list per row (see words_to_ft)
-WordsLike = Sequence[Sequence[int]] | Sequence[Sequence[Sequence[int]]]
 
 
 @dataclass
@@ -81,73 +81,6 @@ class GenerationOutput:
     def output_ids(self) -> torch.Tensor:
         """FT's name for :attr:`sequences` (int64 ``[B, beams, S + max_new_tokens]``)."""
         return self.sequences
-
-
-def _is_token_list(x) -> bool:
-    if not isinstance(x, (list, tuple)):
-        return False
-    if set(map(type, x)) <= {int}:  # the common case, checked without a Python-level loop
-        return True
-    return all(isinstance(t, int) and not isinstance(t, bool) for t in x)
-
-
-def _per_row_words(words) -> bool:
-    """Whether word lists are one list per row (``[[[5, 6]], [[7]]]``), not one shared list."""
-    return len(words) > 0 and all(
-        isinstance(w, (list, tuple)) and all(_is_token_list(x) for x in w) and len(w) > 0
-        and not _is_token_list(w) for w in words)
-
-
-def words_to_ft(words: WordsLike, batch_size: int | None = None,
-                name: str = "stop_words") -> torch.Tensor:
-    """Convert word lists to FT's ``[B, 2, L]`` int32 format.
-
-    Args:
-        words: either one list of words shared by every row (``[[5, 6], [7]]``: two words, one
-            of two tokens) or one such list per row (``[[[5, 6]], [[7], [8, 9]]]``).
-        batch_size: ``B``; a shared list is repeated ``B`` times (``None``: a shared list gives
-            ``[2, L]``, per-row lists ``[rows, 2, L]``).
-        name: argument name used in error messages.
-    Returns:
-        int32 ``[B, 2, L]`` (or ``[2, L]``): row 0 holds the words' ids concatenated, row 1 the
-        end offset of each word; both padded with -1 to the longest row's ``L`` (at least 1).
-    """
-    if not isinstance(words, (list, tuple)):
-        raise ValueError(f"{name} must be a list of token lists (e.g. [[5, 6], [7]]) or one such "
-                         f"list per row, got {type(words).__name__}")
-    per_row = _per_row_words(words)
-    if per_row:
-        rows = [list(w) for w in words]
-        if batch_size is not None and len(rows) != batch_size:
-            raise ValueError(f"{name} has {len(rows)} per-row lists for a batch of {batch_size}")
-    else:
-        if not all(_is_token_list(w) for w in words):
-            raise ValueError(f"{name} must be a list of token lists (e.g. [[5, 6], [7]]) or one "
-                             "such list per row")
-        rows = [list(words)] * (1 if batch_size is None else batch_size)
-    for row in rows:
-        for w in row:
-            if len(w) == 0:
-                raise ValueError(f"{name} contains an empty word")
-    width = max([1] + [sum(len(w) for w in row) for row in rows])
-    out = torch.full((len(rows), 2, width), -1, dtype=torch.int32)
-    for r, row in enumerate(rows):
-        flat = [t for w in row for t in w]
-        out[r, 0, : len(flat)] = torch.tensor(flat, dtype=torch.int32)
-        ends, pos = [], 0
-        for w in row:
-            pos += len(w)
-            ends.append(pos)
-        out[r, 1, : len(ends)] = torch.tensor(ends, dtype=torch.int32)
-    return out[0] if batch_size is None and not per_row else out
-
-
-def _with_words(words: WordsLike | None, more: list[list[int]]) -> WordsLike:
-    """``words`` (shared by every row, or one list per row, as :func:`words_to_ft` takes them)
-    with the words ``more`` added for every row."""
-    if words is None:
-        return more
-    return [list(w) + more for w in words] if _per_row_words(words) else list(words) + more
 
 
 def _tensor(name: str, value) -> torch.Tensor:
@@ -397,7 +330,7 @@ class GPT:
             for b, row in enumerate(input_ids):
                 if len(row) == 0:
                     raise ValueError(f"input_ids row {b} is empty")
-                if not _is_token_list(row):
+                if not is_token_list(row):
                     raise ValueError(f"input_ids row {b} must hold ints")
             if input_lengths is not None:
                 raise ValueError("input_lengths is only accepted with a tensor input_ids")
@@ -422,53 +355,6 @@ class GPT:
                              f"[0, {self.vocab_size})")
         self._check_limits(B, S, new_tokens)
         return self._placed(ids.masked_fill(~valid, 0).to(torch.int32), lengths.to(torch.int32))
-
-    def _prompt_inputs(self, input_ids: IdsLike | None, input_lengths, new_tokens: int,
-                       prompt_embeddings: torch.Tensor, prompt_lengths
-                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(ids, lengths, table) of a call with prompt embeddings: row b's first
-        ``prompt_lengths[b]`` positions take ``prompt_embeddings[b]``'s rows (as ids
-        ``vocab_size + j`` of the engine's ``prompt_table``), then its tokens follow."""
-        E = prompt_embeddings
-        if not isinstance(E, torch.Tensor) or not E.dtype.is_floating_point or E.dim() != 3:
-            got = (f"{E.dtype} {list(E.shape)}" if isinstance(E, torch.Tensor)
-                   else type(E).__name__)
-            raise ValueError(f"prompt_embeddings must be a floating tensor [B, P, "
-                             f"{self.config.embedding_dim}], got {got}")
-        B, P, width = E.shape
-        if width != self.config.embedding_dim:
-            raise ValueError(f"prompt_embeddings must have the word embedding width "
-                             f"{self.config.embedding_dim} as last dimension, got {width}")
-        if prompt_lengths is None:
-            plen = [P] * B
-        else:
-            plen = [int(n) for n in torch.as_tensor(prompt_lengths).reshape(-1).tolist()]
-            if len(plen) != B or any(not 0 <= n <= P for n in plen):
-                raise ValueError(f"prompt_lengths must be {B} values in [0, {P}], got {plen}")
-        if input_ids is None:
-            if input_lengths is not None:
-                raise ValueError("input_lengths needs input_ids")
-            rows = [[] for _ in range(B)]
-        else:
-            ids, lengths = self._inputs(input_ids, input_lengths, 0)
-            if ids.shape[0] != B:
-                raise ValueError(f"prompt_embeddings has {B} rows; input_ids has {ids.shape[0]}")
-            rows = [ids[b, :int(n)].tolist() for b, n in enumerate(lengths.tolist())]
-        for b in range(B):
-            if plen[b] + len(rows[b]) == 0:
-                raise ValueError(f"row {b} is empty (no prompt embeddings and no tokens)")
-        offsets = [sum(plen[:b]) for b in range(B)]
-        if sum(plen) == 0:
-            raise ValueError("prompt_lengths are all 0: pass the tokens alone")
-        table = torch.cat([E[b, :plen[b]] for b in range(B)]).detach()
-        V = self.vocab_size
-        full = [list(range(V + offsets[b], V + offsets[b] + plen[b])) + rows[b] for b in range(B)]
-        S = max(map(len, full))
-        self._check_limits(B, S, new_tokens)
-        ids = torch.tensor([r + [0] * (S - len(r)) for r in full], dtype=torch.int32)
-        lengths = torch.tensor([len(r) for r in full], dtype=torch.int32)
-        ids, lengths = self._placed(ids, lengths)
-        return ids, lengths, table
 
     def _check_limits(self, batch: int, seq: int, new_tokens: int) -> None:
         if batch > self.max_batch:
@@ -533,7 +419,7 @@ class GPT:
                 f"{what} with the checkpoint's several end ids {list(self.end_ids)} is not "
                 f"supported (only end_id {self.end_id} would end a row); pass end_id=<one id> "
                 "to use it")
-        opts["stop_words"] = words_to_ft(_with_words(stop_words, [[t] for t in extra]),
+        opts["stop_words"] = words_to_ft(with_words(stop_words, [[t] for t in extra]),
                                          name="stop_words")
         return self._checked(opts, batch)
 
@@ -663,8 +549,8 @@ class GPT:
         _check_new_tokens(max_new_tokens)
         table = None
         if prompt_embeddings is not None:
-            ids, lengths, table = self._prompt_inputs(input_ids, input_lengths, max_new_tokens,
-                                                      prompt_embeddings, prompt_lengths)
+            ids, lengths, table = prompt_inputs(self, input_ids, input_lengths, max_new_tokens,
+                                                prompt_embeddings, prompt_lengths)
         elif prompt_lengths is not None:
             raise ValueError("prompt_lengths needs prompt_embeddings (or inputs_embeds)")
         else:
