@@ -72,6 +72,25 @@ void check_slopes(const OptTensor& slopes, int64_t heads, const char* op) {
   check_size(*slopes, 0, heads, op, "alibi_slopes", "heads");
 }
 
+// T5's relative position bias: bias_max_distance M in [0, 65535] and, when given, a float32
+// table [heads, 2 M + 1] (one value per clamped key - query distance -M .. M).
+void check_position_bias(const OptTensor& table, int64_t max_distance, int64_t heads,
+                         const char* op) {
+  TORCH_CHECK(max_distance >= 0 && max_distance <= 65535, op,
+              ": bias_max_distance must be in [0, 65535] (the largest key - query distance "
+              "position_bias tells apart), got ",
+              max_distance);
+  if (!table.has_value()) return;
+  check_dtype(*table, at::kFloat, op, "position_bias");
+  check_dim(*table, 2, op, "position_bias");
+  TORCH_CHECK(table->size(0) == heads && table->size(1) == 2 * max_distance + 1, op,
+              ": position_bias must have shape [heads, 2 * bias_max_distance + 1] = [", heads, ", ",
+              2 * max_distance + 1, "], got ", table->sizes());
+  // The decode kernel indexes it in 32 bits.
+  TORCH_CHECK(table->numel() <= INT32_MAX, op,
+              ": position_bias must have fewer than 2^31 elements, got shape ", table->sizes());
+}
+
 void check_aligned(const at::Tensor& t, const char* op, const char* arg) {
   TORCH_CHECK(reinterpret_cast<std::uintptr_t>(t.data_ptr()) % 16 == 0, op, ": ", arg,
               " must start at a 16-byte aligned address (it is read with 16-byte vectors); "
@@ -221,13 +240,85 @@ at::Tensor qkv_rotary_cache(const at::Tensor& qkv, const OptTensor& bias, at::Te
   return q;
 }
 
+void kv_cache_write(const at::Tensor& kv, at::Tensor& k_cache, at::Tensor& v_cache,
+                    const at::Tensor& token_slot, const at::Tensor& token_pos,
+                    const OptTensor& bias) {
+  const char* op = "warpformer.kv_cache_write";
+  check_floating(kv, op, "kv");
+  check_dim_in(kv, {3, 4}, op, "kv");
+  check_dim(k_cache, 4, op, "k_cache");
+  // The caches' head count is the K/V heads of kv: [tokens, 2, kv_heads, head_dim] or, packed as
+  // the kernel reads it, [tokens, 2 kv_heads, head_dim] (K heads, then V heads).
+  const int64_t kv_heads = k_cache.size(1);
+  TORCH_CHECK(kv_heads > 0 && kv_heads <= INT32_MAX, op,
+              ": k_cache must have at least one head (dim 1), got shape ", k_cache.sizes());
+  if (kv.dim() == 4) {
+    check_size(kv, 1, 2, op, "kv", "[tokens, 2, kv_heads, head_dim]: k, v");
+    check_size(kv, 2, kv_heads, op, "kv", "the heads of k_cache");
+  } else {
+    check_size(kv, 1, 2 * kv_heads, op, "kv",
+               "[tokens, 2 kv_heads, head_dim] with kv_heads the heads of k_cache");
+  }
+  const int64_t tokens = kv.size(0), head_dim = kv.size(kv.dim() - 1);
+  TORCH_CHECK(tokens <= INT32_MAX, op, ": kv has more than 2^31-1 tokens");
+  check_head_dim(head_dim, op);
+  check_caches(op, k_cache, v_cache, kv.scalar_type(), "the dtype of kv", kv_heads, head_dim);
+  if (bias.has_value()) {
+    check_dtype(*bias, kv.scalar_type(), op, "bias", "the dtype of kv");
+    const at::IntArrayRef want = kv.sizes().slice(1);
+    TORCH_CHECK(bias->sizes() == want, op, ": bias must have shape ", want,
+                " (kv's shape without the tokens), got ", bias->sizes());
+  }
+  check_index(token_slot, tokens, op, "token_slot", "tokens of kv");
+  check_index(token_pos, tokens, op, "token_pos", "tokens of kv");
+  check_cuda(kv, op, "kv");
+  if (bias.has_value()) check_cuda(*bias, op, "bias", kv, "kv");
+  check_cuda(k_cache, op, "k_cache", kv, "kv");
+  check_cuda(v_cache, op, "v_cache", kv, "kv");
+  check_cuda(token_slot, op, "token_slot", kv, "kv");
+  check_cuda(token_pos, op, "token_pos", kv, "kv");
+
+  const c10::cuda::CUDAGuard guard(kv.device());
+  check_values_in(host_values(token_slot), 0, k_cache.size(0), op, "token_slot",
+                  "the slots of k_cache");
+  check_values_in(host_values(token_pos), 0, k_cache.size(2), op, "token_pos",
+                  "the positions max_seq of k_cache");
+  if (tokens == 0) return;
+  const at::Tensor x = kv.contiguous();
+  const OptTensor b = bias.has_value() ? OptTensor(bias->contiguous()) : OptTensor();
+  const at::Tensor slot = token_slot.contiguous();
+  const at::Tensor pos = token_pos.contiguous();
+  WF_DISPATCH_FLOATING(to_dtype(x.scalar_type(), op, "kv"), op, [&] {
+    kernels::QkvPrepParams<scalar_t> p{};
+    p.kv_only = true;  // no q_out, no rotary
+    p.k_cache = mptr<scalar_t>(k_cache);
+    p.v_cache = mptr<scalar_t>(v_cache);
+    p.qkv = cptr<scalar_t>(x);
+    p.bias = ptr_or_null<const scalar_t>(b);
+    p.token_slot = slot.data_ptr<int32_t>();
+    p.token_pos = pos.data_ptr<int32_t>();
+    p.tokens = static_cast<int>(tokens);
+    p.heads = static_cast<int>(kv_heads);
+    p.kv_heads = static_cast<int>(kv_heads);
+    p.head_dim = static_cast<int>(head_dim);
+    p.num_slots = static_cast<int>(k_cache.size(0));
+    p.max_seq = static_cast<int>(k_cache.size(2));
+    WF_CUDA_CHECK(kernels::launch_qkv_prep(p, current_stream(x)));
+  });
+}
+
 at::Tensor context_attention(const at::Tensor& q, const at::Tensor& k_cache,
                              const at::Tensor& v_cache, const at::Tensor& cu_seqlens,
                              const at::Tensor& seq_slot, const OptTensor& alibi_slopes,
                              double scale, int64_t max_seqlen, int64_t window,
-                             const OptTensor& seq_past) {
+                             const OptTensor& seq_past, const OptTensor& position_bias,
+                             int64_t bias_max_distance, bool causal) {
   const char* op = "warpformer.context_attention";
   check_window(window, op);
+  TORCH_CHECK(causal || window == 0, op,
+              ": window must be 0 when causal is False (every query sees its whole sequence), "
+              "got ",
+              window);
   check_floating(q, op, "q");
   check_dim(q, 3, op, "q");
   const int64_t tokens = q.size(0), heads = q.size(1), head_dim = q.size(2);
@@ -247,6 +338,7 @@ at::Tensor context_attention(const at::Tensor& q, const at::Tensor& k_cache,
     check_index(*seq_past, batch, op, "seq_past", "batch = cu_seqlens.shape[0] - 1");
   }
   check_slopes(alibi_slopes, heads, op);
+  check_position_bias(position_bias, bias_max_distance, heads, op);
   TORCH_CHECK(max_seqlen >= 0 && max_seqlen <= INT32_MAX, op,
               ": max_seqlen must be in [0, 2^31), got ", max_seqlen);
   check_cuda(q, op, "q");
@@ -256,6 +348,7 @@ at::Tensor context_attention(const at::Tensor& q, const at::Tensor& k_cache,
   check_cuda(seq_slot, op, "seq_slot", q, "q");
   if (alibi_slopes.has_value()) check_cuda(*alibi_slopes, op, "alibi_slopes", q, "q");
   if (seq_past.has_value()) check_cuda(*seq_past, op, "seq_past", cu_seqlens, "cu_seqlens");
+  if (position_bias.has_value()) check_cuda(*position_bias, op, "position_bias", q, "q");
 
   const c10::cuda::CUDAGuard guard(q.device());
   const std::vector<int32_t> cu = host_values(cu_seqlens);
@@ -291,6 +384,8 @@ at::Tensor context_attention(const at::Tensor& q, const at::Tensor& k_cache,
   const OptTensor past_d = seq_past.has_value() ? OptTensor(seq_past->contiguous()) : OptTensor();
   const OptTensor slopes =
       alibi_slopes.has_value() ? OptTensor(alibi_slopes->contiguous()) : OptTensor();
+  const OptTensor rel =
+      position_bias.has_value() ? OptTensor(position_bias->contiguous()) : OptTensor();
   at::Tensor out = at::empty_like(x);
   if (tokens == 0 || batch == 0) return out;
   WF_DISPATCH_FLOATING(to_dtype(x.scalar_type(), op, "q"), op, [&] {
@@ -312,6 +407,9 @@ at::Tensor context_attention(const at::Tensor& q, const at::Tensor& k_cache,
     p.kv_heads = static_cast<int>(k_cache.size(1));
     p.window = static_cast<int>(window);
     p.seq_past = past_d.has_value() ? past_d->data_ptr<int32_t>() : nullptr;
+    p.causal = causal;
+    p.position_bias = rel.has_value() ? rel->data_ptr<float>() : nullptr;
+    p.bias_max_distance = static_cast<int>(bias_max_distance);
     WF_CUDA_CHECK(kernels::launch_context_attention(p, current_stream(x)));
   });
   return out;
@@ -332,9 +430,9 @@ struct FusedPrep {
 template <typename T>
 void fill_decode(kernels::DecodeAttentionParams<T>& p, at::Tensor& out, const at::Tensor& k_cache,
                  const at::Tensor& v_cache, const OptTensor& slot_d, const at::Tensor& len_d,
-                 const OptTensor& ind_d, const OptTensor& slopes, at::Tensor& workspace,
-                 size_t ws_bytes, int64_t rows, int64_t heads, int64_t head_dim, double scale,
-                 int64_t window) {
+                 const OptTensor& ind_d, const OptTensor& slopes, const OptTensor& rel,
+                 int64_t bias_max_distance, at::Tensor& workspace, size_t ws_bytes, int64_t rows,
+                 int64_t heads, int64_t head_dim, double scale, int64_t window) {
   p.out = mptr<T>(out);
   p.k_cache = cptr<T>(k_cache);
   p.v_cache = cptr<T>(v_cache);
@@ -352,6 +450,8 @@ void fill_decode(kernels::DecodeAttentionParams<T>& p, at::Tensor& out, const at
   p.scale = static_cast<float>(scale);
   p.kv_heads = static_cast<int>(k_cache.size(1));
   p.window = static_cast<int>(window);
+  p.position_bias = rel.has_value() ? rel->data_ptr<float>() : nullptr;
+  p.bias_max_distance = static_cast<int>(bias_max_distance);
 }
 
 // decode_attention and decode_attention_fused after their query checks: `x` is q, or qkv when
@@ -361,7 +461,8 @@ at::Tensor run_decode_attention(const char* op, const at::Tensor& x, const char*
                                 const at::Tensor& k_cache, const at::Tensor& v_cache,
                                 const OptTensor& row_slot, const at::Tensor& lengths,
                                 const OptTensor& cache_indir, const OptTensor& alibi_slopes,
-                                double scale, int64_t window, const FusedPrep* prep) {
+                                double scale, int64_t window, const OptTensor& position_bias,
+                                int64_t bias_max_distance, const FusedPrep* prep) {
   check_window(window, op);
   const std::string dtype_why = std::string("the dtype of ") + x_name;
   const std::string rows_why = std::string("rows of ") + x_name;
@@ -377,6 +478,7 @@ at::Tensor run_decode_attention(const char* op, const at::Tensor& x, const char*
         cache_indir->sizes());
   }
   check_slopes(alibi_slopes, heads, op);
+  check_position_bias(position_bias, bias_max_distance, heads, op);
   check_cuda(x, op, x_name);
   check_cuda(k_cache, op, "k_cache", x, x_name);
   check_cuda(v_cache, op, "v_cache", x, x_name);
@@ -384,6 +486,7 @@ at::Tensor run_decode_attention(const char* op, const at::Tensor& x, const char*
   check_cuda(lengths, op, "lengths", x, x_name);
   if (cache_indir.has_value()) check_cuda(*cache_indir, op, "cache_indir", x, x_name);
   if (alibi_slopes.has_value()) check_cuda(*alibi_slopes, op, "alibi_slopes", x, x_name);
+  if (position_bias.has_value()) check_cuda(*position_bias, op, "position_bias", x, x_name);
   if (prep != nullptr && prep->bias.has_value()) check_cuda(*prep->bias, op, "bias", x, x_name);
 
   const c10::cuda::CUDAGuard guard(x.device());
@@ -447,6 +550,8 @@ at::Tensor run_decode_attention(const char* op, const at::Tensor& x, const char*
   check_aligned(v_cache, op, "v_cache");
   const OptTensor slopes =
       alibi_slopes.has_value() ? OptTensor(alibi_slopes->contiguous()) : OptTensor();
+  const OptTensor rel =
+      position_bias.has_value() ? OptTensor(position_bias->contiguous()) : OptTensor();
   at::Tensor out = at::empty({rows, heads, head_dim}, x.options());
   if (rows == 0) return out;
   const size_t ws_bytes = kernels::decode_attention_workspace_bytes(
@@ -466,15 +571,16 @@ at::Tensor run_decode_attention(const char* op, const at::Tensor& x, const char*
   WF_DISPATCH_FLOATING(to_dtype(x.scalar_type(), op, x_name), op, [&] {
     if (prep == nullptr) {
       kernels::DecodeAttentionParams<scalar_t> p{};
-      fill_decode(p, out, k_cache, v_cache, slot_d, len_d, ind_d, slopes, workspace, ws_bytes, rows,
-                  heads, head_dim, scale, window);
+      fill_decode(p, out, k_cache, v_cache, slot_d, len_d, ind_d, slopes, rel, bias_max_distance,
+                  workspace, ws_bytes, rows, heads, head_dim, scale, window);
       p.q = cptr<scalar_t>(x);
       WF_CUDA_CHECK(kernels::launch_decode_attention(p, current_stream(x)));
       return;
     }
     kernels::DecodeAttentionFusedParams<scalar_t> p{};
-    fill_decode<scalar_t>(p, out, k_cache, v_cache, slot_d, len_d, ind_d, slopes, workspace,
-                          ws_bytes, rows, heads, head_dim, scale, window);
+    fill_decode<scalar_t>(p, out, k_cache, v_cache, slot_d, len_d, ind_d, slopes, rel,
+                          bias_max_distance, workspace, ws_bytes, rows, heads, head_dim, scale,
+                          window);
     p.qkv = cptr<scalar_t>(prep->qkv);
     p.qkv_bias = ptr_or_null<const scalar_t>(prep->bias);
     p.rotary_dim = prep->rotary_dim;
@@ -490,7 +596,8 @@ at::Tensor run_decode_attention(const char* op, const at::Tensor& x, const char*
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
                             const at::Tensor& v_cache, const OptTensor& row_slot,
                             const at::Tensor& lengths, const OptTensor& cache_indir,
-                            const OptTensor& alibi_slopes, double scale, int64_t window) {
+                            const OptTensor& alibi_slopes, double scale, int64_t window,
+                            const OptTensor& position_bias, int64_t bias_max_distance) {
   const char* op = "warpformer.decode_attention";
   check_floating(q, op, "q");
   check_dim(q, 3, op, "q");
@@ -500,7 +607,8 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
               q.sizes());
   check_head_dim(head_dim, op);
   return run_decode_attention(op, q.contiguous(), "q", rows, heads, head_dim, k_cache, v_cache,
-                              row_slot, lengths, cache_indir, alibi_slopes, scale, window, nullptr);
+                              row_slot, lengths, cache_indir, alibi_slopes, scale, window,
+                              position_bias, bias_max_distance, nullptr);
 }
 
 at::Tensor decode_attention_fused(const at::Tensor& qkv, const OptTensor& bias, at::Tensor& k_cache,
@@ -508,7 +616,8 @@ at::Tensor decode_attention_fused(const at::Tensor& qkv, const OptTensor& bias, 
                                   const at::Tensor& lengths, const OptTensor& cache_indir,
                                   const OptTensor& alibi_slopes, double scale, int64_t rotary_dim,
                                   const std::string& rotary_style, double rotary_base,
-                                  int64_t window) {
+                                  int64_t window, const OptTensor& position_bias,
+                                  int64_t bias_max_distance) {
   const char* op = "warpformer.decode_attention_fused";
   check_dim(k_cache, 4, op, "k_cache");
   // Multi-head attention passes qkv [rows, 3, heads, head_dim]; grouped-query attention
@@ -525,7 +634,8 @@ at::Tensor decode_attention_fused(const at::Tensor& qkv, const OptTensor& bias, 
   FusedPrep prep{qkv.contiguous(), bias.has_value() ? OptTensor(bias->contiguous()) : OptTensor(),
                  static_cast<int>(rotary_dim), style, static_cast<float>(rotary_base)};
   return run_decode_attention(op, prep.qkv, "qkv", rows, heads, head_dim, k_cache, v_cache,
-                              row_slot, lengths, cache_indir, alibi_slopes, scale, window, &prep);
+                              row_slot, lengths, cache_indir, alibi_slopes, scale, window,
+                              position_bias, bias_max_distance, &prep);
 }
 
 at::Tensor alibi_slopes(int64_t num_heads) {

@@ -120,27 +120,37 @@ TORCH_LIBRARY(warpformer, m) {
       "qkv_rotary_cache(Tensor qkv, Tensor? bias, Tensor(a!) k_cache, Tensor(b!) v_cache, "
       "Tensor token_slot, Tensor token_pos, int rotary_dim, str rotary_style, "
       "float rotary_base) -> Tensor");
+  // k = kv[:, 0] + b, v = kv[:, 1] + b written in place into k_cache/v_cache [slots, kv_heads,
+  // max_seq, head_dim] at (token_slot[t], :, token_pos[t]); kv [tokens, 2, kv_heads, head_dim] or
+  // [tokens, 2 kv_heads, head_dim]; no query, no rotary (a cross-attention's memory).
+  m.def(
+      "kv_cache_write(Tensor kv, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor token_slot, "
+      "Tensor token_pos, Tensor? bias=None) -> ()");
   // Causal attention of packed sequences q [tokens, heads, head_dim] (cu_seqlens) against
   // positions 0..past+len-1 of cache slot seq_slot[b], the rows at positions past.. with past =
   // seq_past[b] (int32 [batch]; none: 0); optional ALiBi slopes [heads] (fp32). The attention
-  // ops' window > 0 limits each query to its last `window` positions.
+  // ops' window > 0 limits each query to its last `window` positions; their position_bias
+  // [heads, 2 bias_max_distance + 1] (fp32) adds T5's relative bias of the key - query distance
+  // clamped to +-bias_max_distance. causal=False: every query sees its whole sequence (window 0).
   m.def(
       "context_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cu_seqlens, "
       "Tensor seq_slot, Tensor? alibi_slopes, float scale, int max_seqlen, int window=0, "
-      "Tensor? seq_past=None) -> Tensor");
+      "Tensor? seq_past=None, Tensor? position_bias=None, int bias_max_distance=0, "
+      "bool causal=True) -> Tensor");
   // One query per row q [rows, heads, head_dim] against lengths[r] cache positions of slot
   // row_slot[r] (or cache_indir[r, p] per position); split-KV for long caches.
   m.def(
       "decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor? row_slot, "
-      "Tensor lengths, Tensor? cache_indir, Tensor? alibi_slopes, float scale, int window=0) -> "
-      "Tensor");
+      "Tensor lengths, Tensor? cache_indir, Tensor? alibi_slopes, float scale, int window=0, "
+      "Tensor? position_bias=None, int bias_max_distance=0) -> Tensor");
   // decode_attention with qkv_rotary_cache fused in: the query comes from qkv [rows, 3, heads,
   // head_dim] (+ bias, rotary at lengths[r] - 1); the new k/v are written into the caches there.
   // Rows need distinct slots, and no row may read another row's new position via cache_indir.
   m.def(
       "decode_attention_fused(Tensor qkv, Tensor? bias, Tensor(a!) k_cache, Tensor(b!) v_cache, "
       "Tensor? row_slot, Tensor lengths, Tensor? cache_indir, Tensor? alibi_slopes, float scale, "
-      "int rotary_dim, str rotary_style, float rotary_base, int window=0) -> Tensor");
+      "int rotary_dim, str rotary_style, float rotary_base, int window=0, "
+      "Tensor? position_bias=None, int bias_max_distance=0) -> Tensor");
   // HF BLOOM ALiBi slopes for num_heads heads (all ranks), float32 CPU tensor [num_heads].
   m.def("alibi_slopes(int num_heads) -> Tensor");
 
@@ -288,6 +298,7 @@ TORCH_LIBRARY(warpformer, m) {
   m.impl("embedding", &wo::embedding);                             \
   m.impl("scatter_rows_to_columns", &wo::scatter_rows_to_columns); \
   m.impl("qkv_rotary_cache", &wo::qkv_rotary_cache);               \
+  m.impl("kv_cache_write", &wo::kv_cache_write);                   \
   m.impl("context_attention", &wo::context_attention);             \
   m.impl("decode_attention", &wo::decode_attention);               \
   m.impl("decode_attention_fused", &wo::decode_attention_fused);   \

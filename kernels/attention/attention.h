@@ -1,7 +1,8 @@
-// Attention kernels of the decoder: QKV preparation (bias, rotary, KV-cache write), causal context
-// (prefill) attention over packed sequences, and single-token decode attention over the KV cache,
-// plus the ALiBi slopes. Launchers take raw pointers and a stream and return the launch status
-// (cudaErrorInvalidValue for arguments they cannot handle) for the caller to check. No torch here.
+// Attention kernels of the decoder (and of T5's encoder): QKV preparation (bias, rotary, KV-cache
+// write), causal or bidirectional context (prefill) attention over packed sequences, and
+// single-token decode attention over the KV cache, plus the ALiBi slopes. Launchers take raw
+// pointers and a stream and return the launch status (cudaErrorInvalidValue for arguments they
+// cannot handle) for the caller to check. No torch here.
 //
 // Layouts (one layer, one tensor-parallel rank; `heads` is this rank's head count, `kv_heads` its
 // key/value heads: heads for multi-head attention, a divisor of heads for grouped-query attention,
@@ -53,6 +54,11 @@ enum class RotaryStyle { kNone = 0, kInterleaved = 1, kHalf = 2 };
 //   v_cache[token_slot[t], h, token_pos[t]]   = qkv[t, 2, h] (+ bias[2, h])
 // with pos = token_pos[t]. Tokens whose slot is outside [0, num_slots) or whose position is outside
 // [0, max_seq) write no cache entry (q_out is still written, with the rotary of that position).
+// kv_only (an encoder-decoder's cross-attention memory: the encoder output projected to K and V):
+// qkv rows hold only the K and V heads, [tokens, 2 kv_heads, head_dim] (K heads, then V heads),
+// bias (if any) is [2 kv_heads, head_dim], only the caches are written (q_out is not read and may
+// be null; heads is ignored) and there is no rotary: kv_heads must be > 0 and rotary_dim 0, else
+// cudaErrorInvalidValue.
 template <typename T>
 struct QkvPrepParams {
   T* q_out;                   // [tokens, heads, head_dim]
@@ -73,20 +79,27 @@ struct QkvPrepParams {
   int kv_heads = 0;          // 0: heads; else a divisor of heads (qkv and bias [heads + 2 kv])
   const float* rotary_inv_freq = nullptr;  // [rotary_dim / 2] (scaled rotary), or null: from base
   float rotary_mscale = 1.f;  // factor on cos and sin (yarn's attention factor; 1 otherwise)
+  bool kv_only = false;       // qkv [tokens, 2 kv_heads, head_dim]: write the caches only (above)
 };
 
 template <typename T>
 cudaError_t launch_qkv_prep(const QkvPrepParams<T>& p, cudaStream_t stream);
 
 // ---- 2. Context (prefill) attention -----------------------------------------------------------
-// Causal self-attention of packed sequences, each possibly continuing one already cached (an
-// interactive session's next turn runs only its new tokens). Sequence b owns rows cu_seqlens[b]
-// .. cu_seqlens[b+1]-1 of q and out; with past_b = seq_past[b] (0 without seq_past) positions of
-// cache slot seq_slot[b] already written, row i of the sequence is position P = past_b + i, and
-// it reads keys/values at positions 0 .. past_b + len_b - 1 of that slot (the new rows' own written
-// beforehand by launch_qkv_prep at positions past_b ..):
-//   out[t, h] = softmax_k( scale * q[t, h] . K[k] + alibi[h] * (k - P) ; k <= P ) . V
-// with, when window > 0, only the keys P - window < k <= P (a sliding window; Mistral's).
+// Self-attention of packed sequences (causal, or bidirectional: `causal`), each possibly
+// continuing one already cached (an interactive session's next turn runs only its new tokens).
+// Sequence b owns rows cu_seqlens[b] .. cu_seqlens[b+1]-1 of q and out; with past_b = seq_past[b]
+// (0 without seq_past) positions of cache slot seq_slot[b] already written, row i of the sequence
+// is position P = past_b + i, and it reads keys/values at positions 0 .. past_b + len_b - 1 of that
+// slot (the new rows' own written beforehand by launch_qkv_prep at positions past_b ..):
+//   out[t, h] = softmax_k( scale * q[t, h] . K[k] + alibi[h] * (k - P) + rel[h](k - P) ) . V
+// over the keys k <= P, with, when window > 0, only the keys P - window < k <= P (a sliding
+// window; Mistral's). With causal == false (a T5 encoder's bidirectional attention) the keys are
+// all k < past_b + len_b, and window must be 0 (else cudaErrorInvalidValue). rel[h](d) is T5's
+// relative position bias, position_bias[h * (2 M + 1) + clamp(d, -M, M) + M] with M =
+// bias_max_distance (a bucket is constant past T5's max_distance, so one value per clamped
+// distance is exact), or 0 without position_bias; M outside [0, 65535] returns
+// cudaErrorInvalidValue.
 // max_seqlen must be >= every new length len_b (it sizes the grid, which covers the rows only);
 // lengths are clamped so that past_b + len_b <= max_seq (rows beyond are not written), and a
 // seq_slot outside [0, num_slots) or a past_b outside [0, max_seq) leaves the sequence's rows
@@ -112,6 +125,9 @@ struct ContextAttentionParams {
   int window = 0;    // > 0: each query sees its last `window` positions (itself included)
   const int32_t* seq_past = nullptr;  // [batch] positions already cached before the packed rows
                                       // (null: 0)
+  bool causal = true;  // false: each query sees every key of its sequence (window must be 0)
+  const float* position_bias = nullptr;  // [heads, 2 bias_max_distance + 1] or null (see above)
+  int bias_max_distance = 0;             // M of position_bias, 0 <= M <= 65535
 };
 
 template <typename T>
@@ -120,11 +136,14 @@ cudaError_t launch_context_attention(const ContextAttentionParams<T>& p, cudaStr
 // ---- 3. Decode attention ----------------------------------------------------------------------
 // One query per row (the newest token, already rotated; its K/V already in the cache at position
 // lengths[r] - 1 — or, in the fused form, prepared by the kernel, see below):
-//   out[r, h] = softmax_p( scale * q[r, h] . K[src(r, p), h, p] + alibi[h] * (p - (len - 1)) ) . V
+//   out[r, h] = softmax_p( scale * q[r, h] . K[src(r, p), h, p] + alibi[h] * (p - (len - 1))
+//                          + rel[h](p - (len - 1)) ) . V
 // over p < len = lengths[r] (and p >= len - window when window > 0), where src(r, p) =
-// cache_indir[r, p] when given (beam search), else row_slot[r] (else r). Lengths are clamped to
-// max_seq; a row whose length is < 1 or whose slot is invalid gets zeros; a key whose indirection
-// slot is invalid is skipped.
+// cache_indir[r, p] when given (beam search), else row_slot[r] (else r), and rel[h] is the
+// relative position bias of context attention (position_bias, bias_max_distance; 0 without a
+// table; with one, heads x (2 bias_max_distance + 1) must be below 2^31, else
+// cudaErrorInvalidValue). Lengths are clamped to max_seq; a row whose length is < 1 or whose slot
+// is invalid gets zeros; a key whose indirection slot is invalid is skipped.
 //
 // Long caches are split over several blocks per (row, head) (flash-decoding) and merged by a
 // second kernel; the split depends only on (rows, heads, max_seq), so the launch needs no host
@@ -149,7 +168,8 @@ cudaError_t launch_context_attention(const ContextAttentionParams<T>& p, cudaStr
 // waits for the kernel ahead (programmatic launch). So the kernel just ahead on the stream must
 // not write them, and must start this one (griddepcontrol.launch_dependents) only after its own
 // wait, so that every kernel before it has completed: in the engine that is the QKV product's
-// GEMV; the op finishes its own copies of the index tensors before launching.
+// GEMV; the op finishes its own copies of the index tensors before launching. (position_bias is
+// read only after the wait.)
 template <typename T>
 struct DecodeAttentionParams {
   T* out;                      // [rows, heads, head_dim]
@@ -170,6 +190,8 @@ struct DecodeAttentionParams {
   float scale;
   int kv_heads = 0;  // 0: heads; else a divisor of heads (the caches' head count)
   int window = 0;    // > 0: the row sees its last `window` positions (itself included)
+  const float* position_bias = nullptr;  // [heads, 2 bias_max_distance + 1] or null (see above)
+  int bias_max_distance = 0;             // M of position_bias, 0 <= M <= 65535
 };
 
 // The fused decode attention's QKV inputs (the kernel takes them as their own argument).

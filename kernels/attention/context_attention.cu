@@ -1,12 +1,13 @@
-// Causal context (prefill) attention over packed, padding-free sequences (see attention.h).
+// Context (prefill) attention over packed, padding-free sequences, causal or bidirectional, with
+// optional ALiBi and T5 relative position bias (see attention.h).
 //
 // Flash-attention style on CUDA cores, fp32 throughout: one block of 128 threads owns a tile of
 // kBQ = 32 queries of one (sequence, head); it walks the key tiles (kBK = 32 keys) up to the
-// tile's last query position, keeping a running max / sum per query row (online softmax), so the
-// [S, S] score matrix never exists outside shared memory. Q, K and V tiles are converted to fp32
-// in shared memory (rows padded by one float so column walks hit distinct banks). A sequence may
-// continue one already cached (seq_past): its rows then sit at positions past + row, and the
-// keys before them are read from the cache like the rest.
+// tile's last query position (bidirectional: the sequence's last), keeping a running max / sum per
+// query row (online softmax), so the [S, S] score matrix never exists outside shared memory. Q, K
+// and V tiles are converted to fp32 in shared memory (rows padded by one float so column walks hit
+// distinct banks). A sequence may continue one already cached (seq_past): its rows then sit at
+// positions past + row, and the keys before them are read from the cache like the rest.
 //
 // Thread layout: row group rg = tid / 16 owns query rows 4*rg .. 4*rg + 3; column group cg = tid %
 // 16 owns keys cg, cg + 16 of each key tile for the scores and output dims cg + 16*c of the
@@ -59,12 +60,29 @@ __device__ __forceinline__ bool context_tile(const ContextAttentionParams<T>& p,
   return t.slot >= 0 && t.slot < p.num_slots;
 }
 
+// T5's relative position bias of head h, indexed by the key - query distance d in [-M, M] (the
+// caller clamps), or null without a table. The head's offset is formed once, in 64 bits (heads x
+// (2M + 1) may pass 2^31).
+template <typename T>
+__device__ __forceinline__ const float* relative_bias_row(const ContextAttentionParams<T>& p,
+                                                          int h) {
+  if (p.position_bias == nullptr) return nullptr;
+  const int M = p.bias_max_distance;
+  return p.position_bias + static_cast<int64_t>(h) * (2 * M + 1) + M;
+}
+
+__device__ __forceinline__ int clamp_distance(int d, int M) { return min(max(d, -M), M); }
+
 template <int D>
 constexpr int smem_floats() {
   return kBQ * (D + 1) + kBK * (D + 1) + kBK * D + kBQ * (kBK + 1);
 }
 
-template <typename T, int D>
+// BIDI, REL (both kernels): bidirectional attention (causal == false) and T5's relative position
+// bias (position_bias set), the encoder-decoder models' extensions. Template arguments, so that
+// the causal kernels without a table keep their code and registers (as runtime branches they
+// took up to 37 more registers in the tensor-core kernel, a block less per SM).
+template <typename T, int D, bool BIDI, bool REL>
 __global__ void __launch_bounds__(kThreads)
     context_attention_kernel(const ContextAttentionParams<T> p) {
   static_assert(D % kColGroups == 0, "head_dim must be a multiple of 16");
@@ -93,6 +111,8 @@ __global__ void __launch_bounds__(kThreads)
   const int cg = tid % kColGroups;
   const int64_t row_stride = static_cast<int64_t>(p.heads) * D;  // between tokens of q / out
   const float slope = p.alibi_slopes != nullptr ? p.alibi_slopes[h] : 0.f;
+  const float* __restrict__ rel = REL ? relative_bias_row(p, h) : nullptr;
+  const int rel_m = REL ? p.bias_max_distance : 0;
 
   // Q tile, pre-scaled; rows past the sequence are zero.
   for (int idx = tid; idx < kBQ * NV; idx += kThreads) {
@@ -118,7 +138,10 @@ __global__ void __launch_bounds__(kThreads)
     for (int c = 0; c < DC; ++c) acc[i][c] = 0.f;
   }
 
-  const int n_keys = min(pos0 + kBQ, end);  // causal: no query of the tile sees a key >= n_keys
+  // No query of the tile sees a key >= n_keys: causal, none past the tile's last row; else none
+  // past the sequence.
+  constexpr bool causal = !BIDI;
+  const int n_keys = causal ? min(pos0 + kBQ, end) : end;
   const int kvh = p.kv_heads > 0 ? p.kv_heads : p.heads;  // query head h reads h / group
   const int64_t head_off = (static_cast<int64_t>(slot) * kvh + h / (p.heads / kvh)) * p.max_seq * D;
   const T* __restrict__ kbase = p.k_cache + head_off;
@@ -169,10 +192,12 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         const int k_pos = k0 + cg + c * kColGroups;
-        if (k_pos > q_pos || k_pos >= n_keys || attn::outside_window(p.window, k_pos, q_pos)) {
+        if ((causal && k_pos > q_pos) || k_pos >= n_keys ||
+            attn::outside_window(p.window, k_pos, q_pos)) {
           s[i][c] = -INFINITY;
         } else {
           s[i][c] += slope * static_cast<float>(k_pos - q_pos);
+          if (REL) s[i][c] += __ldg(rel + clamp_distance(k_pos - q_pos, rel_m));
         }
       }
       float tile_max = fmaxf(s[i][0], s[i][1]);
@@ -241,7 +266,7 @@ __device__ __forceinline__ uint32_t load_pair(const T* p) {
   return *reinterpret_cast<const uint32_t*>(p);
 }
 
-template <typename T, int D>
+template <typename T, int D, bool BIDI, bool REL>
 __global__ void __launch_bounds__(kMmaWarps * 32)
     context_attention_mma_kernel(const ContextAttentionParams<T> p) {
   static_assert(D % 16 == 0 && D <= 256, "head_dim a multiple of 16, at most 256");
@@ -254,6 +279,10 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   constexpr int CH = D / 8;       // 16-byte chunks of a row
   __shared__ __align__(16) T Ks[kMmaBK * S];
   __shared__ __align__(16) T Vs[kMmaBK * S];
+  // REL: the relative bias of the key - query distances a tile meets, k0 - pos0 - (kMmaBQ - 1) +
+  // j for j < kMmaBQ + kMmaBK - 1, staged with the tile's keys, so that each score reads it from
+  // shared memory at an offset fixed per lane (a global load per score took ~20 more registers).
+  __shared__ float rel_s[REL ? kMmaBQ + kMmaBK : 1];
 
   ContextTile t;
   if (!context_tile(p, kMmaBQ, t)) return;
@@ -265,6 +294,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   const int g = lane >> 2, q = lane & 3;
   const int64_t row_stride = static_cast<int64_t>(p.heads) * D;  // between tokens of q / out
   const float slope = p.alibi_slopes != nullptr ? p.alibi_slopes[h] : 0.f;
+  const float* __restrict__ rel = REL ? relative_bias_row(p, h) : nullptr;
+  const int rel_m = REL ? p.bias_max_distance : 0;
   // This lane's two query rows, at positions pos_a and pos_b; rows at or past end read zeros and
   // are not written.
   const int pos_a = pos0 + warp * 16 + g, pos_b = pos_a + 8;
@@ -286,7 +317,9 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   // Running max (log2 units) and this lane's share of the sum, rows a and b.
   float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.f, l_b = 0.f;
 
-  const int n_keys = min(pos0 + kMmaBQ, end);  // causal: no query of the tile sees a key >= n_keys
+  // No query of the tile sees a key >= n_keys (as in context_attention_kernel).
+  constexpr bool causal = !BIDI;
+  const int n_keys = causal ? min(pos0 + kMmaBQ, end) : end;
   const int kvh = p.kv_heads > 0 ? p.kv_heads : p.heads;  // query head h reads h / group
   const int64_t head_off = (static_cast<int64_t>(slot) * kvh + h / (p.heads / kvh)) * p.max_seq * D;
   const T* __restrict__ kbase = p.k_cache + head_off;
@@ -307,6 +340,9 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
       *reinterpret_cast<int4*>(Ks + r * S + c) = kv;
       *reinterpret_cast<int4*>(Vs + r * S + c) = vv;
     }
+    if (REL && tid < kMmaBQ + kMmaBK - 1) {
+      rel_s[tid] = __ldg(rel + clamp_distance(k0 - pos0 - (kMmaBQ - 1) + tid, rel_m));
+    }
     __syncthreads();
 
     // Scores: 16 queries x kMmaBK keys per warp. ldmatrix tile i of a pair of 8-key tiles: keys
@@ -326,19 +362,25 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
     }
 
     // Mask, bias and the online-softmax update (registers 0-1: row a, 2-3: row b). A tile whose
-    // keys all lie at or before this warp's first row's position, inside the sequence and inside
-    // its last row's window (all but the diagonal tiles of a long prompt) needs no mask, and
-    // without ALiBi no bias either: those tiles skip that arithmetic. The tests are warp-uniform,
-    // and the scores keep their bits (a zero bias term adds nothing).
-    const bool masked = k0 + kMmaBK - 1 > pos0 + warp * 16 || k0 + kMmaBK > n_keys ||
+    // keys all lie at or before this warp's first row's position (bidirectional: any), inside the
+    // sequence and inside its last row's window (all but the diagonal tiles of a long prompt)
+    // needs no mask, and without ALiBi no ALiBi term either: those tiles skip that arithmetic.
+    // The tests are warp-uniform, and the scores keep their bits (a zero bias term adds nothing).
+    // REL adds the relative bias in every variant.
+    const bool masked = (causal && k0 + kMmaBK - 1 > pos0 + warp * 16) || k0 + kMmaBK > n_keys ||
                         attn::outside_window(p.window, k0, pos0 + warp * 16 + 15);
     float mx_a = -INFINITY, mx_b = -INFINITY;
-    auto score = [&](int nt, int i, bool mask, bool bias) {
+    // rel_s index of this lane's key - query distance: key - pos - (k0 - pos0 - (kMmaBQ - 1)),
+    // in [0, kMmaBQ + kMmaBK - 2], with the register's offsets added below.
+    const int rel_lane = 2 * q - g - warp * 16 + kMmaBQ - 1;
+    auto score = [&](int nt, int i, bool mask, bool bias, bool relative) {
       const int key = k0 + nt * 8 + 2 * q + (i & 1);
       const int pos = i < 2 ? pos_a : pos_b;
       float v = s[nt][i] * p.scale;
       if (bias) v = v + slope * static_cast<float>(key - pos);
-      v = mask && (key > pos || key >= n_keys || attn::outside_window(p.window, key, pos))
+      if (relative) v = v + rel_s[rel_lane + nt * 8 + (i & 1) - (i >> 1) * 8];
+      v = mask && ((causal && key > pos) || key >= n_keys ||
+                   attn::outside_window(p.window, key, pos))
               ? -INFINITY
               : v * kLog2e;
       s[nt][i] = v;
@@ -347,24 +389,19 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
       else
         mx_b = fmaxf(mx_b, v);
     };
+    auto scores = [&](bool mask, bool bias, bool relative) {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) score(nt, i, mask, bias, relative);
+      }
+    };
     if (!masked && slope == 0.f) {
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) score(nt, i, false, false);
-      }
+      scores(false, false, REL);
     } else if (!masked) {
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) score(nt, i, false, true);
-      }
+      scores(false, true, REL);
     } else {
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) score(nt, i, true, true);
-      }
+      scores(true, true, REL);
     }
 #pragma unroll
     for (int off = 1; off <= 2; off <<= 1) {  // the four lanes of a row
@@ -439,25 +476,25 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
 
 // Whether the tensor-core kernel runs: sm_80+ device and code.
 bool use_mma() {
-  static const bool built =
-      code_arch(reinterpret_cast<const void*>(context_attention_mma_kernel<__half, 64>)) >= 80;
+  static const bool built = code_arch(reinterpret_cast<const void*>(
+                                context_attention_mma_kernel<__half, 64, false, false>)) >= 80;
   int device = 0;
   if (!built || cudaGetDevice(&device) != cudaSuccess) return false;
   return device_caps(device).major >= 8;
 }
 
-template <typename T, int D>
+template <typename T, int D, bool BIDI, bool REL>
 cudaError_t launch_for_dim(const ContextAttentionParams<T>& p, cudaStream_t stream) {
   if constexpr (sizeof(T) == 2) {
     if (aligned_to(p.out, 4) && use_mma()) {  // it stores two outputs per 4-byte write
       LaunchShape shape;
       shape.grid = dim3(ceil_div(p.max_seqlen, kMmaBQ), p.heads, p.batch);
       shape.block = dim3(kMmaWarps * 32);
-      return launch_kernel(shape, stream, context_attention_mma_kernel<T, D>, p);
+      return launch_kernel(shape, stream, context_attention_mma_kernel<T, D, BIDI, REL>, p);
     }
   }
   constexpr size_t smem = smem_floats<D>() * sizeof(float);
-  auto kernel = context_attention_kernel<T, D>;
+  auto kernel = context_attention_kernel<T, D, BIDI, REL>;
   if (smem > 48 * 1024) {
     const cudaError_t err =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -475,8 +512,9 @@ cudaError_t launch_for_dim(const ContextAttentionParams<T>& p, cudaStream_t stre
 template <typename T>
 cudaError_t launch_context_attention(const ContextAttentionParams<T>& p, cudaStream_t stream) {
   if (p.batch < 0 || p.batch > 65535 || p.heads <= 0 || p.heads > 65535 || p.kv_heads < 0 ||
-      p.window < 0 || (p.kv_heads > 0 && p.heads % p.kv_heads != 0) || p.num_slots < 0 ||
-      p.max_seq < 0 || p.max_seqlen < 0 || p.out == nullptr || p.q == nullptr ||
+      p.window < 0 || (!p.causal && p.window > 0) || p.bias_max_distance < 0 ||
+      p.bias_max_distance > 65535 || (p.kv_heads > 0 && p.heads % p.kv_heads != 0) ||
+      p.num_slots < 0 || p.max_seq < 0 || p.max_seqlen < 0 || p.out == nullptr || p.q == nullptr ||
       p.k_cache == nullptr || p.v_cache == nullptr || p.cu_seqlens == nullptr ||
       p.seq_slot == nullptr) {
     return cudaErrorInvalidValue;
@@ -486,8 +524,15 @@ cudaError_t launch_context_attention(const ContextAttentionParams<T>& p, cudaStr
     return cudaErrorMisalignedAddress;
   }
   if (p.batch == 0 || p.max_seqlen == 0) return cudaSuccess;
-  return WF_HEAD_DIM_SWITCH(p.head_dim, HEAD_DIM,
-                            [&] { return launch_for_dim<T, HEAD_DIM>(p, stream); });
+  const bool rel = p.position_bias != nullptr;  // see BIDI, REL
+  return WF_HEAD_DIM_SWITCH(p.head_dim, HEAD_DIM, [&] {
+    if (p.causal) {
+      return rel ? launch_for_dim<T, HEAD_DIM, false, true>(p, stream)
+                 : launch_for_dim<T, HEAD_DIM, false, false>(p, stream);
+    }
+    return rel ? launch_for_dim<T, HEAD_DIM, true, true>(p, stream)
+               : launch_for_dim<T, HEAD_DIM, true, false>(p, stream);
+  });
 }
 
 template cudaError_t launch_context_attention<float>(const ContextAttentionParams<float>&,

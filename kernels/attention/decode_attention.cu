@@ -1,5 +1,6 @@
 // Decode (single new token per row) masked multi-head attention over the KV cache, with optional
-// beam-search cache indirection, ALiBi and split-KV (flash-decoding); see attention.h.
+// beam-search cache indirection, ALiBi, T5's relative position bias and split-KV (flash-decoding);
+// see attention.h.
 //
 // One block of 256 threads per (head, row, key chunk). Threads form groups of TPK lanes; a group
 // reads one cache row (key or value) at a time with 16-byte vectors, TPK = the number of vectors in
@@ -147,7 +148,10 @@ __device__ __forceinline__ void prepare_new_token(const DecodeAttentionParams<T>
 // SM"). None of them spills (sm_90, nvcc 13, ptxas -v). Requesting each window's rows before
 // folding in the one ahead (the early kernel, 115-124 registers) made batch 1 and 2 steps slower
 // (benchmarks/HISTORY.md, "The decode attention in one pass").
-template <typename T, int D, bool FUSED, bool EARLY>
+// REL: position_bias is set (T5's relative position bias, read from its table per key). A
+// template argument rather than a branch, so that the kernels without it keep their code and
+// registers; with it, 60-64 registers unfused, 68-76 fused, 92-101 early, none spilling.
+template <typename T, int D, bool FUSED, bool EARLY, bool REL>
 __global__ void __launch_bounds__(kThreads, FUSED ? (EARLY ? 2 : 3) : 4)
     decode_attention_kernel(const DecodeAttentionParams<T> p, int splits, int chunk,
                             const DecodeQkvInputs<T> f) {
@@ -317,6 +321,18 @@ __global__ void __launch_bounds__(kThreads, FUSED ? (EARLY ? 2 : 3) : 4)
                     const bool (&ok)[UNROLL]) {
     float logit[UNROLL];
     float m_new = m_run;
+    // REL: lane u < UNROLL of the group loads key u's bias and the shuffles below hand it to the
+    // others: one load and one live value a lane instead of UNROLL. The index is formed here from
+    // the parameters, in 32 bits (the launcher checks heads x (2M + 1) < 2^31), so that no table
+    // pointer stays live: with either, the unfused kernel (bounded to 64 registers) spilled. It
+    // is clamped, so that keys without rows (past the chunk) read inside the table too. Read
+    // after the wait, like everything the kernel ahead may write.
+    float rel_mine = 0.f;
+    if constexpr (REL) {
+      const int m = p.bias_max_distance;
+      const int d = base + min(li, UNROLL - 1) * NGROUPS + g - q_pos;  // key - query
+      rel_mine = __ldg(p.position_bias + (h * (2 * m + 1) + min(max(d + m, 0), 2 * m)));
+    }
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
       float dot = 0.f;
@@ -330,7 +346,9 @@ __global__ void __launch_bounds__(kThreads, FUSED ? (EARLY ? 2 : 3) : 4)
 #pragma unroll
       for (int off = TPK / 2; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
       const int k = base + u * NGROUPS + g;
-      logit[u] = ok[u] ? dot + slope * static_cast<float>(k - q_pos) : -INFINITY;
+      float lg = dot + slope * static_cast<float>(k - q_pos);
+      if constexpr (REL) lg += __shfl_sync(0xffffffffu, rel_mine, u, TPK);
+      logit[u] = ok[u] ? lg : -INFINITY;
       m_new = fmaxf(m_new, logit[u]);
     }
     // Shifting by 0 while no key has been met keeps exp(-inf - shift) = 0 free of a branch.
@@ -433,13 +451,21 @@ __global__ void decode_combine_kernel(const DecodeAttentionParams<T> p, int spli
   p.out[static_cast<int64_t>(rh) * D + d] = from_float<T>(total_l > 0.f ? total / total_l : 0.f);
 }
 
+// The kernel for one head size: unfused, fused, or fused starting early (1-2 rows).
+template <typename T, int D, bool REL>
+auto pick_kernel(bool fused, bool early) {
+  return !fused  ? decode_attention_kernel<T, D, false, false, REL>
+         : early ? decode_attention_kernel<T, D, true, true, REL>
+                 : decode_attention_kernel<T, D, true, false, REL>;
+}
+
 template <typename T, int D>
 cudaError_t launch_for_dim(const DecodeAttentionParams<T>& p, const DecodeQkvInputs<T>* fused,
                            int splits, cudaStream_t stream) {
   const int chunk = chunk_size(p.max_seq, splits);
-  auto kernel = fused == nullptr            ? decode_attention_kernel<T, D, false, false>
-                : p.rows <= kEarlyStartRows ? decode_attention_kernel<T, D, true, true>
-                                            : decode_attention_kernel<T, D, true, false>;
+  const bool early = fused != nullptr && p.rows <= kEarlyStartRows;
+  auto kernel = p.position_bias == nullptr ? pick_kernel<T, D, false>(fused != nullptr, early)
+                                           : pick_kernel<T, D, true>(fused != nullptr, early);
   LaunchShape shape;
   shape.grid = dim3(p.heads, p.rows, splits);
   shape.block = dim3(kThreads);
@@ -472,6 +498,7 @@ namespace {
 template <typename T>
 cudaError_t check_decode(const DecodeAttentionParams<T>& p, bool need_q, int* splits) {
   if (p.rows < 0 || p.rows > 65535 || p.heads <= 0 || p.kv_heads < 0 || p.window < 0 ||
+      p.bias_max_distance < 0 || p.bias_max_distance > 65535 ||
       (p.kv_heads > 0 && p.heads % p.kv_heads != 0) || p.num_slots < 0 || p.max_seq < 0 ||
       p.out == nullptr || (need_q && p.q == nullptr) || p.k_cache == nullptr ||
       p.v_cache == nullptr || p.lengths == nullptr) {
@@ -480,6 +507,11 @@ cudaError_t check_decode(const DecodeAttentionParams<T>& p, bool need_q, int* sp
   if ((need_q && !aligned_to(p.q, 16)) || !aligned_to(p.k_cache, 16) ||
       !aligned_to(p.v_cache, 16)) {
     return cudaErrorMisalignedAddress;
+  }
+  // The kernel indexes position_bias in 32 bits.
+  if (p.position_bias != nullptr &&
+      static_cast<int64_t>(p.heads) * (2 * p.bias_max_distance + 1) > INT32_MAX) {
+    return cudaErrorInvalidValue;
   }
   if (p.rows > 0 && p.max_seq == 0) return cudaErrorInvalidValue;
   *splits = p.rows == 0 ? 1 : decode_attention_num_splits(p.rows, p.heads, p.max_seq);

@@ -1,5 +1,6 @@
 // QKV preparation for both phases (see attention.h): bias add, rotary embedding of q and k,
-// q written packed, k and v written into the KV cache at (token_slot, token_pos).
+// q written packed, k and v written into the KV cache at (token_slot, token_pos). kv_only (a
+// cross-attention's memory) is the same kernel with no query heads: no q, no rotary.
 //
 // One block per token. The block first computes cos/sin of the token's position for the
 // rotary_dim/2 frequencies into shared memory; then each thread handles 16-byte vectors of q and k
@@ -25,7 +26,8 @@ __global__ void __launch_bounds__(kPrepThreads) qkv_prep_kernel(const QkvPrepPar
   __shared__ float sin_s[kMaxHalfRotary];
   const int t = blockIdx.x;
   const int hd = p.head_dim;
-  const int heads = p.heads;
+  // kv_only: no query heads, so every q loop below is empty and the K heads start the row.
+  const int heads = p.kv_only ? 0 : p.heads;
   const int kvh = p.kv_heads > 0 ? p.kv_heads : heads;
   const int rot_half = p.rotary_style == RotaryStyle::kNone ? 0 : p.rotary_dim / 2;
   const int pos = p.token_pos[t];
@@ -207,14 +209,17 @@ cudaError_t launch_rotary_inv_freq(float* out, int rotary_dim, float rotary_base
 
 template <typename T>
 cudaError_t launch_qkv_prep(const QkvPrepParams<T>& p, cudaStream_t stream) {
-  if (p.tokens < 0 || p.heads <= 0 || p.kv_heads < 0 ||
-      (p.kv_heads > 0 && p.heads % p.kv_heads != 0) || !attention_head_dim_supported(p.head_dim) ||
-      p.num_slots < 0 || p.max_seq < 0 || p.q_out == nullptr || p.qkv == nullptr ||
-      p.token_slot == nullptr || p.token_pos == nullptr || p.k_cache == nullptr ||
-      p.v_cache == nullptr) {
+  // kv_only ignores heads and q_out but needs its K/V head count, and has no rotary.
+  const bool heads_ok = p.kv_only ? p.kv_heads > 0 && p.rotary_dim == 0
+                                  : p.heads > 0 && p.kv_heads >= 0 &&
+                                        (p.kv_heads == 0 || p.heads % p.kv_heads == 0) &&
+                                        p.q_out != nullptr;
+  if (p.tokens < 0 || !heads_ok || !attention_head_dim_supported(p.head_dim) || p.num_slots < 0 ||
+      p.max_seq < 0 || p.qkv == nullptr || p.token_slot == nullptr || p.token_pos == nullptr ||
+      p.k_cache == nullptr || p.v_cache == nullptr) {
     return cudaErrorInvalidValue;
   }
-  if (p.rotary_style != RotaryStyle::kNone &&
+  if (!p.kv_only && p.rotary_style != RotaryStyle::kNone &&
       (p.rotary_dim < 0 || p.rotary_dim % 2 != 0 || p.rotary_dim > p.head_dim ||
        !(p.rotary_base > 0.f))) {
     return cudaErrorInvalidValue;

@@ -24,17 +24,25 @@ def _qkv_rotary_cache_fake(qkv, bias, k_cache, v_cache, token_slot, token_pos, r
     return qkv.new_empty((qkv.shape[0], qkv.shape[2], qkv.shape[3]))
 
 
+@register_fake("warpformer::kv_cache_write")
+def _kv_cache_write_fake(kv, k_cache, v_cache, token_slot, token_pos, bias=None):
+    # Writes the caches in place and returns nothing.
+    torch._check(kv.dim() in (3, 4), lambda: "warpformer.kv_cache_write: kv must be 3- or "
+                 "4-dimensional")
+
+
 @register_fake("warpformer::context_attention")
 def _context_attention_fake(q, k_cache, v_cache, cu_seqlens, seq_slot, alibi_slopes, scale,
-                            max_seqlen, window=0, seq_past=None):
-    # seq_past (positions already cached) moves the rows' positions, not the output's shape.
+                            max_seqlen, window=0, seq_past=None, position_bias=None,
+                            bias_max_distance=0, causal=True):
+    # seq_past (positions already cached), the relative bias and causal change the values only.
     torch._check(q.dim() == 3, lambda: "warpformer.context_attention: q must be 3-dimensional")
     return q.new_empty(q.shape)
 
 
 @register_fake("warpformer::decode_attention")
 def _decode_attention_fake(q, k_cache, v_cache, row_slot, lengths, cache_indir, alibi_slopes,
-                           scale, window=0):
+                           scale, window=0, position_bias=None, bias_max_distance=0):
     torch._check(q.dim() == 3, lambda: "warpformer.decode_attention: q must be 3-dimensional")
     return q.new_empty(q.shape)
 
@@ -42,7 +50,7 @@ def _decode_attention_fake(q, k_cache, v_cache, row_slot, lengths, cache_indir, 
 @register_fake("warpformer::decode_attention_fused")
 def _decode_attention_fused_fake(qkv, bias, k_cache, v_cache, row_slot, lengths, cache_indir,
                                  alibi_slopes, scale, rotary_dim, rotary_style, rotary_base,
-                                 window=0):
+                                 window=0, position_bias=None, bias_max_distance=0):
     if qkv.dim() == 3:  # grouped-query: [rows, heads + 2 kv_heads, head_dim], kv from the cache
         heads = qkv.shape[1] - 2 * k_cache.shape[1]
         torch._check(heads > 0,
