@@ -75,6 +75,9 @@ std::string gemm_fingerprint(int64_t device);
 at::Tensor nccl_unique_id();
 // The weight table of a GPT-family config (GptConfig JSON) as JSON: csrc/models/gpt/gpt_weights.h.
 std::string gpt_weight_table(const std::string& config);
+// The weight table of an encoder-decoder config (T5Config JSON: T5 and BART families) as JSON:
+// csrc/models/t5/t5_weights.h (t5_ops.cpp).
+std::string t5_weight_table(const std::string& config);
 
 // Argument checks shared by the norm ops (ops_elementwise.cpp) and norm_gemm (ops_gemm.cpp), each
 // op calling them in its own order. Dtype and shape only (each op checks devices afterwards);

@@ -106,6 +106,9 @@ TORCH_LIBRARY(warpformer, m) {
   // The weight table of a GPT-family config JSON (names, full shapes, split axis, layer, stage),
   // as JSON: what warpformer.weights.weight_specs returns, so the format exists once, in C++.
   m.def("gpt_weight_table(str config) -> str");
+  // The same for an encoder-decoder config (T5Config.to_json(): T5, mT5, BART, mBART), with each
+  // tensor's stack and role: what warpformer.t5_weights.t5_weight_specs returns.
+  m.def("t5_weight_table(str config) -> str");
   // GptModel.decode's options dict checked (errors name the option) and normalised: every key,
   // per-row ones CPU [batch], word lists int32; end_id: the default end id. CPU only.
   m.def(
@@ -329,6 +332,7 @@ TORCH_LIBRARY_IMPL(warpformer, CompositeExplicitAutograd, m) {
   m.impl("gemm_fingerprint", &wo::gemm_fingerprint);
   m.impl("nccl_unique_id", &wo::nccl_unique_id);
   m.impl("gpt_weight_table", &wo::gpt_weight_table);
+  m.impl("t5_weight_table", &wo::t5_weight_table);
   m.impl("generation_options", &wo::generation_options);
 }
 

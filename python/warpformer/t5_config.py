@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import configparser
 import dataclasses
+import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -297,6 +298,26 @@ class T5Config:
         out.update(use_gated_activation=str(self.decoder.gated).lower(),
                    position_embedding_type=self.position_embedding_type)
         return out
+
+    # ------------------------------------------------------------------ engine
+    def to_json(self) -> str:
+        """The flat JSON the C++ side parses (``T5Config::from_json``,
+        csrc/models/t5/t5_config.h): the model's keys, and each stack's fields as
+        ``encoder_<field>`` / ``decoder_<field>`` with the activation in warpformer's names
+        (``relu``, ``gelu_erf``, ``gelu_tanh``, ``silu``) and ``gated``."""
+        out: dict[str, Any] = {
+            "model_type": self.model_type, "vocab_size": self.vocab_size,
+            "pad_token_id": self.pad_token_id, "eos_token_id": self.eos_token_id,
+            "decoder_start_token_id": self.decoder_start_token_id,
+            "tie_word_embeddings": bool(self.tie_word_embeddings),
+            "weight_data_type": self.weight_data_type, "tensor_para_size": self.tensor_para_size,
+        }
+        for name, stack in (("encoder", self.encoder), ("decoder", self.decoder)):
+            for key in ("d_model", "d_kv", "d_ff", "num_layers", "num_heads",
+                        "relative_attention_num_buckets", "relative_attention_max_distance",
+                        "max_pos_seq_len", "layer_norm_epsilon", "activation", "gated"):
+                out[f"{name}_{key}"] = getattr(stack, key)
+        return json.dumps(out, sort_keys=True)
 
     # ------------------------------------------------------------------ config.ini
     def to_ini(self, path: str | os.PathLike[str]) -> None:

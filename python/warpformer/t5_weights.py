@@ -4,23 +4,35 @@
 its full (unsplit) shape and tensor-parallel split axis; names are FT's file names without the
 rank suffix and ``.bin``: ``<name>.bin`` for replicated tensors, ``<name>.<tp_rank>.bin`` for split
 ones and for BART's row-parallel biases (no ``model.`` prefix, unlike the GPT layout). Files are
-headerless little-endian C-order arrays of ``weight_data_type``. The names come from
-:func:`model_names` and :func:`layer_names`, which map a tensor's role to the family's file name
-(FT's ``huggingface_t5_ckpt_convert`` / ``huggingface_bart_convert``); the converters,
-:func:`load_t5_weights` and :mod:`warpformer.reference_seq2seq` share them. (The GPT table lives
-in the engine; this one moves there when the engine gains the family.)
+headerless little-endian C-order arrays of ``weight_data_type``. :func:`model_names` and
+:func:`layer_names` map a tensor's role to the family's file name (FT's
+``huggingface_t5_ckpt_convert`` / ``huggingface_bart_convert``); the converters,
+:func:`load_t5_weights` and :mod:`warpformer.reference_seq2seq` share them. All three read the
+engine's own table (``torch.ops.warpformer.t5_weight_table``, csrc/models/t5/t5_weights.h), which
+gives each file its role and stack, so the format exists once, in C++.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import re
 
 import numpy as np
 import torch
 
-from .t5_config import T5Config, T5StackConfig
-from .weights import DTYPES, WeightFileError, WeightSpec, _read_raw, file_name, resolve_model_dir
+from .config import ConfigError
+from .t5_config import T5Config
+from .weights import (
+    DTYPES,
+    WeightFileError,
+    WeightSpec,
+    _read_raw,
+    file_name,
+    resolve_model_dir,
+    table_specs,
+)
 
 __all__ = ["t5_weight_specs", "t5_file_name", "read_t5_config", "load_t5_weights",
            "load_merged_t5_weights", "model_names", "layer_names", "bias_name", "EMBEDDING",
@@ -31,27 +43,44 @@ LM_HEAD = "lm_head.weight"  # [V, d]
 STACKS = ("encoder", "decoder")
 
 
+@functools.lru_cache(maxsize=64)
+def _engine_table(config_json: str) -> tuple[dict, ...]:
+    """The engine's table for a :meth:`T5Config.to_json` text (cached: the reference asks for a
+    layer's names at every step)."""
+    try:
+        return tuple(json.loads(torch.ops.warpformer.t5_weight_table(config_json)))
+    except RuntimeError as exc:  # the engine's config rules, as a config error
+        raise ConfigError(str(exc).splitlines()[0]) from None
+
+
+def _is_bias(entry: dict, roles: set[tuple[str, int | None, str]]) -> bool:
+    """Whether ``entry`` is the bias beside another entry's weight (role ``<weight role>_bias``;
+    ``logits_bias`` is a tensor of its own)."""
+    role = entry["role"]
+    return role.endswith("_bias") and (entry["stack"], entry["layer"], role[:-5]) in roles
+
+
+def _named(config: T5Config) -> list[dict]:
+    """The table's weights (biases left out: :func:`bias_name` finds them)."""
+    table = _engine_table(config.to_json())
+    roles = {(e["stack"], e["layer"], e["role"]) for e in table}
+    return [e for e in table if not _is_bias(e, roles)]
+
+
 def model_names(config: T5Config) -> dict[str, str]:
     """Model-level role -> file name. Roles: ``{stack}_embedding`` (``[V, d]``, the two T5 stacks
-    share one file), ``{stack}_positions`` (T5: relative bias table ``[n, B]``; BART: learned
-    table ``[P, d]``), ``{stack}_embedding_norm`` (BART's ``layernorm_embedding``, which FT names
-    ``final_layer_norm``), ``{stack}_final_norm`` (T5, mBART), ``lm_head``, ``logits_bias``
-    (BART's ``final_logits_bias``)."""
-    if not config.is_bart:
-        names = {"lm_head": LM_HEAD}
-        for s in STACKS:
-            names[f"{s}_embedding"] = EMBEDDING
-            names[f"{s}_positions"] = \
-                f"{s}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"
-            names[f"{s}_final_norm"] = f"{s}.final_layer_norm.weight"
-        return names
-    names = {"lm_head": "decoder.lm_head.weight", "logits_bias": "decoder.final_logits_bias"}
-    for s in STACKS:
-        names[f"{s}_embedding"] = f"{s}.embed_tokens.weight"
-        names[f"{s}_positions"] = f"{s}.embed_positions.weight"
-        names[f"{s}_embedding_norm"] = f"{s}.final_layer_norm.weight"
-        if config.pre_layernorm:  # mBART
-            names[f"{s}_final_norm"] = f"{s}.layer_norm.weight"
+    share one file, the table's role ``embedding``), ``{stack}_positions`` (T5: relative bias
+    table ``[n, B]``; BART: learned table ``[P, d]``), ``{stack}_embedding_norm`` (BART's
+    ``layernorm_embedding``, which FT names ``final_layer_norm``), ``{stack}_final_norm`` (T5,
+    mBART), ``lm_head``, ``logits_bias`` (BART's ``final_logits_bias``)."""
+    names = {}
+    for e in _named(config):
+        if e["stack"]:
+            continue
+        if e["role"] == "embedding":  # T5's one table serves both stacks
+            names.update({f"{s}_embedding": e["name"] for s in STACKS})
+        else:
+            names[e["role"]] = e["name"]
     return names
 
 
@@ -61,31 +90,8 @@ def layer_names(config: T5Config, stack: str, i: int) -> dict[str, str]:
     ``cross_norm``, ``cross_q``/``k``/``v``, ``cross_o``; ``ffn_norm``, ``ffn_in``,
     ``ffn_gate`` (gated FFN only), ``ffn_out``. Norms sit before (pre-LN) or after (post-LN) the
     sublayer of the same prefix."""
-    decoder = stack == "decoder"
-    if config.is_bart:
-        p = f"{stack}.{i}.layer."
-        sa, ca, ffn = p + "SelfAttention.", p + "CrossAttention.", p + "SelfAttention."
-        names = {"self_norm": sa + "attn_layer_norm.weight", "self_o": sa + "out_proj.weight",
-                 "cross_norm": ca + "attn_layer_norm.weight", "cross_o": ca + "out_proj.weight",
-                 "ffn_norm": ffn + "final_layer_norm.weight", "ffn_in": ffn + "fc1.weight",
-                 "ffn_out": ffn + "fc2.weight"}
-    else:
-        p = f"{stack}.block.{i}.layer."
-        sa, ca = p + "0.SelfAttention.", p + "1.EncDecAttention."
-        ffn = p + ("2." if decoder else "1.")
-        names = {"self_norm": p + "0.layer_norm.weight", "self_o": sa + "o.weight",
-                 "cross_norm": p + "1.layer_norm.weight", "cross_o": ca + "o.weight",
-                 "ffn_norm": ffn + "layer_norm.weight", "ffn_in": ffn + "DenseReluDense.wi.weight",
-                 "ffn_out": ffn + "DenseReluDense.wo.weight"}
-        if getattr(config, stack).gated:
-            names["ffn_gate"] = ffn + "DenseReluDense.wi2.weight"
-    if decoder:
-        names["self_qkv"] = sa + "qkv.weight"
-        names.update({f"cross_{m}": ca + f"{m}.weight" for m in "qkv"})
-    else:
-        del names["cross_norm"], names["cross_o"]
-        names.update({f"self_{m}": sa + f"{m}.weight" for m in "qkv"})
-    return names
+    return {e["role"]: e["name"] for e in _named(config)
+            if e["stack"] == stack and e["layer"] == i}
 
 
 def bias_name(name: str) -> str:
@@ -93,65 +99,20 @@ def bias_name(name: str) -> str:
     return name[: -len("weight")] + "bias"
 
 
-def _layer_spec(role: str, d: int, stack: T5StackConfig, layer: int) -> WeightSpec:
-    """Shape and split of a layer tensor by role. Split as FT does: Q, K, V and the FFN input
-    on their output axis (heads / FFN columns), the attention output and FFN output on their
-    input axis (rows); norms replicated."""
-    inner, f = stack.inner_size, stack.d_ff
-    if role.endswith("norm"):
-        return WeightSpec((d,), None, layer)
-    if role == "self_qkv":
-        return WeightSpec((d, 3, inner), 2, layer)
-    if role.endswith("_o"):
-        return WeightSpec((inner, d), 0, layer)
-    if role == "ffn_out":
-        return WeightSpec((f, d), 0, layer)
-    if role in ("ffn_in", "ffn_gate"):
-        return WeightSpec((d, f), 1, layer)
-    return WeightSpec((d, inner), 1, layer)  # q, k, v
-
-
-def _bias_spec(weight: WeightSpec) -> WeightSpec:
-    """The bias of a norm (``[d]``, replicated) or of a kernel ``[in, *out]`` (``[*out]``, split
-    with the output axis; a row-split kernel's bias is whole on every rank, written per rank as
-    FT's BART loader reads it)."""
-    if len(weight.shape) == 1:
-        return weight
-    if weight.split_axis == 0:
-        return WeightSpec(weight.shape[1:], None, weight.layer, per_rank=True)
-    return WeightSpec(weight.shape[1:], weight.split_axis - 1, weight.layer)
-
-
 def t5_weight_specs(config: T5Config) -> dict[str, WeightSpec]:
     """Every tensor of ``config``'s layout, keyed by FT file name without rank and ``.bin``.
 
     Linear kernels are ``[in, out]``; embeddings, ``lm_head`` and BART's position tables are
-    ``[rows, d]``. T5's relative attention bias tables ``[heads, buckets]`` are split on heads;
-    embeddings, ``lm_head``, norms and position tables are replicated (see :func:`_layer_spec`).
-    The BART family adds a bias beside every projection and norm (:func:`bias_name`).
+    ``[rows, d]``. Split as FT does: Q, K, V and the FFN input on their output axis (heads / FFN
+    columns), the attention output and FFN output on their input axis (rows); T5's relative
+    attention bias tables ``[heads, buckets]`` on heads; embeddings, ``lm_head``, norms and
+    position tables replicated. The BART family adds a bias beside every projection and norm
+    (:func:`bias_name`): split with its kernel's output axis, or whole and written per rank
+    (``per_rank``) beside a row-split kernel. The engine's table
+    (``torch.ops.warpformer.t5_weight_table``); raises :class:`~warpformer.config.ConfigError`
+    naming the key when the engine refuses the config.
     """
-    V, d = config.vocab_size, config.d_model
-    specs: dict[str, WeightSpec] = {}
-    for role, name in model_names(config).items():
-        if role.endswith("norm"):
-            specs[name] = WeightSpec((d,))
-            if config.is_bart:
-                specs[bias_name(name)] = WeightSpec((d,))
-        elif role.endswith("positions"):
-            stack = getattr(config, role.split("_")[0])
-            specs[name] = (WeightSpec((stack.max_pos_seq_len, d)) if config.is_bart else
-                           WeightSpec((stack.num_heads, stack.relative_attention_num_buckets), 0,
-                                      0))
-        else:
-            specs[name] = WeightSpec((V,) if role == "logits_bias" else (V, d))
-    for stack_name in STACKS:
-        stack = getattr(config, stack_name)
-        for i in range(stack.num_layers):
-            for role, name in layer_names(config, stack_name, i).items():
-                specs[name] = _layer_spec(role, d, stack, i)
-                if config.is_bart:
-                    specs[bias_name(name)] = _bias_spec(specs[name])
-    return specs
+    return table_specs(list(_engine_table(config.to_json())))
 
 
 def t5_file_name(name: str, spec: WeightSpec, tp_rank: int) -> str:

@@ -108,8 +108,14 @@ def _engine_table(config: GptConfig) -> dict[str, WeightSpec]:
         table = json.loads(torch.ops.warpformer.gpt_weight_table(config.to_json()))
     except RuntimeError as exc:  # the table's rules (an int4 group per rank) as a config error
         raise ConfigError(str(exc).splitlines()[0]) from None
+    return table_specs(table)
+
+
+def table_specs(table: list[dict]) -> dict[str, WeightSpec]:
+    """``{name: WeightSpec}`` of an engine weight table's JSON entries (any family's:
+    csrc/models/weight_table.h)."""
     return {e["name"]: WeightSpec(tuple(e["shape"]), e["split"], e["layer"], e["stage"],
-                                  e["optional"], dtype=e["dtype"] or "") for e in table}
+                                  e["optional"], e["per_rank"], e["dtype"] or "") for e in table}
 
 
 # Suffixes of a quantized kernel's companion files: model.<name>_scale / _zero.

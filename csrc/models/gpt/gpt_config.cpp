@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 
 #include "csrc/core/flat_json.h"
+#include "csrc/models/model_config.h"
 #include "kernels/attention/attention.h"
 
 namespace warpformer {
@@ -10,18 +11,6 @@ namespace gpt {
 namespace {
 
 constexpr const char* kWhat = "GptModel config";
-
-kernels::Activation config_activation(const std::string& name) {
-  // config.ini names (docs/FORMAT.md); FT's bare "Gelu" is the tanh form.
-  std::string s;
-  for (char c : name) s += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  if (s == "gelu_tanh" || s == "gelu" || s == "gelu_new") return kernels::Activation::kGeluTanh;
-  if (s == "gelu_erf") return kernels::Activation::kGeluErf;
-  if (s == "relu") return kernels::Activation::kRelu;
-  if (s == "silu" || s == "swish") return kernels::Activation::kSilu;
-  TORCH_CHECK(false, kWhat,
-              ": activation_type must be one of gelu_tanh, gelu_erf, relu, silu; got '", name, "'");
-}
 
 // A rotary scaling's parameters are usable: a positive factor, and the pretraining context for
 // the kinds that read it.
@@ -55,7 +44,8 @@ GptConfig GptConfig::from_json(const std::string& json, int64_t tensor_para_rank
               ln_type, "'");
   c.pre_layernorm = ln_type != "post_layernorm";
   c.rmsnorm = ln_type == "rmsnorm";
-  c.activation = config_activation(j.get_string("activation_type", "gelu_tanh"));
+  c.activation = models::config_activation(j.get_string("activation_type", "gelu_tanh"), kWhat,
+                                           "activation_type");
   c.has_positional_encoding = j.get_bool("has_positional_encoding", true);
   c.has_pre_decoder_layernorm = j.get_bool("has_pre_decoder_layernorm", false);
   c.has_post_decoder_layernorm = j.get_bool("has_post_decoder_layernorm", true);

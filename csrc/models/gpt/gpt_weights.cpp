@@ -2,21 +2,11 @@
 
 #include <c10/util/Exception.h>
 
-#include <sstream>
 #include <string>
 #include <utility>
 
 namespace warpformer {
 namespace gpt {
-
-std::vector<int64_t> WeightEntry::shard_shape(int64_t tp) const {
-  std::vector<int64_t> s = shape;
-  if (split_axis != kReplicated) {
-    const size_t axis = split_axis < 0 ? s.size() - 1 : static_cast<size_t>(split_axis);
-    s[axis] /= tp;
-  }
-  return s;
-}
 
 namespace {
 
@@ -139,37 +129,6 @@ std::vector<WeightEntry> weight_table(const GptConfig& c) {
   model("lm_head.weight", {v, e}, "last", /*optional=*/true);
   if (c.has_lm_head_bias) model("lm_head.bias", {v}, "last");
   return c.quantized() ? quantized_table(c, std::move(t)) : t;
-}
-
-std::string weight_table_json(const std::vector<WeightEntry>& table) {
-  std::ostringstream os;
-  os << "[";
-  for (size_t k = 0; k < table.size(); ++k) {
-    const WeightEntry& w = table[k];
-    os << (k ? ", " : "") << "{\"name\": \"" << w.name << "\", \"shape\": [";
-    for (size_t d = 0; d < w.shape.size(); ++d) os << (d ? ", " : "") << w.shape[d];
-    os << "], \"split\": ";
-    if (w.split_axis == WeightEntry::kReplicated) {
-      os << "null";
-    } else {
-      os << w.split_axis;
-    }
-    os << ", \"layer\": ";
-    if (w.layer < 0) {
-      os << "null";
-    } else {
-      os << w.layer;
-    }
-    os << ", \"stage\": \"" << w.stage << "\", \"optional\": " << (w.optional ? "true" : "false")
-       << ", \"dtype\": ";
-    if (w.dtype.empty()) {
-      os << "null}";
-    } else {
-      os << "\"" << w.dtype << "\"}";
-    }
-  }
-  os << "]";
-  return os.str();
 }
 
 }  // namespace gpt

@@ -5,32 +5,19 @@
 // backend) asks for it through the gpt_weight_table op.
 #pragma once
 
-#include <climits>
-#include <cstdint>
 #include <string>
 #include <vector>
 
 #include "csrc/models/gpt/gpt_config.h"
+#include "csrc/models/weight_table.h"
 
 namespace warpformer {
 namespace gpt {
 
-struct WeightEntry {
-  static constexpr int kReplicated = INT_MIN;  // split_axis of a tensor every rank holds whole
-
-  std::string name;              // e.g. "layers.0.attention.query_key_value.weight"
-  std::vector<int64_t> shape;    // full, unsplit
-  int split_axis = kReplicated;  // 0 or -1 (the last axis): divided by tensor_para_size
-  int64_t layer = -1;            // global layer index; -1 for model-level tensors
-  std::string stage;  // model-level: the pipeline stages needing it, "first", "last", "first+last"
-  bool optional = false;  // may be absent (lm_head.weight: absent means tied to wte)
-  // The file's element type: empty for the model's, "int8" / "uint8" for quantized kernels' data
-  // and int4 zero points.
-  std::string dtype;
-
-  // This rank's shape for tensor_para_size `tp`.
-  std::vector<int64_t> shard_shape(int64_t tp) const;
-};
+// The family-neutral entry and its JSON (csrc/models/weight_table.h); GPT entries leave stack and
+// role empty.
+using models::weight_table_json;
+using models::WeightEntry;
 
 // Suffixes of a quantized kernel's companion tensors: <name>_scale, <name>_zero.
 constexpr const char* kScaleSuffix = "_scale";
@@ -45,10 +32,6 @@ constexpr const char* kZeroSuffix = "_zero";
 // kernel are replicated (whole columns). Throws naming the tensor when an int4 group does not
 // divide a rank's input rows.
 std::vector<WeightEntry> weight_table(const GptConfig& c);
-
-// The table as a JSON array of {"name", "shape", "split" (0, -1 or null), "layer" (or null),
-// "stage", "optional", "dtype" (null: the model's)} objects.
-std::string weight_table_json(const std::vector<WeightEntry>& table);
 
 }  // namespace gpt
 }  // namespace warpformer
