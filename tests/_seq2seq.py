@@ -132,3 +132,92 @@ def save_models(build: Callable[[str], Any], names: list[str], root: Path,
     finally:
         transformers.logging.set_verbosity(verbosity)
     return out
+
+
+# ----------------------------------------------------------------------------- tiny models
+# Tiny random models of each encoder-decoder variant (fp32, eager attention): the shapes of
+# tests/test_seq2seq_api.py, a name per variant, HF's own classes.
+T5_SHAPE = dict(vocab_size=96, d_model=32, d_kv=8, d_ff=40, num_layers=2, num_heads=4,
+                relative_attention_num_buckets=8, relative_attention_max_distance=12,
+                decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+BART_SHAPE = dict(vocab_size=96, d_model=32, encoder_layers=2, decoder_layers=2,
+                  encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=40,
+                  decoder_ffn_dim=48, max_position_embeddings=32, pad_token_id=1, bos_token_id=0,
+                  eos_token_id=2, decoder_start_token_id=2, forced_eos_token_id=None)
+# name -> (HF class prefix, config overrides)
+SEQ2SEQ_VARIANTS: dict[str, tuple[str, dict]] = {
+    "t5-small": ("T5", dict(feed_forward_proj="relu")),  # tied head, rescaled by d_model^-0.5
+    "t5-v1_1": ("T5", dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False)),
+    "mt5": ("MT5", dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False)),
+    "ul2": ("T5", dict(feed_forward_proj="gated-silu", num_decoder_layers=3,
+                       tie_word_embeddings=False)),
+    "bart": ("Bart", dict(decoder_layers=3)),  # post-LN
+    "mbart": ("MBart", dict(scale_embedding=True, activation_function="relu")),  # pre-LN
+}
+
+
+def is_bart(name: str) -> bool:
+    return SEQ2SEQ_VARIANTS[name][0].endswith("Bart")
+
+
+def seq2seq_config_changes(name: str) -> dict:
+    """``config.json`` keys a hub folder of ``name`` has that HF 5 does not write (an untied T5
+    head)."""
+    kw = SEQ2SEQ_VARIANTS[name][1]
+    return {"tie_word_embeddings": False} if kw.get("tie_word_embeddings") is False else {}
+
+
+def build_seq2seq(name: str, end_boost: float = 0.0, seed: int = 1
+                  ) -> transformers.PreTrainedModel:
+    """A tiny random HF model of variant ``name``. ``end_boost`` > 0 scales up the head's
+    end-token row so that sequences end at various lengths (beam hypotheses finish)."""
+    from _models import randomize
+
+    kind, kw = SEQ2SEQ_VARIANTS[name]
+    cfg = {**(BART_SHAPE if is_bart(name) else T5_SHAPE), **kw}
+    torch.manual_seed(0)
+    model = getattr(transformers, f"{kind}ForConditionalGeneration")(
+        getattr(transformers, f"{kind}Config")(**cfg))
+    if cfg.get("tie_word_embeddings") is False:  # transformers 5 ties every T5 head
+        model.lm_head.weight = torch.nn.Parameter(torch.empty(cfg["vocab_size"], cfg["d_model"]))
+    model.config._attn_implementation = "eager"
+    model = randomize(model, seed=seed + list(SEQ2SEQ_VARIANTS).index(name))  # mT5 != v1.1
+    with torch.no_grad():
+        if is_bart(name):
+            # randomize's biases (std 0.5) make every position's output nearly the same
+            # token; smaller ones keep the outputs input-dependent
+            for pname, p in model.named_parameters():
+                if pname.endswith(".bias") and "norm" not in pname:
+                    p.mul_(0.1)
+            # a buffer, which randomize leaves at zero
+            model.final_logits_bias.normal_(0.0, 0.3, generator=torch.Generator().manual_seed(2))
+        if end_boost:
+            head = model.lm_head.weight
+            head[cfg["eos_token_id"]] *= 1.0 + end_boost
+    return model
+
+
+def seq2seq_inputs(name: str, lengths: list[int], seed: int = 3
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded encoder ids ``[B, max(lengths)]`` (BART rows end with </s>, padded with
+    its pad id; T5 rows padded with 0) and the attention mask."""
+    lens = torch.tensor(lengths)
+    S, vocab = max(lengths), SEQ2SEQ_VARIANTS[name][1].get("vocab_size", 96)
+    ids = torch.randint(3, vocab, (len(lengths), S), generator=torch.Generator().manual_seed(seed))
+    mask = (torch.arange(S)[None, :] < lens[:, None]).long()
+    if is_bart(name):
+        ids[torch.arange(len(lengths)), lens - 1] = BART_SHAPE["eos_token_id"]
+        return ids * mask + BART_SHAPE["pad_token_id"] * (1 - mask), mask
+    return ids * mask, mask
+
+
+def hf_generate(model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int, **options):
+    """HF ``generate`` with every default processor of these configs off (greedy unless
+    ``options`` say otherwise); ``return_dict_in_generate`` with scores."""
+    kw = dict(max_new_tokens=new_tokens, do_sample=False, num_beams=1, min_length=0,
+              no_repeat_ngram_size=0, forced_bos_token_id=None, forced_eos_token_id=None,
+              early_stopping=False, output_scores=True, return_dict_in_generate=True,
+              use_cache=False)  # HF's cache mis-sizes num_decoder_layers != num_layers (UL2)
+    kw.update(options)
+    with torch.no_grad():
+        return model.generate(input_ids=ids, attention_mask=mask, **kw)

@@ -22,8 +22,12 @@ except ImportError as exc:  # pragma: no cover - exercised only on broken instal
 from . import _ops, _ops_attention, _ops_beam, _ops_sampling  # noqa: E402,F401
 from .config import QuantScheme  # noqa: E402
 from .gpt import GPT, GenerationOutput  # noqa: E402
+from .seq2seq import Seq2Seq  # noqa: E402
 from .session import GenerationSession  # noqa: E402
+
+T5 = Bart = Seq2Seq  # one class serves both families (the converted config says which)
 
 __version__ = "0.1.0"
 
-__all__ = ["GPT", "GenerationOutput", "GenerationSession", "QuantScheme", "__version__"]
+__all__ = ["GPT", "Bart", "GenerationOutput", "GenerationSession", "QuantScheme", "Seq2Seq", "T5",
+           "__version__"]

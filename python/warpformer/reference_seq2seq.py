@@ -23,10 +23,24 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
+from .reference_generation import Decoding, StepwiseEngine, _Options
 from .t5_config import T5Config, T5StackConfig
 from .t5_weights import bias_name, layer_names, load_merged_t5_weights, model_names, t5_weight_specs
 
-__all__ = ["Seq2SeqReference", "Seq2SeqSpec", "relative_position_buckets"]
+__all__ = ["Seq2SeqReference", "Seq2SeqReferenceEngine", "Seq2SeqSpec", "UNSUPPORTED_OPTIONS",
+           "relative_position_buckets"]
+
+# Options of the decode dict that only a decoder-only model has, and why (the messages of
+# Seq2SeqReferenceEngine and warpformer.Seq2Seq). return_cum_log_probs: its mode 2 only.
+UNSUPPORTED_OPTIONS = {
+    "session": "interactive sessions keep a decoder-only model's prompt in its cache",
+    "prompt_table": "prompt embeddings stand in for a decoder-only model's prompt tokens",
+    "memory_len": "the attention window bounds a decoder-only model's prompt and output",
+    "return_context_embeddings": "the input's final hidden states are the encoder's output "
+                                 "(encode)",
+    "return_cum_log_probs": "mode 2 adds the prompt's log probs, and the decoder has no prompt "
+                            "(use 1)",
+}
 
 _ACTIVATIONS = {
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
@@ -226,10 +240,14 @@ class Seq2SeqReference(torch.nn.Module):
     def _cross_attention(self, names: dict[str, str], stack: T5StackConfig,
                          memory: tuple[torch.Tensor, torch.Tensor], allowed: torch.Tensor,
                          h: torch.Tensor) -> torch.Tensor:
-        B, T, _ = h.shape
-        q = self._linear(h, names["cross_q"]).view(B, T, stack.num_heads, stack.d_kv)
+        """``h`` ``[R, T, d]`` over ``memory`` ``[Bm, S, n, dk]`` with ``R = G * Bm``: rows
+        ``b * G .. b * G + G - 1`` (an entry's beams) share entry ``b``'s memory, attending as
+        ``G * T`` queries of it (no copy of the memory per beam)."""
+        R, T, _ = h.shape
+        Bm = memory[0].shape[0]
+        q = self._linear(h, names["cross_q"]).view(Bm, R // Bm * T, stack.num_heads, stack.d_kv)
         a = self._attend(q, *memory, torch.zeros((), device=h.device), allowed)
-        return self._linear(a, names["cross_o"])
+        return self._linear(a.reshape(R, T, -1), names["cross_o"])
 
     # ------------------------------------------------------------------ encoder
     @torch.no_grad()
@@ -275,10 +293,14 @@ class Seq2SeqReference(torch.nn.Module):
         return out
 
     def _decode(self, tokens: torch.Tensor, start: int, cache: list[torch.Tensor],
-                memory: list[tuple[torch.Tensor, torch.Tensor]],
-                memory_valid: torch.Tensor) -> torch.Tensor:
+                memory: list[tuple[torch.Tensor, torch.Tensor]], memory_valid: torch.Tensor,
+                hidden: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Logits ``[B, T, V]`` of decoder tokens ``[B, T]`` at positions ``start ..``; their
-        self-attention K/V are written into ``cache`` (per layer ``[2, B, Tmax, n, dk]``)."""
+        self-attention K/V are written into ``cache`` (per layer ``[2, B, Tmax, n, dk]``).
+        ``memory`` / ``memory_valid`` may hold ``B / G`` entries, each shared by ``G``
+        consecutive rows (beams). ``hidden``: also return the final hidden states ``[B, T, d]``
+        (after the final norm, before T5's head rescale: what HF reports as the decoder's last
+        hidden state)."""
         c, dec = self.config, self.config.decoder
         T = tokens.shape[1]
         device = tokens.device
@@ -300,7 +322,7 @@ class Seq2SeqReference(torch.nn.Module):
         logits = (x * self.spec.head_scale) @ self.w[self.names["lm_head"]].t()
         if "logits_bias" in self.names:
             logits = logits + self.w[self.names["logits_bias"]]
-        return logits
+        return (logits, x) if hidden else logits
 
     def _new_cache(self, batch: int, length: int, device: torch.device) -> list[torch.Tensor]:
         dec = self.config.decoder
@@ -388,3 +410,149 @@ def _check_ids(ids: torch.Tensor, vocab: int, name: str) -> None:
                          f"{list(ids.shape)}")
     if int(ids.min()) < 0 or int(ids.max()) >= vocab:
         raise ValueError(f"{name} must be in [0, vocab_size={vocab})")
+
+
+# ----------------------------------------------------------------------------- generation
+class _DecoderAdapter:
+    """The decoder of a :class:`Seq2SeqReference` as the generation loop's model
+    (:class:`~warpformer.reference_generation.DecoderAdapter`): the cross-attention K/V of each
+    batch entry computed once from its encoder output and shared by its beams, and a
+    self-attention KV cache per row, which beams reorder."""
+
+    def __init__(self, model: Seq2SeqReference, encoder_output: torch.Tensor,
+                 lengths: torch.Tensor, max_len: int) -> None:
+        B, S, _ = encoder_output.shape
+        self.model = model
+        self.memory = model._memory(encoder_output)
+        self.valid = torch.arange(S, device=lengths.device)[None, :] < lengths[:, None]
+        self.cache = model._new_cache(B, max_len, encoder_output.device)
+
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+        start = int(positions[0])
+        if bool((positions != start).any()):  # every decoder row starts at the same length
+            raise RuntimeError(f"decoder rows at different positions {positions.tolist()}")
+        logits, hidden = self.model._decode(tokens[:, None], start, self.cache, self.memory,
+                                            self.valid, hidden=True)
+        return logits[:, 0], hidden[:, 0]
+
+    def reorder(self, rows: torch.Tensor) -> None:
+        self.cache = [c[:, rows] for c in self.cache]
+
+
+def _renamed(message: str) -> str:
+    """A ``generation_options`` message as this model's (the op names ``GptModel.decode``)."""
+    return message.replace("GptModel.decode", "Seq2SeqModel.decode", 1)
+
+
+class Seq2SeqReferenceEngine(StepwiseEngine):
+    """Plain-PyTorch twin of ``torch.classes.warpformer.Seq2SeqModel``: ``encode``, ``decode``,
+    ``decode_start``, ``decode_step``, ``decode_finish``, ``max_batch``, ``max_seq_len``.
+
+    ``input_ids`` are the encoder's (``[B, S]``, right padded); the outputs are the decoder's:
+    ``output_ids`` int32 ``[B, beam, 1 + output_len]``, column 0 the decoder start token, then
+    the generated tokens (``end_id`` past a row's end), ``sequence_lengths`` counting the start
+    token, and ``cum_log_probs`` / ``output_log_probs`` / ``hidden_states`` as
+    ``docs/GENERATION_API.md`` has them for GPT. The options are GPT's (the same loop runs
+    them; penalties, bad and stop words see the start token as the decoder's prompt), less
+    :data:`UNSUPPORTED_OPTIONS`, refused naming the option.
+
+    Args:
+        model: the reference model (fp32).
+        max_batch: the largest batch a call may use.
+        max_seq_len: the longest encoder input, and the most decoder tokens (``1 +
+            output_len``).
+    """
+
+    def __init__(self, model: Seq2SeqReference, max_batch: int, max_seq_len: int) -> None:
+        self.model = model
+        self.config = model.config
+        self._max_batch = max_batch
+        self._max_seq_len = max_seq_len
+        self._state: Decoding | None = None
+
+    def max_batch(self) -> int:
+        """The largest batch a call may use."""
+        return self._max_batch
+
+    def max_seq_len(self) -> int:
+        """The longest encoder input, and the most decoder tokens (start + output)."""
+        return self._max_seq_len
+
+    @property
+    def device(self) -> torch.device:
+        """Where the model's weights live (inputs are moved there; outputs are returned there)."""
+        return self.model.w[self.model.names["lm_head"]].device
+
+    def _inputs(self, op: str, input_ids: torch.Tensor, input_lengths: torch.Tensor,
+                output_len: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Checked ``(ids, lengths)``, long, on :attr:`device`, ids zero past each length."""
+        if input_ids.dim() != 2 or input_lengths.shape != (input_ids.shape[0],):
+            raise RuntimeError(f"{op}: input_ids must be [B, S] and input_lengths [B], got "
+                               f"{list(input_ids.shape)} and {list(input_lengths.shape)}")
+        if input_ids.dtype.is_floating_point or input_lengths.dtype.is_floating_point:
+            raise RuntimeError(f"{op}: input_ids and input_lengths must be integer tensors, got "
+                               f"{input_ids.dtype} and {input_lengths.dtype}")
+        B, S = input_ids.shape
+        if not 1 <= B <= self._max_batch:
+            raise RuntimeError(f"{op}: batch size {B} must be in [1, max_batch = "
+                               f"{self._max_batch}]")
+        if not 1 <= S <= self._max_seq_len:
+            raise RuntimeError(f"{op}: encoder input length {S} must be in [1, max_seq_len = "
+                               f"{self._max_seq_len}]")
+        if output_len is not None and not 1 <= output_len <= self._max_seq_len - 1:
+            raise RuntimeError(f"{op}: output_len {output_len} must be in [1, max_seq_len - 1 = "
+                               f"{self._max_seq_len - 1}] (the decoder holds the start token "
+                               "and the output)")
+        ids = input_ids.to(self.device).long()
+        lengths = input_lengths.to(self.device).long()
+        if bool((lengths < 1).any()) or bool((lengths > S).any()):
+            raise RuntimeError(f"{op}: input_lengths must be in [1, {S}], got {lengths.tolist()}")
+        valid = torch.arange(S, device=ids.device)[None] < lengths[:, None]
+        bad = valid & ((ids < 0) | (ids >= self.config.vocab_size))
+        if bool(bad.any()):
+            b, s = (int(v) for v in bad.nonzero()[0])
+            raise RuntimeError(f"{op}: input_ids[{b}, {s}] = {int(ids[b, s])} is outside the "
+                               f"vocabulary [0, {self.config.vocab_size})")
+        return ids.masked_fill(~valid, 0), lengths
+
+    @torch.no_grad()
+    def encode(self, input_ids: torch.Tensor, input_lengths: torch.Tensor) -> torch.Tensor:
+        """The encoder's output fp32 ``[B, S, d_model]``, zeros past each row's length."""
+        return self.model.encode(*self._inputs("Seq2SeqModel.encode", input_ids, input_lengths,
+                                               None))
+
+    @torch.no_grad()
+    def decode_start(self, input_ids: torch.Tensor, input_lengths: torch.Tensor, output_len: int,
+                     options: dict[str, torch.Tensor]) -> None:
+        """Validate, encode, feed the decoder start token and prepare the per-row state.
+
+        Args:
+            input_ids: integer ``[B, S]`` right-padded encoder input.
+            input_lengths: integer ``[B]`` its lengths in ``[1, S]``.
+            output_len: tokens to generate, ``1 .. max_seq_len - 1``.
+            options: ``docs/GENERATION_API.md``'s option dict, checked by the engine's rules
+                (``torch.ops.warpformer.generation_options``), less :data:`UNSUPPORTED_OPTIONS`.
+        """
+        self._state = None
+        ids, lengths = self._inputs("Seq2SeqModel.decode", input_ids, input_lengths, output_len)
+        c, B, dev = self.config, ids.shape[0], ids.device
+        try:
+            o = _Options.parse(options, B, c.vocab_size, c.eos_token_id)
+        except RuntimeError as exc:
+            raise RuntimeError(_renamed(str(exc))) from None
+        given = {"session": o.session, "prompt_table": o.prompt_table is not None,
+                 "memory_len": o.memory_len,
+                 "return_context_embeddings": o.return_context_embeddings,
+                 "return_cum_log_probs": o.return_cum_log_probs == 2}
+        for key, value in given.items():
+            if value:
+                raise RuntimeError(f"Seq2SeqModel.decode: option '{key}' is not supported by "
+                                   f"encoder-decoder models: {UNSUPPORTED_OPTIONS[key]}")
+        decoder = _DecoderAdapter(self.model, self.model.encode(ids, lengths), lengths,
+                                  1 + output_len)
+        start = torch.full((B, 1), c.decoder_start_token_id, dtype=torch.long, device=dev)
+        last, last_hidden = decoder.step(start[:, 0], torch.zeros(B, dtype=torch.long,
+                                                                 device=dev))
+        self._state = Decoding(decoder, o, start, torch.ones(B, dtype=torch.long, device=dev),
+                               output_len, last, last_hidden, vocab=c.vocab_size)
