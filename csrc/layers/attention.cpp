@@ -3,8 +3,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <cmath>
-
 #include "csrc/core/check.h"
 #include "kernels/attention/attention.h"
 
@@ -32,6 +30,8 @@ kernels::DecodeAttentionParams<T> decode_params(const AttentionIO& b, int64_t to
   p.max_seq = ai.max_seq;
   p.scale = scale;
   p.window = ai.window;
+  p.position_bias = ai.position_bias;
+  p.bias_max_distance = ai.bias_max_distance;
   return p;
 }
 
@@ -44,7 +44,7 @@ void attention(const LayerContext& lc, const AttentionIO& b, int64_t tokens,
   const int hd = static_cast<int>(c.head_dim);
   cudaStream_t stream = lc.ctx->stream();
 
-  const float scale = 1.f / std::sqrt(static_cast<float>(hd));
+  const float scale = c.score_scale();
   if (ai.decode && ai.fused_prep) {  // one kernel: QKV prep + attention
     kernels::DecodeAttentionFusedParams<T> p{};
     static_cast<kernels::DecodeAttentionParams<T>&>(p) =
@@ -100,6 +100,9 @@ void attention(const LayerContext& lc, const AttentionIO& b, int64_t tokens,
     p.scale = scale;
     p.kv_heads = kv_heads;
     p.window = ai.window;
+    p.causal = !ai.bidirectional;
+    p.position_bias = ai.position_bias;
+    p.bias_max_distance = ai.bias_max_distance;
     WF_CUDA_CHECK(kernels::launch_context_attention(p, stream));
   } else {
     kernels::DecodeAttentionParams<T> p = decode_params<T>(b, tokens, heads, hd, ai, scale);
@@ -109,7 +112,67 @@ void attention(const LayerContext& lc, const AttentionIO& b, int64_t tokens,
   }
 }
 
+template <typename T>
+void cross(const LayerContext& lc, const void* q, void* out, int64_t tokens,
+           const AttentionInputs& ai) {
+  const LayerSpec& c = *lc.spec;
+  kernels::DecodeAttentionParams<T> p{};
+  p.out = static_cast<T*>(out);
+  p.q = static_cast<const T*>(q);
+  p.k_cache = static_cast<const T*>(ai.cross.k);
+  p.v_cache = static_cast<const T*>(ai.cross.v);
+  p.row_slot = ai.cross.row_slot;
+  p.lengths = ai.cross.lengths;
+  p.workspace = ai.workspace;
+  p.workspace_bytes = ai.workspace_bytes;
+  p.rows = static_cast<int>(tokens);
+  p.heads = static_cast<int>(c.heads);
+  p.head_dim = static_cast<int>(c.head_dim);
+  p.num_slots = ai.cross.num_slots;
+  p.max_seq = ai.cross.max_seq;
+  p.scale = c.score_scale();
+  WF_CUDA_CHECK(kernels::launch_decode_attention(p, lc.ctx->stream()));
+}
+
+template <typename T>
+void memory(const LayerContext& lc, const void* kv, const void* kv_bias, void* k, void* v,
+            int num_slots, int max_seq, const int32_t* token_slot, const int32_t* token_pos,
+            int64_t tokens) {
+  const LayerSpec& c = *lc.spec;
+  kernels::QkvPrepParams<T> qp{};
+  qp.kv_only = true;
+  qp.k_cache = static_cast<T*>(k);
+  qp.v_cache = static_cast<T*>(v);
+  qp.qkv = static_cast<const T*>(kv);
+  qp.bias = static_cast<const T*>(kv_bias);
+  qp.token_slot = token_slot;
+  qp.token_pos = token_pos;
+  qp.tokens = static_cast<int>(tokens);
+  qp.heads = static_cast<int>(c.heads);
+  qp.kv_heads = static_cast<int>(c.heads);
+  qp.head_dim = static_cast<int>(c.head_dim);
+  qp.num_slots = num_slots;
+  qp.max_seq = max_seq;
+  WF_CUDA_CHECK(kernels::launch_qkv_prep(qp, lc.ctx->stream()));
+}
+
 }  // namespace
+
+void cross_attention(const LayerContext& lc, const void* q, void* out, int64_t tokens,
+                     const AttentionInputs& ai) {
+  if (tokens == 0) return;
+  WF_DISPATCH_FLOATING(lc.dtype, "cross_attention",
+                       [&] { cross<scalar_t>(lc, q, out, tokens, ai); });
+}
+
+void write_cross_memory(const LayerContext& lc, const void* kv, const void* kv_bias, void* k,
+                        void* v, int num_slots, int max_seq, const int32_t* token_slot,
+                        const int32_t* token_pos, int64_t tokens) {
+  if (tokens == 0) return;
+  WF_DISPATCH_FLOATING(lc.dtype, "write_cross_memory", [&] {
+    memory<scalar_t>(lc, kv, kv_bias, k, v, num_slots, max_seq, token_slot, token_pos, tokens);
+  });
+}
 
 void self_attention(const LayerContext& lc, const AttentionIO& io, int64_t tokens,
                     const AttentionInputs& ai) {

@@ -31,6 +31,11 @@ struct AttentionInputs {
   const int32_t* token_pos;   // [tokens]
   const float* alibi_slopes;  // [heads] or null
   int window;                 // > 0: each query sees its last `window` positions (sliding window)
+  // T5's relative bias: [heads, 2 * bias_max_distance + 1] fp32 per clamped key - query distance
+  // (kernels::ContextAttentionParams::position_bias), or null.
+  const float* position_bias;
+  int bias_max_distance;
+  bool bidirectional;  // an encoder's prompt pass: every query sees its whole sequence
   bool decode;
   // prefill
   const int32_t* cu_seqlens;  // [batch + 1]
@@ -46,14 +51,38 @@ struct AttentionInputs {
   // iota), token_pos = lengths - 1 and cache_indir[r, token_pos[r]] = the row's slot.
   bool fused_prep;
   const float* rotary_inv_freq;  // [rotary_dim / 2] (kernels::launch_rotary_inv_freq) or null
-  float* workspace;              // split-KV scratch
+  float* workspace;              // split-KV scratch (also the cross-attention's)
   size_t workspace_bytes;
+  // A decoder block's cross-attention (LayerSpec::cross_attention): token t's query attends to
+  // the first lengths[t] positions of slot row_slot[t] of this layer's memory, [num_slots, heads,
+  // max_seq, head_dim] K and V (the encoder output's projections, written once per call).
+  struct Cross {
+    const void* k;
+    const void* v;
+    int num_slots;
+    int max_seq;
+    const int32_t* row_slot;  // [tokens]
+    const int32_t* lengths;   // [tokens]
+  } cross;
 };
 
-// Causal self-attention of `tokens` rows: q, k, v prepared (bias, rotary) with k and v written
-// to the cache, then attention over each row's cached positions.
+// Self-attention of `tokens` rows (causal, or bidirectional: AttentionInputs::bidirectional):
+// q, k, v prepared (bias, rotary) with k and v written to the cache, then attention over each
+// row's cached positions.
 void self_attention(const LayerContext& lc, const AttentionIO& io, int64_t tokens,
                     const AttentionInputs& ai);
+
+// Cross-attention of `tokens` queries q [tokens, q_width] (already projected) into out, over the
+// memory ai.cross describes; uses ai.workspace.
+void cross_attention(const LayerContext& lc, const void* q, void* out, int64_t tokens,
+                     const AttentionInputs& ai);
+
+// Writes the memory of one layer's cross-attention: kv [tokens, 2 * heads * head_dim] (the
+// encoder output's K then V projection, bias not yet added) into the caches k/v [num_slots,
+// heads, max_seq, head_dim] at (token_slot[t], token_pos[t]).
+void write_cross_memory(const LayerContext& lc, const void* kv, const void* kv_bias, void* k,
+                        void* v, int num_slots, int max_seq, const int32_t* token_slot,
+                        const int32_t* token_pos, int64_t tokens);
 
 // The split-KV workspace self_attention needs at decode for `rows` rows and `max_seq` positions.
 size_t self_attention_workspace_bytes(const LayerSpec& spec, int64_t rows, int64_t max_seq);

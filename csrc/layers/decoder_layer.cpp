@@ -13,6 +13,10 @@
 //   post-norm (OPT-350m):
 //     y = ln1(x + attn(x) @ Wo + bo);  x = ln2(y + mlp(y) + b2)
 //
+// A cross-attention block (an encoder-decoder's decoder) adds, after the self-attention's
+// residual add, x += cross(lnc(x)) @ Wco (pre-norm) or z = lnc(y + cross(y) @ Wco + bco) with the
+// MLP reading z (post-norm); its queries attend to the encoder memory (AttentionInputs::cross).
+//
 // In the pre-norm forms every "x += ...; normalise" is done by the product that reads the
 // normalised rows (Gemm::run_normed: inside the GEMV at decode sizes, else a norms kernel
 // first), and a layer's last add is left pending for the next layer's QKV product; the stream
@@ -207,8 +211,19 @@ void post_norm_layer(const LayerContext& lc, const LayerWeights& w, const LayerB
   self_attention(lc, AttentionIO{b.qkv, w.qkv.bias, b.q, b.a}, tokens, ai);
   product_then_norm(lc, b, b.a, w.dense, b.p, tokens,
                     NormSpec{ln, w.ln1, w.dense.bias, b.x, b.x, b.y});
-  run_linear(lc, b, w.fc1, b.y, b.f, tokens, c.activation);
-  product_then_norm(lc, b, b.f, w.fc2, b.o, tokens, NormSpec{ln, w.ln2, w.fc2.bias, b.y, b.y, b.x});
+  // The MLP reads y, or with cross-attention n = lnc(y + cross(y) @ Wco + bco); its output then
+  // lands in x either way.
+  void* mlp_in = b.y;
+  if (c.cross_attention) {
+    run_linear(lc, b, w.cross_q, b.y, b.q, tokens);
+    cross_attention(lc, b.q, b.a, tokens, ai);
+    product_then_norm(lc, b, b.a, w.cross_dense, b.p, tokens,
+                      NormSpec{ln, w.ln_cross, w.cross_dense.bias, b.y, b.y, b.n});
+    mlp_in = b.n;
+  }
+  run_linear(lc, b, w.fc1, mlp_in, b.f, tokens, c.activation);
+  product_then_norm(lc, b, b.f, w.fc2, b.o, tokens,
+                    NormSpec{ln, w.ln2, w.fc2.bias, mlp_in, mlp_in, b.x});
   if (next.kind != kernels::NormKind::kAddOnly) {
     norm_rows(lc, next.kind, next.w, b.x, nullptr, nullptr, nullptr, b.n, tokens, c.hidden);
   }
@@ -276,6 +291,14 @@ void layer_forward(const LayerContext& lc, const LayerWeights& w, const LayerBuf
   product(lc, b, b.a, w.dense, b.p, tokens);
   s->delta = b.p;
   s->bias = w.dense.bias;
+  if (c.cross_attention) {  // x += p + bo; q = lnc(x) @ Wcq + bcq; pending = cross(q) @ Wco, bco
+    normed_product(lc, s, b, w.ln_cross.gamma, w.ln_cross.beta, b.n, false, w.cross_q, b.q, tokens,
+                   Activation::kIdentity);
+    cross_attention(lc, b.q, b.a, tokens, ai);
+    product(lc, b, b.a, w.cross_dense, b.p, tokens);
+    s->delta = b.p;
+    s->bias = w.cross_dense.bias;
+  }
   if (c.gated) {  // f = act(n @ G + g) * (n @ U + u), n = ln2(x)
     // At decode sizes both products stream their weights in one GEMV launch; otherwise the gate
     // product keeps n for the up product.
@@ -307,7 +330,7 @@ void decoder_layer_forward(const LayerContext& lc, const LayerWeights& w, const 
 
 int64_t LayerWeights::largest_quantized() const {
   int64_t most = 0;
-  for (const Linear* l : {&qkv, &dense, &fc1, &gate, &fc2}) {
+  for (const Linear* l : {&qkv, &dense, &fc1, &gate, &fc2, &cross_q, &cross_dense}) {
     if (l->quantized()) most = std::max(most, l->in * l->out);
   }
   return most;

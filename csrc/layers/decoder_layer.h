@@ -1,8 +1,9 @@
-// The decoder block, written once for every decoder-only family: the LayerSpec chooses pre- or
-// post-norm, sequential or parallel MLP (with a shared or a separate norm), the norm kind,
-// attention biases, rotary/ALiBi, and the activation. Tensor-parallel aware: the weights are this
-// rank's shards and the two row-parallel outputs go through the communicator's all-reduce (one
-// all-reduce for the parallel form, whose attention and MLP outputs are summed first).
+// The transformer block, written once for every family: the LayerSpec chooses pre- or post-norm,
+// sequential or parallel MLP (with a shared or a separate norm), the norm kind, attention biases,
+// rotary/ALiBi/relative bias, the activation, and a cross-attention sub-block (an encoder-decoder's
+// decoder; its encoder runs the block with bidirectional attention). Tensor-parallel aware: the
+// weights are this rank's shards and the row-parallel outputs go through the communicator's
+// all-reduce (one for the parallel form, whose attention and MLP outputs are summed first).
 #pragma once
 
 #include <cstdint>
@@ -25,12 +26,18 @@ struct LayerWeights {
   Linear fc1;       // [hidden, inter] (a gated MLP: the "up" product)
   Linear gate;      // [hidden, inter] a gated MLP's gate (act(x G) * (x U)); null weight otherwise
   Linear fc2;       // [inter, hidden]
+  // LayerSpec::cross_attention: the cross-attention sub-block's norm (before it when pre-norm,
+  // after its residual add when post-norm), query product [hidden, q_width] and output product
+  // [q_width, hidden]; its K/V products run once per call (the model's write_cross_memory).
+  NormWeights ln_cross;
+  Linear cross_q;
+  Linear cross_dense;
   // dense.bias + fc2.bias, for the parallel form's one residual add (null when neither exists)
   const void* residual_bias = nullptr;
 
   bool quantized() const {
     return qkv.quantized() || dense.quantized() || fc1.quantized() || gate.quantized() ||
-           fc2.quantized();
+           fc2.quantized() || cross_q.quantized() || cross_dense.quantized();
   }
   // Elements of the largest of the block's quantized weights (its dequantized size), 0 if none.
   int64_t largest_quantized() const;

@@ -2,6 +2,8 @@
 
 #include <c10/util/Exception.h>
 
+#include <cmath>
+
 namespace warpformer {
 namespace layers {
 
@@ -23,6 +25,13 @@ void LayerSpec::check() const {
               "LayerSpec: rotary_dim and rotary_style are set exactly when position is rotary");
   TORCH_CHECK(rotary_dim % 2 == 0 && rotary_dim <= head_dim, "LayerSpec: rotary_dim (", rotary_dim,
               ") must be even and at most head_dim (", head_dim, ")");
+  TORCH_CHECK(attn_scale >= 0.f, "LayerSpec: attn_scale must not be negative, got ", attn_scale);
+  TORCH_CHECK(!cross_attention || (mlp == MlpPlacement::kSequential && kv_heads == heads),
+              "LayerSpec: a cross-attention block takes a sequential MLP and multi-head attention");
+}
+
+float LayerSpec::score_scale() const {
+  return attn_scale > 0.f ? attn_scale : 1.f / std::sqrt(static_cast<float>(head_dim));
 }
 
 }  // namespace layers

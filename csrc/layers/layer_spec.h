@@ -27,9 +27,10 @@ enum class MlpPlacement {
 
 enum class PositionEncoding {
   kNone,
-  kLearned,  // a table added to the token embedding (outside the block)
-  kRotary,   // rotary_dim dimensions of q and k rotated in the attention
-  kAlibi,    // linear biases on the attention scores, one slope per head
+  kLearned,   // a table added to the token embedding (outside the block)
+  kRotary,    // rotary_dim dimensions of q and k rotated in the attention
+  kAlibi,     // linear biases on the attention scores, one slope per head
+  kRelative,  // a learned bias per head and relative distance (T5), AttentionInputs::position_bias
 };
 
 struct LayerSpec {
@@ -49,12 +50,17 @@ struct LayerSpec {
   kernels::RotaryStyle rotary_style = kernels::RotaryStyle::kNone;
   float rotary_base = 10000.f;
   float rotary_mscale = 1.f;  // factor on cos and sin (yarn's attention factor)
+  float attn_scale = 0.f;     // factor on q . k; 0: 1 / sqrt(head_dim) (T5 folds it into Q: 1)
+  // An encoder-decoder's decoder block: a cross-attention sub-block over the encoder's memory
+  // (AttentionInputs::cross) between the self-attention and the MLP.
+  bool cross_attention = false;
 
   int64_t q_width() const { return heads * head_dim; }
   // One token's QKV product: all Q heads, then K, then V (K/V heads fewer with grouped-query).
   int64_t qkv_width() const { return (heads + 2 * kv_heads) * head_dim; }
   bool pre_norm() const { return residual == ResidualOrder::kPreNorm; }
   bool parallel_mlp() const { return mlp != MlpPlacement::kSequential; }
+  float score_scale() const;
   // Throws naming the field when the spec is inconsistent or asks for what the kernels lack.
   void check() const;
 };

@@ -258,68 +258,13 @@ GptModelHolder::GptModelHolder(const std::string& config,
 GptModelHolder::Prompt GptModelHolder::check_inputs(const char* op, const at::Tensor& input_ids,
                                                     const at::Tensor& input_lengths,
                                                     int64_t extra_len, int64_t table_rows) const {
-  check_dtype(input_ids, at::kInt, op, "input_ids");
-  check_dim(input_ids, 2, op, "input_ids");
-  check_dtype(input_lengths, at::kInt, op, "input_lengths");
-  check_dim(input_lengths, 1, op, "input_lengths");
-  const int64_t batch = input_ids.size(0), seq = input_ids.size(1);
-  TORCH_CHECK(batch >= 1, op, ": input_ids must hold at least one sequence, got shape ",
-              input_ids.sizes());
-  TORCH_CHECK(seq >= 1, op, ": input_ids must have at least one column, got shape ",
-              input_ids.sizes());
-  TORCH_CHECK(input_lengths.size(0) == batch, op, ": input_lengths must have ", batch,
-              " entries (one per row of input_ids), got ", input_lengths.size(0));
-  TORCH_CHECK(batch <= model_->max_batch(), op, ": batch size ", batch, " exceeds max_batch (",
-              model_->max_batch(), ") of this model instance");
-  TORCH_CHECK(seq + extra_len <= model_->max_seq_len(), op, ": input length ", seq,
-              extra_len ? " + output_len " : "", extra_len ? std::to_string(extra_len) : "",
-              " exceeds max_seq_len (", model_->max_seq_len(), ") of this model instance");
-  TORCH_CHECK(input_ids.is_cpu() || input_ids.is_cuda(), op,
-              ": input_ids must be on the CPU or on the model's GPU (cuda:", device_, "), got ",
-              input_ids.device());
-  TORCH_CHECK(input_ids.is_cpu() || input_ids.device().index() == device_, op, ": input_ids is on ",
-              input_ids.device(), " but the model is on cuda:", device_);
-  // The checks run on the host: a device->host copy of each input that is on the GPU, instead
-  // of a dozen small kernels and a synchronisation per check.
-  Prompt p;
-  p.host_ids = input_ids.to(at::kCPU).contiguous();
-  const at::Tensor lens = input_lengths.to(at::kCPU).contiguous();
-  const int32_t* lp = lens.data_ptr<int32_t>();
-  p.lengths.assign(lp, lp + batch);
-  for (int64_t b = 0; b < batch; ++b) {
-    TORCH_CHECK(p.lengths[b] >= 1 && p.lengths[b] <= seq, op, ": input_lengths[", b,
-                "] = ", p.lengths[b], " must be in [1, ", seq, "] (input_ids has ", seq,
-                " columns)");
-  }
-  // Token ids of the valid positions must be in the vocabulary (padding is not looked at).
-  const int64_t vocab = model_->vocab_size();
-  const int32_t* ids = p.host_ids.data_ptr<int32_t>();
-  for (int64_t b = 0; b < batch; ++b) {
-    for (int64_t i = 0; i < p.lengths[b]; ++i) {
-      const int32_t v = ids[b * seq + i];
-      TORCH_CHECK(v >= 0 && v < vocab + table_rows, op, ": input_ids[", b, ", ", i, "] = ", v,
-                  " is outside the vocabulary [0, ", vocab, ")",
-                  table_rows > 0 ? c10::str(" and the prompt table's ids [", vocab, ", ",
-                                            vocab + table_rows, ")")
-                                 : std::string());
-    }
-  }
-  return p;
-}
-
-at::Tensor GptModelHolder::prompt_then_end_ids(const Prompt& p, const int32_t* end_ids,
-                                               int64_t beam, int64_t total) {
-  const int64_t batch = p.host_ids.size(0), seq = p.host_ids.size(1);
-  at::Tensor out = at::empty({batch, beam, total}, at::TensorOptions().dtype(at::kInt));
-  int32_t* o = out.data_ptr<int32_t>();
-  const int32_t* ids = p.host_ids.data_ptr<int32_t>();
-  for (int64_t b = 0; b < batch; ++b) {
-    int32_t* row = o + b * beam * total;
-    std::copy(ids + b * seq, ids + b * seq + p.lengths[b], row);
-    std::fill(row + p.lengths[b], row + total, end_ids[b]);
-    for (int64_t k = 1; k < beam; ++k) std::copy(row, row + total, row + k * total);
-  }
-  return out;
+  PromptLimits limits;
+  limits.max_batch = model_->max_batch();
+  limits.max_seq_len = model_->max_seq_len();
+  limits.vocab = model_->vocab_size();
+  limits.device = device_;
+  limits.table_rows = table_rows;
+  return check_prompt(op, input_ids, input_lengths, extra_len, limits);
 }
 
 at::Tensor GptModelHolder::forward(const at::Tensor& input_ids, const at::Tensor& input_lengths) {

@@ -19,6 +19,7 @@
 
 #include "csrc/generation/session.h"
 #include "csrc/models/gpt/gpt_model.h"
+#include "csrc/torch/generation_call.h"
 #include "csrc/torch/model_options.h"
 #include "csrc/torch/nccl_class.h"
 
@@ -137,25 +138,13 @@ class GptModelHolder : public torch::CustomClassHolder {
   State get_state() const;
 
  private:
-  // A call's prompt, validated on the host: lengths in [1, S], the ids of valid positions
-  // inside the vocabulary, batch and S + extra_len within the instance's limits.
-  struct Prompt {
-    at::Tensor host_ids;           // int32 [B, S], CPU, contiguous
-    std::vector<int32_t> lengths;  // B entries
-  };
-  // input_ids int32 [B, S] on the CPU or on the model's GPU (then copied to the host once),
-  // input_lengths int32 [B] on any device; throws naming the argument and the rule.
-  // table_rows: ids vocab .. vocab + table_rows - 1 are prompt-table rows (decode's
-  // prompt_table option).
+  using Prompt = PromptInput;
+  // check_prompt with this instance's limits; table_rows: ids vocab .. vocab + table_rows - 1
+  // are prompt-table rows (decode's prompt_table option).
   Prompt check_inputs(const char* op, const at::Tensor& input_ids, const at::Tensor& input_lengths,
                       int64_t extra_len, int64_t table_rows = 0) const;
-  // int32 [B, beam, S + output_len] on the CPU: each row's prompt, then end_ids[b] (also over
-  // the row's padding): the output_ids a session starts from.
-  static at::Tensor prompt_then_end_ids(const Prompt& p, const int32_t* end_ids, int64_t beam,
-                                        int64_t total);
-  // decode_step's steps without its returned tokens: the number of steps run (the session is
-  // dropped when a step throws).
-  int64_t run_steps(int64_t max_steps);
+  // The running decode call's step / finish (generation_call.h), ending it through end_call.
+  CallDriver driver();
 
   std::string config_json_;
   c10::Dict<std::string, at::Tensor> given_;  // as passed in, for pickling
@@ -164,21 +153,11 @@ class GptModelHolder : public torch::CustomClassHolder {
   int64_t device_;
   std::unordered_map<std::string, at::Tensor> owned_;  // converted weights + derived tensors
 
-  // Tensors of the running generation session (device arrays the C++ loop reads and writes).
   // forward with an attention window (decode's memory_len for its context log probs).
   at::Tensor forward_windowed(const at::Tensor& input_ids, const at::Tensor& input_lengths,
                               int64_t window, int64_t table_rows = 0);
-  struct Session {
-    int64_t batch = 0, beam = 1, seq = 0, output_len = 0, cum_mode = 0;
-    int64_t held = 0;    // the interactive session it runs in (open_session's handle), or 0
-    int64_t window = 0;  // memory_len
-    bool return_log_probs = false;
-    at::Tensor end_ids, top_k, top_p, temperature, rep, pres, freq, min_len, seeds, bad, stop;
-    at::Tensor input_lengths, output_ids, seq_lengths, cum_log_probs, output_log_probs;
-    at::Tensor context_log_probs;
-    at::Tensor context_embeddings, hidden_states;  // [B, S, H] and [B, 1, L, H] when asked
-    at::Tensor prompt_table;  // on the device, in the model dtype, while the session runs
-  };
+  // The running decode call (device arrays the C++ loop reads and writes).
+  using Session = GenerationCall;
   Session session_;
   // open_session's sessions: their slots and, per row, the ids whose K/V the slots hold.
   struct HeldSession {

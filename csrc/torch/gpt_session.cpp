@@ -1,6 +1,6 @@
-// GptModelHolder's generation methods: the options (parsed by generation_options.h) sent to the
-// device, the output tensors, and the decode_start / decode_step / decode_finish session around
-// csrc/generation/session.h.
+// GptModelHolder's generation methods: the decode_start / decode_step / decode_finish session
+// around csrc/generation/session.h (the shared part in generation_call.h), with the GPT family's
+// own options: interactive sessions, prompt tables, memory_len and context log probs.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -16,19 +16,6 @@ namespace warpformer {
 namespace {
 
 constexpr const char* kOp = "GptModel.decode";
-
-// Whether `pred` holds for any value of a contiguous CPU per-row tensor (a host loop: a tensor
-// reduction and item() cost more than the loop at these sizes).
-template <typename T>
-bool any_row(const at::Tensor& t, bool (*pred)(T)) {
-  const T* p = t.data_ptr<T>();
-  return std::any_of(p, p + t.numel(), pred);
-}
-
-// Rows of a [batch, ...] tensor repeated for each beam: [batch * beam, ...].
-at::Tensor per_beam(const at::Tensor& t, int64_t beam) {
-  return beam == 1 ? t : t.repeat_interleave(beam, 0).contiguous();
-}
 
 }  // namespace
 
@@ -53,8 +40,6 @@ void GptModelHolder::decode_start(const at::Tensor& input_ids, const at::Tensor&
       ops::generation_options(options, batch, V, model_->config().end_id);
   const int64_t beam = g.at("beam_width").item<int64_t>();
   const int64_t memory_len = g.at("memory_len").item<int64_t>();
-  const at::Tensor bad = g.contains("bad_words") ? g.at("bad_words") : at::Tensor();
-  const at::Tensor stop = g.contains("stop_words") ? g.at("stop_words") : at::Tensor();
   const int64_t held = g.at("session").item<int64_t>();
   const std::vector<int32_t> past =
       held != 0 ? session_prefixes(held, prompt, beam, output_len, memory_len)
@@ -74,87 +59,12 @@ void GptModelHolder::decode_start(const at::Tensor& input_ids, const at::Tensor&
         t.to(at::TensorOptions().device(at::kCUDA, device_).dtype(to_scalar_type(model_->dtype())))
             .contiguous();
   }
-  s.batch = batch;
-  s.beam = beam;
-  s.seq = input_ids.size(1);
-  s.output_len = output_len;
-  s.return_log_probs = g.at("return_log_probs").item<int64_t>() != 0;
-  s.cum_mode = g.at("return_cum_log_probs").item<int64_t>();
-  auto f32 = at::kFloat;
-  const bool all_greedy = !any_row<int32_t>(g.at("top_k"), [](int32_t k) { return k != 1; });
-  const bool penalties =
-      any_row<float>(g.at("repetition_penalty"), [](float r) { return r != 1.f; }) ||
-      any_row<float>(g.at("presence_penalty"), [](float p) { return p != 0.f; }) ||
-      any_row<float>(g.at("frequency_penalty"), [](float f) { return f != 0.f; });
-  const bool process = penalties ||
-                       any_row<int32_t>(g.at("min_length"), [](int32_t m) { return m != 0; }) ||
-                       bad.defined() || stop.defined();
 
   const c10::cuda::CUDAGuard guard(device_);
   model_->context().set_stream(c10::cuda::getCurrentCUDAStream(device_).stream());
-  const auto dev = at::TensorOptions().device(at::kCUDA, device_);
-  // Every per-row array the loop reads, the outputs it starts from (the prompt then end ids per
-  // beam; the prompt lengths) and, for CPU inputs, the ids: one host->device copy.
-  const int64_t total = s.seq + output_len;
-  const at::Tensor lengths =
-      at::from_blob(const_cast<int32_t*>(prompt.lengths.data()), {batch}, at::kInt);
-  enum Slot {
-    kEnd,
-    kTopK,
-    kTopP,
-    kTemp,
-    kRep,
-    kPres,
-    kFreq,
-    kMinLen,
-    kSeeds,
-    kBad,
-    kStop,
-    kLengths,
-    kOutput,
-    kSeqLengths,
-    kIds
-  };
-  std::vector<at::Tensor> host;  // in Slot's order
-  for (const char* key : {"end_id", "top_k", "top_p", "temperature", "repetition_penalty",
-                          "presence_penalty", "frequency_penalty", "min_length", "seed"}) {
-    host.push_back(per_beam(g.at(key), beam));
-  }
-  for (const at::Tensor& words : {bad, stop}) {  // shared [2, L] as given, [batch, 2, L] per beam
-    host.push_back(words.defined() && words.dim() == 3 ? per_beam(words, beam) : words);
-  }
-  host.insert(
-      host.end(),
-      {lengths, prompt_then_end_ids(prompt, g.at("end_id").data_ptr<int32_t>(), beam, total),
-       per_beam(lengths, beam).view({batch, beam}),
-       input_ids.is_cuda() ? at::Tensor() : prompt.host_ids});
-  const std::vector<at::Tensor> up = upload_together(host, device_);
-  s.end_ids = up[kEnd];
-  s.top_k = up[kTopK];
-  s.top_p = up[kTopP];
-  s.temperature = up[kTemp];
-  s.rep = up[kRep];
-  s.pres = up[kPres];
-  s.freq = up[kFreq];
-  s.min_len = up[kMinLen];
-  s.seeds = up[kSeeds];
-  s.bad = up[kBad];
-  s.stop = up[kStop];
-  s.output_ids = up[kOutput];
-  s.seq_lengths = up[kSeqLengths];
-  s.input_lengths = up[kLengths];
-  const at::Tensor ids = input_ids.is_cuda() ? input_ids.contiguous() : up[kIds];
-  if (s.cum_mode > 0 || beam > 1) s.cum_log_probs = at::zeros({batch, beam}, dev.dtype(f32));
-  if (s.return_log_probs) s.output_log_probs = at::zeros({batch, beam, output_len}, dev.dtype(f32));
-  // Final hidden states in the model dtype, zero where nothing is written (past a row's end).
-  const auto model_dtype = dev.dtype(to_scalar_type(model_->dtype()));
-  const int64_t hidden = model_->config().hidden();
-  if (g.at("return_context_embeddings").item<int64_t>() != 0) {
-    s.context_embeddings = at::zeros({batch, s.seq, hidden}, model_dtype);
-  }
-  if (g.at("return_hidden_states").item<int64_t>() != 0) {
-    s.hidden_states = at::zeros({batch, beam, output_len, hidden}, model_dtype);
-  }
+  prepare_call(g, prompt, input_ids, output_len, model_->config().hidden(), model_->dtype(),
+               device_, &s);
+  const at::Tensor& ids = s.ids;
   if (s.prompt_table.defined()) {  // dropped by end_call
     model_->set_prompt_table({s.prompt_table.data_ptr(), s.prompt_table.size(0)});
   }
@@ -163,7 +73,7 @@ void GptModelHolder::decode_start(const at::Tensor& input_ids, const at::Tensor&
     // prompt-table position is not a token: it has none).
     try {
       const at::Tensor logits =
-          forward_windowed(ids, s.input_lengths, memory_len, table_rows).to(f32);
+          forward_windowed(ids, s.input_lengths, memory_len, table_rows).to(at::kFloat);
       const at::Tensor lp = at::log_softmax(logits.narrow(1, 0, s.seq - 1), -1);
       const at::Tensor next_ids = ids.narrow(1, 1, s.seq - 1).to(at::kLong);
       const at::Tensor next = next_ids.clamp(0, V - 1);
@@ -178,45 +88,13 @@ void GptModelHolder::decode_start(const at::Tensor& input_ids, const at::Tensor&
     }
   }
 
-  generation::DecodeOptions opt;
-  opt.beam_width = static_cast<int>(beam);
-  opt.end_ids = s.end_ids.data_ptr<int32_t>();
-  opt.top_k = s.top_k.data_ptr<int32_t>();
-  opt.top_p = s.top_p.data_ptr<float>();
-  opt.temperature = s.temperature.data_ptr<float>();
-  opt.repetition_penalty = s.rep.data_ptr<float>();
-  opt.presence_penalty = s.pres.data_ptr<float>();
-  opt.frequency_penalty = s.freq.data_ptr<float>();
-  opt.min_length = s.min_len.data_ptr<int32_t>();
-  opt.seeds = reinterpret_cast<const uint64_t*>(s.seeds.data_ptr<int64_t>());
-  if (s.bad.defined()) {
-    opt.bad_words = s.bad.data_ptr<int32_t>();
-    opt.bad_words_row_stride = s.bad.dim() == 3 ? 2 * s.bad.size(2) : 0;
-    opt.bad_words_len = static_cast<int>(s.bad.size(-1));
-  }
-  if (s.stop.defined()) {
-    opt.stop_words = s.stop.data_ptr<int32_t>();
-    opt.stop_words_row_stride = s.stop.dim() == 3 ? 2 * s.stop.size(2) : 0;
-    opt.stop_words_len = static_cast<int>(s.stop.size(-1));
-  }
-  opt.greedy = beam == 1 && all_greedy && !process && !s.return_log_probs && s.cum_mode == 0;
-  opt.needs_counts = penalties;
-  opt.length_penalty = g.at("length_penalty").item<float>();
-  opt.diversity_rate = g.at("diversity_rate").item<float>();
-  generation::DecodeOutputs o;
-  o.output_ids = s.output_ids.data_ptr<int32_t>();
-  o.sequence_lengths = s.seq_lengths.data_ptr<int32_t>();
-  o.cum_log_probs = s.cum_log_probs.defined() ? s.cum_log_probs.data_ptr<float>() : nullptr;
-  o.output_log_probs =
-      s.output_log_probs.defined() ? s.output_log_probs.data_ptr<float>() : nullptr;
-  o.context_embeddings = s.context_embeddings.defined() ? s.context_embeddings.data_ptr() : nullptr;
-  o.hidden_states = s.hidden_states.defined() ? s.hidden_states.data_ptr() : nullptr;
   // The session's prompt pass and steps attend through the call's window (forward and generate
   // set their own, and neither runs while the session does).
   model_->set_attention_window(memory_len);
   if (held != 0) model_->use_slots(held_.at(held).first_slot);
   try {
-    generation_->start(ids.data_ptr<int32_t>(), prompt.lengths, s.seq, output_len, opt, o, past);
+    generation_->start(ids.data_ptr<int32_t>(), prompt.lengths, s.seq, output_len, s.opt, s.out,
+                       past);
   } catch (...) {
     end_call(s, /*ok=*/false);
     throw;
@@ -318,71 +196,21 @@ void GptModelHolder::end_session_call(const Session& s, bool ok) {
   h.window = s.window;
 }
 
-int64_t GptModelHolder::run_steps(int64_t max_steps) {
-  TORCH_CHECK(generation_->active(),
-              "GptModel.decode_step: no generation session "
-              "(call decode_start first)");
-  TORCH_CHECK(max_steps >= 1, "GptModel.decode_step: max_steps must be >= 1, got ", max_steps);
-  const c10::cuda::CUDAGuard guard(device_);
-  model_->context().set_stream(c10::cuda::getCurrentCUDAStream(device_).stream());
-  try {
-    return generation_->step(max_steps);
-  } catch (...) {
-    generation_->abort();
-    end_call(session_, /*ok=*/false);
-    session_ = Session{};
-    throw;
-  }
+CallDriver GptModelHolder::driver() {
+  return CallDriver{
+      generation_.get(), model_.get(),
+      device_,           "GptModel",
+      &session_,         [this](const GenerationCall& s, bool ok) { end_call(s, ok); }};
 }
 
 at::Tensor GptModelHolder::decode_step(int64_t max_steps) {
   const std::lock_guard<std::recursive_mutex> lock(call_mu_);
-  const int64_t before = generation_->active() ? generation_->tokens_done() : 0;
-  const int64_t n = run_steps(max_steps);
-  const c10::cuda::CUDAGuard guard(device_);
-  Session& s = session_;
-  if (n == 0 || s.beam > 1) {
-    // Beam search reorders beams until the end: its tokens are final only after decode_finish,
-    // so its steps return -1 placeholders.
-    return at::full({s.batch, s.beam, n}, -1, s.output_ids.options());
-  }
-  const int64_t total = s.seq + s.output_len;
-  const at::Tensor pos = (s.input_lengths.unsqueeze(1) + before +
-                          at::arange(n, s.input_lengths.options()).unsqueeze(0))
-                             .clamp_max(total - 1)
-                             .to(at::kLong);
-  return s.output_ids.select(1, 0).gather(1, pos).unsqueeze(1);
+  return driver().step(max_steps);
 }
 
 c10::Dict<std::string, at::Tensor> GptModelHolder::decode_finish() {
   const std::lock_guard<std::recursive_mutex> lock(call_mu_);
-  TORCH_CHECK(generation_->active(),
-              "GptModel.decode_finish: no generation session "
-              "(call decode_start first)");
-  const c10::cuda::CUDAGuard guard(device_);
-  model_->context().set_stream(c10::cuda::getCurrentCUDAStream(device_).stream());
-  try {
-    generation_->finish();
-  } catch (...) {
-    generation_->abort();
-    end_call(session_, /*ok=*/false);
-    session_ = Session{};
-    throw;
-  }
-  Session s = std::move(session_);
-  session_ = Session{};
-  end_call(s, /*ok=*/true);
-  c10::Dict<std::string, at::Tensor> out;
-  out.insert("output_ids", s.output_ids);
-  out.insert("sequence_lengths", s.seq_lengths);
-  if (s.cum_log_probs.defined()) {
-    if (s.context_log_probs.defined()) s.cum_log_probs.add_(s.context_log_probs.unsqueeze(1));
-    out.insert("cum_log_probs", s.cum_log_probs);
-  }
-  if (s.output_log_probs.defined()) out.insert("output_log_probs", s.output_log_probs);
-  if (s.context_embeddings.defined()) out.insert("context_embeddings", s.context_embeddings);
-  if (s.hidden_states.defined()) out.insert("hidden_states", s.hidden_states);
-  return out;
+  return driver().finish();
 }
 
 c10::Dict<std::string, at::Tensor> GptModelHolder::decode(
@@ -390,7 +218,7 @@ c10::Dict<std::string, at::Tensor> GptModelHolder::decode(
     const c10::Dict<std::string, at::Tensor>& options) {
   const std::lock_guard<std::recursive_mutex> lock(call_mu_);
   decode_start(input_ids, input_lengths, output_len, options);
-  run_steps(output_len);  // the outputs are read from decode_finish's dict, not step by step
+  driver().run_steps(output_len);  // the outputs are read from decode_finish's dict
   return decode_finish();
 }
 

@@ -15,9 +15,11 @@
 #include "csrc/torch/ops_attention.h"
 #include "csrc/torch/ops_beam.h"
 #include "csrc/torch/ops_sampling.h"
+#include "csrc/torch/seq2seq_class.h"
 
 namespace wo = warpformer::ops;
 using warpformer::GptModelHolder;
+using warpformer::Seq2SeqModelHolder;
 
 TORCH_LIBRARY(warpformer, m) {
   // LayerNorm over the last axis: weight [h], optional bias [h]; fp32 statistics.
@@ -289,6 +291,38 @@ TORCH_LIBRARY(warpformer, m) {
                     return c10::make_intrusive<GptModelHolder>(std::get<0>(s), std::get<1>(s),
                                                                std::get<2>(s));
                   });
+
+  // An encoder-decoder instance (T5 / BART families) on one GPU (one TP rank): encode, and
+  // generation from the encoder inputs with GptModel.decode's options.
+  m.class_<Seq2SeqModelHolder>("Seq2SeqModel")
+      .def(torch::init<std::string, c10::Dict<std::string, at::Tensor>, std::string>(), "",
+           {torch::arg("config"), torch::arg("weights"), torch::arg("options") = std::string("{}")})
+      .def("encode", &Seq2SeqModelHolder::encode, "",
+           {torch::arg("input_ids"), torch::arg("input_lengths")})
+      .def("decode", &Seq2SeqModelHolder::decode, "",
+           {torch::arg("input_ids"), torch::arg("input_lengths"), torch::arg("output_len"),
+            torch::arg("options")})
+      .def("decode_start", &Seq2SeqModelHolder::decode_start, "",
+           {torch::arg("input_ids"), torch::arg("input_lengths"), torch::arg("output_len"),
+            torch::arg("options")})
+      .def("decode_step", &Seq2SeqModelHolder::decode_step, "", {torch::arg("max_steps")})
+      .def("decode_finish", &Seq2SeqModelHolder::decode_finish)
+      .def("attach_tensor_parallel", &Seq2SeqModelHolder::attach_tensor_parallel)
+      .def("config", &Seq2SeqModelHolder::config)
+      .def("options", &Seq2SeqModelHolder::options)
+      .def("tensor_para_size", &Seq2SeqModelHolder::tensor_para_size)
+      .def("dtype", &Seq2SeqModelHolder::dtype)
+      .def("max_batch", &Seq2SeqModelHolder::max_batch)
+      .def("max_seq_len", &Seq2SeqModelHolder::max_seq_len)
+      .def("vocab_size", &Seq2SeqModelHolder::vocab_size)
+      .def("device", &Seq2SeqModelHolder::device)
+      .def("memory_bytes", &Seq2SeqModelHolder::memory_bytes)
+      .def_pickle(
+          [](const c10::intrusive_ptr<Seq2SeqModelHolder>& self) { return self->get_state(); },
+          [](Seq2SeqModelHolder::State s) {
+            return c10::make_intrusive<Seq2SeqModelHolder>(std::get<0>(s), std::get<1>(s),
+                                                           std::get<2>(s));
+          });
 }
 
 #define WF_IMPL_ALL(m)                                             \

@@ -134,7 +134,22 @@ T5Config T5Config::from_json(const std::string& json, int64_t tensor_para_rank,
                             kernels::attention_head_dim_supported(static_cast<int>(s.d_kv))),
                 kWhat, ": ", p, "d_kv must be one of ", kernels::kAttentionHeadDimsText,
                 " (the attention kernels' head sizes), got ", s.d_kv);
+    if (engine && c.relative_positions()) {
+      // The logarithmic buckets divide by log(max_distance / exact) with exact = num_buckets / 4
+      // (the encoder's bidirectional half) or / 2: both must be >= 1 and below max_distance;
+      // the kernels index the bias table by distances within +-65535.
+      TORCH_CHECK(s.num_buckets >= 4 && s.max_distance > s.num_buckets / 2, kWhat, ": ", p,
+                  "relative_attention_num_buckets (", s.num_buckets,
+                  ") must be >= 4 and below 2 x relative_attention_max_distance (", s.max_distance,
+                  ")");
+      TORCH_CHECK(s.max_distance <= 65535, kWhat, ": ", p,
+                  "relative_attention_max_distance must be <= 65535, got ", s.max_distance);
+    }
   }
+  // The cross-attention memory's K/V product writes into the encoder's QKV region.
+  TORCH_CHECK(!engine || 2 * c.decoder.inner() <= 3 * c.encoder.inner(), kWhat,
+              ": 2 x decoder_num_heads x decoder_d_kv (", 2 * c.decoder.inner(),
+              ") must be <= 3 x encoder_num_heads x encoder_d_kv (", 3 * c.encoder.inner(), ")");
   TORCH_CHECK(c.encoder.d_model == c.decoder.d_model, kWhat, ": encoder_d_model (",
               c.encoder.d_model, ") must equal decoder_d_model (", c.decoder.d_model,
               "): the stacks share the embedding");
