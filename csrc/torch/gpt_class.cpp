@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <sstream>
 #include <vector>
 
 #include "csrc/models/gpt/gpt_weights.h"
@@ -23,14 +22,6 @@ bool storage_holds_rows(const at::Tensor& t, int64_t rows) {
   const int64_t row_bytes = t.numel() / std::max<int64_t>(1, t.size(0)) * t.element_size();
   return t.is_contiguous() && (t.storage_offset() * t.element_size() + rows * row_bytes) <=
                                   static_cast<int64_t>(t.storage().nbytes());
-}
-
-std::string shape_str(const std::vector<int64_t>& s) {
-  std::ostringstream os;
-  os << "[";
-  for (size_t i = 0; i < s.size(); ++i) os << (i ? ", " : "") << s[i];
-  os << "]";
-  return os.str();
 }
 
 // The tensors this rank needs and their per-rank shapes, from the model's weight table: this

@@ -5,7 +5,6 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <cmath>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -18,14 +17,6 @@ namespace {
 
 constexpr const char* kOp = "Seq2SeqModel";
 constexpr const char* kDecodeOp = "Seq2SeqModel.decode";
-
-std::string shape_str(const std::vector<int64_t>& s) {
-  std::ostringstream os;
-  os << "[";
-  for (size_t i = 0; i < s.size(); ++i) os << (i ? ", " : "") << s[i];
-  os << "]";
-  return os.str();
-}
 
 }  // namespace
 

@@ -121,6 +121,14 @@ std::vector<at::Tensor> upload_together(const std::vector<at::Tensor>& host, int
   return out;
 }
 
+std::string shape_str(const std::vector<int64_t>& shape) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
+  os << "]";
+  return os.str();
+}
+
 int64_t leading_rows(const at::Tensor& t) {
   return t.dim() == 0 ? 1 : t.numel() / std::max<int64_t>(t.size(-1), 1);
 }

@@ -44,6 +44,9 @@ void check_cuda(const at::Tensor& t, const char* op, const char* arg,
 // stay undefined. One copy instead of one per tensor: each pageable copy costs a round trip.
 std::vector<at::Tensor> upload_together(const std::vector<at::Tensor>& host, int64_t device);
 
+// "[a, b, c]": a shape as the error messages write it.
+std::string shape_str(const std::vector<int64_t>& shape);
+
 // Element count of the leading axes of a [..., last] tensor, as an int64.
 int64_t leading_rows(const at::Tensor& t);
 
