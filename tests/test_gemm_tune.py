@@ -273,3 +273,45 @@ def test_run_drives_the_engine_with_the_given_workload(monkeypatch, tmp_path, ca
                                    "prefill_tokens": None, "prompt_rows": None,
                                    "pipeline_para_size": 1}
     assert calls["tune"][4] is None
+
+
+def _t5_dir(tmp_path):
+    """A converted encoder-decoder folder's config.ini (no weights: the CLI reads the config)."""
+    from warpformer.t5_config import T5Config, T5StackConfig
+
+    stack = dict(vocab_size=40, d_model=64, d_kv=32, d_ff=96, num_layers=3, num_heads=2)
+    path = tmp_path / "t5-wf" / "1-gpu"
+    path.mkdir(parents=True)
+    T5Config(encoder=T5StackConfig(**stack), decoder=T5StackConfig(**stack)).to_ini(
+        path / "config.ini")
+    return path
+
+
+def test_encoder_decoder_folder_tunes_its_workload(monkeypatch, tmp_path) -> None:
+    """An encoder-decoder --model-dir (FT's t5_gemm workload: batch, beam, encoder input length)
+    reaches collect_seq2seq_shapes; the decoder-only workload options are refused for it."""
+    from warpformer.t5_config import T5Config
+
+    path = _t5_dir(tmp_path)
+    assert isinstance(config_from_args(_args("--model-dir", str(path))), T5Config)
+    calls = {}
+    shape = GemmShape(32, 192, 64, what="encode + prompt")
+
+    def collect(config, batch, beam, max_input_len, **options):
+        calls["collect"] = (config, batch, beam, max_input_len, options)
+        return [shape]
+
+    monkeypatch.setattr(gemm_tune, "collect_seq2seq_shapes", collect)
+    monkeypatch.setattr(gemm_tune, "tune", lambda shapes, *a, **k: [(shapes[0], 0, 1.0, 1.0)])
+    monkeypatch.setattr(gemm_tune, "write_tuning_file", lambda *args: None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    assert main(["gemm-tune", "--model-dir", str(path), "--batch-size", "4", "--beam-width", "3",
+                 "--max-input-len", "32", "--output", str(tmp_path / "t.tsv")]) == 0
+    config, batch, beam, n_in, options = calls["collect"]
+    assert (config.d_model, config.decoder.num_layers, batch, beam, n_in) == (64, 3, 4, 3, 32)
+    assert options == {"dtype": torch.float16, "cuda_graphs": True}
+    for extra in (["--prompt-rows", "16:64"], ["--pipeline-para-size", "2"],
+                  ["--prefill-tokens", "256"]):
+        with pytest.raises(SystemExit, match="are for decoder-only models"):
+            main(["gemm-tune", "--model-dir", str(path), *extra])

@@ -317,6 +317,8 @@ TORCH_LIBRARY(warpformer, m) {
       .def("vocab_size", &Seq2SeqModelHolder::vocab_size)
       .def("device", &Seq2SeqModelHolder::device)
       .def("memory_bytes", &Seq2SeqModelHolder::memory_bytes)
+      .def("gemm_plan_shapes", &Seq2SeqModelHolder::gemm_plan_shapes)
+      .def("gemm_tuned_shapes", &Seq2SeqModelHolder::gemm_tuned_shapes)
       .def_pickle(
           [](const c10::intrusive_ptr<Seq2SeqModelHolder>& self) { return self->get_state(); },
           [](Seq2SeqModelHolder::State s) {

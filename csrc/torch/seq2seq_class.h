@@ -16,6 +16,7 @@
 #include <string>
 #include <tuple>
 #include <unordered_map>
+#include <vector>
 
 #include "csrc/generation/session.h"
 #include "csrc/models/t5/t5_model.h"
@@ -60,6 +61,13 @@ class Seq2SeqModelHolder : public torch::CustomClassHolder {
   int64_t max_seq_len() const { return model_->max_seq_len(); }
   int64_t vocab_size() const { return model_->config().vocab_size; }
   int64_t device() const { return device_; }
+  // The cuBLASLt shapes planned so far (Gemm::plan_shapes, as GptModel's: what `warpformer
+  // gemm-tune` tunes) and those whose algorithm came from the tuning file.
+  std::vector<std::string> gemm_plan_shapes() const {
+    const std::lock_guard<std::recursive_mutex> lock(call_mu_);
+    return model_->gemm().plan_shapes();
+  }
+  int64_t gemm_tuned_shapes() const { return static_cast<int64_t>(model_->gemm().tuned_shapes()); }
   // Bytes held for the caches, activations and the session state (grow-only).
   int64_t memory_bytes() const {
     const std::lock_guard<std::recursive_mutex> lock(call_mu_);

@@ -3,10 +3,12 @@ and write the fastest choice per shape to a tuning file.
 
 Arguments follow FasterTransformer's ``gpt_gemm`` (batch, beam, max input length, heads, head
 size, inter size, vocab, data type, tensor-parallel size); ``--model-dir`` takes the dimensions and
-architecture switches from a converted checkpoint instead. The shapes are the engine's own: the
-tuner builds a ``torch.classes.warpformer.GptModel`` of those dimensions with random weights on the
-GPU, runs the workload described (a prompt pass of the batch, then generation steps at its batch
-and beam width) and reads the cuBLASLt shapes the instance planned (``gemm_plan_shapes()``).
+architecture switches from a converted checkpoint instead, also an encoder-decoder one (T5, BART:
+FT's ``t5_gemm`` workload of batch, beam and encoder input length, on a ``Seq2SeqModel``). The
+shapes are the engine's own: the tuner builds a ``torch.classes.warpformer.GptModel`` of those
+dimensions with random weights on the GPU, runs the workload described (a prompt pass of the
+batch, then generation steps at its batch and beam width) and reads the cuBLASLt shapes the
+instance planned (``gemm_plan_shapes()``).
 Products the GEMV kernels run are not among them, and need no tuning. A tensor- or
 pipeline-parallel model, which one GPU cannot run, is stood in for by the one-GPU model
 (:func:`collect_shapes`).
@@ -34,12 +36,14 @@ from dataclasses import dataclass
 import torch
 
 from warpformer.config import GptConfig, local_vocab
+from warpformer.t5_config import T5Config
 from warpformer.weights import DTYPES, weight_specs
 
 __all__ = ["GENERATION_STEPS", "MAX_WEIGHT_COPIES", "SHAPE_LAYERS", "GemmShape", "add_arguments",
-           "collect_shapes", "config_from_args", "default_cold_bytes", "heuristic_rows",
-           "one_gpu_config", "parse_plan_line", "parse_prompt_rows", "random_weights",
-           "rank_shapes", "row_buckets", "run", "tune", "weight_copies", "write_tuning_file"]
+           "collect_seq2seq_shapes", "collect_shapes", "config_from_args", "default_cold_bytes",
+           "heuristic_rows", "one_gpu_config", "parse_plan_line", "parse_prompt_rows",
+           "random_weights", "rank_shapes", "row_buckets", "run", "tune", "weight_copies",
+           "write_tuning_file"]
 
 
 @dataclass(frozen=True)
@@ -249,6 +253,51 @@ def collect_shapes(config: GptConfig, batch: int, beam: int, max_input_len: int,
     return rank_shapes(shapes, config) if tp > 1 else shapes
 
 
+def collect_seq2seq_shapes(config: T5Config, batch: int, beam: int, max_input_len: int, *,
+                           dtype: torch.dtype = torch.float16, cuda_graphs: bool = True,
+                           device: int = 0) -> list[GemmShape]:
+    """:func:`collect_shapes` for an encoder-decoder ``config`` (T5 / BART families): an instance
+    of at most ``SHAPE_LAYERS`` layers a stack with random weights encodes ``batch`` inputs of
+    ``max_input_len`` tokens and generates at beam width ``beam``; its ``gemm_plan_shapes()``
+    are the list ("encode + prompt": the encoder, the cross-attention memory and the decoder's
+    first pass; "generation"). One GPU only: the encoder-decoder engine has no tensor or
+    pipeline parallelism yet."""
+    if config.tensor_para_size != 1:
+        raise SystemExit("gemm-tune: an encoder-decoder model runs on one GPU (tensor_para_size "
+                         f"1), got {config.tensor_para_size}")
+    from warpformer.options import EngineOptions
+    from warpformer.seq2seq import build_seq2seq_model
+    from warpformer.t5_weights import t5_weight_specs
+
+    seq = max(max_input_len, 1 + GENERATION_STEPS)
+    stacks = {}
+    for name in ("encoder", "decoder"):
+        stack = getattr(config, name)
+        positions = max(stack.max_pos_seq_len, seq) if config.is_bart else 0
+        stacks[name] = dataclasses.replace(stack, num_layers=min(stack.num_layers, SHAPE_LAYERS),
+                                           max_pos_seq_len=positions)
+    one = dataclasses.replace(config, **stacks)
+    gen = torch.Generator(device=f"cuda:{device}").manual_seed(0)
+    weights = {}
+    for name, spec in t5_weight_specs(one).items():
+        t = torch.empty(spec.shard_shape(1), dtype=dtype, device=f"cuda:{device}")
+        if name.endswith("layer_norm.weight"):
+            t.fill_(1.0)
+        else:
+            t.normal_(0.0, 0.02, generator=gen)
+        weights[name] = t
+    found: dict[tuple, GemmShape] = {}
+    with torch.cuda.device(device):
+        engine = build_seq2seq_model(one, weights, dtype=dtype, max_batch=batch, max_seq_len=seq,
+                                     options=EngineOptions(cuda_graphs=cuda_graphs))
+        prompt, steps = _generation(engine, batch, max_input_len, beam,
+                                    torch.Generator().manual_seed(0))
+        _note(found, prompt, "encode + prompt")
+        _note(found, steps, "generation")
+        del engine
+    return list(found.values())
+
+
 def rank_shapes(shapes: list[GemmShape], config: GptConfig) -> list[GemmShape]:
     """One tensor-parallel rank's products, from the one-GPU model's ``shapes`` (``config`` at
     ``tensor_para_size`` 1, same widths otherwise).
@@ -365,17 +414,31 @@ def write_tuning_file(path: str, dtype_name: str, results: list[TuneResult], dev
 
 
 # ---------------------------------------------------------------------- command line
-def config_from_args(args: argparse.Namespace) -> GptConfig:
+def _is_seq2seq_dir(model_dir: str) -> bool:
+    """Whether ``model_dir`` holds an encoder-decoder conversion (FT's ``[encoder]`` section)."""
+    import configparser
+
+    from warpformer.weights import resolve_model_dir
+
+    ini = configparser.ConfigParser()
+    ini.read(os.path.join(resolve_model_dir(model_dir), "config.ini"))
+    return ini.has_section("encoder")
+
+
+def config_from_args(args: argparse.Namespace) -> GptConfig | T5Config:
     """The model to tune for: ``--model-dir``'s ``config.ini`` (at ``--tensor-para-size`` when
-    given), or the FT-style size arguments with ``--activation-type`` (a GPT-2-style model:
-    learned positions, pre-norm layers; only the widths and the activation decide its products).
+    given; an encoder-decoder folder gives a :class:`T5Config`), or the FT-style size arguments
+    with ``--activation-type`` (a GPT-2-style model: learned positions, pre-norm layers; only the
+    widths and the activation decide its products).
     ConfigError (a ValueError) for dimensions the engine refuses, e.g. heads not divisible by
     the tensor-parallel size."""
     tp = args.tensor_para_size
     if args.model_dir:
+        from warpformer.t5_weights import read_t5_config
         from warpformer.weights import read_config
 
-        config = read_config(args.model_dir)
+        seq2seq = _is_seq2seq_dir(args.model_dir)
+        config = read_t5_config(args.model_dir) if seq2seq else read_config(args.model_dir)
         return config if tp is None else dataclasses.replace(config, tensor_para_size=tp)
     missing = [n for n in ("head_num", "size_per_head", "inter_size", "vocab_size")
                if getattr(args, n) is None]
@@ -467,16 +530,26 @@ def run(args: argparse.Namespace) -> int:
             raise SystemExit(f"gemm-tune: --{name.replace('_', '-')} must be >= 1")
     prompt_rows = parse_prompt_rows(args.prompt_rows)
     config = config_from_args(args)
+    if isinstance(config, T5Config) and (prompt_rows is not None or args.pipeline_para_size != 1
+                                         or args.prefill_tokens is not None):
+        raise SystemExit("gemm-tune: --prompt-rows, --pipeline-para-size and --prefill-tokens "
+                         "are for decoder-only models; an encoder-decoder folder takes "
+                         "--batch-size, --beam-width and --max-input-len (the encoder's input)")
     if not torch.cuda.is_available():
         raise SystemExit("gemm-tune: needs a CUDA device (it runs the engine and times kernels "
                          "on the GPU)")
     import warpformer  # noqa: F401  (registers the ops and classes)
 
     dtype = DTYPES[args.data_type]
-    shapes = collect_shapes(config, args.batch_size, args.beam_width, args.max_input_len,
-                            dtype=dtype, cuda_graphs=args.cuda_graphs,
-                            prefill_tokens=args.prefill_tokens, prompt_rows=prompt_rows,
-                            pipeline_para_size=args.pipeline_para_size)
+    if isinstance(config, T5Config):
+        shapes = collect_seq2seq_shapes(config, args.batch_size, args.beam_width,
+                                        args.max_input_len, dtype=dtype,
+                                        cuda_graphs=args.cuda_graphs)
+    else:
+        shapes = collect_shapes(config, args.batch_size, args.beam_width, args.max_input_len,
+                                dtype=dtype, cuda_graphs=args.cuda_graphs,
+                                prefill_tokens=args.prefill_tokens, prompt_rows=prompt_rows,
+                                pipeline_para_size=args.pipeline_para_size)
     torch.cuda.empty_cache()  # the collecting instances' buffers
     results = tune(shapes, dtype, args.max_algos, args.reps,
                    cold_bytes=0 if args.warm_weights else None)

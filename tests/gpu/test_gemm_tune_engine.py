@@ -197,3 +197,29 @@ def test_bench_gemm_shapes_counts_the_engine_plans(workdir):
         assert {s.what for s, _ in products} == layer | ({"lm_head"} if batch > 8 else set())
         for s, n in products:
             assert n == (1 if s.what == "lm_head" else config.num_layer * groups.count(s.m)), s
+
+
+def test_encoder_decoder_shapes_are_the_engines_and_the_file_is_used(tmp_path):
+    """An encoder-decoder folder (T5 shape): collect_seq2seq_shapes lists the cuBLASLt products
+    of the encoder and the prompt (batch x input rows) and of the steps; the CLI's file is loaded
+    by a Seq2Seq of that folder, which takes its algorithms for those shapes."""
+    from warpformer.gemm_tune import collect_seq2seq_shapes
+    from warpformer.seq2seq import Seq2Seq
+    from warpformer.t5_weights import read_t5_config
+
+    hf = transformers.T5ForConditionalGeneration(transformers.T5Config(
+        vocab_size=256, d_model=128, d_kv=64, d_ff=256, num_layers=2, num_heads=2))
+    hf.save_pretrained(tmp_path / "hf")
+    out = convert(tmp_path / "hf", tmp_path / "wf", 1, "fp16").output_dir
+    shapes = collect_seq2seq_shapes(read_t5_config(out), 4, 2, 48)
+    assert {s.what for s in shapes} >= {"encode + prompt"}
+    assert any(s.m == 4 * 48 and s.k == 128 for s in shapes)  # the encoder's products
+    path = tmp_path / "t5.tsv"
+    assert main(["gemm-tune", "--model-dir", str(out), "--batch-size", "4", "--beam-width", "2",
+                 "--max-input-len", "48", "--max-algos", "2", "--reps", "2",
+                 "--output", str(path)]) == 0
+    model = Seq2Seq.from_pretrained(out, dtype=torch.float16, max_batch=4, max_seq_len=64,
+                                    gemm_config=path)
+    assert int(model.engine.gemm_tuned_shapes()) == len(path.read_text().splitlines()) - 2
+    ids = torch.randint(0, 256, (4, 48), dtype=torch.int32)
+    model.generate(ids, GENERATION_STEPS, num_beams=2)
