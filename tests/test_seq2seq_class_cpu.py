@@ -88,3 +88,20 @@ def test_cross_attention_wider_than_the_encoder_is_refused():
     with pytest.raises(RuntimeError, match=r"2 x decoder_num_heads x decoder_d_kv \(128\) must be "
                                            r"<= 3 x encoder_num_heads x encoder_d_kv \(96\)"):
         _build(config, _weights(config))
+
+
+def test_class_scriptable() -> None:
+    """TorchScript resolves the class and its methods' schemas (this compiles on CPU): a
+    scripted module can encode and generate with it."""
+
+    @torch.jit.script
+    def run(m: torch.classes.warpformer.Seq2SeqModel, ids: torch.Tensor,
+            lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+        enc = m.encode(ids, lengths)
+        options: dict[str, torch.Tensor] = {"beam_width": torch.tensor(2)}
+        out = m.decode(ids, lengths, 4, options)
+        return enc, out["output_ids"], m.memory_bytes() + m.max_batch() + m.max_seq_len()
+
+    graph = str(run.graph)
+    for method in ("encode", "decode"):
+        assert f"prim::CallMethod[name=\"{method}\"]" in graph

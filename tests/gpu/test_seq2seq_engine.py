@@ -92,10 +92,10 @@ def converted(models, tmp_path_factory):
     return {name: convert(models[name][1], root / name, 1, "fp32").output_dir for name in NAMES}
 
 
-def _engine(path, dtype="fp32", max_batch=4):
+def _engine(path, dtype="fp32", max_batch=4, options=None):
     cfg = read_t5_config(path)
     weights = {k: v.cuda() for k, v in load_t5_weights(path, 0).items()}
-    opts = model_options_json(EngineOptions(), max_batch=max_batch, max_seq_len=MAX_SEQ,
+    opts = model_options_json(options or EngineOptions(), max_batch=max_batch, max_seq_len=MAX_SEQ,
                               dtype=dtype)
     return torch.classes.warpformer.Seq2SeqModel(cfg.to_json(), weights, opts)
 
@@ -356,3 +356,20 @@ def test_seq2seq_class_engine_equals_reference(name, models, converted):
                     dict(min_length=NEW, return_log_probs=True)):
         a, b = eng.generate(prompts, NEW, **options), ref.generate(prompts, NEW, **options)
         assert a.tokens == b.tokens, options
+
+
+@pytest.mark.parametrize("name", ["t5v11-gated-gelu", "bart"])
+def test_step_graphs_equal_eager(name, models, converted):
+    """Decode steps replayed from CUDA graphs (the default) give the tokens and log probs of an
+    instance without graphs, greedy (a shared graph, replayed by the second call) and beam."""
+    model = models[name][0]
+    ids, lengths, _ = _inputs(model)
+    graphs = _engine(converted[name], "fp16")
+    eager = _engine(converted[name], "fp16", options=EngineOptions(cuda_graphs=False))
+    for options in ({}, {}, {"beam_width": torch.tensor(3)},
+                    {"top_k": torch.tensor(4), "seed": torch.tensor(5),
+                     "return_log_probs": torch.tensor(1)}):
+        a, b = graphs.decode(ids, lengths, NEW, options), eager.decode(ids, lengths, NEW, options)
+        assert torch.equal(a["output_ids"], b["output_ids"]), options
+        if "output_log_probs" in a:
+            assert torch.equal(a["output_log_probs"], b["output_log_probs"])
