@@ -30,8 +30,6 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -138,21 +136,6 @@ def converted_model(shape: common.ModelShape, args: argparse.Namespace, scratch:
     return build_on_cpu(shape, args.seed, scratch / common.model_key(shape, args.seed))
 
 
-def call_ms(fn: Callable[[], Any], cuda: bool) -> tuple[float, Any]:
-    """(milliseconds, result) of one ``fn()``: CUDA events around the call, or the host clock."""
-    if not cuda:
-        t0 = time.perf_counter()
-        out = fn()
-        return (time.perf_counter() - t0) * 1e3, out
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    out = fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end), out
-
-
 def bench_model(gpt: Any, name: str, args: argparse.Namespace) -> list[Row]:
     """Every turn of one model: session turns first (fresh sessions), then the one-shot calls."""
     B, K, T = args.batch, args.turns, args.turn_tokens
@@ -168,7 +151,7 @@ def bench_model(gpt: Any, name: str, args: argparse.Namespace) -> list[Row]:
             for k, new in enumerate(news):
                 if s == 0:
                     fulls.append([h + n for h, n in zip(chat.history, new, strict=True)])
-                ms, out = call_ms(lambda new=new: chat.generate(new, 1, end_id=end), cuda)
+                ms, out = common.call_ms(lambda new=new: chat.generate(new, 1, end_id=end), cuda)
                 if s == 0:
                     tokens.append(out.tokens)
                 if s >= args.warmup:
@@ -177,7 +160,7 @@ def bench_model(gpt: Any, name: str, args: argparse.Namespace) -> list[Row]:
     for k, full in enumerate(fulls):
         samples, same = [], True
         for i in range(args.warmup + args.repeats):
-            ms, out = call_ms(lambda full=full: gpt.generate(full, 1, end_id=end), cuda)
+            ms, out = common.call_ms(lambda full=full: gpt.generate(full, 1, end_id=end), cuda)
             same = same and out.tokens == tokens[k]
             if i >= args.warmup:
                 samples.append(ms)

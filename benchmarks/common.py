@@ -297,6 +297,21 @@ def time_cuda(fn: Callable[[], object], *, warmup: int = 1, reps: int = 3,
     return times
 
 
+def call_ms(fn: Callable[[], Any], cuda: bool) -> tuple[float, Any]:
+    """(milliseconds, result) of one ``fn()``: CUDA events around the call, or the host clock."""
+    if not cuda:
+        t0 = time.perf_counter()
+        out = fn()
+        return (time.perf_counter() - t0) * 1e3, out
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    out = fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end), out
+
+
 def median(xs: Sequence[float]) -> float:
     return statistics.median(xs)
 

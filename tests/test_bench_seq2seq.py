@@ -17,8 +17,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 bench = importlib.import_module("bench_seq2seq")
+hf = importlib.import_module("seq2seq_hf")
+s2s = importlib.import_module("seq2seq_common")
 
-SHAPES = bench.SHAPES
+SHAPES = s2s.SHAPES
 # HF's parameter counts of the real checkpoints (tied head once).
 KNOWN_PARAMS = {"t5-base": 222_903_552, "t5-3b": 2_851_598_336}
 
@@ -32,7 +34,7 @@ def test_param_counts_of_real_models(name):
 def _meta_model(shape):
     transformers = pytest.importorskip("transformers")
     with torch.device("meta"):
-        return transformers.T5ForConditionalGeneration(bench.hf_config(shape))
+        return transformers.T5ForConditionalGeneration(hf.hf_config(shape))
 
 
 @pytest.mark.parametrize("name", list(SHAPES))
@@ -51,7 +53,7 @@ def test_shapes_build_the_hf_model_they_describe(name):
 def test_init_std_is_hfs_and_covers_every_parameter():
     shape = SHAPES["t5-base"]
     d, dkv, h, ff = 768, 64, 12, 3072
-    stds = {n: bench.init_std(n, shape) for n, _ in _meta_model(shape).named_parameters()}
+    stds = {n: hf.init_std(n, shape) for n, _ in _meta_model(shape).named_parameters()}
     assert stds["shared.weight"] == 1.0
     assert stds["encoder.final_layer_norm.weight"] is None
     assert stds["decoder.block.3.layer.1.layer_norm.weight"] is None
@@ -64,21 +66,21 @@ def test_init_std_is_hfs_and_covers_every_parameter():
     assert stds["encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"] == \
         d ** -0.5
     with pytest.raises(ValueError, match="no initialisation rule"):
-        bench.init_std("encoder.block.0.mystery.weight", shape)
+        hf.init_std("encoder.block.0.mystery.weight", shape)
 
 
 def test_random_weights_are_reproducible_and_pin_the_end_token():
     pytest.importorskip("transformers")
     shape = SHAPES["t5-tiny"]
-    a = bench.build_hf(shape, torch.float32, "cpu", seed=3)
-    b = bench.build_hf(shape, torch.float32, "cpu", seed=3)
+    a = hf.build_hf(shape, torch.float32, "cpu", seed=3)
+    b = hf.build_hf(shape, torch.float32, "cpu", seed=3)
     for (na, pa), (nb, pb) in zip(a.named_parameters(), b.named_parameters(), strict=True):
         assert na == nb and torch.equal(pa, pb), na
     emb = a.get_input_embeddings().weight
     assert a.get_output_embeddings().weight is emb
     assert not emb[shape.vocab - 1].any() and emb[:-1].std() == pytest.approx(1.0, rel=0.1)
     assert float(a.encoder.final_layer_norm.weight.min()) == 1.0
-    c = bench.build_hf(shape, torch.float16, "cpu", seed=4)
+    c = hf.build_hf(shape, torch.float16, "cpu", seed=4)
     assert {p.dtype for p in c.parameters()} == {torch.float16}
     assert not torch.equal(c.shared.weight.float(), emb)
 
@@ -91,51 +93,51 @@ def test_decoder_step_floor_of_t5_3b():
     weights = 2 * (L * (6 * d * inner + 2 * d * ff + 3 * d) + V * d + d)
     cross = 2 * L * 2 * 1 * 128 * inner  # one copy per input row
     self_kv = 2 * L * 2 * 1 * 33 * inner  # steps 2..64 attend 33 tokens on average
-    nbytes = bench.step_bytes(s, 1, 1, 128, 64)
+    nbytes = s2s.step_bytes(s, 1, 1, 128, 64)
     assert nbytes == weights + cross + self_kv == 2_947_827_712
-    assert bench.floor_ms(nbytes, 4800.0) == pytest.approx(nbytes / 4.8e12 * 1e3)
-    assert bench.floor_ms(nbytes, 4800.0) == pytest.approx(0.6141, abs=1e-4)
-    assert bench.floor_ms(nbytes, None) is None and bench.floor_ms(nbytes, 0.0) is None
+    assert s2s.floor_ms(nbytes, 4800.0) == pytest.approx(nbytes / 4.8e12 * 1e3)
+    assert s2s.floor_ms(nbytes, 4800.0) == pytest.approx(0.6141, abs=1e-4)
+    assert s2s.floor_ms(nbytes, None) is None and s2s.floor_ms(nbytes, 0.0) is None
     # beams add self K/V only: the cross K/V are shared by a row's beams
-    beam4 = bench.step_bytes(s, 1, 4, 128, 64)
+    beam4 = s2s.step_bytes(s, 1, 4, 128, 64)
     assert beam4 - nbytes == 3 * self_kv
-    assert bench.step_bytes(s, 8, 1, 128, 64) - nbytes == 7 * (cross + self_kv)
-    assert bench.step_bytes(s, 1, 1, 128, 64, dtype_bytes=4) == 2 * nbytes
+    assert s2s.step_bytes(s, 8, 1, 128, 64) - nbytes == 7 * (cross + self_kv)
+    assert s2s.step_bytes(s, 1, 1, 128, 64, dtype_bytes=4) == 2 * nbytes
 
 
 def test_mean_step_context_and_per_step_formula():
     out = 64
-    assert bench.mean_step_context(out) == pytest.approx(sum(range(2, out + 1)) / (out - 1))
-    assert bench.per_step_ms(70.0, 7.0, 64) == pytest.approx(1.0)  # (64-token - 1-token) / 63
-    assert bench.per_step_ms(None, 7.0, 64) is None and bench.per_step_ms(7.0, None, 64) is None
-    assert bench.per_step_ms(7.0, 1.0, 1) is None
-    t = bench.Timing(ms=70.0, one_ms=7.0)
+    assert s2s.mean_step_context(out) == pytest.approx(sum(range(2, out + 1)) / (out - 1))
+    assert s2s.per_step_ms(70.0, 7.0, 64) == pytest.approx(1.0)  # (64-token - 1-token) / 63
+    assert s2s.per_step_ms(None, 7.0, 64) is None and s2s.per_step_ms(7.0, None, 64) is None
+    assert s2s.per_step_ms(7.0, 1.0, 1) is None
+    t = s2s.Timing(ms=70.0, one_ms=7.0)
     assert t.step_ms(64) == pytest.approx(1.0)
-    assert bench.pct(0.8, 1.0) == pytest.approx(80.0) and bench.pct(None, 1.0) is None
-    assert bench.pct(0.8, 0.0) is None
-    assert bench.ratio(20.0, 2.0) == 10.0 and bench.ratio(None, 2.0) is None
-    assert bench.ratio(1.0, 0.0) is None
+    assert s2s.pct(0.8, 1.0) == pytest.approx(80.0) and s2s.pct(None, 1.0) is None
+    assert s2s.pct(0.8, 0.0) is None
+    assert s2s.ratio(20.0, 2.0) == 10.0 and s2s.ratio(None, 2.0) is None
+    assert s2s.ratio(1.0, 0.0) is None
 
 
 def test_derive_fills_the_floors():
     s = SHAPES["t5-3b"]
-    row = bench.Row("t5-3b", 1, 1, 128, 64, wf=bench.Timing(ms=64.0, one_ms=1.0))
-    bench.derive(row, s, 4000.0, 4800.0, 2)
-    assert row.step_bytes == bench.step_bytes(s, 1, 1, 128, 64)
+    row = s2s.Row("t5-3b", 1, 1, 128, 64, wf=s2s.Timing(ms=64.0, one_ms=1.0))
+    s2s.derive(row, s, 4000.0, 4800.0, 2)
+    assert row.step_bytes == s2s.step_bytes(s, 1, 1, 128, 64)
     assert row.floor_ms == pytest.approx(row.step_bytes / 4e12 * 1e3)
     assert row.floor_spec_ms == pytest.approx(row.step_bytes / 4.8e12 * 1e3)
     assert row.wf_step_ms == pytest.approx(1.0)
     assert row.pct_floor == pytest.approx(100 * row.floor_ms)
-    bench.derive(row, s, None, 4800.0, 2)
+    s2s.derive(row, s, None, 4800.0, 2)
     assert row.floor_ms is None and row.pct_floor is None and row.pct_floor_spec is not None
 
 
 def test_agreement():
     a = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]])
     b = torch.tensor([[1, 2, 0, 4], [0, 6, 7, 8]])
-    first, prefix = bench.agreement(a, b)
+    first, prefix = s2s.agreement(a, b)
     assert first == 50.0 and prefix == pytest.approx(25.0)  # row 0: 2 of 4, row 1: 0
-    assert bench.agreement(a, a) == (100.0, 100.0)
+    assert s2s.agreement(a, a) == (100.0, 100.0)
 
 
 # --------------------------------------------------------------------------- arguments, budget
@@ -145,13 +147,13 @@ def test_arguments_defaults():
     assert a.batches == [1, 8, 32] and a.beams == [1, 4]
     assert (a.input_len, a.output_len, a.dtype) == (128, 64, "fp16")
     assert (a.repeats, a.warmup, a.hf_repeats, a.budget_s) == (3, 2, 2, 370.0)
-    assert a.spec_gbps == bench.SPEC_GBPS == 4800.0
+    assert a.spec_gbps == s2s.SPEC_GBPS == 4800.0
     assert a.max_seq_len == 128 and not a.skip_hf and not a.skip_hf_compiled
-    assert len(bench.make_rows(a)) == 12
+    assert len(s2s.make_rows(a)) == 12
     b = bench.parse_args(["--models", "t5-3b", "--batches", "2", "--beams", "3",
                           "--input-len", "16", "--output-len", "40", "--skip-hf-compiled",
                           "--dtype", "bf16", "--budget-s", "0"])
-    assert [r.key for r in bench.make_rows(b)] == [("t5-3b", 2, 3)]
+    assert [r.key for r in s2s.make_rows(b)] == [("t5-3b", 2, 3)]
     assert b.max_seq_len == 41 and b.skip_hf_compiled and b.dtype == "bf16"
     assert bench.parse_args(["--backend", "reference", "--models", "t5-tiny"]).dtype == "fp32"
 
@@ -167,32 +169,32 @@ def test_arguments_rejected(argv):
 
 def test_budget_rules():
     a = bench.parse_args([])
-    assert bench.hf_reps(1, 4, a) == 2 and bench.hf_reps(32, 4, a) == 1  # 128 sequences: once
-    assert bench.hf_reps(32, 1, a) == 2
-    rows = bench.make_rows(a)
-    order = bench.compiled_order([r for r in rows if r.model == "t5-base"])
+    assert hf.hf_reps(1, 4, a) == 2 and hf.hf_reps(32, 4, a) == 1  # 128 sequences: once
+    assert hf.hf_reps(32, 1, a) == 2
+    rows = s2s.make_rows(a)
+    order = hf.compiled_order([r for r in rows if r.model == "t5-base"])
     assert [(r.batch, r.beam) for r in order] == [(1, 1), (1, 4), (8, 1), (8, 4), (32, 1),
                                                    (32, 4)]
-    assert bench.share_deadline(100.0, 370.0, 2) == pytest.approx(235.0)
-    assert bench.share_deadline(100.0, 370.0, 1) == pytest.approx(370.0)
-    assert bench.share_deadline(400.0, 370.0, 2) == pytest.approx(400.0)  # over: nothing left
-    assert math.isinf(bench.share_deadline(100.0, 0.0, 2))
+    assert hf.share_deadline(100.0, 370.0, 2) == pytest.approx(235.0)
+    assert hf.share_deadline(100.0, 370.0, 1) == pytest.approx(370.0)
+    assert hf.share_deadline(400.0, 370.0, 2) == pytest.approx(400.0)  # over: nothing left
+    assert math.isinf(hf.share_deadline(100.0, 0.0, 2))
     base, big = SHAPES["t5-base"], SHAPES["t5-3b"]
-    assert 0 < bench.eager_call_guess_s(base, 64, 1) < bench.eager_call_guess_s(big, 64, 4)
-    assert bench.compile_guess_s(base) < bench.compile_guess_s(big) < 120
+    assert 0 < hf.eager_call_guess_s(base, 64, 1) < hf.eager_call_guess_s(big, 64, 4)
+    assert hf.compile_guess_s(base) < hf.compile_guess_s(big) < 120
 
 
 def test_time_calls_warmup_setup_and_cap():
     calls, setups = [], []
-    samples, out = bench.time_calls(lambda: calls.append(1) or len(calls), reps=3, cuda=False,
+    samples, out = s2s.time_calls(lambda: calls.append(1) or len(calls), reps=3, cuda=False,
                                     warmup=2, setup=lambda: setups.append(1))
     assert len(samples) == 3 and out == 5 and len(calls) == 5 and len(setups) == 5
     assert all(ms >= 0 for ms in samples)
     ticks = iter(range(0, 1000, 10))  # each clock read advances 10 s
-    samples, _ = bench.time_calls(lambda: None, reps=5, cuda=False, cap_s=15.0,
+    samples, _ = s2s.time_calls(lambda: None, reps=5, cuda=False, cap_s=15.0,
                                   clock=lambda: next(ticks))
     assert len(samples) == 2  # 10 s after the first call, 20 s after the second: stop
-    samples, _ = bench.time_calls(lambda: None, reps=3, cuda=False, cap_s=1e-9)
+    samples, _ = s2s.time_calls(lambda: None, reps=3, cuda=False, cap_s=1e-9)
     assert len(samples) == 1  # at least one timed call
 
 
@@ -209,7 +211,7 @@ def test_wf_options_and_full_length():
 
 # --------------------------------------------------------------------------- tables, targets
 def _rows() -> list:
-    T, R = bench.Timing, bench.Row
+    T, R = s2s.Timing, s2s.Row
     rows = [
         R("t5-base", 1, 4, 128, 64, wf=T(ms=10.0, one_ms=1.0, peak_gb=0.6),
           hf_eager=T(ms=250.0, one_ms=12.0, peak_gb=0.7),
@@ -223,14 +225,14 @@ def _rows() -> list:
           hf_compiled=T(skipped="time budget")),
     ]
     for r in rows:
-        bench.derive(r, SHAPES[r.model], 4200.0, 4800.0, 2)
+        s2s.derive(r, SHAPES[r.model], 4200.0, 4800.0, 2)
     rows[0].agree_first_pct, rows[0].agree_prefix_pct = 100.0, 87.5
     return rows
 
 
 def test_main_table_cells():
-    lines = bench.main_table(_rows()).splitlines()
-    assert lines[0] == "| " + " | ".join(bench.HEADERS) + " |"
+    lines = s2s.main_table(_rows()).splitlines()
+    assert lines[0] == "| " + " | ".join(s2s.HEADERS) + " |"
     cells = [line.strip("| ").split(" | ") for line in lines[2:]]
     assert cells[0][:8] == ["t5-base", "1", "4", "10.00", "250.00", "40.00", "25.00x", "4.00x"]
     assert cells[0][8:11] == ["1.00", "0.143", "3.78"]  # encode + 1 step, (10-1)/63, (250-12)/63
@@ -241,14 +243,14 @@ def test_main_table_cells():
 
 def test_step_table_and_notes():
     rows = _rows()
-    lines = bench.step_table(rows).splitlines()
-    assert lines[0] == "| " + " | ".join(bench.STEP_HEADERS) + " |"
+    lines = s2s.step_table(rows).splitlines()
+    assert lines[0] == "| " + " | ".join(s2s.STEP_HEADERS) + " |"
     big = lines[2 + 3].strip("| ").split(" | ")
     step = 63.0 / 63
-    floor = bench.step_bytes(SHAPES["t5-3b"], 1, 1, 128, 64) / 4.2e12 * 1e3
+    floor = s2s.step_bytes(SHAPES["t5-3b"], 1, 1, 128, 64) / 4.2e12 * 1e3
     assert big[:4] == ["t5-3b", "1", "1", "1.000"] and big[4] == "2947.8"
     assert big[5] == f"{floor:.3f}" and big[6] == f"{100 * floor / step:.0f}%"
-    notes = bench.notes(rows)
+    notes = s2s.notes(rows)
     assert "- t5-base B=8 beam 1, HF compiled: n/a: RuntimeError: boom" in notes
     assert "- t5-base B=8 beam 1, HF eager: skipped: time budget" in notes
     assert any("compile + first call 30 s" in n for n in notes)
@@ -256,7 +258,7 @@ def test_step_table_and_notes():
 
 def test_targets_met_and_missed():
     rows = _rows()
-    t = {r[0]: r for r in bench.evaluate_targets(rows, "fp16")}
+    t = {r[0]: r for r in s2s.evaluate_targets(rows, "fp16")}
     eager = t["t5-base fp16 B=1 beam 4: >= 20x HF eager"]
     assert eager[1].startswith("25.0x") and eager[2] == "met"
     compiled = t["faster than HF compiled in every row"]
@@ -267,21 +269,21 @@ def test_targets_met_and_missed():
     rows[3].wf.ms = 1.0 + 63 * 0.7  # 0.7 ms/step: above 80% of both floors (0.70 and 0.61 ms)
     rows[1].hf_compiled.ms = 60.0
     rows[0].hf_eager.ms = 150.0
-    t = {r[0]: r for r in bench.evaluate_targets(rows, "bf16")}
+    t = {r[0]: r for r in s2s.evaluate_targets(rows, "bf16")}
     assert t["t5-base fp16 B=1 beam 4: >= 20x HF eager"][2].startswith("missed (run in bf16")
     assert t["faster than HF compiled in every row"][2] == \
         "met where measured (2 rows not measured)"
     assert t["t5-3b B=1 beam 1 decoder step >= 80% of its bandwidth floor"][2] == \
         "met (copy BW), met (spec BW)"
-    assert bench.evaluate_targets([], "fp16") == []
+    assert s2s.evaluate_targets([], "fp16") == []
 
 
 def test_report_document():
     rows = _rows()
     args = bench.parse_args([])
     env = {"date": "2026-01-01T00:00:00", "torch": "2.x", "transformers": "5.x", "commit": "abc"}
-    head = bench.header(args, "NVIDIA H200", env, 4200.0, "python benchmarks/bench_seq2seq.py")
-    doc = bench.report(rows, head, "fp16")
+    head = s2s.header(args, "NVIDIA H200", env, 4200.0, "python benchmarks/bench_seq2seq.py")
+    doc = s2s.report(rows, head, "fp16")
     for part in ("## Encoder-decoder generation on NVIDIA H200", "copy bandwidth 4200 GB/s",
                  "### Calls (encode + all decoder steps)", "### Issue 51 targets",
                  "### Decoder step against its bandwidth floor (warpformer)", "### Notes"):
@@ -320,7 +322,7 @@ def test_reference_smoke_run(tmp_path, capsys):
     assert rc == 0
     (md,) = tmp_path.glob("seq2seq_cpu_*.md")
     (js,) = tmp_path.glob("seq2seq_cpu_*.json")
-    head = "| " + " | ".join(bench.HEADERS) + " |"
+    head = "| " + " | ".join(s2s.HEADERS) + " |"
     assert head in out and head in md.read_text()
     payload = json.loads(js.read_text())
     assert payload["benchmark"] == "seq2seq" and payload["copy_gbps"] is None
@@ -339,7 +341,7 @@ def test_reference_smoke_run(tmp_path, capsys):
 
 
 def test_scratch_folder_choice(tmp_path):
-    need = bench.scratch_need_bytes([SHAPES["t5-base"], SHAPES["t5-3b"]], "fp16")
+    need = hf.scratch_need_bytes([SHAPES["t5-base"], SHAPES["t5-3b"]], "fp16")
     assert need == pytest.approx(2.2 * 2 * KNOWN_PARAMS["t5-3b"] + (1 << 30))
     a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
     space = {a: 5e9, b: 20e9, c: 30e9}
@@ -349,10 +351,10 @@ def test_scratch_folder_choice(tmp_path):
             raise OSError("missing")
         return space[p]
 
-    assert bench.pick_scratch_base([a, b, c], need, free) == b  # the first with room
-    assert bench.pick_scratch_base([tmp_path / "x", a], need, free) == a  # else the roomiest
+    assert hf.pick_scratch_base([a, b, c], need, free) == b  # the first with room
+    assert hf.pick_scratch_base([tmp_path / "x", a], need, free) == a  # else the roomiest
     with pytest.raises(RuntimeError, match="usable"):
-        bench.pick_scratch_base([tmp_path / "x"], need, free)
+        hf.pick_scratch_base([tmp_path / "x"], need, free)
 
 
 def test_engine_branch_loads_converted_weights_and_builds_per_batch(tmp_path, monkeypatch):
@@ -377,7 +379,7 @@ def test_engine_branch_loads_converted_weights_and_builds_per_batch(tmp_path, mo
                              "--input-len", "6", "--output-len", "3", "--repeats", "1",
                              "--warmup", "0", "--dtype", "fp32"])
     assert args.backend == "engine"
-    rows = bench.make_rows(args)
+    rows = s2s.make_rows(args)
     models, tokens = {}, {}
     bench.wf_phase(SHAPES["t5-tiny"], rows, args, tmp_path, False, "cpu", models, tokens)
     assert [b[:3] for b in built] == [(torch.float32, 1, 6), (torch.float32, 3, 6)]
