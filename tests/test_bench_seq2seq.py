@@ -298,22 +298,11 @@ def test_dry_run(capsys):
 
 
 # --------------------------------------------------------------------------- smoke run
-def _t5_table_available() -> bool:
-    try:
-        import warpformer  # noqa: F401
-
-        return hasattr(torch.ops.warpformer, "t5_weight_table")
-    except Exception:  # noqa: BLE001
-        return False
-
-
 def test_reference_smoke_run(tmp_path, capsys):
     """The whole run on the CPU: build, save, convert, warpformer's reference engine, HF eager
     and HF's static-cache path (not compiled on the CPU); every row runs every token, and the
     reference engine's tokens equal HF's (fp32, greedy and beam)."""
     pytest.importorskip("transformers")
-    if not _t5_table_available():
-        pytest.skip("warpformer's extension (t5_weight_table) is not built")
     rc = bench.main(["--backend", "reference", "--models", "t5-tiny", "--batches", "1,2",
                      "--beams", "1,2", "--input-len", "8", "--output-len", "4", "--repeats",
                      "1", "--warmup", "0", "--hf-repeats", "1", "--out-dir", str(tmp_path),
@@ -363,8 +352,6 @@ def test_engine_branch_loads_converted_weights_and_builds_per_batch(tmp_path, mo
     weights go to build_seq2seq_model with max_batch = the row's batch and max_seq_len = max(in,
     1 + out); every row runs its full length; the converted folder is removed afterwards."""
     pytest.importorskip("transformers")
-    if not _t5_table_available():
-        pytest.skip("warpformer's extension (t5_weight_table) is not built")
     import warpformer.seq2seq as seq2seq
     from warpformer.reference_seq2seq import Seq2SeqReference, Seq2SeqReferenceEngine
 

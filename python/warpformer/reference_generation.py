@@ -29,6 +29,7 @@ backend, but not the same tokens on both; distributions agree, draws do not.
 
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -398,15 +399,28 @@ class Decoding:
         return ids, lp, seq_len, cum
 
 
-class StepwiseEngine:
+class StepwiseEngine(abc.ABC):
     """``decode`` / ``decode_step`` / ``decode_finish`` over the :class:`Decoding` that a
-    subclass's ``decode_start`` leaves in ``self._state``."""
+    subclass's ``decode_start`` leaves in ``self._state``, and the instance's limits."""
 
-    _state: Decoding | None = None
+    def __init__(self, max_batch: int, max_seq_len: int) -> None:
+        self._max_batch = max_batch
+        self._max_seq_len = max_seq_len
+        self._state: Decoding | None = None
 
+    def max_batch(self) -> int:
+        """The largest batch a call may use."""
+        return self._max_batch
+
+    def max_seq_len(self) -> int:
+        """The limit on a call's lengths (GPT: prompt + output; encoder-decoder: the encoder's
+        input, and the decoder's start token + output)."""
+        return self._max_seq_len
+
+    @abc.abstractmethod
     def decode_start(self, input_ids: torch.Tensor, input_lengths: torch.Tensor,
                      output_len: int, options: dict[str, torch.Tensor]) -> None:
-        raise NotImplementedError
+        """Checks the call and leaves its :class:`Decoding` in ``self._state``."""
 
     def decode(self, input_ids: torch.Tensor, input_lengths: torch.Tensor, output_len: int,
                options: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -467,21 +481,11 @@ class ReferenceEngine(StepwiseEngine):
 
     def __init__(self, model: GptReference, max_batch: int, max_seq_len: int) -> None:
         self.model = model
+        super().__init__(max_batch, max_seq_len)
         self.config = model.config
-        self._max_batch = max_batch
-        self._max_seq_len = max_seq_len
-        self._state: Decoding | None = None
         # open_session's sessions: handle -> their caches and each row's cached ids
         self._sessions: dict[int, dict] = {}
         self._next_handle = 1
-
-    def max_batch(self) -> int:
-        """The largest batch a call may use."""
-        return self._max_batch
-
-    def max_seq_len(self) -> int:
-        """The largest prompt + output length a call may use."""
-        return self._max_seq_len
 
     @property
     def device(self) -> torch.device:

@@ -466,18 +466,8 @@ class Seq2SeqReferenceEngine(StepwiseEngine):
 
     def __init__(self, model: Seq2SeqReference, max_batch: int, max_seq_len: int) -> None:
         self.model = model
+        super().__init__(max_batch, max_seq_len)
         self.config = model.config
-        self._max_batch = max_batch
-        self._max_seq_len = max_seq_len
-        self._state: Decoding | None = None
-
-    def max_batch(self) -> int:
-        """The largest batch a call may use."""
-        return self._max_batch
-
-    def max_seq_len(self) -> int:
-        """The longest encoder input, and the most decoder tokens (start + output)."""
-        return self._max_seq_len
 
     @property
     def device(self) -> torch.device:

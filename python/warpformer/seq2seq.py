@@ -8,8 +8,9 @@ encoder-decoder checkpoint (T5, T5 v1.1, mT5, UL2, BART, mBART) and generate, st
     >>> model.encode([[13, 8, 27, 1]])   # the encoder's output [1, 4, d_model]
 
 :meth:`Seq2Seq.generate` takes :meth:`warpformer.GPT.generate`'s options and returns its
-:class:`~warpformer.gpt.GenerationOutput`; both share one front end (``gpt._GenerationAPI``), so
-the checks, the options dict and the messages are the same. The decoder-only options
+:class:`~warpformer.gpt.GenerationOutput`; both share one front end
+(``generation_api._GenerationAPI``), so the checks, the options dict and the messages are the
+same. The decoder-only options
 (:data:`~warpformer.reference_seq2seq.UNSUPPORTED_OPTIONS`: sessions, prompt embeddings,
 ``memory_len``, ``return_context_embeddings``, ``return_cum_log_probs=2``) raise ``ValueError``
 naming the option.
@@ -45,7 +46,7 @@ from typing import Any
 
 import torch
 
-from .gpt import (
+from .generation_api import (
     GenerationOutput,
     IdsLike,
     _check_new_tokens,

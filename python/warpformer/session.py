@@ -68,7 +68,7 @@ class GenerationSession:
         generate ``max_new_tokens`` tokens per row. ``options`` are :meth:`GPT.generate`'s
         (``num_beams`` must be 1). Returns what :meth:`GPT.generate` returns for the whole
         histories: ``sequences`` hold history + new tokens + generated ones."""
-        from .gpt import _check_new_tokens, _option_kwargs
+        from .generation_api import _check_new_tokens, _option_kwargs
 
         if self.closed:
             raise ValueError("the session is closed")
